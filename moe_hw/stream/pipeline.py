@@ -1,0 +1,54 @@
+"""Fixed-latency pipelines with a global stall.
+
+Arithmetic blocks (the float multiplier and adder) are pure pipelines: every register stage
+loads when ``en`` is high. :class:`PipelineControl` turns such a pipeline into a stream stage:
+it tracks which stages hold a valid item and stalls the whole pipeline only when the last
+stage holds an item the consumer does not take. Bubbles inside the pipeline therefore never
+cost throughput: with ``o_ready`` high the pipeline accepts one item per cycle, and an empty
+output stage never blocks the input.
+"""
+
+from amaranth.hdl import Cat, Elaboratable, Module, Signal
+
+__all__ = ["PipelineControl", "delay"]
+
+
+def delay(m, value, latency, en, *, name="delayed"):
+    """``value`` delayed by ``latency`` register stages that load when ``en`` is high."""
+    for stage in range(latency):
+        reg = Signal.like(value, name=f"{name}_{stage}", reset_less=False)
+        with m.If(en):
+            m.d.sync += reg.eq(value)
+        value = reg
+    return value
+
+
+class PipelineControl(Elaboratable):
+    """Valid tracking and stall for a ``latency``-stage pipeline.
+
+    Inputs ``i_valid`` (an item enters) and ``o_ready`` (the consumer takes the item at the
+    output); outputs ``en`` (every stage advances; the producer's ``ready``) and ``o_valid``.
+    With ``latency == 0`` the pipeline is combinational and ``en``/``o_valid`` pass through.
+    """
+
+    def __init__(self, latency):
+        self.latency = latency
+        self.i_valid = Signal()
+        self.o_ready = Signal()
+        self.en = Signal()
+        self.o_valid = Signal()
+        self.busy = Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        if self.latency == 0:
+            m.d.comb += [self.en.eq(self.o_ready), self.o_valid.eq(self.i_valid)]
+            return m
+        m.d.comb += self.en.eq(self.o_ready | ~self.o_valid)
+        valids = []
+        valid = self.i_valid
+        for stage in range(self.latency):
+            valid = delay(m, valid, 1, self.en, name=f"valid{stage}")
+            valids.append(valid)
+        m.d.comb += [self.o_valid.eq(valid), self.busy.eq(Cat(*valids).any())]
+        return m
