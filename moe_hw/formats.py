@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-__all__ = ["FloatFormat", "FORMATS", "float_format", "to_bits", "from_bits"]
+__all__ = ["FloatFormat", "FORMATS", "float_format", "to_bits", "from_bits", "is_nan_bits",
+           "bits_equal"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +80,21 @@ def from_bits(bits, fmt):
     """The floats whose raw bit patterns are ``bits``."""
     fmt = float_format(fmt)
     return np.ascontiguousarray(np.asarray(bits).astype(fmt.uint_dtype)).view(fmt.dtype)
+
+
+def is_nan_bits(bits, fmt):
+    """Which raw bit patterns are NaNs."""
+    fmt = float_format(fmt)
+    bits = np.asarray(bits).astype(np.uint64)
+    exponent = (bits >> np.uint64(fmt.mant_bits)) & np.uint64(fmt.exp_max)
+    fraction = bits & np.uint64((1 << fmt.mant_bits) - 1)
+    return (exponent == fmt.exp_max) & (fraction != 0)
+
+
+def bits_equal(x, y, fmt):
+    """Element-wise equality of raw bit patterns where any NaN equals any NaN (+0 != -0):
+    the comparison every hardware-against-golden check uses."""
+    fmt = float_format(fmt)
+    x = np.asarray(x).astype(np.uint64)
+    y = np.asarray(y).astype(np.uint64)
+    return (x == y) | (is_nan_bits(x, fmt) & is_nan_bits(y, fmt))

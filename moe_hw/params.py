@@ -2,7 +2,7 @@
 
 Every unit takes a frozen parameter object; its ``__post_init__`` calls these checks so that an
 impossible value fails before any hardware is built, with one line naming the parameter and
-the value, in the style "Lanes must be 1, 2, 4, 8 or 16, not 3".
+the value, in the style "lanes must be 1, 2, 4, 8 or 16, not 3".
 """
 
 import operator
@@ -17,7 +17,7 @@ class ParameterError(ValueError):
 
 
 def _describe(name):
-    return name[0].upper() + name[1:].replace("_", " ")
+    return name  # as the user spells it in --set and in the parameter object
 
 
 def check_int(name, value, *, minimum=0, maximum=None):

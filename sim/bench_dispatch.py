@@ -5,9 +5,7 @@ status outputs and the exact cycle count. The host side (moe_hw.host.dispatch) s
 import numpy as np
 
 import cocotb
-from cocotb.triggers import RisingEdge
-
-from harness import (Pauses, Run, StreamSink, StreamSource, high, pack_lanes, reset,
+from harness import (Pauses, Run, StreamSink, StreamSource, edge, high, pack_lanes, reset,
                      run_until, unpack_lanes)
 
 
@@ -45,16 +43,14 @@ async def dispatch(dut):
     dut.start.value = 1
     for actor in actors:
         actor.step()
-    await RisingEdge(dut.clk)            # cycle 0: the unit samples start
+    await edge(dut, actors)              # cycle 0: the unit samples start
     dut.start.value = 0
     limit = 40 * (len(beat_words) + len(headers)) + 1000
     cycles = await run_until(dut, actors, lambda: high(dut.done), limit, "dispatch")
     # Nothing may leave after done, and every offered beat must have been taken.
     writes_at_done = len(sink.items)
     for _ in range(16):
-        await RisingEdge(dut.clk)
-        for actor in actors:
-            actor.step()
+        await edge(dut, actors)
     assert len(sink.items) == writes_at_done, "writes left the unit after done"
     assert header_source.done, f"{header_source.sent} of {len(headers)} headers taken"
     assert data_source.done, f"{data_source.sent} of {len(beat_words)} data beats taken"

@@ -17,7 +17,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, Timer
 
-__all__ = ["Run", "Layout", "Pauses", "StreamSource", "StreamSink", "reset", "run_until",
+__all__ = ["Run", "Layout", "Pauses", "StreamSource", "StreamSink", "reset", "edge", "run_until",
            "high", "pack_lanes", "unpack_lanes"]
 
 
@@ -162,14 +162,19 @@ async def reset(dut, inputs=(), cycles=2):
     dut.rst.value = 0
 
 
+async def edge(dut, actors):
+    """One rising edge, with every actor stepped right after it."""
+    await RisingEdge(dut.clk)
+    for actor in actors:
+        actor.step()
+
+
 async def run_until(dut, actors, finished, limit, what="the unit"):
     """Clock the actors until ``finished()`` (checked after each edge); return the cycle count."""
     cycle = 0
     while True:
-        await RisingEdge(dut.clk)
+        await edge(dut, actors)
         cycle += 1
-        for actor in actors:
-            actor.step()
         if finished():
             return cycle
         if cycle >= limit:

@@ -1,8 +1,11 @@
 """The pieces every IEEE-754 unit shares: unpack, normalise, round-and-pack, stage registers.
 
-Each helper is a Python function that adds combinational logic to a :class:`Module` and returns
-the values it computed, so a unit can be cut into pipeline stages anywhere between helpers
-(:class:`StageRegisters` puts ``en``-gated registers on a named boundary).
+Each datapath helper is a Python function that adds combinational logic to a :class:`Module`
+and returns the values it computed, so a unit can be cut into pipeline stages anywhere between
+helpers (:class:`StageRegisters` puts ``en``-gated registers on a named boundary).
+:class:`FloatCore` (ports, parameter checks, latency) and :class:`FloatStreamUnit` (the core
+behind :class:`~moe_hw.stream.pipeline.PipelineControl` as a stream unit) are the common
+bases of the multiplier and the adder.
 
 Conventions shared by the helpers:
 

@@ -8,7 +8,7 @@ float32 arithmetic rounded once more, which is exact for one operation).
 
 import numpy as np
 
-from ..formats import float_format, from_bits, to_bits
+from ..formats import bits_equal, float_format, from_bits, is_nan_bits, to_bits
 
 __all__ = ["special_values", "float_test_vectors", "reference_mul", "reference_add",
            "bits_equal", "is_nan_bits", "simulate_core", "simulate_stream"]
@@ -170,23 +170,6 @@ def reference_add(a_bits, b_bits, fmt):
     fmt = float_format(fmt)
     with np.errstate(all="ignore"):
         return to_bits(from_bits(a_bits, fmt) + from_bits(b_bits, fmt), fmt)
-
-
-def is_nan_bits(bits, fmt):
-    """Which bit patterns are NaNs."""
-    fmt = float_format(fmt)
-    bits = np.asarray(bits).astype(np.uint64)
-    exponent = (bits >> np.uint64(fmt.mant_bits)) & np.uint64(fmt.exp_max)
-    fraction = bits & np.uint64((1 << fmt.mant_bits) - 1)
-    return (exponent == fmt.exp_max) & (fraction != 0)
-
-
-def bits_equal(x, y, fmt):
-    """Element-wise equality of bit patterns where any NaN equals any NaN (+0 != -0)."""
-    fmt = float_format(fmt)
-    x = np.asarray(x).astype(np.uint64)
-    y = np.asarray(y).astype(np.uint64)
-    return (x == y) | (is_nan_bits(x, fmt) & is_nan_bits(y, fmt))
 
 
 # Amaranth-simulator drivers shared by the multiplier and adder tests. Both feed operand pairs

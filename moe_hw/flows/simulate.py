@@ -74,7 +74,7 @@ def simulator_available(sim):
     return None
 
 
-def _build(sim, verilog_text, top):
+def _build(sim, verilog_text, top, progress):
     from cocotb_tools.runner import get_runner
 
     digest = hashlib.sha1(verilog_text.encode()).hexdigest()[:16]
@@ -82,6 +82,9 @@ def _build(sim, verilog_text, top):
     marker = build_dir / "built.ok"
     runner = get_runner(sim)
     if not marker.exists():
+        if progress:
+            progress(f"building the {sim} model of {top} in {build_dir} "
+                     "(once per distinct design; Verilator takes a minute)")
         build_dir.mkdir(parents=True, exist_ok=True)
         v_path = build_dir / f"{top}.v"
         v_path.write_text(verilog_text)
@@ -94,11 +97,13 @@ def _build(sim, verilog_text, top):
     return runner, build_dir
 
 
-def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None):
+def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
+             progress=None):
     """Run ``component`` (emitted as module ``top``) under the cocotb bench module ``bench``.
 
     ``stimulus`` is a dict of arrays handed to the bench; ``settings`` a JSON-able dict. The bench
-    writes its results (a dict of arrays) which are returned.
+    writes its results (a dict of arrays) which are returned. ``progress``, if given, is
+    called with a line of text before each long step.
     """
     reason = simulator_available(sim)
     if reason:
@@ -109,7 +114,7 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None)
     if sim_dir not in sys.path:
         sys.path.insert(0, sim_dir)
     verilog_text = emit_verilog(component, top)
-    runner, build_dir = _build(sim, verilog_text, top)
+    runner, build_dir = _build(sim, verilog_text, top, progress)
     runs = build_dir / "runs"
     runs.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=runs) as run_dir:
@@ -122,6 +127,8 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None)
                 manifest[attr] = getattr(component, attr)
         (run_dir / "manifest.json").write_text(json.dumps(manifest))
         log_file = run_dir / "sim.log"
+        if progress:
+            progress(f"simulating {top} in {sim}")
         results_xml = runner.test(
             test_module=bench, hdl_toplevel=top, hdl_toplevel_lang="verilog",
             build_dir=build_dir, test_dir=run_dir,

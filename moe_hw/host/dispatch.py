@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import golden
-from ..formats import FORMATS, from_bits, to_bits
+from ..formats import FORMATS, bits_equal, from_bits, to_bits
 from ..units.dispatch import DispatchParams, DispatchUnit
 from .common import HostError, format_of, routing
 
@@ -36,7 +36,7 @@ def dispatch_params_for(gates, input, *, num_experts, capacity, **overrides):
 
 
 def run_dispatch(gates, indices, locations, input, *, num_experts, capacity, params=None,
-                 sim="verilator", stall=0.0, seed=0):
+                 sim="verilator", stall=0.0, seed=0, progress=None):
     """Run ``dispatch_forward`` on the hardware. Arguments as the golden model's."""
     gates, indices, locations, input, num_experts, capacity = routing(
         gates, indices, locations, input, num_experts=num_experts, capacity=capacity)
@@ -74,7 +74,8 @@ def run_dispatch(gates, indices, locations, input, *, num_experts, capacity, par
                 "capacity": capacity, "num_experts": num_experts, "feed": feed,
                 "stall": float(stall), "seed": int(seed)}
     from ..flows.simulate import simulate
-    res = simulate(unit, "dispatch", "bench_dispatch", stimulus, sim=sim, settings=settings)
+    res = simulate(unit, "dispatch", "bench_dispatch", stimulus, sim=sim, settings=settings,
+                   progress=progress)
 
     size = num_experts * capacity * hidden
     memory = np.zeros(size, dtype=fmt.uint_dtype)
@@ -135,7 +136,7 @@ def score_dispatch(run, gates, indices, locations, input, *, num_experts, capaci
     if got_bits.shape != want_bits.shape:
         problems.append(f"dispatch shape {got_bits.shape} != golden {want_bits.shape}")
     else:
-        bad = np.argwhere(got_bits != want_bits)
+        bad = np.argwhere(~bits_equal(got_bits, want_bits, fmt))
         if bad.size:
             r, c = bad[0]
             problems.append(f"{len(bad)} elements differ from golden; first at [{r}, {c}]: "
@@ -154,11 +155,14 @@ def score_dispatch(run, gates, indices, locations, input, *, num_experts, capaci
     got = run.writes
     if len(got["addr"]) != len(addr):
         problems.append(f"{len(got['addr'])} writes, expected {len(addr)} (lost or duplicated)")
+    elif len(addr) == 0:
+        pass
     else:
         got_data = np.where((got["enable"][:, None] >> np.arange(lanes)) & 1, got["data"], 0)
         for name, g, w in (("addr", got["addr"], addr), ("enable", got["enable"], enable),
                            ("data", got_data, data)):
-            bad = np.flatnonzero((np.asarray(g) != w).reshape(len(addr), -1).any(axis=1))
+            same = bits_equal(g, w, fmt) if name == "data" else np.asarray(g) == w
+            bad = np.flatnonzero(~same.reshape(len(addr), -1).all(axis=1))
             if bad.size:
                 problems.append(f"write {bad[0]}: {name} {g[bad[0]]} != expected {w[bad[0]]} "
                                 "(reordered or wrong)")

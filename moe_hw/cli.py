@@ -1,0 +1,32 @@
+"""Pieces shared by the command-line entry points."""
+
+import sys
+
+from .params import ParameterError
+from .registry import parse_value
+
+__all__ = ["parse_sets", "fail", "run_main"]
+
+
+def parse_sets(pairs):
+    """``["lanes=4", "format=bf16"]`` -> ``{"lanes": 4, "format": "bf16"}``."""
+    settings = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ParameterError(f"--set takes NAME=VALUE, not {pair!r}")
+        settings[name.strip().replace("-", "_")] = parse_value(value)
+    return settings
+
+
+def fail(prog, message, code=2):
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def run_main(prog, body):
+    """Run ``body()``; bad parameters and inputs end in one clear line, not a traceback."""
+    try:
+        return body()
+    except (ParameterError, ValueError, TypeError) as error:
+        fail(prog, str(error))

@@ -1,0 +1,66 @@
+"""``python -m moe_hw.gen``: list the units and design points, emit Verilog and a manifest.
+
+    python -m moe_hw.gen list
+    python -m moe_hw.gen emit UNIT|POINT --out DIR [--set NAME=VALUE ...]
+"""
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from .cli import parse_sets, run_main
+from .flows.emit import write_unit
+from .registry import UNITS, design_points, make_params, unit_or_point
+
+__all__ = ["main", "emit"]
+
+
+def _list():
+    print("Units (python -m moe_hw.gen emit UNIT --out DIR --set NAME=VALUE):")
+    for unit in UNITS.values():
+        print(f"\n  {unit.name}: {unit.summary}")
+        for field in dataclasses.fields(unit.params):
+            print(f"      {field.name:<14} default {field.default!r}")
+    print("\nDesign points (gen/*.toml; python -m moe_hw.gen emit POINT --out DIR):")
+    for point in design_points().values():
+        print(f"  {point.name:<12} {point.unit:<10} {point.description}")
+
+
+def emit(name, out_dir, settings=None):
+    """Emit unit or design point ``name`` into ``out_dir``; return the written paths."""
+    unit, point = unit_or_point(name)
+    params = make_params(unit, settings or {}, base=point.params if point else None)
+    component = unit.build(params)
+    return write_unit(component, unit.name, Path(out_dir), unit=unit.name, params=params,
+                      runtime=point.problem if point else None)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m moe_hw.gen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the units, their parameters and the design points")
+    emit_parser = sub.add_parser("emit", help="write UNIT.v and UNIT.json into --out")
+    emit_parser.add_argument("unit", help="a unit name or a design point name (see list)")
+    emit_parser.add_argument("--out", required=True, type=Path, help="output directory")
+    emit_parser.add_argument("--set", action="append", metavar="NAME=VALUE", default=[],
+                             help="a generation-time parameter (repeatable)")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        _list()
+        return 0
+
+    def body():
+        start = time.perf_counter()
+        v_path, j_path = emit(args.unit, args.out, parse_sets(args.set))
+        print(f"wrote {v_path} ({v_path.stat().st_size} bytes) and {j_path} "
+              f"in {time.perf_counter() - start:.1f} s")
+        return 0
+
+    return run_main(parser.prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The units ``python -m moe_hw.gen`` and ``python -m moe_hw.run`` know, and the named design
+points under ``gen/``."""
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .formats import FORMATS, float_format
+from .params import ParameterError, check_int
+
+__all__ = ["Unit", "UNITS", "ArithParams", "DesignPoint", "design_points", "design_point",
+           "make_params", "parse_value"]
+
+
+@dataclass(frozen=True)
+class ArithParams:
+    """Generation-time parameters of the float blocks (``fmul``, ``fadd``)."""
+
+    format: str = "fp32"
+    stages: int | None = None  # pipeline depth; None: the block's default for the format
+
+    def __post_init__(self):
+        float_format(self.format)
+        if self.stages is not None:
+            check_int("stages", self.stages, minimum=0, maximum=16)
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    summary: str
+    params: type
+
+    def build(self, params):
+        if self.name == "dispatch":
+            from .units.dispatch import DispatchUnit
+            return DispatchUnit(params)
+        if self.name == "fmul":
+            from .arith.fmul import FloatMultiplier
+            return FloatMultiplier(params.format, params.stages)
+        if self.name == "fadd":
+            from .arith.fadd import FloatAdder
+            return FloatAdder(params.format, params.stages)
+        raise AssertionError(self.name)
+
+
+def _units():
+    from .units.dispatch import DispatchParams
+    units = [
+        Unit("dispatch", "tutel / MLU-OPS dispatch forward: (index*C+location)*H address "
+             "generation, bounds masks, gate multiply (SPEC 1.1)", DispatchParams),
+        Unit("fmul", "IEEE-754 multiplier, round to nearest even, subnormals; stream of "
+             "(a, b) -> product", ArithParams),
+        Unit("fadd", "IEEE-754 adder, round to nearest even, subnormals; stream of "
+             "(a, b) -> sum", ArithParams),
+    ]
+    return {unit.name: unit for unit in units}
+
+
+UNITS = _units()
+
+
+def parse_value(text):
+    """A ``--set`` value: integer, ``none``, ``true``/``false``, float, or the string itself."""
+    lowered = text.strip().lower()
+    if lowered in ("none", "default"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def make_params(unit, settings, base=None):
+    """``unit``'s parameter object from ``settings`` (a name -> value dict), on top of
+    ``base`` (a dict of defaults). Unknown names are an error that lists the known ones."""
+    names = [f.name for f in dataclasses.fields(unit.params)]
+    values = dict(base or {})
+    for name, value in settings.items():
+        if name not in names:
+            raise ParameterError(f"Unit {unit.name} has no parameter {name!r}; its parameters "
+                                 f"are {', '.join(names)}")
+        values[name] = value
+    return unit.params(**values)
+
+
+@dataclass(frozen=True)
+class DesignPoint:
+    name: str
+    path: Path
+    unit: str
+    description: str
+    params: dict
+    problem: dict
+
+
+def _points_dir():
+    return Path(__file__).resolve().parents[1] / "gen"
+
+
+def design_points():
+    points = {}
+    for path in sorted(_points_dir().glob("*.toml")):
+        data = tomllib.loads(path.read_text())
+        points[path.stem] = DesignPoint(path.stem, path, data["unit"],
+                                        data.get("description", ""), data.get("params", {}),
+                                        data.get("problem", {}))
+    return points
+
+
+def design_point(name):
+    points = design_points()
+    if name not in points:
+        raise ParameterError(f"Design point must be one of {', '.join(points)}, not {name!r}")
+    return points[name]
+
+
+def unit_or_point(name):
+    """``(Unit, DesignPoint or None)`` for a unit name or a design point name."""
+    if name in UNITS:
+        return UNITS[name], None
+    points = design_points()
+    if name in points:
+        return UNITS[points[name].unit], points[name]
+    raise ParameterError(f"Unit must be one of {', '.join(UNITS)} or a design point "
+                         f"({', '.join(points)}), not {name!r}")
+
+
+__all__ += ["unit_or_point", "FORMATS"]

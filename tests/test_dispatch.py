@@ -1,0 +1,158 @@
+"""The dispatch unit on its emitted Verilog (cocotb, Verilator and Icarus), every case with and
+without random valid/ready stalls, scored bit for bit against golden.dispatch_forward with a
+scoreboard over the whole write log; plus generation-time parameter errors."""
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from moe_hw import golden
+from moe_hw.golden.testing import random_floats
+from moe_hw.host.common import HostError
+from moe_hw.host.dispatch import run_dispatch, score_dispatch
+from moe_hw.params import ParameterError
+from moe_hw.units.dispatch import DispatchParams, DispatchUnit
+
+from conftest import STALLS, simulator_params
+
+MAXIMA = dict(max_tokens=256, max_hidden=64, max_capacity=32, max_experts=8)
+FP32_L4 = DispatchParams(format="fp32", lanes=4, **MAXIMA)
+
+
+def problem(seed, *, tokens, hidden, experts, capacity, k=1, dtype=np.float32, specials=0.0,
+            index_range=None, location_range=None):
+    """A random dispatch problem; locations from compute_locations unless ranges are given."""
+    rng = np.random.default_rng(seed)
+    if index_range is None:
+        indices = rng.integers(0, max(experts, 1), (k, tokens))
+    else:
+        indices = rng.integers(*index_range, (k, tokens))
+    if location_range is None:
+        locations = golden.compute_locations(np.clip(indices, 0, max(experts - 1, 0)),
+                                             num_experts=max(experts, 1)).astype(np.int64)
+    else:
+        locations = rng.integers(*location_range, (k, tokens))
+    gates = random_floats(rng, (k, tokens), dtype, specials=specials)
+    data = random_floats(rng, (tokens, hidden), dtype, specials=specials)
+    return dict(gates=gates, indices=indices, locations=locations, input=data,
+                num_experts=experts, capacity=capacity)
+
+
+def check(prob, params, sim, stall, seed=0, expect_cycles=True):
+    run = run_dispatch(prob["gates"], prob["indices"], prob["locations"], prob["input"],
+                       num_experts=prob["num_experts"], capacity=prob["capacity"],
+                       params=params, sim=sim, stall=stall, seed=seed)
+    problems = score_dispatch(run, prob["gates"], prob["indices"], prob["locations"],
+                              prob["input"], num_experts=prob["num_experts"],
+                              capacity=prob["capacity"], lanes=params.lanes)
+    assert not problems, "\n".join(problems)
+    if stall == 0.0 and expect_cycles:
+        pairs, hidden = prob["gates"].size, prob["input"].shape[1]
+        if run.ideal_cycles:
+            overhead = DispatchUnit(params).overhead
+            assert run.cycles == pairs * -(-hidden // params.lanes) + overhead
+        else:
+            assert run.cycles == 1, "a zero-element problem must finish at once"
+    return run
+
+
+CASES = {
+    # DUET toy scale: S=21, E=6, H=L=16, every token fits.
+    "duet_toy": dict(tokens=21, hidden=16, experts=6, capacity=21),
+    # top-2 with capacity drops; H not a multiple of the lanes.
+    "random_k2_drops": dict(tokens=37, hidden=29, experts=5, capacity=9, k=2),
+    # Out-of-range and negative indices and locations, including the extremes of the field.
+    "out_of_range": dict(tokens=40, hidden=7, experts=6, capacity=5, k=2,
+                         index_range=(-3, 9), location_range=(-2, 8)),
+    # NaN, Inf, subnormals and -0.0 in gates and data.
+    "special_values": dict(tokens=24, hidden=13, experts=4, capacity=8, specials=0.4),
+    # Every pair into one slot: the last one must win.
+    "shared_slot": dict(tokens=12, hidden=9, experts=3, capacity=2,
+                        index_range=(1, 2), location_range=(1, 2)),
+    # The three zero-element cases of seed 001, scaled down.
+    "zero_tokens": dict(tokens=0, hidden=32, experts=2, capacity=8),
+    "zero_hidden": dict(tokens=8, hidden=0, experts=2, capacity=8),
+    "zero_capacity": dict(tokens=8, hidden=32, experts=2, capacity=0),
+}
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_dispatch_cases(sim, case, stall):
+    check(problem(sorted(CASES).index(case), **CASES[case]), FP32_L4, sim, stall, seed=7)
+
+
+def test_dispatch_field_extremes():
+    prob = problem(3, tokens=10, hidden=6, experts=4, capacity=10)
+    prob["indices"][0, :4] = [-(1 << 31), (1 << 31) - 1, 4, -1]
+    prob["locations"][0, 4:8] = [(1 << 31) - 1, -(1 << 31), 10, -1]
+    run = check(prob, FP32_L4, "verilator", 0.0)
+    assert run.dropped == 8
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("lanes", [1, 16])
+def test_dispatch_lanes(lanes, stall):
+    params = DispatchParams(format="fp32", lanes=lanes, **MAXIMA)
+    for seed, hidden in enumerate((1, 17, 64)):
+        prob = problem(seed, tokens=19, hidden=hidden, experts=3, capacity=7, k=2)
+        check(prob, params, "verilator", stall, seed=seed)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("fmt,dtype,lanes", [("fp16", np.float16, 4),
+                                             ("bf16", ml_dtypes.bfloat16, 8)])
+def test_dispatch_formats(fmt, dtype, lanes, stall):
+    params = DispatchParams(format=fmt, lanes=lanes, **MAXIMA)
+    prob = problem(11, tokens=30, hidden=21, experts=4, capacity=6, k=2, dtype=dtype,
+                   specials=0.3)
+    check(prob, params, "verilator", stall, seed=3)
+
+
+def test_dispatch_runtime_errors():
+    prob = problem(0, tokens=4, hidden=8, experts=2, capacity=4)
+    args = (prob["gates"], prob["indices"], prob["locations"], prob["input"])
+    with pytest.raises(HostError, match="hidden = 8 exceeds"):
+        run_dispatch(*args, num_experts=2, capacity=4,
+                     params=DispatchParams(max_hidden=4, max_tokens=8))
+    with pytest.raises(HostError, match="gates has dtype float32"):
+        run_dispatch(*args, num_experts=2, capacity=4, params=DispatchParams(format="fp16"))
+    bad = prob["indices"].copy()
+    bad[0, 1] = 1 << 40
+    with pytest.raises(HostError, match=r"indices.flat\[1\] = 1099511627776 does not fit"):
+        run_dispatch(prob["gates"], bad, prob["locations"], prob["input"], num_experts=2,
+                     capacity=4)
+    with pytest.raises(ValueError, match="capacity must be a non-negative integer"):
+        run_dispatch(*args, num_experts=2, capacity=-1)
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
+    (dict(format="fp64"), "Format must be one of fp32, fp16, bf16, not 'fp64'"),
+    (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
+    (dict(max_experts=-2), "max_experts must be an integer between 1 and"),
+    (dict(mul_stages="deep"), "mul_stages must be an integer, not 'deep'"),
+    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
+])
+def test_dispatch_parameter_errors(settings, message):
+    with pytest.raises(ParameterError if "Format" not in message else ValueError,
+                       match=message):
+        DispatchParams(**settings)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "lanes=3"], "lanes must be 1, 2, 4, 8 or 16, not 3"),
+    (["--set", "format=fp64"], "Format must be one of fp32, fp16, bf16, not 'fp64'"),
+    (["--set", "max_hidden=0"], "max_hidden must be an integer between 1 and"),
+    (["--set", "lane=4"], "has no parameter 'lane'"),
+])
+def test_gen_parameter_errors_are_one_line(tmp_path, args, message):
+    result = subprocess.run([sys.executable, "-m", "moe_hw.gen", "emit", "dispatch", "--out",
+                             str(tmp_path), *args], capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
