@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["FloatFormat", "FORMATS", "float_format", "to_bits", "from_bits", "is_nan_bits",
-           "bits_equal"]
+           "bits_equal", "format_of_dtype"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,15 @@ def float_format(name):
 def to_bits(array, fmt):
     """The raw bit patterns of ``array`` (cast to the format's dtype) as unsigned integers."""
     fmt = float_format(fmt)
-    return np.ascontiguousarray(np.asarray(array).astype(fmt.dtype)).view(fmt.uint_dtype)
+    array = np.asarray(array).astype(fmt.dtype)
+    return np.ascontiguousarray(array).view(fmt.uint_dtype).reshape(array.shape)
 
 
 def from_bits(bits, fmt):
     """The floats whose raw bit patterns are ``bits``."""
     fmt = float_format(fmt)
-    return np.ascontiguousarray(np.asarray(bits).astype(fmt.uint_dtype)).view(fmt.dtype)
+    bits = np.asarray(bits).astype(fmt.uint_dtype)
+    return np.ascontiguousarray(bits).view(fmt.dtype).reshape(bits.shape)
 
 
 def is_nan_bits(bits, fmt):
@@ -98,3 +100,11 @@ def bits_equal(x, y, fmt):
     x = np.asarray(x).astype(np.uint64)
     y = np.asarray(y).astype(np.uint64)
     return (x == y) | (is_nan_bits(x, fmt) & is_nan_bits(y, fmt))
+
+
+def format_of_dtype(dtype):
+    """The :class:`FloatFormat` of a float32, float16 or bfloat16 dtype."""
+    for fmt in FORMATS.values():
+        if fmt.dtype == np.dtype(dtype):
+            return fmt
+    raise TypeError(f"dtype must be float32, float16 or bfloat16, not {np.dtype(dtype)}")

@@ -8,17 +8,10 @@
 
 import numpy as np
 
-from ..formats import FORMATS
+from ..formats import bits_equal, to_bits
+from ..formats import format_of_dtype as format_of
 
 __all__ = ["bit_equal", "format_of", "random_floats"]
-
-
-def format_of(dtype):
-    """The :class:`~moe_hw.formats.FloatFormat` of a float32/float16/bfloat16 dtype."""
-    for fmt in FORMATS.values():
-        if fmt.dtype == np.dtype(dtype):
-            return fmt
-    raise TypeError(f"dtype must be float32, float16 or bfloat16, not {np.dtype(dtype)}")
 
 
 def bit_equal(actual, expected):
@@ -32,12 +25,7 @@ def bit_equal(actual, expected):
     if actual.dtype.kind in "iub":
         return bool(np.array_equal(actual, expected))
     fmt = format_of(actual.dtype)
-    nan_actual = np.isnan(actual.astype(np.float32))
-    nan_expected = np.isnan(expected.astype(np.float32))
-    bits_actual = np.where(nan_actual, 0, actual.view(fmt.uint_dtype))
-    bits_expected = np.where(nan_expected, 0, expected.view(fmt.uint_dtype))
-    return bool(np.array_equal(nan_actual, nan_expected)
-                and np.array_equal(bits_actual, bits_expected))
+    return bool(bits_equal(to_bits(actual, fmt), to_bits(expected, fmt), fmt).all())
 
 
 def random_floats(rng, shape, dtype, *, specials=0.1, scale=4.0):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..formats import FORMATS
+from ..formats import format_of_dtype
 from ..golden._common import check_count, float_array, routing_arrays, same_dtype
 
 __all__ = ["HostError", "format_of", "routing"]
@@ -14,10 +14,10 @@ class HostError(ValueError):
 
 def format_of(array):
     """The format name (fp32, fp16, bf16) of a float array's dtype."""
-    for name, fmt in FORMATS.items():
-        if np.asarray(array).dtype == fmt.dtype:
-            return name
-    raise HostError(f"dtype {np.asarray(array).dtype} is not float32, float16 or bfloat16")
+    try:
+        return format_of_dtype(np.asarray(array).dtype).name
+    except TypeError as error:
+        raise HostError(str(error)) from None
 
 
 def routing(gates, indices, locations, input, *, num_experts, capacity):
