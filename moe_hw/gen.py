@@ -12,14 +12,14 @@ from pathlib import Path
 
 from .cli import parse_sets, run_main
 from .flows.emit import write_unit
-from .registry import UNITS, design_points, make_params, unit_or_point
+from .registry import design_points, make_params, unit_or_point, units
 
 __all__ = ["main", "emit"]
 
 
 def _list():
     print("Units (python -m moe_hw.gen emit UNIT --out DIR --set NAME=VALUE):")
-    for unit in UNITS.values():
+    for unit in units().values():
         print(f"\n  {unit.name}: {unit.summary}")
         for field in dataclasses.fields(unit.params):
             print(f"      {field.name:<14} default {field.default!r}")

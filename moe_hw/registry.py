@@ -2,6 +2,8 @@
 points under ``gen/``."""
 
 import dataclasses
+import functools
+import importlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 from .formats import FORMATS, float_format
 from .params import ParameterError, check_int
 
-__all__ = ["Unit", "UNITS", "ArithParams", "DesignPoint", "design_points", "design_point",
+__all__ = ["Unit", "units", "ArithParams", "DesignPoint", "design_points", "design_point",
            "make_params", "parse_value"]
 
 
@@ -28,37 +30,38 @@ class ArithParams:
 
 @dataclass(frozen=True)
 class Unit:
+    """A unit of ``gen list``: its parameters, how to build it, and how ``moe_hw.run`` runs it.
+
+    ``run(inputs, params, runtime, *, sim, stall, seed, check, progress)`` takes the npz
+    arrays, the :class:`ParameterError`-checked generation-time settings (a dict, not yet sized
+    to the problem), the run-time values (``runtime`` names), and returns ``(outputs, report
+    lines)``; it raises AssertionError when ``check`` finds a mismatch with the golden model.
+    """
+
     name: str
     summary: str
     params: type
-
-    def build(self, params):
-        if self.name == "dispatch":
-            from .units.dispatch import DispatchUnit
-            return DispatchUnit(params)
-        if self.name == "fmul":
-            from .arith.fmul import FloatMultiplier
-            return FloatMultiplier(params.format, params.stages)
-        if self.name == "fadd":
-            from .arith.fadd import FloatAdder
-            return FloatAdder(params.format, params.stages)
-        raise AssertionError(self.name)
+    build: object              # params -> wiring.Component
+    run: object
+    runtime: tuple = ()        # names of run-time values (from --set or the npz)
+    inputs: tuple = ()         # npz input keys
+    outputs: tuple = ()        # npz output keys (plus cycles)
 
 
-def _units():
-    from .units.dispatch import DispatchParams
-    units = [
-        Unit("dispatch", "tutel / MLU-OPS dispatch forward: (index*C+location)*H address "
-             "generation, bounds masks, gate multiply (SPEC 1.1)", DispatchParams),
-        Unit("fmul", "IEEE-754 multiplier, round to nearest even, subnormals; stream of "
-             "(a, b) -> product", ArithParams),
-        Unit("fadd", "IEEE-754 adder, round to nearest even, subnormals; stream of "
-             "(a, b) -> sum", ArithParams),
-    ]
-    return {unit.name: unit for unit in units}
+# Each module registers its units in a module-level ``UNITS`` list; a new unit adds its module
+# here and nowhere else.
+UNIT_MODULES = ("moe_hw.host.dispatch", "moe_hw.host.binop")
 
 
-UNITS = _units()
+@functools.cache
+def units():
+    """The units by name, from the modules of :data:`UNIT_MODULES` (imported on first use:
+    they import this module)."""
+    found = {}
+    for module in UNIT_MODULES:
+        for unit in importlib.import_module(module).UNITS:
+            found[unit.name] = unit
+    return found
 
 
 def parse_value(text):
@@ -122,12 +125,12 @@ def design_point(name):
 
 def unit_or_point(name):
     """``(Unit, DesignPoint or None)`` for a unit name or a design point name."""
-    if name in UNITS:
-        return UNITS[name], None
+    if name in units():
+        return units()[name], None
     points = design_points()
     if name in points:
-        return UNITS[points[name].unit], points[name]
-    raise ParameterError(f"Unit must be one of {', '.join(UNITS)} or a design point "
+        return units()[points[name].unit], points[name]
+    raise ParameterError(f"Unit must be one of {', '.join(units())} or a design point "
                          f"({', '.join(points)}), not {name!r}")
 
 

@@ -27,14 +27,11 @@ import numpy as np
 from . import golden
 from .cli import parse_sets, run_main
 from .formats import FORMATS
-from .host.common import HostError, format_of
+from .host.common import HostError
 from .params import ParameterError
-from .registry import make_params, unit_or_point
+from .registry import unit_or_point
 
 __all__ = ["main", "run_unit", "random_problem"]
-
-RUNTIME = {"dispatch": ("num_experts", "capacity")}
-
 
 def _progress(text):
     print(f"[moe_hw.run] {text}", file=sys.stderr, flush=True)
@@ -42,39 +39,17 @@ def _progress(text):
 
 def _split_settings(unit, settings):
     names = {f.name for f in dataclasses.fields(unit.params)}
-    runtime = RUNTIME.get(unit.name, ())
-    params, run_values = {}, {}
+    params, runtime = {}, {}
     for name, value in settings.items():
         if name in names:
             params[name] = value
-        elif name in runtime:
-            run_values[name] = value
+        elif name in unit.runtime:
+            runtime[name] = value
         else:
-            known = sorted(names) + list(runtime)
+            known = sorted(names) + list(unit.runtime)
             raise ParameterError(f"{unit.name} has no parameter or run-time value {name!r}; "
                                  f"known: {', '.join(known)}")
-    return params, run_values
-
-
-def _need(inputs, unit, keys):
-    missing = [key for key in keys if key not in inputs]
-    if missing:
-        raise HostError(f"the input file for {unit} lacks {', '.join(missing)} "
-                        f"(it needs {', '.join(keys)})")
-    return [inputs[key] for key in keys]
-
-
-def _runtime_int(name, run_values, inputs):
-    if name in run_values:
-        value = run_values[name]
-    elif name in inputs:
-        value = inputs[name].item() if np.ndim(inputs[name]) == 0 else None
-    else:
-        raise HostError(f"run-time value {name} is missing: give --set {name}=N or a scalar "
-                        f"'{name}' in the input file")
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-        raise HostError(f"{name} must be a non-negative integer, not {value!r}")
-    return int(value)
+    return params, runtime
 
 
 def run_unit(name, inputs, settings=None, *, sim="verilator", stall=0.0, seed=0, check=True,
@@ -85,60 +60,11 @@ def run_unit(name, inputs, settings=None, *, sim="verilator", stall=0.0, seed=0,
     a list of report lines. Raises AssertionError when ``check`` finds a mismatch.
     """
     unit, point = unit_or_point(name)
-    params_set, run_values = _split_settings(unit, settings or {})
-    base = dict(point.params) if point else {}
-    report = []
-    if unit.name == "dispatch":
-        from .host.dispatch import dispatch_params_for, run_dispatch, score_dispatch
-        gates, indices, locations, input = _need(
-            inputs, "dispatch", ("gates", "indices", "locations", "input"))
-        num_experts = _runtime_int("num_experts", run_values, inputs)
-        capacity = _runtime_int("capacity", run_values, inputs)
-        params = dispatch_params_for(gates, input, num_experts=num_experts, capacity=capacity,
-                                     **{**base, **params_set})
-        result = run_dispatch(gates, indices, locations, input, num_experts=num_experts,
-                              capacity=capacity, params=params, sim=sim, stall=stall,
-                              seed=seed, progress=progress)
-        outputs = {"dispatch": result.dispatch, "dropped": np.int64(result.dropped),
-                   "cycles": np.int64(result.cycles)}
-        eff = result.ideal_cycles / result.cycles if result.cycles else 0.0
-        report += [f"dispatch: {np.asarray(gates).size} pairs, H={np.shape(input)[-1]}, "
-                   f"E={num_experts}, C={capacity}, lanes={params.lanes}, {params.format}",
-                   f"cycles: {result.cycles} (ideal {result.ideal_cycles}, efficiency "
-                   f"{eff:.4f}); dropped pairs: {result.dropped}"]
-        if check:
-            problems = score_dispatch(result, gates, indices, locations, input,
-                                      num_experts=num_experts, capacity=capacity,
-                                      lanes=params.lanes)
-            if problems:
-                raise AssertionError("hardware differs from golden.dispatch_forward:\n  " +
-                                     "\n  ".join(problems))
-            report.append(f"check: bit-exact against golden.dispatch_forward "
-                          f"({result.dispatch.size} elements); write log in order, no loss, "
-                          "no duplicate, no out-of-bounds write")
-        return outputs, report
-    if unit.name in ("fmul", "fadd"):
-        from .host.binop import run_binop
-        a, b = _need(inputs, unit.name, ("a", "b"))
-        fmt = params_set.get("format", base.get("format")) or format_of(a)
-        if FORMATS.get(fmt) is None or np.asarray(a).dtype != FORMATS[fmt].dtype:
-            raise HostError(f"a has dtype {np.asarray(a).dtype}, but format is {fmt!r}")
-        params = make_params(unit, params_set, base=base)
-        result, cycles = run_binop(unit.name, a, b, stages=params.stages, sim=sim, stall=stall,
-                                   seed=seed, progress=progress)
-        key = "product" if unit.name == "fmul" else "sum"
-        outputs = {key: result, "cycles": np.int64(cycles)}
-        report.append(f"{unit.name}: {np.size(a)} operations in {cycles} cycles, {fmt}")
-        if check:
-            from .golden.testing import bit_equal
-            with np.errstate(all="ignore"):
-                want = (np.asarray(a) * np.asarray(b)) if key == "product" else \
-                    (np.asarray(a) + np.asarray(b))
-            if not bit_equal(result, want.astype(np.asarray(a).dtype)):
-                raise AssertionError(f"hardware {key} differs from NumPy")
-            report.append(f"check: bit-exact against NumPy ({np.size(a)} results; NaN == NaN)")
-        return outputs, report
-    raise AssertionError(unit.name)
+    params, runtime = _split_settings(unit, settings or {})
+    if point:
+        params = {**point.params, **params}
+    return unit.run(inputs, params, runtime, sim=sim, stall=stall, seed=seed, check=check,
+                    progress=progress)
 
 
 def random_problem(point, seed=0):

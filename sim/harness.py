@@ -17,7 +17,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, Timer
 
-__all__ = ["Run", "Layout", "Pauses", "StreamSource", "StreamSink", "reset", "edge", "run_until",
+__all__ = ["Run", "Layout", "Pauses", "StreamSource", "StreamSink", "MemoryReader", "MemoryWriter",
+           "reset", "edge", "run_until",
            "high", "pack_lanes", "unpack_lanes"]
 
 
@@ -148,6 +149,99 @@ class StreamSink:
             self.items.append(self.payload.value.to_unsigned())
         self._ready = not self.pauses.next()
         self.ready.value = int(self._ready)
+
+
+class MemoryReader:
+    """A memory read port: takes requests on ``<request>`` (payload field ``addr``, the element
+    address of lane 0, and optionally ``enable``, the lanes wanted) and answers each, in order,
+    ``latency`` cycles later or after, on ``<response>`` (payload field ``data``: ``lanes``
+    elements of ``width`` bits, lane 0 least significant). Data is read when the request is
+    taken, so a write taken earlier (by a :class:`MemoryWriter` on the same array) is seen.
+    Lanes outside ``memory`` read as 0 and are counted in ``out_of_bounds``.
+    """
+
+    def __init__(self, dut, request, response, memory, *, lanes, width, request_layout,
+                 response_layout, latency=2, request_pauses=None, response_pauses=None):
+        self.req_valid = getattr(dut, f"{request}__valid")
+        self.req_ready = getattr(dut, f"{request}__ready")
+        self.req_payload = getattr(dut, f"{request}__payload")
+        self.resp_valid = getattr(dut, f"{response}__valid")
+        self.resp_ready = getattr(dut, f"{response}__ready")
+        self.resp_payload = getattr(dut, f"{response}__payload")
+        self.memory, self.lanes, self.width = memory, lanes, width
+        self.req_layout, self.resp_layout = request_layout, response_layout
+        self.has_enable = "enable" in request_layout.desc["fields"]
+        self.latency = latency
+        self.req_pauses = request_pauses or Pauses()
+        self.resp_pauses = response_pauses or Pauses()
+        self.queue = []          # (cycle due, response word)
+        self.requests = []       # every request taken: (addr, enable)
+        self.out_of_bounds = 0
+        self.cycle = 0
+        self._ready = False
+        self._valid = False
+        self.req_ready.value = 0
+        self.resp_valid.value = 0
+        self.resp_payload.value = 0
+
+    def _read(self, addr, enable):
+        values = np.zeros(self.lanes, dtype=np.uint64)
+        for lane in range(self.lanes):
+            if enable >> lane & 1:
+                where = addr + lane
+                if 0 <= where < len(self.memory):
+                    values[lane] = self.memory[where]
+                else:
+                    self.out_of_bounds += 1
+        return self.resp_layout.pack(data=pack_lanes(values, self.width))
+
+    def step(self):
+        if self._valid and high(self.resp_ready):
+            self.queue.pop(0)
+            self._valid = False
+        if self._ready and high(self.req_valid):
+            word = self.req_payload.value.to_unsigned()
+            addr = self.req_layout.unpack(word, "addr")
+            enable = self.req_layout.unpack(word, "enable") if self.has_enable \
+                else (1 << self.lanes) - 1
+            self.requests.append((addr, enable))
+            self.queue.append((self.cycle + self.latency, self._read(addr, enable)))
+        self.cycle += 1
+        if not self._valid and self.queue and self.queue[0][0] <= self.cycle \
+                and not self.resp_pauses.next():
+            self.resp_payload.value = self.queue[0][1]
+            self._valid = True
+        self.resp_valid.value = int(self._valid)
+        self._ready = not self.req_pauses.next()
+        self.req_ready.value = int(self._ready)
+
+
+class MemoryWriter:
+    """A memory write port: takes writes on ``<name>`` (payload fields ``addr``, ``data`` and
+    ``enable``, as the dispatch unit's ``write``) into ``memory`` as they are taken. Lanes
+    outside ``memory`` are not written and are counted in ``out_of_bounds``; every write is
+    logged in ``log`` as (addr, enable, data word)."""
+
+    def __init__(self, dut, name, memory, *, lanes, width, layout, pauses=None):
+        self.sink = StreamSink(dut, name, pauses)
+        self.memory, self.lanes, self.width, self.layout = memory, lanes, width, layout
+        self.log = []
+        self.out_of_bounds = 0
+
+    def step(self):
+        before = len(self.sink.items)
+        self.sink.step()
+        for word in self.sink.items[before:]:
+            addr = self.layout.unpack(word, "addr")
+            enable = self.layout.unpack(word, "enable")
+            data = self.layout.unpack(word, "data")
+            self.log.append((addr, enable, data))
+            for lane, value in enumerate(unpack_lanes(data, self.width, self.lanes)):
+                if enable >> lane & 1:
+                    if 0 <= addr + lane < len(self.memory):
+                        self.memory[addr + lane] = value
+                    else:
+                        self.out_of_bounds += 1
 
 
 async def reset(dut, inputs=(), cycles=2):

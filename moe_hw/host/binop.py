@@ -2,8 +2,9 @@
 
 import numpy as np
 
-from ..formats import float_format, from_bits, to_bits
-from .common import HostError, format_of
+from ..formats import FORMATS, bits_equal, float_format, from_bits, to_bits
+from ..registry import ArithParams, Unit
+from .common import HostError, format_of, need
 
 __all__ = ["run_binop"]
 
@@ -32,3 +33,49 @@ def run_binop(unit, a, b, *, stages=None, sim="verilator", stall=0.0, seed=0, pr
     res = simulate(component, unit, "bench_binop", stimulus, sim=sim, settings=settings,
                    progress=progress)
     return from_bits(res["result"], fmt).reshape(a.shape), int(res["cycles"])
+
+
+def _runner(unit):
+    key = "product" if unit == "fmul" else "sum"
+
+    def run(inputs, params, runtime, *, sim, stall, seed, check, progress):
+        a, b = need(inputs, unit, ("a", "b"))
+        fmt = params.get("format") or format_of(a)
+        if FORMATS.get(fmt) is None or np.asarray(a).dtype != FORMATS[fmt].dtype:
+            raise HostError(f"a has dtype {np.asarray(a).dtype}, but format is {fmt!r}")
+        params = ArithParams(**{**params, "format": fmt})
+        result, cycles = run_binop(unit, a, b, stages=params.stages, sim=sim, stall=stall,
+                                   seed=seed, progress=progress)
+        report = [f"{unit}: {np.size(a)} operations in {cycles} cycles, {fmt}"]
+        if check:
+            with np.errstate(all="ignore"):
+                want = np.asarray(a) * np.asarray(b) if unit == "fmul" else \
+                    np.asarray(a) + np.asarray(b)
+            fmt_ = float_format(fmt)
+            same = bits_equal(to_bits(result, fmt_), to_bits(want.astype(fmt_.dtype), fmt_),
+                              fmt_)
+            if not same.all():
+                raise AssertionError(f"hardware {key} differs from NumPy in "
+                                     f"{np.count_nonzero(~same)} of {same.size} results")
+            report.append(f"check: bit-exact against NumPy ({np.size(a)} results; NaN == NaN)")
+        return {key: result, "cycles": np.int64(cycles)}, report
+
+    return run
+
+
+def _build(cls_name):
+    def build(params):
+        from ..arith import fadd, fmul
+        cls = {"fmul": fmul.FloatMultiplier, "fadd": fadd.FloatAdder}[cls_name]
+        return cls(params.format, params.stages)
+    return build
+
+
+UNITS = [
+    Unit("fmul", "IEEE-754 multiplier, round to nearest even, subnormals; stream of "
+         "(a, b) -> product", ArithParams, _build("fmul"), _runner("fmul"),
+         inputs=("a", "b"), outputs=("product",)),
+    Unit("fadd", "IEEE-754 adder, round to nearest even, subnormals; stream of "
+         "(a, b) -> sum", ArithParams, _build("fadd"), _runner("fadd"),
+         inputs=("a", "b"), outputs=("sum",)),
+]

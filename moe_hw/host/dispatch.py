@@ -8,7 +8,8 @@ import numpy as np
 from .. import golden
 from ..formats import FORMATS, bits_equal, from_bits, to_bits
 from ..units.dispatch import DispatchParams, DispatchUnit
-from .common import HostError, format_of, routing
+from ..registry import Unit
+from .common import HostError, format_of, need, routing, runtime_int
 
 __all__ = ["DispatchRun", "dispatch_params_for", "run_dispatch", "expected_writes",
            "score_dispatch"]
@@ -167,3 +168,39 @@ def score_dispatch(run, gates, indices, locations, input, *, num_experts, capaci
                 problems.append(f"write {bad[0]}: {name} {g[bad[0]]} != expected {w[bad[0]]} "
                                 "(reordered or wrong)")
     return problems
+
+
+def _run(inputs, params, runtime, *, sim, stall, seed, check, progress):
+    gates, indices, locations, input = need(inputs, "dispatch",
+                                            ("gates", "indices", "locations", "input"))
+    num_experts = runtime_int("num_experts", runtime, inputs)
+    capacity = runtime_int("capacity", runtime, inputs)
+    params = dispatch_params_for(gates, input, num_experts=num_experts, capacity=capacity,
+                                 **params)
+    result = run_dispatch(gates, indices, locations, input, num_experts=num_experts,
+                          capacity=capacity, params=params, sim=sim, stall=stall, seed=seed,
+                          progress=progress)
+    outputs = {"dispatch": result.dispatch, "dropped": np.int64(result.dropped),
+               "cycles": np.int64(result.cycles)}
+    eff = result.ideal_cycles / result.cycles if result.cycles else 0.0
+    report = [f"dispatch: {np.asarray(gates).size} pairs, H={np.shape(input)[-1]}, "
+              f"E={num_experts}, C={capacity}, lanes={params.lanes}, {params.format}",
+              f"cycles: {result.cycles} (ideal {result.ideal_cycles}, efficiency {eff:.4f}); "
+              f"dropped pairs: {result.dropped}"]
+    if check:
+        problems = score_dispatch(result, gates, indices, locations, input,
+                                  num_experts=num_experts, capacity=capacity, lanes=params.lanes)
+        if problems:
+            raise AssertionError("hardware differs from golden.dispatch_forward:\n  " +
+                                 "\n  ".join(problems))
+        report.append(f"check: bit-exact against golden.dispatch_forward "
+                      f"({result.dispatch.size} elements); write log in order, no loss, "
+                      "no duplicate, no out-of-bounds write")
+    return outputs, report
+
+
+UNITS = [Unit(
+    "dispatch", "tutel / MLU-OPS dispatch forward: (index*C+location)*H address generation, "
+    "bounds masks, gate multiply (SPEC 1.1)", DispatchParams, DispatchUnit, _run,
+    runtime=("num_experts", "capacity"), inputs=("gates", "indices", "locations", "input"),
+    outputs=("dispatch", "dropped"))]
