@@ -11,15 +11,12 @@ Every distinct (unit, format, depth) is one simulator build (cached under the bu
 
 import numpy as np
 import pytest
-from amaranth.back import verilog
-from amaranth.hdl import ClockDomain, Module, Value
 
 from moe_hw.arith.fadd import FloatAdder
 from moe_hw.arith.fmul import FloatMultiplier
 from moe_hw.arith.vectors import (bits_equal, float_test_vectors, reference_add, reference_mul,
                                   special_values)
 from moe_hw.formats import FORMATS, from_bits, to_bits
-import moe_hw.flows.simulate as simulate_flow
 from moe_hw.host.binop import run_binop
 
 from conftest import STALLS, simulator_params
@@ -145,27 +142,6 @@ def test_stalls(sim, unit, fmt, stall):
     check(unit, fmt, a, b, sim=sim, stall=stall, seed=seed_of(fmt, unit, sim))
 
 
-def emit_with_clock(component, name):
-    """``emit_verilog`` that also gives a register-free design ``clk`` and ``rst`` input ports.
-
-    A depth-0 unit has no registers, so Amaranth emits it without ``clk``/``rst``, and the
-    cocotb bench (which clocks and resets every unit) cannot run it. This adds the two ports,
-    unused; the logic and the other ports are the unit's own. (Harness gap: see
-    test_depth0_without_clock_port.)
-    """
-    m = Module()
-    m.domains.sync = domain = ClockDomain()
-    m.submodules.unit = component
-    ports = [domain.clk, domain.rst]
-    for path, member in component.signature.members.flatten():
-        if member.is_port:
-            port = component
-            for part in path:
-                port = getattr(port, part)
-            ports.append(Value.cast(port))
-    return verilog.convert(m, name=name, emit_src=False, ports=ports)
-
-
 # Non-default depths, each format once: latency 0 (combinational) and 1.
 DEPTHS = [("fmul", "fp32", 0), ("fmul", "bf16", 1), ("fadd", "fp16", 0), ("fadd", "fp32", 1)]
 
@@ -173,18 +149,7 @@ DEPTHS = [("fmul", "fp32", 0), ("fmul", "bf16", 1), ("fadd", "fp16", 0), ("fadd"
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("unit,fmt,stages", [pytest.param(*d, id=f"{d[0]}-{d[1]}-depth{d[2]}")
                                              for d in DEPTHS])
-def test_depths(unit, fmt, stages, stall, monkeypatch):
+def test_depths(unit, fmt, stages, stall):
     assert UNITS[unit][0](fmt, stages).latency == stages
-    if stages == 0:
-        monkeypatch.setattr(simulate_flow, "emit_verilog", emit_with_clock)
     a, b = float_test_vectors(fmt, STALL_PAIRS, seed_of(unit, fmt, stages + 1))
     check(unit, fmt, a, b, stages=stages, stall=stall, seed=seed_of(fmt, unit, stages + 1))
-
-
-@pytest.mark.xfail(strict=True, raises=(SystemExit, simulate_flow.SimulationError),
-                   reason="a depth-0 unit is emitted without clk/rst ports and the bench "
-                          "fails at dut.rst (AttributeError: fadd contains no child object "
-                          "named rst); the flow should give register-free units clk/rst ports")
-def test_depth0_without_clock_port():
-    a, b = special_pairs("fp16")
-    check("fadd", "fp16", a[:16], b[:16], stages=0)

@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 from amaranth.back import verilog
-from amaranth.hdl import Shape
+from amaranth.hdl import ClockDomain, Module, Shape, Value
 from amaranth.lib import data, wiring
 
 __all__ = ["describe_shape", "port_manifest", "emit_verilog", "write_unit"]
@@ -42,8 +42,30 @@ def port_manifest(component):
 
 
 def emit_verilog(component, name):
-    """The Verilog text of ``component`` as a top-level module called ``name``."""
-    return verilog.convert(component, name=name, emit_src=False)
+    """The Verilog text of ``component`` as a top-level module called ``name``.
+
+    Every emitted unit has ``clk`` and ``rst`` inputs, so that one testbench and one
+    integration recipe serve all of them: a purely combinational unit (a float block with
+    zero pipeline stages) gets them unused.
+    """
+    text = verilog.convert(component, name=name, emit_src=False)
+    if "input clk;" in text:
+        return text
+    top = Module()
+    top.domains.sync = domain = ClockDomain()
+    top.submodules.unit = component
+    ports = [domain.clk, domain.rst]
+    for path, member in component.signature.members.flatten():
+        if member.is_port:
+            ports.append(Value.cast(_lookup(component, path)))
+    return verilog.convert(top, name=name, ports=ports, emit_src=False)
+
+
+def _lookup(component, path):
+    obj = component
+    for part in path:
+        obj = obj[part] if isinstance(part, int) else getattr(obj, part)
+    return obj
 
 
 def write_unit(component, name, out_dir, *, unit, params, runtime=None):

@@ -1,7 +1,7 @@
 """Host side of the dispatch unit: check a user's tensors, run them through the emitted
 Verilog, and score the result (memory image and write log) against the golden model."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 

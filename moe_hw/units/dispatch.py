@@ -43,7 +43,7 @@ steps of ``lanes``; ``lanes`` float multipliers form ``gate * element``; a skid 
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
