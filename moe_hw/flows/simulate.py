@@ -6,6 +6,7 @@ root), writes the stimulus to an ``.npz`` file, runs the unit's cocotb bench fro
 returns the bench's results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -81,20 +82,28 @@ def _build(sim, verilog_text, top, progress):
     build_dir = build_root() / f"{top}-{sim}-{digest}"
     marker = build_dir / "built.ok"
     runner = get_runner(sim)
-    if not marker.exists():
-        if progress:
-            progress(f"building the {sim} model of {top} in {build_dir} "
-                     "(once per distinct design; Verilator takes a minute)")
-        build_dir.mkdir(parents=True, exist_ok=True)
-        v_path = build_dir / f"{top}.v"
-        v_path.write_text(verilog_text)
-        build_args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"] \
-            if sim == "verilator" else []
-        runner.build(sources=[v_path], hdl_toplevel=top, build_dir=build_dir,
-                     build_args=build_args, timescale=("1ns", "1ps"),
-                     log_file=build_dir / "build.log")
-        marker.write_text("ok\n")
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One build per design even when several processes ask for it at once.
+    with open(build_dir.parent / f"{build_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            _build_model(runner, sim, verilog_text, top, build_dir, progress)
+            marker.write_text("ok\n")
     return runner, build_dir
+
+
+def _build_model(runner, sim, verilog_text, top, build_dir, progress):
+    if progress:
+        progress(f"building the {sim} model of {top} in {build_dir} "
+                 "(once per distinct design; Verilator takes a minute)")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    v_path = build_dir / f"{top}.v"
+    v_path.write_text(verilog_text)
+    build_args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"] \
+        if sim == "verilator" else []
+    runner.build(sources=[v_path], hdl_toplevel=top, build_dir=build_dir,
+                 build_args=build_args, timescale=("1ns", "1ps"),
+                 log_file=build_dir / "build.log")
 
 
 def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
