@@ -15,7 +15,8 @@ __all__ = ["sparse_dispatch_indices", "sparse_dispatch", "sparse_combine", "expe
 def check_gate_matrix(gates):
     """``gates`` as a float [S, E] array, or an error naming the first negative gate."""
     gates = float_array("gates", gates, ndim=2, what="[S, E]")
-    negative = np.argwhere(gates < 0)
+    with np.errstate(invalid="ignore"):   # bfloat16 NaN compares warn; NaN is not negative
+        negative = np.argwhere(gates < 0)
     if len(negative):
         i, e = negative[0]
         raise ValueError(f"gates must be non-negative (a gate is routed when nonzero), "

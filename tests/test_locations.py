@@ -1,0 +1,271 @@
+"""The location generator (SPEC 1.2) on its emitted Verilog (cocotb, Verilator and Icarus), every
+case with and without random valid/ready stalls, scored exactly against
+golden.compute_locations / golden.expert_counts with the stall-free cycle count asserted; the
+counter bank it is built on, in Amaranth's simulator; reset in the middle of a run; bad input
+and bad parameters."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
+
+from moe_hw import golden
+from moe_hw.host.common import HostError
+from moe_hw.host.locations import (benchmark, random_indices, run_locations,
+                                   score_locations, simulate_locations)
+from moe_hw.params import ParameterError
+from moe_hw.registry import units
+from moe_hw.run import run_unit
+from moe_hw.units.counter_bank import CounterBank
+from moe_hw.units.locations import LocationsParams, LocationsUnit
+
+from conftest import STALLS, simulator_params
+
+# One generous parameter set for every simulated case: one Verilator and one Icarus build.
+PARAMS = LocationsParams(max_pairs=512, max_experts=16, max_capacity=512, index_width=32)
+INDEX_MIN, INDEX_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def check(indices, num_experts, capacity, sim, stall, seed=0):
+    run = run_locations(indices, num_experts=num_experts, capacity=capacity, params=PARAMS,
+                        sim=sim, stall=stall, seed=seed)
+    problems = score_locations(run, indices, num_experts=num_experts, capacity=capacity)
+    assert not problems, "\n".join(problems)
+    if stall == 0.0:
+        assert run.cycles == LocationsUnit.stall_free_cycles(np.size(indices), num_experts)
+    return run
+
+
+def case_indices(name):
+    """(indices [k, S], num_experts, capacity) of each simulated case, seeded."""
+    rng = np.random.default_rng(sorted(CASES).index(name))
+    if name == "worked_example":          # golden.compute_locations' docstring example
+        return np.int32([[0, 1, 0, 2], [1, 0, 2, 2]]), 3, 2
+    if name == "duet_toy":                # S=21, E=6, k=1; C = ceil(21/6) = 4: drops
+        return rng.integers(0, 6, (1, 21)), 6, golden.capacity_from_factor(1.0, 21, 6)
+    if name == "random_k2":               # top-2, distinct experts per token, E=7
+        return random_indices(rng, 97, 7, 2), 7, golden.capacity_from_factor(1.25, 97, 7, 2)
+    if name == "empty_experts":           # E=12, only experts 0, 5 and 11 chosen
+        return rng.choice([0, 5, 11], (2, 40)), 12, 9
+    if name == "out_of_range":            # negative, too large and the field's extremes
+        indices = rng.integers(-3, 9, (2, 45))
+        indices[0, :4] = [INDEX_MIN, INDEX_MAX, 6, -1]
+        indices[1, -3:] = [16, 15, INDEX_MIN + 5]   # 16, 15 alias counters 0, 15 if unmasked
+        return indices.astype(np.int64), 6, 7
+    if name == "same_expert":             # one counter hit every cycle, then the read-out
+        return np.full((2, 33), 4), 5, 40
+    if name == "zero_tokens":             # S = 0: only the read-out, all totals zero
+        return np.zeros((2, 0), np.int32), 5, 3
+    raise KeyError(name)
+
+
+CASES = ["worked_example", "duet_toy", "random_k2", "empty_experts", "out_of_range",
+         "same_expert", "zero_tokens"]
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_locations_cases(sim, case, stall):
+    indices, num_experts, capacity = case_indices(case)
+    run = check(indices, num_experts, capacity, sim, stall, seed=5)
+    if case == "worked_example":
+        assert run.locations.tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
+        assert run.expert_counts.tolist() == [3, 2, 3] and run.dropped == 2
+
+
+def test_locations_no_pairs_no_experts():
+    run = check(np.zeros((1, 0), np.int32), 0, 0, "verilator", 0.0)
+    assert run.cycles == 1 and run.expert_counts.shape == (0,)
+
+
+def test_locations_experts_zero_routes_nothing():
+    run = check(np.int32([[0, 1, -1, 2]]), 0, 4, "verilator", 0.0)
+    assert run.locations.tolist() == [[-1, -1, -1, -1]] and run.dropped == 0
+
+
+def test_locations_runtime_size_error_flag():
+    # num_experts above max_experts reaches the hardware only through the raw bench.
+    res = simulate_locations([0, 1, 2], num_experts=PARAMS.max_experts + 1, capacity=4,
+                             params=PARAMS)
+    assert res["error"] == 1 and res["cycles"] == 1
+    assert res["pairs_taken"] == 0 and res["location"].size == 0 and res["counts"].size == 0
+
+
+def test_locations_benchmark_figures():
+    row = benchmark(tokens=64, experts=8, k=2, max_pairs=512, max_experts=16, max_capacity=512)
+    assert row["passed"], row["problems"]
+    assert row["ideal_cycles"] == 128
+    assert row["cycles"] == row["formula_cycles"] == 128 + 8 + LocationsUnit.OVERHEAD
+
+
+def test_locations_run_unit_and_registry():
+    assert "locations" in units()
+    indices = np.int32([[0, 1, 0, 2], [1, 0, 2, 2]])
+    settings = {"num_experts": 3, "capacity": 2, "max_pairs": 512, "max_experts": 16,
+                "max_capacity": 512}
+    outputs, report = run_unit("locations", {"indices": indices}, settings)
+    assert outputs["locations"].tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
+    assert outputs["expert_counts"].tolist() == [3, 2, 3]
+    assert int(outputs["dropped"]) == 2
+    assert int(outputs["cycles"]) == LocationsUnit.stall_free_cycles(8, 3)
+    assert any(line.startswith("check: exact") for line in report)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: run_locations([[0, 1]], num_experts=-1, capacity=2), ValueError,
+     "num_experts must be a non-negative integer, not -1"),
+    (lambda: run_locations([[0, 1]], num_experts=2, capacity=-3), ValueError,
+     "capacity must be a non-negative integer, not -3"),
+    (lambda: run_locations([[0.0, 1.0]], num_experts=2, capacity=2), TypeError,
+     "indices must have an integer dtype, not float64"),
+    (lambda: run_locations(np.zeros((1, 1, 2), int), num_experts=2, capacity=2), ValueError,
+     "indices must have 1 or 2 dimension"),
+    (lambda: run_locations(np.zeros((2, 300), int), num_experts=2, capacity=2, params=PARAMS),
+     HostError, r"pairs \(k\*S\) = 600 exceeds the unit's maximum of 512"),
+    (lambda: run_locations([0], num_experts=17, capacity=2, params=PARAMS), HostError,
+     "num_experts = 17 exceeds the unit's maximum of 16"),
+    (lambda: run_locations(np.int64([0, 1 << 40]), num_experts=2, capacity=2), HostError,
+     r"indices.flat\[1\] = 1099511627776 does not fit the 32-bit index field"),
+])
+def test_locations_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(max_pairs=0), "max_pairs must be an integer between 1 and"),
+    (dict(max_experts="8"), "max_experts must be an integer, not '8'"),
+    (dict(index_width=1), "index_width must be an integer between 2 and 64, not 1"),
+    (dict(index_width=4, max_experts=9), "Index width must hold max_experts"),
+])
+def test_locations_parameter_errors(settings, message):
+    with pytest.raises(ParameterError, match=message):
+        LocationsParams(**settings)
+
+
+# ---- the counter bank in Amaranth's simulator ---------------------------------------------------
+
+def run_counter_bank(count, requests, p_stall, seed, clear_at=()):
+    """Drive ``requests`` ((index, increment) pairs) through a CounterBank with a random global
+    stall and random bubbles; return the value seen for each request, in order."""
+    dut = CounterBank(count, 8)
+    rng = np.random.default_rng(seed)
+    values = []
+
+    async def bench(ctx):
+        sent, in_stage = 0, None
+        for cycle in range(20 * len(requests) + 50):
+            en = not rng.random() < p_stall
+            offer = sent < len(requests) and not rng.random() < p_stall
+            # A clear waits for the stage to empty, and the request after it for the clear.
+            clear = sent in clear_at and in_stage is None
+            offer &= sent not in clear_at or clear
+            ctx.set(dut.en, en)
+            ctx.set(dut.valid, offer)
+            ctx.set(dut.clear, clear)
+            if offer:
+                ctx.set(dut.index, requests[sent][0])
+                ctx.set(dut.increment, requests[sent][1])
+            if in_stage is not None and en:
+                values.append(ctx.get(dut.value))   # the item leaves the stage now
+            await ctx.tick()
+            if en:
+                in_stage = sent if offer else None
+                sent += offer
+            if sent == len(requests) and in_stage is None:
+                break
+        assert sent == len(requests) and in_stage is None
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    return values
+
+
+def counter_bank_model(count, requests, clear_at=()):
+    counters, values = [0] * count, []
+    for n, (index, increment) in enumerate(requests):
+        if n in clear_at:
+            counters = [0] * count
+        values.append(counters[index])
+        counters[index] += increment
+    return values
+
+
+@pytest.mark.parametrize("p_stall", [0.0, 0.3, 0.6])
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_counter_bank_random(count, p_stall):
+    rng = np.random.default_rng(count)
+    # Few counters and long runs of one index: many back-to-back hits on one counter.
+    indices = np.repeat(rng.integers(0, count, 60), rng.integers(1, 5, 60))[:150]
+    requests = [(int(i), int(rng.random() < 0.8)) for i in indices]
+    assert run_counter_bank(count, requests, p_stall, seed=count) == \
+        counter_bank_model(count, requests)
+
+
+def test_counter_bank_clear():
+    requests = [(i % 3, 1) for i in range(40)]
+    clear_at = (13, 27)
+    values = run_counter_bank(3, requests, 0.2, seed=9, clear_at=clear_at)
+    assert values == counter_bank_model(3, requests, clear_at)
+
+
+def test_counter_bank_parameters():
+    with pytest.raises(ParameterError, match="count must be an integer between 1 and"):
+        CounterBank(0, 8)
+    with pytest.raises(ParameterError, match="width must be an integer, not 2.5"):
+        CounterBank(4, 2.5)
+    assert CounterBank.latency == 1
+
+
+# ---- reset in the middle of a run --------------------------------------------------------------
+
+def test_locations_reset_mid_run_leaves_no_stale_state():
+    dut = LocationsUnit(LocationsParams(max_pairs=16, max_experts=4, max_capacity=16))
+    top = Module()
+    top.domains.sync = sync = ClockDomain()
+    top.submodules.dut = dut
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    got = {"location": [], "count": []}
+
+    async def start(ctx, pairs):
+        ctx.set(dut.pairs, pairs)
+        ctx.set(dut.num_experts, 3)
+        ctx.set(dut.capacity, 16)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+
+    async def bench(ctx):
+        ctx.set(dut.location.ready, 1)
+        ctx.set(dut.counts.ready, 1)
+        ctx.set(dut.index.valid, 1)
+        ctx.set(dut.index.payload.index, 2)
+        await start(ctx, 12)
+        for _ in range(6):                # counter 2 has counted a few pairs
+            await ctx.tick()
+        assert ctx.get(dut.busy)
+        ctx.set(sync.rst, 1)
+        await ctx.tick()
+        ctx.set(sync.rst, 0)
+        for _ in range(10):               # idle: nothing stale comes out
+            assert not ctx.get(dut.busy) and not ctx.get(dut.done)
+            assert not ctx.get(dut.location.valid) and not ctx.get(dut.counts.valid)
+            assert not ctx.get(dut.index.ready) and ctx.get(dut.dropped) == 0
+            await ctx.tick()
+        await start(ctx, 2)               # a fresh run counts from zero
+        for _ in range(20):
+            for stream, field in ((dut.location, "location"), (dut.counts, "count")):
+                if ctx.get(stream.valid):
+                    got[field].append(ctx.get(getattr(stream.payload, field)))
+            if ctx.get(dut.done):
+                break
+            await ctx.tick()
+        assert ctx.get(dut.done) and not ctx.get(dut.error)
+
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == {"location": [0, 1], "count": [0, 0, 2]}
