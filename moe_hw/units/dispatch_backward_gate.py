@@ -1,0 +1,508 @@
+"""The dispatch backward-gate unit (tutel / MLU-OPS, SPEC 1.1 backward, gate gradient).
+
+For every (k, i) pair in k-major order (pair p = k*S + i)::
+
+    grad_gates[k, i] = sum_j input[i, j] * grad_dispatch[index*C + location, j]   (valid pair)
+                     = +0.0                                                       (otherwise)
+
+a pair being valid when ``0 <= index < E and 0 <= location < C``. The sum is taken in exactly
+the order of ``golden.dispatch_backward_gate(..., lanes=lanes)``: each product is rounded;
+element j goes to lane partial ``j % lanes``, which starts at +0.0 and adds its elements in
+ascending j, rounding after each add; then the ``lanes`` partials are reduced by the fixed
+pairwise tree ``p[m] = p[2m] + p[2m + 1]``.
+
+Streams and ports (payload fields are listed least significant first):
+
+``header`` (in)
+    One beat per pair, k-major: ``index`` and ``location`` (two's complement,
+    ``index_width`` bits each; any bit pattern is safe). The token i is implicit: the pairs
+    count i = 0..S-1 for k = 0, then again for k = 1, ...
+``input_read`` (out), ``input_data`` (in)
+    Read port of ``input`` [S, H], row-major: request ``{addr, enable}`` (element address
+    ``i*H + j`` of lane 0, lane enables), response ``{data}``, in request order.
+``grad_read`` (out), ``grad_data`` (in)
+    Read port of ``grad_dispatch`` [E*C, H]: request at ``(index*C + location)*H + j``.
+``grad_gate`` (out)
+    One beat per pair, in pair order: ``value``, the format's bits.
+``start``, ``tokens``, ``top_k``, ``hidden``, ``capacity``, ``num_experts`` (in)
+    Run-time problem size (S, k, H, C, E), sampled when ``start`` is high while idle.
+``busy``, ``done``, ``dropped``, ``error`` (out)
+    ``done`` rises when the last result has been taken and stays high until the next start.
+    ``dropped`` counts the pairs that fail the mask (their result is +0.0; nothing is read
+    for them). ``error`` is set when a run-time size exceeds its maximum; such a run does
+    nothing.
+
+A problem without pairs (``tokens`` or ``top_k`` zero) finishes at once: ``done`` one cycle
+after start, no stream is read. With ``hidden``, ``capacity`` or ``num_experts`` zero every
+pair still gets its +0.0 result (an empty sum, or a dropped pair), and nothing is read.
+
+The loop-carried dependency: a lane partial needs its previous sum, which takes
+``add_latency`` (= L) cycles to come out of the adder. The unit therefore interleaves G = L
+pairs: pairs are taken in groups of G, and within a group the beats are issued round-robin,
+``for beat b: for pair g in the group: (g, b)``. Each lane's adder advances only when an item
+enters it, so the sum that leaves it is always the one that entered G items earlier, i.e.
+the same pair's previous beat: it is fed straight back (``+0.0`` instead on beat 0). A
+pair's final partials leave the adders when its last beat's successor G items later enters;
+they go into the ``lanes - 1`` adder tree. Every pair of a group has the same number of
+beats, so results leave in pair order. The last group is padded to G with dummy pairs (no
+reads, not output), and one round of G dummy items pushes the last results out. Invalid
+pairs travel the same way (no reads, products forced to +0.0), so the cycle count depends
+only on the problem size. A lane past H on the last beat adds +0.0, which leaves a partial
+unchanged: a partial is never -0.0 (it starts at +0.0, and a rounded sum is -0.0 only when
+both addends are), so ``x + (+0.0) = x`` for every x, NaN included.
+
+Throughput and exact cycle count: one beat per cycle. Stall-free (streams and memory, read
+latency ``read_latency``: a request taken in cycle c is answered from cycle c + latency), a
+run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
+``ceil(P / G) * G * B + G`` items at one per cycle, and takes exactly
+``BackwardGateParams.cycles(P, H, read_latency)`` cycles from the start cycle to the cycle
+``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``.
+The ideal is ``P * B``; the excess (a partial last group's padding, the flush round, the
+pipeline) is fixed per run. Full rate needs ``max_outstanding >= read_latency + 2``.
+
+Pipeline: header stages (mask and ``slot = index*C + location``, then ``slot*H``); issue
+(two read requests into skid buffers, a descriptor into a FIFO of ``max_outstanding``); join
+(the descriptor with both responses); ``lanes`` multipliers; ``lanes`` accumulating adders;
+the adder tree; a skid buffer drives ``grad_gate``.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
+from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..formats import float_format
+from ..params import LANES, ParameterError, check_choice, check_int
+from ..stream import PipelineControl, SkidBuffer, delay
+
+__all__ = ["BackwardGateParams", "DispatchBackwardGateUnit"]
+
+#: FIFO latency: an entry written in cycle c is readable from cycle c + 2 (SyncFIFOBuffered).
+_FIFO_LATENCY = 2
+
+
+@dataclass(frozen=True)
+class BackwardGateParams:
+    """Generation-time parameters of :class:`DispatchBackwardGateUnit`."""
+
+    format: str = "fp32"
+    lanes: int = 4
+    max_tokens: int = 4096
+    max_top_k: int = 8
+    max_hidden: int = 4096
+    max_capacity: int = 4096
+    max_experts: int = 64
+    index_width: int = 32
+    max_outstanding: int = 16        # issued items waiting for read data; a power of two
+    mul_stages: int | None = None    # None: the multiplier's default depth for the format
+    add_stages: int | None = None    # None: the adder's default depth; at least 1
+
+    def __post_init__(self):
+        float_format(self.format)
+        check_choice("lanes", self.lanes, LANES)
+        for name in ("max_tokens", "max_top_k", "max_hidden", "max_capacity", "max_experts"):
+            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
+        check_int("index_width", self.index_width, minimum=2, maximum=64)
+        limit = 1 << (self.index_width - 1)
+        for name in ("max_capacity", "max_experts"):
+            if getattr(self, name) > limit:
+                raise ParameterError(
+                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
+                    f"not {self.index_width}")
+        check_int("max_outstanding", self.max_outstanding, minimum=2, maximum=1024)
+        if self.max_outstanding & (self.max_outstanding - 1):
+            raise ParameterError(f"max_outstanding must be a power of two, not "
+                                 f"{self.max_outstanding}")
+        if self.mul_stages is not None:
+            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
+        if self.add_stages is not None:
+            # The accumulation interleaves add_stages pairs; a combinational adder would close
+            # a combinational loop through its own output.
+            check_int("add_stages", self.add_stages, minimum=1, maximum=8)
+
+    @property
+    def fmt(self):
+        return float_format(self.format)
+
+    @property
+    def mul_latency(self):
+        return DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None \
+            else self.mul_stages
+
+    @property
+    def add_latency(self):
+        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None \
+            else self.add_stages
+
+    @property
+    def interleave(self):
+        """G: the pairs accumulated round-robin (the adder latency)."""
+        return self.add_latency
+
+    @property
+    def tree_levels(self):
+        return ceil_log2(self.lanes)
+
+    @property
+    def input_addr_width(self):
+        return max(1, ceil_log2(self.max_tokens * self.max_hidden))
+
+    @property
+    def grad_addr_width(self):
+        return max(1, ceil_log2(self.max_experts * self.max_capacity * self.max_hidden))
+
+    def header_layout(self):
+        return data.StructLayout({"index": signed(self.index_width),
+                                  "location": signed(self.index_width)})
+
+    def read_layout(self, addr_width):
+        return data.StructLayout({"addr": addr_width, "enable": self.lanes})
+
+    def data_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.fmt.width, self.lanes)})
+
+    def result_layout(self):
+        return data.StructLayout({"value": self.fmt.width})
+
+    # ---- exact stall-free timing ----------------------------------------------------------
+
+    #: Cycles from the start cycle to the first item's issue: start register, two header
+    #: stages.
+    LEAD = 3
+
+    def join_delay(self, read_latency, reads=True):
+        """Stall-free cycles from an item's issue to its join with its read data. Joins are
+        in order, so an item without reads waits as long as the reading items before it:
+        the read round trip (request skid buffer, memory) if any item of the run reads, else
+        the FIFO latency."""
+        return max(_FIFO_LATENCY, 1 + read_latency) if reads else _FIFO_LATENCY
+
+    def cycles(self, pairs, hidden, read_latency, *, reads=True):
+        """Exact stall-free cycles of a run of ``pairs`` pairs, from the start cycle to the
+        cycle ``done`` is first seen (1 when there are no pairs). ``reads``: whether any pair
+        reads (it is valid and H > 0).
+
+        With G = :attr:`interleave`, B = ``max(1, ceil(H / lanes))``, ``groups =
+        ceil(pairs / G)`` and r = ``pairs - (groups - 1) * G`` real pairs in the last group,
+        the items issue one per cycle from cycle ``LEAD``: ``groups * G * B`` group items,
+        then the G flush items. The last pair's partials leave the adders when flush item
+        ``r - 1`` enters them (issue + join delay + multiplier); the tree and the output
+        skid buffer follow (``levels * add_latency + 1``) unless the remaining ``G - r``
+        flush items take longer to clear the multiplier; then the ``finished`` cycle and the
+        done register::
+
+            LEAD + groups*G*B + (r - 1) + join_delay + mul_latency
+                 + max(levels*add_latency + 1, G - r) + 2
+        """
+        if pairs == 0:
+            return 1
+        g = self.interleave
+        beats = max(1, -(-hidden // self.lanes))
+        groups = -(-pairs // g)
+        last_members = pairs - (groups - 1) * g
+        return (self.LEAD + groups * g * beats + last_members - 1 +
+                self.join_delay(read_latency, reads) + self.mul_latency +
+                max(self.tree_levels * self.add_latency + 1, g - last_members) + 2)
+
+    def overhead(self, read_latency):
+        """Stall-free cycles beyond ``pairs * B`` when ``pairs`` is a multiple of G (whole
+        groups) and some pair reads: :meth:`cycles` with r = G."""
+        return (self.LEAD + self.interleave - 1 + self.join_delay(read_latency) +
+                self.mul_latency + self.tree_levels * self.add_latency + 1 + 2)
+
+
+class DispatchBackwardGateUnit(wiring.Component):
+    """Streaming gate gradient of dispatch: per pair, a dot product of an ``input`` row and a
+    ``grad_dispatch`` row in the golden model's lane/tree order, one beat per cycle. See the
+    module docstring for the protocol, the interleaving and the timing."""
+
+    def __init__(self, params=None, **kwargs):
+        if params is None:
+            params = BackwardGateParams(**kwargs)
+        elif kwargs:
+            raise TypeError("Pass either a BackwardGateParams or keyword parameters, not both")
+        self.params = p = params
+        super().__init__({
+            "header": In(stream.Signature(p.header_layout())),
+            "input_read": Out(stream.Signature(p.read_layout(p.input_addr_width))),
+            "input_data": In(stream.Signature(p.data_layout())),
+            "grad_read": Out(stream.Signature(p.read_layout(p.grad_addr_width))),
+            "grad_data": In(stream.Signature(p.data_layout())),
+            "grad_gate": Out(stream.Signature(p.result_layout())),
+            "start": In(1),
+            "tokens": In(range(p.max_tokens + 1)),
+            "top_k": In(range(p.max_top_k + 1)),
+            "hidden": In(range(p.max_hidden + 1)),
+            "capacity": In(range(p.max_capacity + 1)),
+            "num_experts": In(range(p.max_experts + 1)),
+            "busy": Out(1),
+            "done": Out(1),
+            "dropped": Out(range(p.max_tokens * p.max_top_k + 1)),
+            "error": Out(1),
+        })
+
+    def overhead(self, read_latency):
+        return self.params.overhead(read_latency)
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        lanes_log2 = ceil_log2(p.lanes)
+        group = p.interleave
+        depth = p.max_outstanding
+        max_beats = max(1, -(-p.max_hidden // p.lanes))
+        all_lanes = (1 << p.lanes) - 1
+
+        # Run-time sizes, held for the whole run.
+        tokens = Signal.like(self.tokens)
+        hidden = Signal.like(self.hidden)
+        capacity = Signal.like(self.capacity)
+        num_experts = Signal.like(self.num_experts)
+        beats = Signal(range(max_beats + 1))
+        last_enable = Signal(p.lanes)
+        running = Signal()
+        pairs = Signal(range(p.max_tokens * p.max_top_k + 1))
+        headers_left = Signal.like(pairs)
+
+        too_big = ((self.tokens > p.max_tokens) | (self.top_k > p.max_top_k) |
+                   (self.hidden > p.max_hidden) | (self.capacity > p.max_capacity) |
+                   (self.num_experts > p.max_experts))
+        empty = (self.tokens == 0) | (self.top_k == 0)
+        remainder = self.hidden[:lanes_log2] if lanes_log2 else Const(0, 1)
+        start = self.start & ~running
+
+        # ---- header pipeline: mask and slot, then the grad_dispatch row address ---------------
+        header = self.header.payload
+        header_ctl = m.submodules.header_ctl = PipelineControl(2)
+        header_open = running & (headers_left != 0)
+        m.d.comb += [
+            header_ctl.i_valid.eq(self.header.valid & header_open),
+            self.header.ready.eq(header_ctl.en & header_open),
+        ]
+        en_h = header_ctl.en
+        in_range = ((header.index >= 0) & (header.index < num_experts) &
+                    (header.location >= 0) & (header.location < capacity))
+        slot = Signal(max(1, ceil_log2(p.max_experts * p.max_capacity)))
+        index_bits = max(1, bits_for(p.max_experts - 1))
+        location_bits = max(1, bits_for(p.max_capacity - 1))
+        with m.If(en_h):
+            m.d.sync += slot.eq(header.index.as_unsigned()[:index_bits] * capacity +
+                                header.location.as_unsigned()[:location_bits])
+        h_grad_base = Signal(p.grad_addr_width)
+        with m.If(en_h):
+            m.d.sync += h_grad_base.eq(slot * hidden)
+        h_valid = delay(m, in_range, 2, en_h, name="h_in_range")
+        with m.If(self.header.valid & self.header.ready):
+            m.d.sync += headers_left.eq(headers_left - 1)
+
+        # ---- issue sequencer: groups of G pairs, beats round-robin over the group ------------
+        issuing = Signal()                       # items left to issue in this run
+        flushing = Signal()                      # the final round of G dummy items
+        pairs_left = Signal.like(pairs)          # pairs whose header is still to be taken
+        member = Signal(range(group))            # position in the group
+        beat = Signal(range(max_beats))
+        beat_offset = Signal(max(p.input_addr_width, p.grad_addr_width))
+        token = Signal(range(p.max_tokens))      # the input row of the next header's pair
+        input_base = Signal(p.input_addr_width)  # token * H
+        table_grad = [Signal(p.grad_addr_width, name=f"grad_base{g}") for g in range(group)]
+        table_input = [Signal(p.input_addr_width, name=f"input_base{g}") for g in range(group)]
+        table_live = Signal(group)               # a valid pair (reads, contributes)
+        table_real = Signal(group)               # a pair at all (not a padding dummy)
+
+        first_beat = beat == 0
+        last_beat = beat == beats - 1
+        last_member = member == group - 1
+        need_header = issuing & ~flushing & first_beat & (pairs_left != 0)
+
+        def member_select(table):
+            value = table[0]
+            for g in range(1, group):
+                value = Mux(member == g, table[g], value)
+            return value
+
+        live = Signal()
+        real = Signal()
+        grad_base = Signal(p.grad_addr_width)
+        row_base = Signal(p.input_addr_width)
+        m.d.comb += [
+            live.eq(Mux(first_beat, need_header & h_valid,
+                        (table_live >> member)[0]) & ~flushing),
+            real.eq(Mux(first_beat, need_header, (table_real >> member)[0]) & ~flushing),
+            grad_base.eq(Mux(first_beat, h_grad_base, member_select(table_grad))),
+            row_base.eq(Mux(first_beat, input_base, member_select(table_input))),
+        ]
+        enable = Signal(p.lanes)
+        m.d.comb += enable.eq(Mux(live, Mux(last_beat, last_enable, all_lanes), 0))
+        reads = enable.any()
+
+        input_skid = m.submodules.input_skid = SkidBuffer(p.read_layout(p.input_addr_width))
+        grad_skid = m.submodules.grad_skid = SkidBuffer(p.read_layout(p.grad_addr_width))
+        outstanding = Signal(range(depth + 1))
+        join = Signal()
+        issue = Signal()
+        m.d.comb += issue.eq(issuing & (outstanding != depth) &
+                             (~need_header | header_ctl.o_valid) &
+                             (~reads | (input_skid.i.ready & grad_skid.i.ready)))
+        take_header = issue & need_header
+        m.d.comb += header_ctl.o_ready.eq(take_header)
+        # The group just issued was the last: no header is left once this item's is taken.
+        no_pairs_after = (pairs_left == 0) | ((pairs_left == 1) & take_header)
+
+        with m.If(take_header):
+            m.d.sync += pairs_left.eq(pairs_left - 1)
+            with m.If(~h_valid):
+                m.d.sync += self.dropped.eq(self.dropped + 1)
+            with m.If(token == tokens - 1):
+                m.d.sync += [token.eq(0), input_base.eq(0)]
+            with m.Else():
+                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden)]
+        with m.If(issue & first_beat):
+            for g in range(group):
+                with m.If(member == g):
+                    m.d.sync += [table_grad[g].eq(h_grad_base), table_input[g].eq(input_base),
+                                 table_live[g].eq(live), table_real[g].eq(real)]
+        with m.If(issue):
+            m.d.sync += member.eq(Mux(last_member, 0, member + 1))
+            with m.If(last_member):
+                with m.If(flushing):
+                    m.d.sync += [issuing.eq(0), flushing.eq(0)]
+                with m.Elif(last_beat):
+                    m.d.sync += [beat.eq(0), beat_offset.eq(0)]
+                    with m.If(no_pairs_after):
+                        m.d.sync += flushing.eq(1)
+                with m.Else():
+                    m.d.sync += [beat.eq(beat + 1), beat_offset.eq(beat_offset + p.lanes)]
+
+        m.d.comb += [
+            input_skid.i.valid.eq(issue & reads),
+            input_skid.i.payload.addr.eq(row_base + beat_offset),
+            input_skid.i.payload.enable.eq(enable),
+            grad_skid.i.valid.eq(issue & reads),
+            grad_skid.i.payload.addr.eq(grad_base + beat_offset),
+            grad_skid.i.payload.enable.eq(enable),
+        ]
+        wiring.connect(m, wiring.flipped(self.input_read), input_skid.o)
+        wiring.connect(m, wiring.flipped(self.grad_read), grad_skid.o)
+
+        # ---- descriptors wait for their read data ---------------------------------------------
+        descriptor_layout = data.StructLayout({
+            "reads": 1,       # the item has read data to wait for
+            "enable": p.lanes,  # lanes whose product counts; the others add +0.0
+            "first": 1,       # beat 0: the partials start from +0.0
+            "result": 1,      # the last beat of a real pair: its partials leave for the tree
+        })
+        descriptor = Signal(descriptor_layout)
+        m.d.comb += [
+            descriptor.reads.eq(reads),
+            descriptor.enable.eq(enable),
+            descriptor.first.eq(first_beat),
+            descriptor.result.eq(real & last_beat),
+        ]
+        fifo = m.submodules.descriptor_fifo = SyncFIFOBuffered(width=descriptor_layout.size,
+                                                               depth=depth)
+        m.d.comb += [fifo.w_en.eq(issue), fifo.w_data.eq(descriptor.as_value())]
+        head = data.View(descriptor_layout, fifo.r_data)
+        with m.If(issue & ~join):
+            m.d.sync += outstanding.eq(outstanding + 1)
+        with m.Elif(join & ~issue):
+            m.d.sync += outstanding.eq(outstanding - 1)
+
+        # ---- join and multiply ------------------------------------------------------------------
+        mul_ctl = m.submodules.mul_ctl = PipelineControl(p.mul_latency)
+        both = self.input_data.valid & self.grad_data.valid
+        arrived = ~head.reads | both
+        m.d.comb += [
+            mul_ctl.i_valid.eq(fifo.r_rdy & arrived),
+            join.eq(fifo.r_rdy & arrived & mul_ctl.en),
+            fifo.r_en.eq(mul_ctl.en & arrived),
+            self.input_data.ready.eq(mul_ctl.en & fifo.r_rdy & head.reads &
+                                     self.grad_data.valid),
+            self.grad_data.ready.eq(mul_ctl.en & fifo.r_rdy & head.reads &
+                                    self.input_data.valid),
+        ]
+        en_m = mul_ctl.en
+        m_enable = delay(m, head.enable, p.mul_latency, en_m, name="m_enable")
+        m_first = delay(m, head.first, p.mul_latency, en_m, name="m_first")
+        m_result = delay(m, head.result, p.mul_latency, en_m, name="m_result")
+        products = []
+        for lane in range(p.lanes):
+            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            m.submodules[f"mul{lane}"] = mul
+            m.d.comb += [mul.a.eq(self.input_data.payload.data[lane]),
+                         mul.b.eq(self.grad_data.payload.data[lane]), mul.en.eq(en_m)]
+            # A lane without data (past H, invalid or dummy pair) contributes +0.0.
+            products.append(Mux(m_enable[lane], mul.product, 0))
+
+        # ---- accumulate: G pairs interleaved through the adders, advancing per item ----------
+        tree_ctl = m.submodules.tree_ctl = PipelineControl(p.tree_levels * p.add_latency)
+        advance = Signal()
+        # Whether the sum now leaving the adders is a pair's final partials (it entered G
+        # items ago); the shift register loads only when an item enters, as the adders do.
+        leaving_result = delay(m, m_result, p.add_latency, advance, name="acc_result")
+        m.d.comb += [
+            advance.eq(mul_ctl.o_valid & (~leaving_result | tree_ctl.en)),
+            mul_ctl.o_ready.eq(advance),
+            tree_ctl.i_valid.eq(advance & leaving_result),
+        ]
+        partials = []
+        for lane in range(p.lanes):
+            acc = FloatAdderCore(p.format, p.add_latency)
+            m.submodules[f"acc{lane}"] = acc
+            m.d.comb += [acc.a.eq(Mux(m_first, 0, acc.sum)), acc.b.eq(products[lane]),
+                         acc.en.eq(advance)]
+            partials.append(acc.sum)
+
+        # ---- the fixed pairwise tree: p[m] = p[2m] + p[2m + 1] ---------------------------------
+        level = 0
+        while len(partials) > 1:
+            reduced = []
+            for pos in range(len(partials) // 2):
+                add = FloatAdderCore(p.format, p.add_latency)
+                m.submodules[f"tree{level}_{pos}"] = add
+                m.d.comb += [add.a.eq(partials[2 * pos]), add.b.eq(partials[2 * pos + 1]),
+                             add.en.eq(tree_ctl.en)]
+                reduced.append(add.sum)
+            partials = reduced
+            level += 1
+
+        out_skid = m.submodules.out_skid = SkidBuffer(p.result_layout())
+        m.d.comb += [
+            out_skid.i.valid.eq(tree_ctl.o_valid),
+            out_skid.i.payload.value.eq(partials[0]),
+            tree_ctl.o_ready.eq(out_skid.i.ready),
+        ]
+        wiring.connect(m, wiring.flipped(self.grad_gate), out_skid.o)
+
+        # ---- control -----------------------------------------------------------------------------
+        finished = (running & ~issuing & (outstanding == 0) & ~mul_ctl.busy & ~tree_ctl.busy &
+                    ~out_skid.o.valid)
+        m.d.comb += self.busy.eq(running)
+        with m.If(start):
+            m.d.sync += [
+                tokens.eq(self.tokens), hidden.eq(self.hidden), capacity.eq(self.capacity),
+                num_experts.eq(self.num_experts),
+                beats.eq(Mux(self.hidden == 0, 1, (self.hidden + (p.lanes - 1)) >> lanes_log2)),
+                last_enable.eq(Mux(self.hidden == 0, 0,
+                                   Mux(remainder == 0, all_lanes,
+                                       (Const(1, p.lanes + 1) << remainder) - 1))),
+                pairs.eq(self.tokens * self.top_k),
+                headers_left.eq(self.tokens * self.top_k),
+                pairs_left.eq(self.tokens * self.top_k),
+                member.eq(0), beat.eq(0), beat_offset.eq(0), token.eq(0), input_base.eq(0),
+                flushing.eq(0),
+                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+            ]
+            with m.If(too_big):
+                m.d.sync += [self.error.eq(1), self.done.eq(1)]
+            with m.Elif(empty):
+                m.d.sync += self.done.eq(1)
+            with m.Else():
+                m.d.sync += [running.eq(1), issuing.eq(1)]
+        with m.If(finished):
+            m.d.sync += [running.eq(0), self.done.eq(1)]
+        return m
