@@ -106,6 +106,30 @@ def _build_model(runner, sim, verilog_text, top, build_dir, progress):
                  log_file=build_dir / "build.log")
 
 
+_VERILOG = {}
+
+
+def _verilog(component, top):
+    """The emitted Verilog, remembered per (class, parameters) within this process: emission
+    takes seconds for the wider units, and tests run one design many times."""
+    params = getattr(component, "params", None)
+    if params is None and hasattr(component, "format") and hasattr(component, "stages"):
+        params = (str(component.format), component.stages)
+    try:
+        key = (type(component), params, top) if params is not None else None
+        hash(key)
+    except TypeError:
+        key = None
+    if key is None:
+        return emit_verilog(component, top)
+    if key not in _VERILOG:
+        _VERILOG[key] = emit_verilog(component, top)
+    else:
+        # The component is not elaborated here; say so to Amaranth's unused-object check.
+        component._MustUse__silence = True
+    return _VERILOG[key]
+
+
 def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
              progress=None):
     """Run ``component`` (emitted as module ``top``) under the cocotb bench module ``bench``.
@@ -122,7 +146,7 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
     sim_dir = str(_sim_dir())
     if sim_dir not in sys.path:
         sys.path.insert(0, sim_dir)
-    verilog_text = emit_verilog(component, top)
+    verilog_text = _verilog(component, top)
     runner, build_dir = _build(sim, verilog_text, top, progress)
     runs = build_dir / "runs"
     runs.mkdir(exist_ok=True)
