@@ -5,6 +5,8 @@ golden model, and print its cycle counts, efficiency and simulation speed.
     python -m moe_hw.bench dispatch [--lanes 1 4 16] [--tokens 1024] [--hidden 512]
                                     [--experts 8] [--format fp32] [--sim verilator]
                                     [--stall 0.0] [--json FILE] [--check-efficiency 0.99]
+    python -m moe_hw.bench units [--tokens 1024] [--hidden 512] [--experts 8] [--k 2]
+                                 [--lanes 16] [--only UNIT ...] [--json FILE]
 
 Each unit has one benchmark function in :data:`BENCHMARKS`; it returns one row (a dict of
 JSON-able figures) per design point. Cycle counts are exact; wall-clock times are what this
@@ -259,9 +261,105 @@ def _parser():
     return parser
 
 
+# ---- every unit on one problem ------------------------------------------------------------
+
+# (unit, host module, function, what the ideal counts); each function takes tokens, hidden,
+# experts, k, lanes, sim (the ones it has) and returns a dict with ideal_cycles, cycles,
+# efficiency and passed -- or, for combine_scatter, one such dict per order.
+UNIT_BENCHMARKS = [
+    ("locations", "moe_hw.host.locations", "benchmark", "one (k, i) pair per cycle"),
+    ("sparse_index", "moe_hw.host.sparse", "benchmark",
+     "three passes: S row beats + E offsets + k*S placements"),
+    ("dispatch", None, None, "one beat per cycle: k*S*ceil(H/lanes)"),
+    ("sparse_gather", "moe_hw.host.gather", "benchmark_sparse_gather",
+     "one beat per cycle: slots*ceil(H/lanes)"),
+    ("combine_gather", "moe_hw.host.gather", "benchmark_combine_gather",
+     "one read beat per cycle: k*S*ceil(H/lanes)"),
+    ("dispatch_backward_data", "moe_hw.host.gather", "benchmark_dispatch_backward_data",
+     "one read beat per cycle: k*S*ceil(H/lanes)"),
+    ("dispatch_backward_gate", "moe_hw.host.backward_gate", "benchmark_backward_gate",
+     "one beat per cycle: k*S*ceil(H/lanes)"),
+    ("combine_scatter", "moe_hw.host.combine_scatter", "benchmark_combine_scatter",
+     "one beat per cycle: slots*ceil(H/lanes)"),
+    ("moe_layer", "moe_hw.host.moe_layer", "benchmark", "sum of its phases' ideals"),
+]
+
+
+def _unit_rows(unit, module, function, args):
+    import importlib
+    import inspect
+    if module is None:          # dispatch: the lanes benchmark above, at the k*S pairs
+        row = dispatch_point(lanes=args.lanes, tokens=args.tokens * args.k, hidden=args.hidden,
+                             experts=args.experts, format="fp32", sim=args.sim, stall=0.0,
+                             seed=0, warm_up=False)
+        return [dict(row, unit=unit, order="")]
+    try:
+        bench = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as error:
+        return [{"unit": unit, "order": "", "error": f"not available: {error}"}]
+    wanted = dict(tokens=args.tokens, hidden=args.hidden, experts=args.experts, k=args.k,
+                  lanes=args.lanes, sim=args.sim)
+    accepted = inspect.signature(bench).parameters
+    result = bench(**{key: value for key, value in wanted.items() if key in accepted})
+    if "cycles" in result:
+        return [dict(result, unit=unit, order="")]
+    return [dict(value, unit=unit, order=name) for name, value in result.items()
+            if isinstance(value, dict) and "cycles" in value]
+
+
+def units_main(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_hw.bench units",
+        description="Every unit on one problem: cycles against its ideal, bit-exact check.")
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--lanes", type=int, default=16, choices=LANES)
+    parser.add_argument("--sim", default="verilator", choices=("verilator", "icarus"))
+    parser.add_argument("--only", nargs="+", metavar="UNIT", help="run only these units")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    rows = []
+    for unit, module, function, ideal in UNIT_BENCHMARKS:
+        if args.only and unit not in args.only:
+            continue
+        _progress(f"[units] {unit}: {args.tokens} tokens, H={args.hidden}, E={args.experts}, "
+                  f"k={args.k}, lanes={args.lanes}")
+        started = time.perf_counter()
+        for row in _unit_rows(unit, module, function, args):
+            row["ideal_means"] = ideal
+            row["wall_s"] = time.perf_counter() - started
+            rows.append(row)
+    print(f"units: {args.tokens} tokens, H={args.hidden}, E={args.experts}, k={args.k}, "
+          f"lanes={args.lanes}, fp32, {args.sim}, stall-free")
+    header = f"{'unit':<24}{'order':<22}{'ideal':>9}{'cycles':>9}{'efficiency':>12}" \
+             f"{'bit-exact':>11}  ideal counts"
+    print(header)
+    print("-" * len(header))
+    status = 0
+    for row in rows:
+        if "error" in row:
+            print(f"{row['unit']:<24}{row['error']}")
+            continue
+        passed = row.get("passed", False)
+        status |= not passed
+        print(f"{row['unit']:<24}{row['order']:<22}{row['ideal_cycles']:>9}{row['cycles']:>9}"
+              f"{row['efficiency']:>12.4f}{'PASS' if passed else 'FAIL':>11}  "
+              f"{row['ideal_means']}")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(rows, file, indent=2, default=str)
+            file.write("\n")
+    return status
+
+
 def main(argv=None):
     """Run a benchmark; returns the exit status (1 on a bit-exactness failure or, with
     ``--check-efficiency``, an efficiency below the minimum)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["units"]:
+        return units_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     for name in ("tokens", "hidden", "experts"):
