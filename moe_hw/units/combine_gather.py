@@ -1,0 +1,496 @@
+"""The combine unit in gather form (SPEC 1.4, tutel decode), and the datapath it shares with
+``dispatch_backward_data`` (SPEC 1.1 backward): gather expert-buffer rows by (index,
+location), multiply by the gate, and sum over the top-k choices of each token::
+
+    for i in 0..S-1:                               # tokens stream out in token order
+        acc = START
+        for k in 0..K-1:
+            term = gate[k][i] * buffer[index[k][i]*C + location[k][i], :] if the pair is valid
+                   else +0.0                        # valid: 0 <= index < E, 0 <= location < C
+            acc = acc + term                        # product rounded, then the sum rounded
+        out[i, :] = acc
+
+``START`` is the unit's summation start rule: ``"zero"`` (+0.0; ``golden.combine_gather``,
+which skips invalid pairs: adding +0.0 to a sum that started at +0.0 changes nothing, since
+such a sum is never -0.0) or ``"first"`` (the sum is the first term itself,
+``golden.dispatch_backward_data``: term_0 + term_1 + ...; the hardware starts from -0.0, the
+exact additive identity, so ``-0.0 + term_0 == term_0`` bit for bit, -0.0 included).
+:class:`CombineGatherUnit` is the first, :class:`~moe_hw.units.dispatch_backward_data.
+DispatchBackwardDataUnit` the second; the hardware is the same.
+
+Streams and ports (payload fields are listed least significant first):
+
+``header`` (in)
+    One beat per token: ``gate``, ``index``, ``location``, each an array of ``max_k``
+    entries (entry k is the token's k-th choice; entries at and past the run-time ``k`` are
+    ignored). Gates are the format's bits, indices and locations two's complement
+    (``index_width`` bits; any bit pattern is safe).
+``read_request`` (out), ``read_response`` (in)
+    A memory read port into the expert buffer [E*C, H] (element addresses, row r at r*H), as
+    :class:`~moe_hw.units.row_reader.RowReader`. Invalid pairs are never read.
+``data`` (out)
+    ``ceil(H / lanes)`` beats per token, in token order: ``data`` (the sums, lane 0 first),
+    ``enable`` (partial on a row's last beat when H is not a multiple of ``lanes``; disabled
+    lanes carry don't-care values) and ``last`` (a token's last beat).
+``start``, ``tokens``, ``hidden``, ``k``, ``capacity``, ``num_experts`` (in)
+    Run-time problem size, sampled when ``start`` is high while idle. ``k`` may be 0 (every
+    output is +0.0, as for k = 1 with every pair invalid).
+``busy``, ``done``, ``dropped``, ``error`` (out)
+    ``done`` rises when the last beat has left and stays high until the next start.
+    ``dropped`` counts the (k, i) pairs that fail the mask. ``error`` is set, and nothing done,
+    when a run-time size exceeds its generation-time maximum.
+
+Zero-element problems (``tokens`` or ``hidden`` zero) finish at once: ``done`` one cycle after
+start, no header taken, nothing read or out. (Zero capacity or experts is not empty: every
+pair is dropped and every output is START's sum of +0.0 terms, which is +0.0.)
+
+Schedule (why one adder per lane keeps one beat per cycle): the work is the item sequence
+n = i*B + b (token i, beat b, B = ceil(H / lanes)), cut into *windows* of ``window`` items
+(the last may be shorter). Within a window the unit makes K passes, pass k reading the k-th
+row segment of every item of the window, so the two terms of one item that meet in the
+adder are ``window`` beats apart, and a window of at least ``add_stages + 1`` items hides the
+adder's latency completely. A per-item accumulator of ``window`` entries holds the partial
+sums between passes; the last pass sends its sums out. Rows are read in segments: one
+command per (pass, token) part of a window, at one beat per cycle whatever the segment
+lengths. A scoreboard bit per accumulator entry stalls a term whose partial sum is still in
+the adder, which only happens in a window shorter than ``add_stages + 1`` items (with the
+default ``window``, only the last window can be).
+
+Throughput and exact cycles: the read port delivers one beat per cycle, and each item needs
+K reads, so the natural ideal is ``K * S * B`` cycles; the unit reaches it but for the last
+window. Stall-free, with a memory that answers a request taken at the end of cycle u from
+cycle u + L, a run takes exactly :meth:`CombineGatherUnit.cycles` =
+``sum over windows of (n_w + (K-1) * max(n_w, add_stages + 1)) + overhead(L)`` cycles from
+the start cycle to the first cycle ``done`` is high (n_w: the window's items, ``window`` but
+for the last window; L counts as 1 when no pair is valid, as nothing waits for the memory
+then). With the default window the only term above ``K * S * B`` is the last window's
+``(K-1) * max(0, add_stages + 1 - n_w)``, at most ``(K-1) * add_stages`` cycles. A stall
+anywhere costs only the cycles it lasts.
+
+Pipeline: header ring (the headers of the current and next windows, replayed once per pass)
+-> pass scheduler -> ring read | mask and ``slot = index*C + location`` | ``addr = slot*H +
+beat*lanes`` -> row reader -> ``lanes`` float multipliers (gate * element, +0.0 for an
+invalid pair) -> ``lanes`` float adders (with the partial sum, or START on the first pass) ->
+accumulator (passes before the last) or skid buffer -> ``data``.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
+from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..formats import float_format
+from ..params import LANES, ParameterError, check_choice, check_int
+from ..stream import PipelineControl, SkidBuffer, delay
+from .row_reader import RowReader, last_enable_of, request_layout, response_layout
+
+__all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
+
+#: Summation start rules: +0.0 (combine) or the first term (dispatch backward data).
+SUM_STARTS = ("zero", "first")
+
+
+@dataclass(frozen=True)
+class CombineGatherParams:
+    """Generation-time parameters of :class:`CombineGatherUnit` (and of the backward-data unit,
+    which is the same hardware)."""
+
+    format: str = "fp32"
+    lanes: int = 4
+    max_tokens: int = 4096
+    max_hidden: int = 4096
+    max_capacity: int = 4096
+    max_experts: int = 64
+    max_k: int = 2
+    index_width: int = 32
+    mul_stages: int | None = None    # None: the multiplier's default depth for the format
+    add_stages: int | None = None    # None: the adder's default depth for the format
+    window: int | None = None        # items per window; None: add_stages + 1 (full rate)
+    outstanding: int = 16            # beats in flight; full rate needs memory latency <= this - 1
+
+    def __post_init__(self):
+        float_format(self.format)
+        check_choice("lanes", self.lanes, LANES)
+        for name in ("max_tokens", "max_hidden", "max_capacity", "max_experts"):
+            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
+        check_int("max_k", self.max_k, minimum=1, maximum=16)
+        check_int("index_width", self.index_width, minimum=2, maximum=64)
+        limit = 1 << (self.index_width - 1)
+        for name in ("max_capacity", "max_experts"):
+            if getattr(self, name) > limit:
+                raise ParameterError(
+                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
+                    f"not {self.index_width}")
+        if self.mul_stages is not None:
+            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
+        if self.add_stages is not None:
+            # The partial sum loops through the adder; a combinational adder would close it
+            # without a register.
+            check_int("add_stages", self.add_stages, minimum=1, maximum=8)
+        if self.window is not None:
+            check_int("window", self.window, minimum=1, maximum=256)
+        check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
+
+    @property
+    def fmt(self):
+        return float_format(self.format)
+
+    @property
+    def mul_latency(self):
+        return (DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None
+                else self.mul_stages)
+
+    @property
+    def add_latency(self):
+        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None else self.add_stages
+
+    @property
+    def window_items(self):
+        """Items per window (the accumulator depth)."""
+        return self.add_latency + 1 if self.window is None else self.window
+
+    @property
+    def ring_depth(self):
+        """Header ring entries: the tokens of two windows, a power of two."""
+        return 1 << ceil_log2(2 * self.window_items)
+
+    @property
+    def max_beats(self):
+        return -(-self.max_hidden // self.lanes)
+
+    @property
+    def addr_width(self):
+        return max(1, ceil_log2(self.max_experts * self.max_capacity * self.max_hidden))
+
+    def header_layout(self):
+        return data.StructLayout({
+            "gate": data.ArrayLayout(self.fmt.width, self.max_k),
+            "index": data.ArrayLayout(signed(self.index_width), self.max_k),
+            "location": data.ArrayLayout(signed(self.index_width), self.max_k),
+        })
+
+    def data_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.fmt.width, self.lanes),
+                                  "enable": self.lanes, "last": 1})
+
+
+def gather_schedule(tokens, beats, k, window):
+    """The unit's read order: a list of (pass k, token, beat) items, one per read beat.
+
+    Items n = token*beats + beat in windows of ``window``; each window makes max(k, 1)
+    passes over its items. (The scoreboard's model of the hardware's request log.)
+    """
+    passes = max(k, 1)
+    items = tokens * beats
+    order = []
+    for start in range(0, items, window):
+        span = range(start, min(start + window, items))
+        for p in range(passes):
+            order.extend((p, n // beats, n % beats) for n in span)
+    return order
+
+
+class CombineGatherUnit(wiring.Component):
+    """Gather by (index, location), gate-multiply and sum over k, one read beat per cycle.
+    See the module docstring for the protocol, the schedule and the cycle count."""
+
+    #: The summation start rule (one of :data:`SUM_STARTS`).
+    SUM_START = "zero"
+    PARAMS = CombineGatherParams
+    #: Cycles of the command pipeline: ring read, mask and slot, address.
+    COMMAND_LATENCY = 3
+
+    def __init__(self, params=None, **kwargs):
+        if params is None:
+            params = self.PARAMS(**kwargs)
+        elif kwargs:
+            raise TypeError(f"Pass either a {self.PARAMS.__name__} or keyword parameters, "
+                            "not both")
+        assert self.SUM_START in SUM_STARTS
+        self.params = p = params
+        super().__init__({
+            "header": In(stream.Signature(p.header_layout())),
+            "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
+            "read_response": In(stream.Signature(response_layout(p.lanes, p.fmt.width))),
+            "data": Out(stream.Signature(p.data_layout())),
+            "start": In(1),
+            "tokens": In(range(p.max_tokens + 1)),
+            "hidden": In(range(p.max_hidden + 1)),
+            "k": In(range(p.max_k + 1)),
+            "capacity": In(range(p.max_capacity + 1)),
+            "num_experts": In(range(p.max_experts + 1)),
+            "busy": Out(1),
+            "done": Out(1),
+            "dropped": Out(range(p.max_tokens * p.max_k + 1)),
+            "error": Out(1),
+        })
+
+    def overhead(self, memory_latency=1):
+        """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
+        request taken at the end of cycle u from cycle u + ``memory_latency``: start, header
+        ring write, command pipeline, row reader (command register, memory, skid buffer),
+        multiplier, adder, output skid buffer, done register."""
+        p = self.params
+        return (1 + 1 + self.COMMAND_LATENCY + 1 + memory_latency + 1 + p.mul_latency +
+                p.add_latency + 1 + 1)
+
+    def schedule_cycles(self, tokens, hidden, k):
+        """Stall-free cycles the schedule needs at one read beat per cycle: K*S*B plus, for a
+        window shorter than add_stages + 1 items, the wait for its partial sums."""
+        p = self.params
+        items = tokens * -(-hidden // p.lanes)
+        passes = max(k, 1)
+        loop = p.add_latency + 1
+        total = 0
+        for start in range(0, items, p.window_items):
+            n = min(p.window_items, items - start)
+            total += n + (passes - 1) * max(n, loop)
+        return total
+
+    def cycles(self, tokens, hidden, k, memory_latency=1, *, reads=True):
+        """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
+        ``reads``: whether any pair is valid; a run that reads nothing never waits for the
+        memory, so it costs what it would with a one-cycle memory."""
+        if tokens == 0 or hidden == 0:
+            return 1
+        return (self.schedule_cycles(tokens, hidden, k) +
+                self.overhead(memory_latency if reads else 1))
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        fmt = p.fmt
+        lanes_log2 = ceil_log2(p.lanes)
+        window = p.window_items
+        ring_bits = ceil_log2(p.ring_depth)
+        max_items = p.max_tokens * p.max_beats
+
+        # ---- run-time sizes, held for the whole run ------------------------------------
+        tokens = Signal.like(self.tokens)
+        hidden = Signal.like(self.hidden)
+        capacity = Signal.like(self.capacity)
+        num_experts = Signal.like(self.num_experts)
+        k_last = Signal(range(p.max_k))          # the last pass, max(k, 1) - 1
+        k_zero = Signal()                        # k == 0: one pass, every pair invalid
+        beats = Signal(range(p.max_beats + 1))
+        last_en = Signal(p.lanes)
+        running = Signal()
+
+        # ---- header ring: the headers of the current and the next window -----------------
+        ring = m.submodules.ring = memory.Memory(shape=p.header_layout(), depth=p.ring_depth,
+                                                 init=[])
+        ring_w = ring.write_port()
+        ring_r = ring.read_port()
+        headers_in = Signal.like(self.tokens)    # headers taken so far
+        win_tok = Signal.like(self.tokens)       # token of the current window's first item
+        header_open = running & (headers_in != tokens) & (headers_in - win_tok < p.ring_depth)
+        m.d.comb += [
+            self.header.ready.eq(header_open),
+            ring_w.addr.eq(headers_in[:ring_bits]),
+            ring_w.data.eq(self.header.payload),
+            ring_w.en.eq(self.header.valid & header_open),
+        ]
+        with m.If(self.header.valid & header_open):
+            m.d.sync += headers_in.eq(headers_in + 1)
+
+        # ---- pass scheduler: one row segment per cycle ---------------------------------------
+        gen_active = Signal()
+        win_beat = Signal.like(beats)            # beat of the window's first item
+        win_len = Signal(range(window + 1))      # the window's items
+        remaining = Signal(range(max_items + 1)) # items from the window's start to the end
+        pass_k = Signal(range(p.max_k))
+        pass_left = Signal(range(window + 1))    # items of this pass still to schedule
+        cur_tok = Signal.like(self.tokens)
+        cur_beat = Signal.like(beats)
+
+        to_row_end = Signal.like(beats)
+        m.d.comb += to_row_end.eq(beats - cur_beat)
+        tail = to_row_end <= pass_left          # the segment reaches the end of its row
+        count = Mux(tail, to_row_end, pass_left)
+        end_pass = to_row_end >= pass_left      # the segment finishes the pass
+        next_tok = Mux(tail, cur_tok + 1, cur_tok)
+        next_beat = Mux(tail, 0, cur_beat + pass_left)
+        remaining_next = remaining - win_len
+
+        cmd_ctl = m.submodules.cmd_ctl = PipelineControl(self.COMMAND_LATENCY)
+        m.d.comb += cmd_ctl.i_valid.eq(gen_active & (cur_tok < headers_in))
+        en_c = cmd_ctl.en
+        gen = cmd_ctl.i_valid & en_c
+        with m.If(gen):
+            with m.If(~end_pass):
+                m.d.sync += [cur_tok.eq(next_tok), cur_beat.eq(next_beat),
+                             pass_left.eq(pass_left - count)]
+            with m.Elif(pass_k != k_last):       # the next pass over the same window
+                m.d.sync += [pass_k.eq(pass_k + 1), cur_tok.eq(win_tok),
+                             cur_beat.eq(win_beat), pass_left.eq(win_len)]
+            with m.Else():                       # the next window
+                next_len = Mux(remaining_next < window, remaining_next, window)
+                m.d.sync += [pass_k.eq(0), cur_tok.eq(next_tok), cur_beat.eq(next_beat),
+                             win_tok.eq(next_tok), win_beat.eq(next_beat),
+                             remaining.eq(remaining_next), win_len.eq(next_len),
+                             pass_left.eq(next_len)]
+                with m.If(remaining_next == 0):
+                    m.d.sync += gen_active.eq(0)
+
+        # ---- command pipeline: ring read | mask and slot | address ----------------------
+        m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(en_c)]
+        side = {"pass_k": pass_k, "beat": cur_beat, "count": count, "tail": tail,
+                "end_pass": end_pass, "first": pass_k == 0, "final": pass_k == k_last}
+        s1 = {name: delay(m, value, 1, en_c, name=f"{name}_s1") for name, value in side.items()}
+        header = ring_r.data
+        if p.max_k == 1:
+            gate, index, location = header.gate[0], header.index[0], header.location[0]
+        else:
+            gate = header.gate[s1["pass_k"]]
+            index = header.index[s1["pass_k"]]
+            location = header.location[s1["pass_k"]]
+        in_range = ((index >= 0) & (index < num_experts) & (location >= 0) &
+                    (location < capacity) & ~k_zero)
+        slot_width = max(1, ceil_log2(p.max_experts * p.max_capacity))
+        slot = Signal(slot_width)
+        index_bits = max(1, bits_for(p.max_experts - 1))
+        location_bits = max(1, bits_for(p.max_capacity - 1))
+        with m.If(en_c):
+            m.d.sync += slot.eq(index.as_unsigned()[:index_bits] * capacity +
+                                location.as_unsigned()[:location_bits])
+        s2 = {name: delay(m, value, 1, en_c, name=f"{name}_s2") for name, value in s1.items()}
+        s2["gate"] = delay(m, gate, 1, en_c, name="gate_s2")
+        s2["valid"] = delay(m, in_range, 1, en_c, name="valid_s2")
+        base = Signal(p.addr_width)
+        with m.If(en_c):
+            m.d.sync += base.eq(slot * hidden + (s2["beat"] << lanes_log2))
+        s3 = {name: delay(m, value, 1, en_c, name=f"{name}_s3") for name, value in s2.items()}
+
+        tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
+                                        "end_pass": 1, "tail": 1})
+        reader = m.submodules.reader = RowReader(
+            lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
+            max_count=min(window, p.max_beats), tag_layout=tag_layout,
+            outstanding=p.outstanding)
+        wiring.connect(m, reader.request, wiring.flipped(self.read_request))
+        wiring.connect(m, wiring.flipped(self.read_response), reader.response)
+        cmd = reader.command
+        m.d.comb += [
+            cmd.valid.eq(cmd_ctl.o_valid),
+            cmd_ctl.o_ready.eq(cmd.ready),
+            cmd.payload.addr.eq(base),
+            cmd.payload.count.eq(s3["count"]),
+            cmd.payload.tail.eq(s3["tail"]),
+            cmd.payload.skip.eq(~s3["valid"]),
+            reader.last_enable.eq(last_en),
+        ]
+        for name in ("gate", "valid", "first", "final", "end_pass", "tail"):
+            m.d.comb += cmd.payload.tag[name].eq(s3[name])
+        # A pair is counted once, at the segment holding its row's first beat.
+        with m.If(cmd.valid & cmd.ready & ~s3["valid"] & (s3["beat"] == 0) & ~k_zero):
+            m.d.sync += self.dropped.eq(self.dropped + 1)
+
+        # ---- gate multiply ---------------------------------------------------------------
+        beat = reader.beats
+        tag = beat.payload.tag
+        mul_ctl = m.submodules.mul_ctl = PipelineControl(p.mul_latency)
+        en_m = mul_ctl.en
+        m.d.comb += [mul_ctl.i_valid.eq(beat.valid), beat.ready.eq(en_m)]
+        item = Signal(range(window))             # the item's accumulator entry
+        with m.If(beat.valid & beat.ready):
+            m.d.sync += item.eq(Mux(beat.payload.last & tag.end_pass, 0, item + 1))
+        products = []
+        for lane in range(p.lanes):
+            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            m.submodules[f"mul{lane}"] = mul
+            m.d.comb += [mul.a.eq(tag.gate), mul.b.eq(beat.payload.data[lane]), mul.en.eq(en_m)]
+            products.append(mul.product)
+        m_item = delay(m, item, p.mul_latency, en_m, name="item_m")
+        m_valid = delay(m, tag.valid, p.mul_latency, en_m, name="valid_m")
+        m_first = delay(m, tag.first, p.mul_latency, en_m, name="first_m")
+        m_final = delay(m, tag.final, p.mul_latency, en_m, name="final_m")
+        m_enable = delay(m, beat.payload.enable, p.mul_latency, en_m, name="enable_m")
+        m_last = delay(m, beat.payload.last & tag.tail, p.mul_latency, en_m, name="last_m")
+
+        # ---- accumulate ------------------------------------------------------------------
+        acc = m.submodules.acc = memory.Memory(
+            shape=data.ArrayLayout(fmt.width, p.lanes), depth=window, init=[])
+        acc_w = acc.write_port()
+        acc_r = acc.read_port(domain="comb")
+        pending = Signal(window)                 # partial sum still in the adder
+        hazard = ~m_first & pending.bit_select(m_item, 1)
+        add_ctl = m.submodules.add_ctl = PipelineControl(p.add_latency)
+        en_a = add_ctl.en
+        m.d.comb += [
+            add_ctl.i_valid.eq(mul_ctl.o_valid & ~hazard),
+            mul_ctl.o_ready.eq(en_a & ~hazard),
+            acc_r.addr.eq(m_item),
+        ]
+        start_bits = 0 if self.SUM_START == "zero" else 1 << (fmt.width - 1)
+        sums = []
+        for lane in range(p.lanes):
+            add = FloatAdderCore(p.format, p.add_latency)
+            m.submodules[f"add{lane}"] = add
+            m.d.comb += [
+                add.a.eq(Mux(m_valid, products[lane], 0)),   # an invalid pair adds +0.0
+                add.b.eq(Mux(m_first, Const(start_bits, fmt.width), acc_r.data[lane])),
+                add.en.eq(en_a),
+            ]
+            sums.append(add.sum)
+        a_item = delay(m, m_item, p.add_latency, en_a, name="item_a")
+        a_final = delay(m, m_final, p.add_latency, en_a, name="final_a")
+        a_enable = delay(m, m_enable, p.add_latency, en_a, name="enable_a")
+        a_last = delay(m, m_last, p.add_latency, en_a, name="last_a")
+
+        skid = m.submodules.skid = SkidBuffer(p.data_layout())
+        write_back = add_ctl.o_valid & ~a_final
+        m.d.comb += [
+            skid.i.valid.eq(add_ctl.o_valid & a_final),
+            add_ctl.o_ready.eq(skid.i.ready | ~a_final),
+            skid.i.payload.enable.eq(a_enable),
+            skid.i.payload.last.eq(a_last),
+            acc_w.addr.eq(a_item),
+            acc_w.en.eq(write_back),
+        ]
+        for lane, value in enumerate(sums):
+            m.d.comb += [skid.i.payload.data[lane].eq(value), acc_w.data[lane].eq(value)]
+        wiring.connect(m, skid.o, wiring.flipped(self.data))
+        # Clear on write-back, set on entry (an entry never meets its own write-back).
+        with m.If(write_back):
+            m.d.sync += pending.bit_select(a_item, 1).eq(0)
+        with m.If(add_ctl.i_valid & en_a & ~m_final):
+            m.d.sync += pending.bit_select(m_item, 1).eq(1)
+
+        # ---- control -----------------------------------------------------------------------
+        too_big = ((self.tokens > p.max_tokens) | (self.hidden > p.max_hidden) |
+                   (self.capacity > p.max_capacity) | (self.num_experts > p.max_experts) |
+                   (self.k > p.max_k))
+        empty = (self.tokens == 0) | (self.hidden == 0)
+        start = self.start & ~running
+        beats_in = (self.hidden + (p.lanes - 1)) >> lanes_log2
+        items_in = Signal(range(max_items + 1))
+        m.d.comb += items_in.eq(self.tokens * beats_in)
+        finished = (running & ~gen_active & ~cmd_ctl.busy & ~reader.busy & ~mul_ctl.busy &
+                    ~add_ctl.busy & ~skid.o.valid)
+        m.d.comb += self.busy.eq(running)
+        with m.If(start):
+            m.d.sync += [
+                tokens.eq(self.tokens), hidden.eq(self.hidden), capacity.eq(self.capacity),
+                num_experts.eq(self.num_experts),
+                k_last.eq(Mux(self.k == 0, 0, self.k - 1)), k_zero.eq(self.k == 0),
+                beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
+                headers_in.eq(0), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
+                cur_beat.eq(0), pass_k.eq(0), remaining.eq(items_in),
+                win_len.eq(Mux(items_in < window, items_in, window)),
+                pass_left.eq(Mux(items_in < window, items_in, window)),
+                item.eq(0), pending.eq(0),
+                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+            ]
+            with m.If(too_big):
+                m.d.sync += [self.error.eq(1), self.done.eq(1)]
+            with m.Elif(empty):
+                m.d.sync += self.done.eq(1)
+            with m.Else():
+                m.d.sync += [running.eq(1), gen_active.eq(1)]
+        with m.If(finished):
+            m.d.sync += [running.eq(0), self.done.eq(1)]
+        return m

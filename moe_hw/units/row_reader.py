@@ -1,0 +1,195 @@
+"""The row reader: turns row commands into beat reads on a memory read port and lines the
+in-order responses back up with their rows. The gather units (``sparse_gather``,
+``combine_gather``, ``dispatch_backward_data``) are each a command generator in front of one
+of these.
+
+Streams and ports (payload fields are listed least significant first):
+
+``command`` (in)
+    One beat per row segment: ``addr`` (element address of the segment's first element),
+    ``count`` (its beats, at least 1), ``tail`` (the segment ends its row, so its last beat
+    carries the row's partial lane enables ``last_enable``), ``skip`` (read nothing: the
+    segment's beats come out as zeros; a dropped or out-of-range row) and, when the reader was
+    built with a ``tag_layout``, ``tag`` (carried to every beat of the segment).
+``request`` (out)
+    The memory read port's request stream: ``addr`` (element address of lane 0) and
+    ``enable`` (the lanes wanted; lane l reads element ``addr + l``). ``count`` requests per
+    segment that is not skipped, at ``addr``, ``addr + lanes``, ...; never one for a skipped
+    segment, and never a lane past the row (``last_enable`` on a tail segment's last beat).
+``response`` (in)
+    The read port's response stream: ``data`` (``lanes`` elements), one per request, in
+    request order, any latency, any pauses.
+``beats`` (out)
+    One beat per command beat, in command order: ``data`` (the response, or zeros for a
+    skipped segment), ``enable``, ``last`` (the segment's last beat) and ``tag``.
+``last_enable`` (in)
+    The lane enables of a row's last beat (all ones when H is a multiple of ``lanes``); held
+    for a run.
+``busy`` (out)
+    A command, a read in flight or a beat is still inside.
+
+Throughput: one beat per cycle in and out, including back-to-back one-beat segments and
+skipped segments, as long as the memory's latency L (below) is at most ``outstanding - 1``:
+every issued beat (read or skipped) holds a slot of the in-flight queue from its issue until
+it is joined with its data, L cycles at full rate, and no more than ``outstanding`` beats are
+ever in flight, so the memory never holds more than that many unanswered requests. A longer
+latency costs throughput, never correctness. A pause anywhere costs only its own cycles.
+
+Latency (stall-free): a command taken at the end of cycle t issues its first request in cycle
+t + 1; the response to a request taken at the end of cycle u, delivered L cycles after it
+(``response.valid`` from cycle u + L), leaves on ``beats`` from cycle u + L + 1 (one skid
+buffer register). ``response.ready`` and ``beats.valid`` do not depend combinationally on
+``beats.ready``.
+"""
+
+from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..params import LANES, check_choice, check_int
+from ..stream import SkidBuffer
+
+__all__ = ["RowReader", "row_beats", "last_enable", "last_enable_of"]
+
+
+def row_beats(hidden, lanes):
+    """Beats per row of ``hidden`` elements: ``ceil(hidden / lanes)``."""
+    return -(-hidden // lanes)
+
+
+def last_enable(hidden, lanes):
+    """Lane enables of a row's last beat (as an int, lane 0 least significant)."""
+    remainder = hidden % lanes
+    return (1 << lanes) - 1 if remainder == 0 else (1 << remainder) - 1
+
+
+def last_enable_of(hidden, lanes):
+    """Hardware: the lane enables of a row's last beat from a run-time ``hidden`` signal."""
+    lanes_log2 = ceil_log2(lanes)
+    if lanes_log2 == 0:
+        return Const(1, 1)
+    remainder = hidden[:lanes_log2]
+    return Mux(remainder == 0, (1 << lanes) - 1, (Const(1, lanes + 1) << remainder) - 1)
+
+
+class RowReader(wiring.Component):
+    """Row-segment reads on a memory read port, one beat per cycle, responses realigned with
+    their segments. See the module docstring for the protocol.
+
+    Parameters: ``lanes`` (elements per beat), ``width`` (bits per element), ``addr_width``,
+    ``max_count`` (the most beats in one segment), ``tag_layout`` (sideband per segment, or
+    ``None``), ``outstanding`` (the in-flight queue depth: beats issued but not yet out).
+    """
+
+    def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16):
+        self.lanes = check_choice("lanes", lanes, LANES)
+        self.width = check_int("width", width, minimum=1, maximum=64)
+        self.addr_width = check_int("addr_width", addr_width, minimum=1, maximum=64)
+        self.max_count = check_int("max_count", max_count, minimum=1)
+        self.outstanding = check_int("outstanding", outstanding, minimum=2, maximum=4096)
+        self.tag_layout = tag_layout
+        command = {"addr": addr_width, "count": range(max_count + 1), "tail": 1, "skip": 1}
+        beat = {"data": data.ArrayLayout(width, lanes), "enable": lanes, "last": 1}
+        if tag_layout is not None:
+            command["tag"] = tag_layout
+            beat["tag"] = tag_layout
+        super().__init__({
+            "command": In(stream.Signature(data.StructLayout(command))),
+            "request": Out(stream.Signature(request_layout(lanes, addr_width))),
+            "response": In(stream.Signature(response_layout(lanes, width))),
+            "beats": Out(stream.Signature(data.StructLayout(beat))),
+            "last_enable": In(lanes),
+            "busy": Out(1),
+        })
+
+    @property
+    def latency(self):
+        """Cycles from a response being taken to its beat leaving (the output skid buffer)."""
+        return 1
+
+    def elaborate(self, platform):
+        m = Module()
+        lanes = self.lanes
+        all_lanes = Const((1 << lanes) - 1, lanes)
+
+        # ---- the current segment: one beat issued per cycle -------------------------------
+        cur_loaded = Signal()
+        cur_addr = Signal(self.addr_width)
+        cur_left = Signal(range(self.max_count + 1))    # beats still to issue
+        cur_tail = Signal()
+        cur_skip = Signal()
+        cur_last = cur_left == 1
+        if self.tag_layout is not None:
+            cur_tag = Signal(self.tag_layout)
+
+        # Every issued beat, read or skipped, waits here for its data, in order.
+        entry_fields = {"read": 1, "enable": lanes, "last": 1}
+        if self.tag_layout is not None:
+            entry_fields["tag"] = self.tag_layout
+        entry_layout = data.StructLayout(entry_fields)
+        inflight = m.submodules.inflight = SyncFIFO(width=entry_layout.size,
+                                                    depth=self.outstanding)
+
+        issue = cur_loaded & inflight.w_rdy & (cur_skip | self.request.ready)
+        enable = Mux(cur_last & cur_tail, self.last_enable, all_lanes)
+        m.d.comb += [
+            self.request.valid.eq(cur_loaded & ~cur_skip & inflight.w_rdy),
+            self.request.payload.addr.eq(cur_addr),
+            self.request.payload.enable.eq(enable),
+            self.command.ready.eq(~cur_loaded | (issue & cur_last)),
+        ]
+        entry_in = Signal(entry_layout)
+        m.d.comb += [
+            entry_in.read.eq(~cur_skip),
+            entry_in.enable.eq(enable),
+            entry_in.last.eq(cur_last),
+            inflight.w_data.eq(entry_in.as_value()),
+            inflight.w_en.eq(issue),
+        ]
+        if self.tag_layout is not None:
+            m.d.comb += entry_in.tag.eq(cur_tag)
+
+        with m.If(issue):
+            m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1)]
+            with m.If(cur_last):
+                m.d.sync += cur_loaded.eq(0)
+        cmd = self.command.payload
+        with m.If(self.command.valid & self.command.ready):
+            m.d.sync += [cur_loaded.eq(1), cur_addr.eq(cmd.addr), cur_left.eq(cmd.count),
+                         cur_tail.eq(cmd.tail), cur_skip.eq(cmd.skip)]
+            if self.tag_layout is not None:
+                m.d.sync += cur_tag.eq(cmd.tag)
+
+        # ---- join the head of the queue with its response ---------------------------------
+        head = data.View(entry_layout, inflight.r_data)
+        skid = m.submodules.skid = SkidBuffer(self.beats.payload.shape())
+        joined = inflight.r_rdy & (~head.read | self.response.valid)
+        m.d.comb += [
+            skid.i.valid.eq(joined),
+            skid.i.payload.data.eq(Mux(head.read, self.response.payload.data, 0)),
+            skid.i.payload.enable.eq(head.enable),
+            skid.i.payload.last.eq(head.last),
+            self.response.ready.eq(inflight.r_rdy & head.read & skid.i.ready),
+            inflight.r_en.eq(joined & skid.i.ready),
+        ]
+        if self.tag_layout is not None:
+            m.d.comb += skid.i.payload.tag.eq(head.tag)
+        wiring.connect(m, skid.o, wiring.flipped(self.beats))
+
+        m.d.comb += self.busy.eq(cur_loaded | inflight.r_rdy | skid.o.valid)
+        return m
+
+
+def request_layout(lanes, addr_width):
+    """The read port's request payload: ``addr`` (low bits), then ``enable``."""
+    return data.StructLayout({"addr": addr_width, "enable": lanes})
+
+
+def response_layout(lanes, width):
+    """The read port's response payload: ``data``, ``lanes`` elements, lane 0 lowest."""
+    return data.StructLayout({"data": data.ArrayLayout(width, lanes)})
+
+
+__all__ += ["request_layout", "response_layout"]

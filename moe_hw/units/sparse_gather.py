@@ -1,0 +1,223 @@
+"""The sparse gather unit: the DUET ``SparseDispatcher.dispatch()`` move (SPEC 1.3).
+
+For every slot s in order, ``expert_input[s, :] = input[batch_index[s], :]``: the rows of the
+token-major ``input`` [S, H] gathered into expert-major slot order (``part_sizes`` then splits
+the result per expert; an expert with no slots simply has no rows). Elements are moved, never
+changed, so any element width works.
+
+Streams and ports (payload fields are listed least significant first):
+
+``header`` (in)
+    One beat per slot: ``index``, the slot's ``batch_index`` (two's complement,
+    ``index_width`` bits; any bit pattern is safe).
+``read_request`` (out), ``read_response`` (in)
+    A memory read port into ``input`` (element addresses, row ``r`` at ``r*H``), as
+    :class:`~moe_hw.units.row_reader.RowReader`: requests ``{addr, enable}``, in-order
+    responses ``{data}`` with any latency.
+``data`` (out)
+    ``ceil(H / lanes)`` beats per slot, in slot order: ``data`` (``lanes`` elements, lane 0
+    first), ``enable`` (lane enables: partial on a row's last beat when H is not a multiple of
+    ``lanes``; the disabled lanes carry whatever the memory returned for them, zeros for a
+    skipped row) and ``last`` (a row's last beat).
+``start``, ``slots``, ``tokens``, ``hidden`` (in)
+    Run-time problem size, sampled when ``start`` is high while idle: ``slots`` (the number of
+    headers, n), ``tokens`` (S, the rows of ``input``), ``hidden`` (H).
+``busy``, ``done``, ``dropped``, ``error`` (out)
+    ``done`` rises when the last beat has left and stays high until the next start.
+    ``dropped`` counts the slots whose ``batch_index`` is outside ``[0, tokens)``: such a slot
+    reads nothing and its row comes out as all-zero bits (the row count and order of the
+    output never change), and ``error`` is set. ``error`` is also set, and nothing done, when a
+    run-time size exceeds its generation-time maximum.
+
+Zero-element problems (``slots`` or ``hidden`` zero) finish at once: ``done`` one cycle after
+start, nothing read, nothing out.
+
+Throughput: one beat per cycle when nothing stalls (one-beat rows included); a stall anywhere
+costs only the cycles it lasts. Stall-free, with a memory that answers a request taken at the
+end of cycle u from cycle u + L, a run takes exactly ``slots * ceil(H / lanes) +
+overhead(L)`` cycles from the start cycle to the cycle ``done`` is first seen (see
+:meth:`SparseGatherUnit.overhead`; L counts as 1 when no slot is in range, as nothing waits
+for the memory then).
+
+Pipeline: the header stage checks the range and forms the row address ``index*H`` (one
+multiplier); the row reader issues the row's reads and realigns the responses.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Module, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from ..params import LANES, ParameterError, check_choice, check_int
+from ..stream import PipelineControl
+from .row_reader import RowReader, last_enable_of, request_layout, response_layout
+
+__all__ = ["SparseGatherParams", "SparseGatherUnit", "ELEMENT_WIDTHS"]
+
+#: Element widths the unit moves (int8 / fp16 / bf16 / fp32 / 64-bit data).
+ELEMENT_WIDTHS = (8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class SparseGatherParams:
+    """Generation-time parameters of :class:`SparseGatherUnit`."""
+
+    width: int = 32             # bits per element
+    lanes: int = 4
+    max_slots: int = 4096       # n, the headers of one run
+    max_tokens: int = 4096      # S, the rows of input
+    max_hidden: int = 4096
+    index_width: int = 32
+    outstanding: int = 16       # beats in flight; full rate needs memory latency <= this - 1
+
+    def __post_init__(self):
+        check_choice("width", self.width, ELEMENT_WIDTHS)
+        check_choice("lanes", self.lanes, LANES)
+        for name in ("max_slots", "max_tokens", "max_hidden"):
+            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
+        check_int("index_width", self.index_width, minimum=2, maximum=64)
+        if self.max_tokens > 1 << (self.index_width - 1):
+            raise ParameterError(f"Index width must hold max_tokens ({self.max_tokens}) as a "
+                                 f"signed value, not {self.index_width}")
+        check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
+
+    @property
+    def max_beats(self):
+        return -(-self.max_hidden // self.lanes)
+
+    @property
+    def addr_width(self):
+        return max(1, ceil_log2(self.max_tokens * self.max_hidden))
+
+    def header_layout(self):
+        return data.StructLayout({"index": signed(self.index_width)})
+
+    def data_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.width, self.lanes),
+                                  "enable": self.lanes, "last": 1})
+
+
+class SparseGatherUnit(wiring.Component):
+    """Row gather by ``batch_index`` on a memory read port, one beat per cycle. See the module
+    docstring for the protocol."""
+
+    HEADER_LATENCY = 1
+
+    def __init__(self, params=None, **kwargs):
+        if params is None:
+            params = SparseGatherParams(**kwargs)
+        elif kwargs:
+            raise TypeError("Pass either a SparseGatherParams or keyword parameters, not both")
+        self.params = p = params
+        super().__init__({
+            "header": In(stream.Signature(p.header_layout())),
+            "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
+            "read_response": In(stream.Signature(response_layout(p.lanes, p.width))),
+            "data": Out(stream.Signature(p.data_layout())),
+            "start": In(1),
+            "slots": In(range(p.max_slots + 1)),
+            "tokens": In(range(p.max_tokens + 1)),
+            "hidden": In(range(p.max_hidden + 1)),
+            "busy": Out(1),
+            "done": Out(1),
+            "dropped": Out(range(p.max_slots + 1)),
+            "error": Out(1),
+        })
+
+    def overhead(self, memory_latency=1):
+        """Stall-free cycles beyond one per output beat, for a memory that answers a request
+        taken at the end of cycle u from cycle u + ``memory_latency``: start, header stage,
+        row reader command register, the memory, the reader's skid buffer, done register."""
+        return 1 + self.HEADER_LATENCY + 1 + memory_latency + 1 + 1
+
+    def cycles(self, slots, hidden, memory_latency=1, *, reads=True):
+        """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
+        ``reads``: whether any slot is in range; a run that reads nothing never waits for
+        the memory, so it costs what it would with a one-cycle memory."""
+        if slots == 0 or hidden == 0:
+            return 1
+        return (slots * -(-hidden // self.params.lanes) +
+                self.overhead(memory_latency if reads else 1))
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        lanes_log2 = ceil_log2(p.lanes)
+
+        tokens = Signal.like(self.tokens)
+        hidden = Signal.like(self.hidden)
+        beats = Signal(range(p.max_beats + 1))
+        running = Signal()
+        headers_left = Signal.like(self.slots)
+
+        reader = m.submodules.reader = RowReader(
+            lanes=p.lanes, width=p.width, addr_width=p.addr_width, max_count=p.max_beats,
+            outstanding=p.outstanding)
+        wiring.connect(m, reader.request, wiring.flipped(self.read_request))
+        wiring.connect(m, wiring.flipped(self.read_response), reader.response)
+        m.d.comb += [
+            self.data.valid.eq(reader.beats.valid),
+            self.data.payload.data.eq(reader.beats.payload.data),
+            self.data.payload.enable.eq(reader.beats.payload.enable),
+            self.data.payload.last.eq(reader.beats.payload.last),
+            reader.beats.ready.eq(self.data.ready),
+        ]
+
+        # ---- header stage: range check and row address ---------------------------------
+        ctl = m.submodules.header_ctl = PipelineControl(self.HEADER_LATENCY)
+        header_open = running & (headers_left != 0)
+        m.d.comb += [
+            ctl.i_valid.eq(self.header.valid & header_open),
+            self.header.ready.eq(ctl.en & header_open),
+        ]
+        index = self.header.payload.index
+        in_range = (index >= 0) & (index < tokens)
+        row_bits = max(1, bits_for(p.max_tokens - 1))
+        base = Signal(p.addr_width)
+        skip = Signal()
+        with m.If(ctl.en):
+            m.d.sync += [base.eq(index.as_unsigned()[:row_bits] * hidden), skip.eq(~in_range)]
+        with m.If(self.header.valid & self.header.ready):
+            m.d.sync += headers_left.eq(headers_left - 1)
+
+        cmd = reader.command
+        m.d.comb += [
+            cmd.valid.eq(ctl.o_valid),
+            ctl.o_ready.eq(cmd.ready),
+            cmd.payload.addr.eq(base),
+            cmd.payload.count.eq(beats),
+            cmd.payload.tail.eq(1),
+            cmd.payload.skip.eq(skip),
+        ]
+        with m.If(cmd.valid & cmd.ready & skip):
+            m.d.sync += [self.dropped.eq(self.dropped + 1), self.error.eq(1)]
+
+        # ---- control ---------------------------------------------------------------------
+        too_big = ((self.slots > p.max_slots) | (self.tokens > p.max_tokens) |
+                   (self.hidden > p.max_hidden))
+        empty = (self.slots == 0) | (self.hidden == 0)
+        last_en = Signal(p.lanes)
+        m.d.comb += reader.last_enable.eq(last_en)
+        start = self.start & ~running
+        finished = running & (headers_left == 0) & ~ctl.busy & ~reader.busy
+        m.d.comb += self.busy.eq(running)
+        with m.If(start):
+            m.d.sync += [
+                tokens.eq(self.tokens), hidden.eq(self.hidden),
+                beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
+                last_en.eq(last_enable_of(self.hidden, p.lanes)),
+                headers_left.eq(self.slots),
+                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+            ]
+            with m.If(too_big):
+                m.d.sync += [self.error.eq(1), self.done.eq(1)]
+            with m.Elif(empty):
+                m.d.sync += self.done.eq(1)
+            with m.Else():
+                m.d.sync += running.eq(1)
+        with m.If(finished):
+            m.d.sync += [running.eq(0), self.done.eq(1)]
+        return m
+

@@ -1,0 +1,322 @@
+"""The combine-gather unit (SPEC 1.4, tutel decode) on its emitted Verilog (cocotb, Verilator
+and Icarus), every case with and without random valid/ready stalls on the header stream, the
+read port's request and response streams and the output, scored bit for bit against
+``golden.combine_gather`` with scoreboards over every output beat and every read (the reads
+must be exactly the valid pairs' rows, in the unit's window order, none out of bounds);
+stall-free runs must take exactly the documented cycle count. Plus a mid-run reset in
+Amaranth's simulator, and parameter and host errors."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
+
+from moe_hw import golden
+from moe_hw.formats import from_bits, to_bits
+from moe_hw.golden._common import slot_rows
+from moe_hw.golden.testing import bit_equal
+from moe_hw.host.common import HostError
+from moe_hw.host.gather import (MEMORY_LATENCY, routing_problem, run_combine_gather,
+                                score_combine_gather)
+from moe_hw.params import ParameterError
+from moe_hw.units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
+from moe_hw.units.dispatch_backward_data import DispatchBackwardDataUnit
+
+from conftest import STALLS, simulator_params
+
+# One generous build serves every stream case (window = 5 items for the fp32 adder).
+PARAMS = CombineGatherParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
+                             max_capacity=32, max_experts=8, max_k=3)
+
+CASES = {
+    # DUET toy scale (S=21, E=6, H=16), top-1, every token fits.
+    "duet_toy": dict(tokens=21, hidden=16, experts=6, capacity=21, k=1),
+    # top-2 with capacity drops; H not a multiple of the lanes.
+    "k2_drops": dict(tokens=37, hidden=29, experts=5, capacity=9, k=2),
+    # Out-of-range and negative indices and locations (the field extremes are added below).
+    "out_of_range": dict(tokens=30, hidden=7, experts=6, capacity=5, k=2,
+                         index_range=(-3, 9), location_range=(-2, 8)),
+    # NaN, Inf, subnormals and -0.0 in gates and expert outputs.
+    "special_values": dict(tokens=24, hidden=13, experts=4, capacity=12, k=2, specials=0.4),
+    # top-3, two-beat rows (windows span tokens), experts 1 and 3 get no tokens.
+    "k3_empty_experts": dict(tokens=25, hidden=5, experts=5, capacity=20, k=3,
+                             experts_used=[0, 2, 4]),
+    # One-beat rows: a window is five tokens, every pass one segment per token.
+    "one_beat_rows": dict(tokens=40, hidden=4, experts=3, capacity=30, k=2),
+    # Rows longer than a window: each row read in segments across windows.
+    "long_rows": dict(tokens=6, hidden=64, experts=2, capacity=6, k=2, specials=0.1),
+    "zero_tokens": dict(tokens=0, hidden=16, experts=2, capacity=4, k=2),
+}
+
+
+def problem(name):
+    spec = dict(CASES[name])
+    gates, indices, locations, expert_out, capacity = routing_problem(
+        sorted(CASES).index(name), **spec)
+    if name == "out_of_range":
+        indices[0, :4] = [-(1 << 31), (1 << 31) - 1, 6, -1]
+        locations[1, 4:8] = [(1 << 31) - 1, -(1 << 31), 5, -1]
+    return gates, indices, locations, expert_out, capacity
+
+
+def check(prob, sim, stall, *, params=PARAMS, seed=7, latency=MEMORY_LATENCY):
+    gates, indices, locations, expert_out, capacity = prob
+    run = run_combine_gather(gates, indices, locations, expert_out, capacity=capacity,
+                             params=params, sim=sim, stall=stall, seed=seed,
+                             memory_latency=latency)
+    problems = score_combine_gather(run, gates, indices, locations, expert_out,
+                                    capacity=capacity)
+    assert not problems, "\n".join(problems)
+    if stall == 0.0:
+        assert run.cycles == run.expected_cycles, \
+            f"{run.cycles} cycles, the documented formula gives {run.expected_cycles}"
+    return run
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_combine_gather_cases(sim, name, stall):
+    check(problem(name), sim, stall)
+
+
+def test_combine_gather_cycle_formula():
+    """The documented count, worked by hand for the window schedule: K*S*B read beats, plus
+    the last window's wait for its partial sums when it is shorter than add_stages + 1."""
+    unit = CombineGatherUnit(PARAMS)
+    loop = PARAMS.add_latency + 1                    # 5 for fp32
+    assert PARAMS.window_items == loop
+    overhead = unit.overhead(MEMORY_LATENCY)
+    assert overhead == 1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + 4 + 4 + 1 + 1
+    # 37 tokens x 8 beats = 296 items: 59 full windows and one of 1 item.
+    assert unit.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 1) + overhead
+    # Whole windows only: exactly the ideal.
+    assert unit.cycles(40, 4, 2, MEMORY_LATENCY) == 2 * 40 + overhead
+    assert unit.cycles(0, 4, 2) == unit.cycles(4, 0, 2) == 1
+    # k = 0 is one pass of dropped pairs.
+    assert unit.cycles(40, 4, 0, MEMORY_LATENCY) == 40 + overhead
+    schedule = gather_schedule(3, 2, 2, 5)
+    assert schedule[:10] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (0, 2, 0),
+                             (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0)]
+    assert schedule[10:] == [(0, 2, 1), (1, 2, 1)]
+
+
+def test_combine_gather_edge_sizes():
+    """k = 0 (every output +0.0), zero capacity (every pair dropped), zero hidden, short
+    windows and a memory latency at the edge of full rate, all on the one build."""
+    gates, indices, locations, expert_out, capacity = problem("k2_drops")
+    run = check((gates[:0], indices[:0], locations[:0], expert_out, capacity), "verilator", 0.0)
+    assert not run.output.view(np.uint32).any() and run.dropped == 0
+    run = check((gates, indices, locations, expert_out[:0], 0), "verilator", 0.0)
+    assert not run.output.view(np.uint32).any() and run.dropped == gates.size
+    run = check((gates, indices, locations, expert_out[:, :0], capacity), "verilator", 0.0)
+    assert run.cycles == 1 and run.output.shape == (37, 0)
+    for tokens in (1, 2, 3):     # a single, short window
+        check((gates[:, :tokens], indices[:, :tokens], locations[:, :tokens],
+               expert_out[:, :3], capacity), "verilator", 0.0)
+    for latency in (1, PARAMS.outstanding - 1):
+        check(problem("one_beat_rows"), "verilator", 0.0, latency=latency)
+    run = check(problem("one_beat_rows"), "verilator", 0.3, latency=3 * PARAMS.outstanding)
+    assert run.cycles > run.expected_cycles
+
+
+def test_combine_gather_reset_mid_run():
+    """Reset in the middle of a run returns the unit to idle with no stale output; a run
+    after that is right (Amaranth's simulator, a zero-latency memory model)."""
+    params = CombineGatherParams(lanes=2, max_tokens=8, max_hidden=8, max_capacity=4,
+                                 max_experts=2, max_k=2)
+    dut = CombineGatherUnit(params)
+    top = Module()
+    top.domains.sync = sync = ClockDomain()
+    top.submodules.dut = dut
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    two = int(to_bits(np.float32(2.0), "fp32"))
+    three = int(to_bits(np.float32(3.0), "fp32"))
+    outputs = []
+
+    async def start(ctx, tokens):
+        for port, value in (("tokens", tokens), ("hidden", 4), ("k", 2), ("capacity", 4),
+                            ("num_experts", 2), ("start", 1)):
+            ctx.set(getattr(dut, port), value)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+
+    async def bench(ctx):
+        ctx.set(dut.data.ready, 1)
+        ctx.set(dut.header.valid, 1)
+        for k in range(2):            # both choices: expert 1, location 2, gate 2.0
+            ctx.set(dut.header.payload.gate[k], two)
+            ctx.set(dut.header.payload.index[k], 1)
+            ctx.set(dut.header.payload.location[k], 2)
+        ctx.set(dut.read_response.payload.data[0], three)
+        ctx.set(dut.read_response.payload.data[1], three)
+        ctx.set(dut.read_request.ready, 1)
+        ctx.set(dut.read_response.valid, 1)     # every response 3.0, always there
+        await start(ctx, 8)
+        for _ in range(12):
+            await ctx.tick()
+        assert ctx.get(dut.busy)
+        ctx.set(sync.rst, 1)
+        await ctx.tick()
+        ctx.set(sync.rst, 0)
+        for _ in range(20):
+            assert not ctx.get(dut.busy) and not ctx.get(dut.data.valid)
+            assert not ctx.get(dut.read_request.valid) and not ctx.get(dut.header.ready)
+            assert not ctx.get(dut.done) and ctx.get(dut.dropped) == 0
+            assert not ctx.get(dut.read_response.ready)
+            await ctx.tick()
+        await start(ctx, 1)
+        for _ in range(60):
+            if ctx.get(dut.data.valid):
+                outputs.append([ctx.get(dut.data.payload.data[0]),
+                                ctx.get(dut.data.payload.data[1])])
+            if ctx.get(dut.done):
+                break
+            await ctx.tick()
+        assert ctx.get(dut.done) and not ctx.get(dut.error)
+
+    sim.add_testbench(bench)
+    sim.run()
+    want = int(to_bits(np.float32(12.0), "fp32"))   # 2*3 + 2*3, one token of two beats
+    assert outputs == [[want, want], [want, want]]
+
+
+def pysim_run(unit, gates, indices, locations, buffer, *, num_experts, capacity):
+    """Run ``unit`` in Amaranth's simulator, stall-free, memory latency 1; return the output
+    rows (bit patterns), the read log and the cycle count (counted as the cocotb bench does)."""
+    p = unit.params
+    k, tokens = gates.shape
+    hidden = buffer.shape[1]
+    beats = -(-hidden // p.lanes)
+    memory = to_bits(buffer, p.format).reshape(-1)
+    gate_bits = to_bits(gates, p.format)
+    top = Module()
+    top.domains.sync = ClockDomain()
+    top.submodules.dut = dut = unit
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    out, reads, result = [], [], {}
+
+    async def bench(ctx):
+        for port, value in (("tokens", tokens), ("hidden", hidden), ("k", k),
+                            ("capacity", capacity), ("num_experts", num_experts), ("start", 1)):
+            ctx.set(getattr(dut, port), value)
+        ctx.set(dut.read_request.ready, 1)
+        ctx.set(dut.data.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        queue, sent, cycles = [], 0, 0
+        while True:
+            ctx.set(dut.header.valid, sent < tokens)
+            if sent < tokens:
+                for j in range(k):
+                    ctx.set(dut.header.payload.gate[j], int(gate_bits[j, sent]))
+                    ctx.set(dut.header.payload.index[j], int(indices[j, sent]))
+                    ctx.set(dut.header.payload.location[j], int(locations[j, sent]))
+            ctx.set(dut.read_response.valid, bool(queue))
+            if queue:
+                for lane, value in enumerate(queue[0]):
+                    ctx.set(dut.read_response.payload.data[lane], value)
+            header_taken = sent < tokens and ctx.get(dut.header.ready)
+            request = None
+            if ctx.get(dut.read_request.valid):
+                request = (ctx.get(dut.read_request.payload.addr),
+                           ctx.get(dut.read_request.payload.enable))
+            response_taken = bool(queue) and ctx.get(dut.read_response.ready)
+            if ctx.get(dut.data.valid):
+                out.append([ctx.get(dut.data.payload.data[lane]) for lane in range(p.lanes)])
+            done = ctx.get(dut.done)
+            await ctx.tick()
+            cycles += 1
+            sent += bool(header_taken)
+            if response_taken:
+                queue.pop(0)
+            if request is not None:
+                reads.append(request)
+                addr, enable = request
+                queue.append([int(memory[addr + lane]) if enable >> lane & 1 else 0
+                              for lane in range(p.lanes)])
+            if done:        # the bench counts the edge that ends the first done cycle
+                break
+            assert cycles < 20000
+        result["cycles"] = cycles
+
+    sim.add_testbench(bench)
+    sim.run()
+    rows = np.array(out, dtype=np.uint64).reshape(tokens, beats * p.lanes)[:, :hidden]
+    return rows, reads, result["cycles"]
+
+
+@pytest.mark.parametrize("unit_class,settings", [
+    (CombineGatherUnit, dict(window=1)),
+    (CombineGatherUnit, dict(window=2, add_stages=2, mul_stages=0)),
+    (CombineGatherUnit, dict(window=7, add_stages=1, mul_stages=1)),
+    (DispatchBackwardDataUnit, dict(window=3)),
+    (DispatchBackwardDataUnit, dict(format="bf16", add_stages=1)),
+])
+def test_combine_gather_windows_pysim(unit_class, settings):
+    """Windows shorter and longer than the adder loop, other pipeline depths, and both start
+    rules: bit-exact, the exact read order, and the documented cycle count (Amaranth's
+    simulator; the emitted-Verilog benches use the default window)."""
+    params = unit_class.PARAMS(lanes=2, max_tokens=8, max_hidden=8, max_capacity=8,
+                               max_experts=4, max_k=3, **settings)
+    dtype = params.fmt.dtype
+    for seed, (tokens, hidden, k) in enumerate([(5, 3, 3), (4, 1, 2), (3, 6, 1)]):
+        gates, indices, locations, buffer, capacity = routing_problem(
+            seed, tokens=tokens, hidden=hidden, experts=3, capacity=4, k=k, dtype=dtype,
+            specials=0.3, index_range=(-1, 4), location_range=(0, 5))
+        unit = unit_class(params)
+        rows, reads, cycles = pysim_run(unit, gates, indices, locations, buffer,
+                                        num_experts=3, capacity=capacity)
+        model = golden.combine_gather if unit.SUM_START == "zero" else \
+            (lambda *a, capacity: golden.dispatch_backward_data(*a, num_experts=3,
+                                                                capacity=capacity))
+        want = model(gates, indices, locations, buffer, capacity=capacity)
+        assert bit_equal(from_bits(rows, params.format), want)
+        slots = slot_rows(indices, locations, 3, capacity)
+        want_reads = [(int(slots[p, i]) * hidden + b * 2) for p, i, b in
+                      gather_schedule(tokens, -(-hidden // 2), k, params.window_items)
+                      if slots[p, i] >= 0]
+        assert [addr for addr, _ in reads] == want_reads
+        assert cycles == unit.cycles(tokens, hidden, k, 1, reads=bool(want_reads))
+
+
+def test_combine_gather_host_errors():
+    gates, indices, locations, expert_out, capacity = problem("k2_drops")
+    args = (gates, indices, locations, expert_out)
+    with pytest.raises(HostError, match=r"expert_out must have a multiple of capacity \(8\)"):
+        run_combine_gather(*args, capacity=8)
+    with pytest.raises(HostError, match="hidden = 29 exceeds the unit's maximum of 16"):
+        run_combine_gather(*args, capacity=capacity,
+                           params=CombineGatherParams(max_hidden=16, max_tokens=64))
+    with pytest.raises(HostError, match="k = 2 exceeds the unit's maximum of 1"):
+        run_combine_gather(*args, capacity=capacity, params=CombineGatherParams(max_k=1))
+    with pytest.raises(HostError, match="gates has dtype float16, but expert_out has float32"):
+        run_combine_gather(gates.astype(np.float16), *args[1:], capacity=capacity)
+    with pytest.raises(HostError, match="the data has dtype float32, but the unit's format "
+                                        "is fp16"):
+        run_combine_gather(*args, capacity=capacity, params=CombineGatherParams(format="fp16"))
+    bad = indices.copy()
+    bad[1, 3] = 1 << 40
+    with pytest.raises(HostError, match=r"indices.flat\[40\] = 1099511627776 does not fit"):
+        run_combine_gather(gates, bad, locations, expert_out, capacity=capacity)
+    with pytest.raises(HostError, match="locations has shape"):
+        run_combine_gather(gates, indices, locations[:1], expert_out, capacity=capacity)
+    with pytest.raises(ValueError, match="capacity must be a non-negative integer"):
+        run_combine_gather(*args, capacity=-1)
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
+    (dict(format="fp64"), "Format must be one of fp32, fp16, bf16, not 'fp64'"),
+    (dict(max_k=0), "max_k must be an integer between 1 and 16, not 0"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
+    (dict(window=0), "window must be an integer between 1 and 256, not 0"),
+    (dict(outstanding=3), "outstanding must be an integer between 4 and 4096, not 3"),
+    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
+])
+def test_combine_gather_parameter_errors(settings, message):
+    with pytest.raises(ParameterError if "Format" not in message else ValueError,
+                       match=message):
+        CombineGatherParams(**settings)

@@ -1,0 +1,136 @@
+"""The dispatch backward-data unit (SPEC 1.1 backward) on its emitted Verilog (cocotb,
+Verilator and Icarus), every case with and without random valid/ready stalls on the header
+stream, the read port's request and response streams and the output, scored bit for bit
+against ``golden.dispatch_backward_data`` (``term_0 + term_1 + ...``, no leading +0.0) with
+scoreboards over every output beat and every read; stall-free runs must take exactly the
+documented cycle count. The hardware is the combine-gather datapath with the other summation
+start rule, so the cases are the combine unit's and the tests here pin the difference."""
+
+import numpy as np
+import pytest
+
+from moe_hw import golden
+from moe_hw.formats import to_bits
+from moe_hw.host.common import HostError
+from moe_hw.host.gather import (MEMORY_LATENCY, routing_problem, run_combine_gather,
+                                run_dispatch_backward_data, score_dispatch_backward_data)
+from moe_hw.units.dispatch_backward_data import (DispatchBackwardDataParams,
+                                                 DispatchBackwardDataUnit)
+
+from conftest import STALLS, simulator_params
+
+PARAMS = DispatchBackwardDataParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
+                                    max_capacity=32, max_experts=8, max_k=3)
+
+CASES = {
+    # DUET toy scale (S=21, E=6, H=16), one routing row ([S] arrays), every token fits.
+    "duet_toy": dict(tokens=21, hidden=16, experts=6, capacity=21, k=1),
+    # top-2 with capacity drops; H not a multiple of the lanes.
+    "k2_drops": dict(tokens=37, hidden=29, experts=5, capacity=9, k=2),
+    # Out-of-range and negative indices and locations (the field extremes are added below).
+    "out_of_range": dict(tokens=30, hidden=7, experts=6, capacity=5, k=2,
+                         index_range=(-3, 9), location_range=(-2, 8)),
+    # NaN, Inf, subnormals and -0.0 in gates and gradients.
+    "special_values": dict(tokens=24, hidden=13, experts=4, capacity=12, k=2, specials=0.4),
+    # top-3, two-beat rows, experts 1 and 3 get no tokens, specials.
+    "k3_empty_experts": dict(tokens=25, hidden=5, experts=5, capacity=20, k=3,
+                             experts_used=[0, 2, 4], specials=0.3),
+    # One-beat rows (a window is five tokens) and rows longer than a window.
+    "one_beat_rows": dict(tokens=40, hidden=4, experts=3, capacity=30, k=2, specials=0.2),
+    "long_rows": dict(tokens=6, hidden=64, experts=2, capacity=6, k=2, specials=0.1),
+    "zero_tokens": dict(tokens=0, hidden=16, experts=2, capacity=4, k=2),
+}
+
+
+def problem(name):
+    spec = dict(CASES[name])
+    gates, indices, locations, grad, capacity = routing_problem(
+        sorted(CASES).index(name), **spec)
+    if name == "out_of_range":
+        indices[1, :4] = [-(1 << 31), (1 << 31) - 1, 6, -1]
+        locations[0, 4:8] = [(1 << 31) - 1, -(1 << 31), 5, -1]
+    if name == "duet_toy":           # the [S] form of the routing arrays
+        gates, indices, locations = gates[0], indices[0], locations[0]
+    return gates, indices, locations, grad, spec["experts"], capacity
+
+
+def check(prob, sim, stall, *, params=PARAMS, seed=7, latency=MEMORY_LATENCY):
+    gates, indices, locations, grad, experts, capacity = prob
+    run = run_dispatch_backward_data(gates, indices, locations, grad, num_experts=experts,
+                                     capacity=capacity, params=params, sim=sim, stall=stall,
+                                     seed=seed, memory_latency=latency)
+    problems = score_dispatch_backward_data(run, gates, indices, locations, grad,
+                                            num_experts=experts, capacity=capacity)
+    assert not problems, "\n".join(problems)
+    if stall == 0.0:
+        assert run.cycles == run.expected_cycles, \
+            f"{run.cycles} cycles, the documented formula gives {run.expected_cycles}"
+    return run
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_dispatch_backward_data_cases(sim, name, stall):
+    check(problem(name), sim, stall)
+
+
+def test_dispatch_backward_data_sum_start():
+    """The first term is the sum (no leading +0.0): a -0.0 product stays -0.0 for k = 1 and
+    for k = 2 when the second term is -0.0 too, and -0.0 + (+0.0 of a dropped pair) is +0.0.
+    The combine unit, whose sum starts from +0.0, gives +0.0 for all of these."""
+    minus, plus = np.float32(-1.0), np.float32(1.0)
+    grad = np.array([[0.0, 1.5, -2.0, 0.0], [0.0, 0.0, 0.0, 3.0]], dtype=np.float32)
+    # token 0: -1 * row 0 (k=0), then -1 * row 1 (k=1): -0.0 + -0.0 on lane 0
+    # token 1: -1 * row 0 (k=0), then a dropped pair: -0.0 + +0.0 = +0.0 on lane 0
+    # token 2: +1 * row 1 (k=0), then -1 * row 0 (k=1)
+    gates = np.array([[minus, minus, plus], [minus, plus, minus]], dtype=np.float32)
+    indices = np.array([[0, 0, 0], [0, 5, 0]])
+    locations = np.array([[0, 0, 1], [1, 0, 0]])
+    run = check((gates, indices, locations, grad, 1, 2), "verilator", 0.0)
+    bits = to_bits(run.output, "fp32")
+    assert bits[0, 0] == 0x80000000                          # -0.0 + -0.0 = -0.0
+    assert bits[1, 0] == bits[1, 3] == 0                     # -0.0 + +0.0 = +0.0
+    one = check((gates[0], indices[0], locations[0], grad, 1, 2), "verilator", 0.0)
+    assert to_bits(one.output, "fp32")[0, 0] == 0x80000000  # k = 1: -1 * +0.0 = -0.0
+    combined = run_combine_gather(gates, indices, locations, grad, capacity=2, params=PARAMS)
+    assert to_bits(combined.output, "fp32")[0, 0] == 0      # +0.0 + -0.0 + -0.0 = +0.0
+    assert np.array_equal(to_bits(run.output, "fp32"), to_bits(golden.dispatch_backward_data(
+        gates, indices, locations, grad, num_experts=1, capacity=2), "fp32"))
+
+
+def test_dispatch_backward_data_edge_sizes():
+    """k = 0 (every output +0.0), zero capacity or experts (every pair dropped), zero hidden,
+    and a single short window, on the one build."""
+    gates, indices, locations, grad, experts, capacity = problem("k2_drops")
+    run = check((gates[:0], indices[:0], locations[:0], grad, experts, capacity),
+                "verilator", 0.0)
+    assert not run.output.view(np.uint32).any()
+    run = check((gates, indices, locations, grad[:0], experts, 0), "verilator", 0.0)
+    assert not run.output.view(np.uint32).any() and run.dropped == gates.size
+    run = check((gates, indices, locations, grad[:0], 0, capacity), "verilator", 0.0)
+    assert not run.output.view(np.uint32).any() and run.dropped == gates.size
+    run = check((gates, indices, locations, grad[:, :0], experts, capacity), "verilator", 0.0)
+    assert run.cycles == 1 and run.output.shape == (37, 0)
+    check((gates[:, :2], indices[:, :2], locations[:, :2], grad[:, :3], experts, capacity),
+          "verilator", 0.0)
+    unit = DispatchBackwardDataUnit(PARAMS)
+    assert unit.SUM_START == "first" and unit.overhead(2) == 19
+
+
+def test_dispatch_backward_data_host_errors():
+    gates, indices, locations, grad, experts, capacity = problem("k2_drops")
+    with pytest.raises(HostError, match=r"grad_dispatch must have num_experts \* capacity = "
+                                        r"36 rows \[E\*C, H\], not 45"):
+        run_dispatch_backward_data(gates, indices, locations, grad, num_experts=4,
+                                   capacity=capacity)
+    with pytest.raises(HostError, match="num_experts = 5 exceeds the unit's maximum of 2"):
+        run_dispatch_backward_data(gates, indices, locations, grad, num_experts=experts,
+                                   capacity=capacity,
+                                   params=DispatchBackwardDataParams(max_experts=2))
+    with pytest.raises(HostError, match="grad_dispatch must have 2 dimension"):
+        run_dispatch_backward_data(gates, indices, locations, grad[0], num_experts=experts,
+                                   capacity=capacity)
+    with pytest.raises(HostError, match="num_experts must be a non-negative integer"):
+        run_dispatch_backward_data(gates, indices, locations, grad, num_experts=-1,
+                                   capacity=capacity)
