@@ -6,10 +6,25 @@
 
 Input keys are the golden model's arguments, output keys its results, plus ``cycles``:
 
-    dispatch   in: gates, indices, locations, input   out: dispatch, dropped, cycles
-               run-time num_experts and capacity from --set or the npz
-    fmul       in: a, b                                out: product, cycles
-    fadd       in: a, b                                out: sum, cycles
+    dispatch                in: gates, indices, locations, input; num_experts, capacity
+                            out: dispatch, dropped, cycles
+    locations               in: indices; num_experts, capacity
+                            out: locations, expert_counts, dropped, cycles
+    sparse_index            in: gates [S, E]      out: batch_index, part_sizes, nonzero_gates
+    sparse_gather           in: input, batch_index                 out: expert_input
+    combine_gather          in: gates, indices, locations, expert_out; capacity
+                            out: combined
+    combine_scatter         in: gates [S, E], expert_out [slots, H]  out: combined
+    dispatch_backward_data  in: gates, indices, locations, grad_dispatch; num_experts,
+                            capacity                               out: grad_input
+    dispatch_backward_gate  in: input, indices, locations, grad_dispatch; num_experts,
+                            capacity                               out: grad_gates
+    moe_layer               in: gates [S, E], input, [expert_scale, expert_bias]; capacity
+                            out: output, dropped
+    fmul / fadd             in: a, b                               out: product / sum
+
+Every output file also holds ``cycles``. Run-time values (after the ``;``) come from --set or
+from scalars in the npz.
 
 Generation-time parameters (``python -m moe_hw.gen list``) come from --set; the ones not given
 are sized to the problem, and the number format follows the arrays' dtype. The result is
