@@ -1,0 +1,632 @@
+"""The whole MoE layer data path (SPEC 1.8) in one component, tutel's ``is_postscore=True``
+form (``golden.moe_layer``): route the top-k choices, dispatch the token rows with gate 1.0,
+run every expert's elementwise affine ``a_e * x + b_e`` over its filled slots, and combine the
+expert rows weighted by the gates, tokens out in token order::
+
+    locations = compute_locations(indices)                       # LocationsUnit
+    buffer[index*C + location, :] = 1.0 * input[i, :]   (valid)   # DispatchUnit
+    buffer[e*C + r, :] = scale[e] * buffer[e*C + r, :] + bias[e]  # r < min(count[e], C)
+    output[i, :] = sum over k of gate[k][i] * buffer[index*C + location, :]   # CombineGather
+
+It composes the existing units as submodules (:class:`~moe_hw.units.locations.LocationsUnit`,
+:class:`~moe_hw.units.dispatch.DispatchUnit`, :class:`~moe_hw.units.row_reader.RowReader` with
+the float multiplier and adder for the experts, :class:`~moe_hw.units.combine_gather.
+CombineGatherUnit`) around an internal pair memory, and shares one external expert buffer
+[E*C, H] (one read port, one write port) between its phases.
+
+Streams and ports (payload fields are listed least significant first):
+
+``pair`` (in)
+    One beat per (k, i) pair, k-major (all tokens of choice 0, then choice 1, ...): ``gate``
+    (the format's bits) and ``index`` (two's complement, ``index_width`` bits; any bit pattern
+    is safe: an out-of-range index is a dropped pair). The host makes them from the gate
+    matrix [S, E] with ``golden.top_k_routing``.
+``data`` (in)
+    The token rows, once per choice k, k-major like the pairs (the dispatch unit's data
+    stream): for pair (k, i), ``ceil(H / lanes)`` beats of ``input[i, :]``, ``lanes`` elements
+    each, lane 0 first, the last beat zero-padded past H. ``k*S*ceil(H / lanes)`` beats in
+    all, or none when H, C or E is 0 (nothing can be dispatched).
+``expert_params`` (in)
+    When ``affine`` is 1: E beats, expert 0 first: ``scale`` then ``bias`` (the format's
+    bits), held in an internal memory of ``max_experts`` entries. They may come at any time
+    during the run; the expert phase waits for them. None when ``affine`` is 0. (A missing
+    scale is 1.0 and a missing bias -0.0, which the host substitutes: ``1.0 * x`` and
+    ``x + -0.0`` are ``x`` bit for bit, -0.0 and NaN included, so ``a*x + b`` with them is
+    exactly the golden's "no multiply" / "no add".)
+``output`` (out)
+    The combined rows in token order: ``ceil(H / lanes)`` beats per token, ``data`` (lane 0
+    first), ``enable`` (partial on a row's last beat when H is not a multiple of ``lanes``;
+    disabled lanes carry don't-care values) and ``last`` (a token's last beat).
+``read_request`` (out), ``read_response`` (in), ``write`` (out)
+    The expert buffer [E*C, H] (element address ``(e*C + slot)*H + j``): a read port as
+    :class:`~moe_hw.units.row_reader.RowReader` (``addr``, ``enable`` / ``data``; responses in
+    request order, any latency) and a write port as the dispatch unit's (``addr``, ``data``,
+    ``enable``). The memory must order a read after every write taken before it (the bench
+    models one array behind both ports); the phases never have a read and a write of the same
+    address in flight together. The layer never touches a slot that no valid pair fills.
+``start``, ``tokens``, ``hidden``, ``k``, ``num_experts``, ``capacity``, ``affine`` (in)
+    Run-time problem size (S, H, k, E, C) and whether the experts are affine (1) or the
+    identity (0), sampled when ``start`` is high while idle.
+``busy``, ``done``, ``dropped``, ``error``, ``phase`` (out)
+    ``done`` rises when the last output beat has left and stays high until the next start.
+    ``dropped`` counts the pairs that fail the capacity mask (``golden.moe_layer``'s
+    ``dropped``: an out-of-range index, or a location >= C); it is final when the route phase
+    ends. ``error`` is set, and nothing read or written, when a run-time size exceeds its
+    generation-time maximum (``done`` one cycle after start). ``phase`` is the phase below
+    (0 when idle), for performance counters.
+
+A run with S = 0 finishes at once (``done`` one cycle after start) and takes nothing.
+
+Phases (``phase``):
+
+1. *route and dispatch* (overlapped): the pairs enter the location generator one per cycle;
+   each pair's location joins its gate and index (a 4-entry FIFO covers the generator's
+   latency) in the pair memory (``max_tokens`` words of ``max_k`` entries, word i entry k =
+   pair (k, i)); then the E per-expert totals come out and every expert with
+   ``min(count, C) > 0`` filled slots goes on the expert work list (empty experts never
+   appear there, so they cost nothing). The dispatch unit reads its headers from the pair
+   memory as soon as they are written (gate 1.0: postscore) and writes the token rows into
+   the expert buffer through the write port, one beat per cycle.
+2. *experts* (only when ``affine`` is 1, H > 0 and some expert has a filled slot): for every
+   expert on the work list, for each of its ``min(count, C)`` filled rows, the row is read
+   (one row command per row into a row reader), each lane computes ``scale * x`` (rounded)
+   then ``+ bias`` (rounded) in a float multiplier and a float adder, and the row is written
+   back in place, one beat per cycle.
+3. *combine*: the combine-gather unit reads one header per token from the pair memory (the
+   token's k gates, indices and locations), reads the expert rows through the read port and
+   sends the gate-weighted sums out on ``output`` in token order.
+
+Exact stall-free cycle count (start cycle to the first cycle ``done`` is high, with a memory
+that answers a request taken at the end of cycle u from cycle u + L;
+:meth:`MoELayer.stall_free_cycles`), with P = k*S pairs, B = ceil(H / lanes) beats per row and
+R = ``sum over e of min(count[e], C)`` filled rows::
+
+    route_dispatch = max(ROUTE_LATENCY + P*B + dispatch.overhead,       (when H, C, E > 0)
+                         locations.stall_free_cycles(P, E)) + PHASE_EXIT
+    experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + PHASE_EXIT
+                     (0 when the phase is skipped: identity experts, H = 0 or R = 0)
+    combine        = combine.cycles(S, H, k, L) + COMBINE_HEADER_LATENCY   (H > 0)
+                     combine.cycles(S, H, k, L) = 1                        (H = 0)
+    total          = route_dispatch + experts + combine          (1 when S = 0)
+
+with ROUTE_LATENCY = 4, EXPERT_OVERHEAD = 4, COMBINE_HEADER_LATENCY = 1, PHASE_EXIT = 1, and
+``dispatch.overhead`` (:class:`~moe_hw.units.dispatch.DispatchUnit`), ``locations.
+stall_free_cycles`` (P + E + 4) and ``combine.cycles`` (the combine-gather unit's K*S*B plus
+its windows' and pipeline's overhead) the sub-units' own documented counts. Route and dispatch
+overlap completely: the dispatch unit starts with the first location and is never starved,
+even at one beat per pair. The ideal, one beat per cycle on the busiest port in every phase, is
+``P*B + R*B + K*S*B`` (K = max(k, 1)); the rest is fixed pipeline fill per phase. A phase
+is counted from the cycle ``phase`` first shows it (the start cycle for phase 1) to the cycle
+it first shows the next phase (or ``done`` is high); the sub-units are started in the last
+cycle of the phase before theirs. A pause on any stream costs at most the cycles it lasts.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
+from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..formats import float_format
+from ..params import LANES, ParameterError, check_choice, check_int
+from ..stream import PipelineControl, SkidBuffer, delay
+from .combine_gather import CombineGatherParams, CombineGatherUnit
+from .dispatch import DispatchParams, DispatchUnit
+from .locations import LocationsParams, LocationsUnit
+from .row_reader import RowReader, last_enable_of, request_layout, response_layout
+
+__all__ = ["MoELayerParams", "MoELayer", "PHASES"]
+
+#: ``phase`` output values.
+PHASES = {"idle": 0, "route_dispatch": 1, "experts": 2, "combine": 3}
+
+
+@dataclass(frozen=True)
+class MoELayerParams:
+    """Generation-time parameters of :class:`MoELayer`."""
+
+    format: str = "fp32"
+    lanes: int = 4
+    max_tokens: int = 1024       # S
+    max_hidden: int = 1024       # H
+    max_experts: int = 16        # E
+    max_capacity: int = 1024     # C
+    max_k: int = 2               # top-k
+    index_width: int = 32        # the pair stream's index field
+    mul_stages: int | None = None   # None: the multiplier's default depth for the format
+    add_stages: int | None = None   # None: the adder's default depth for the format
+    outstanding: int = 16        # read beats in flight; full rate needs memory latency < this
+
+    def __post_init__(self):
+        float_format(self.format)
+        check_choice("lanes", self.lanes, LANES)
+        for name in ("max_tokens", "max_hidden", "max_capacity", "max_experts"):
+            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
+        check_int("max_k", self.max_k, minimum=1, maximum=16)
+        check_int("index_width", self.index_width, minimum=2, maximum=64)
+        if self.max_tokens * self.max_k > 1 << 30:
+            raise ParameterError(f"max_tokens * max_k must be at most {1 << 30}, not "
+                                 f"{self.max_tokens * self.max_k}")
+        limit = 1 << (self.index_width - 1)
+        for name in ("max_capacity", "max_experts"):
+            if getattr(self, name) > limit:
+                raise ParameterError(
+                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
+                    f"not {self.index_width}")
+        location_width = self.locations.location_width
+        if location_width > self.index_width:
+            raise ParameterError(f"Index width must hold a location of max_tokens * max_k "
+                                 f"pairs ({location_width} bits), not {self.index_width}")
+        if self.mul_stages is not None:
+            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
+        if self.add_stages is not None:
+            check_int("add_stages", self.add_stages, minimum=1, maximum=8)
+        check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
+
+    @property
+    def fmt(self):
+        return float_format(self.format)
+
+    @property
+    def mul_latency(self):
+        return (DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None
+                else self.mul_stages)
+
+    @property
+    def add_latency(self):
+        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None else self.add_stages
+
+    @property
+    def max_pairs(self):
+        return self.max_tokens * self.max_k
+
+    @property
+    def max_beats(self):
+        return -(-self.max_hidden // self.lanes)
+
+    @property
+    def addr_width(self):
+        """Bits of an expert-buffer element address (as the dispatch and combine units)."""
+        return max(1, ceil_log2(self.max_experts * self.max_capacity * self.max_hidden))
+
+    # ---- the sub-units' parameters -------------------------------------------------------
+    @property
+    def locations(self):
+        return LocationsParams(max_pairs=self.max_pairs, max_experts=self.max_experts,
+                               max_capacity=self.max_capacity, index_width=self.index_width)
+
+    @property
+    def dispatch(self):
+        return DispatchParams(format=self.format, lanes=self.lanes, max_tokens=self.max_pairs,
+                              max_hidden=self.max_hidden, max_capacity=self.max_capacity,
+                              max_experts=self.max_experts, index_width=self.index_width,
+                              mul_stages=self.mul_stages)
+
+    @property
+    def combine(self):
+        return CombineGatherParams(format=self.format, lanes=self.lanes,
+                                   max_tokens=self.max_tokens, max_hidden=self.max_hidden,
+                                   max_capacity=self.max_capacity,
+                                   max_experts=self.max_experts, max_k=self.max_k,
+                                   index_width=self.index_width, mul_stages=self.mul_stages,
+                                   add_stages=self.add_stages, outstanding=self.outstanding)
+
+    # ---- payload layouts -----------------------------------------------------------------
+    def pair_layout(self):
+        return data.StructLayout({"gate": self.fmt.width, "index": signed(self.index_width)})
+
+    def data_layout(self):
+        return self.dispatch.data_layout()
+
+    def expert_params_layout(self):
+        return data.StructLayout({"scale": self.fmt.width, "bias": self.fmt.width})
+
+    def output_layout(self):
+        return self.combine.data_layout()
+
+    def write_layout(self):
+        return self.dispatch.write_layout()
+
+    def entry_layout(self):
+        """One pair in the pair memory."""
+        return data.StructLayout({"gate": self.fmt.width, "index": signed(self.index_width),
+                                  "location": signed(self.locations.location_width)})
+
+
+class MoELayer(wiring.Component):
+    """One MoE layer (route, dispatch, affine experts, combine) over an external expert
+    buffer. See the module docstring for the protocol, the phases and the cycle count."""
+
+    #: Stall-free cycles by which the dispatch unit's first header comes later than it would
+    #: from a header stream valid at once: the pair's trip through the location generator
+    #: (counter bank, output register), its write into the pair memory, the pair-memory read.
+    ROUTE_LATENCY = 4
+    #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
+    #: command register, the row reader's issue and output registers, the write skid buffer.
+    EXPERT_OVERHEAD = 4
+    #: The pair-memory read in front of the combine unit's header stream.
+    COMBINE_HEADER_LATENCY = 1
+    #: The cycle from a phase's last event (its units done) to the next phase (or ``done``).
+    PHASE_EXIT = 1
+
+    def __init__(self, params=None, **kwargs):
+        if params is None:
+            params = MoELayerParams(**kwargs)
+        elif kwargs:
+            raise TypeError("Pass either a MoELayerParams or keyword parameters, not both")
+        self.params = p = params
+        # The sub-units, built here so that their cycle formulas serve :meth:`phase_cycles`.
+        # They are used exactly when the layer is; Amaranth's unused-object check is the
+        # layer's own (a layer that is never elaborated is reported, not its parts).
+        self._locations = LocationsUnit(p.locations)
+        self._dispatch = DispatchUnit(p.dispatch)
+        self._combine = CombineGatherUnit(p.combine)
+        for unit in (self._locations, self._dispatch, self._combine):
+            unit._MustUse__silence = True
+        super().__init__({
+            "pair": In(stream.Signature(p.pair_layout())),
+            "data": In(stream.Signature(p.data_layout())),
+            "expert_params": In(stream.Signature(p.expert_params_layout())),
+            "output": Out(stream.Signature(p.output_layout())),
+            "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
+            "read_response": In(stream.Signature(response_layout(p.lanes, p.fmt.width))),
+            "write": Out(stream.Signature(p.write_layout())),
+            "start": In(1),
+            "tokens": In(range(p.max_tokens + 1)),
+            "hidden": In(range(p.max_hidden + 1)),
+            "k": In(range(p.max_k + 1)),
+            "num_experts": In(range(p.max_experts + 1)),
+            "capacity": In(range(p.max_capacity + 1)),
+            "affine": In(1),
+            "busy": Out(1),
+            "done": Out(1),
+            "dropped": Out(range(p.max_pairs + 1)),
+            "error": Out(1),
+            "phase": Out(2),
+        })
+
+    # ---- cycle counts ----------------------------------------------------------------------
+    def phase_cycles(self, *, tokens, hidden, k, num_experts, capacity, rows, affine,
+                     reads=True, memory_latency=1):
+        """Exact stall-free cycles of each phase (a dict ``route_dispatch``, ``experts``,
+        ``combine``; their sum is the run's, see :meth:`stall_free_cycles`). A phase lasts
+        from the cycle the previous one ended (the start cycle for the first) to the cycle
+        the next one (or ``done``) is first seen.
+
+        ``rows``: the filled rows ``sum over e of min(count[e], C)``; ``reads``: whether any
+        pair is valid (a combine that reads nothing never waits for the memory)."""
+        p = self.params
+        if tokens == 0:
+            return {"route_dispatch": 1, "experts": 0, "combine": 0}
+        pairs = k * tokens
+        beats = -(-hidden // p.lanes)
+        route = self._locations.stall_free_cycles(pairs, num_experts)
+        if pairs and hidden and capacity and num_experts:
+            route = max(route, self.ROUTE_LATENCY + pairs * beats + self._dispatch.overhead)
+        experts = 0
+        if affine and hidden and rows:
+            experts = (rows * beats + memory_latency + p.mul_latency + p.add_latency +
+                       self.EXPERT_OVERHEAD + self.PHASE_EXIT)
+        combine = self._combine.cycles(tokens, hidden, k, memory_latency, reads=reads)
+        if hidden:           # (with H = 0 the combine unit takes no header)
+            combine += self.COMBINE_HEADER_LATENCY
+        return {"route_dispatch": route + self.PHASE_EXIT, "experts": experts,
+                "combine": combine}
+
+    def stall_free_cycles(self, **problem):
+        """Exact stall-free cycles of a run, start cycle to the first cycle ``done`` is high
+        (the sum of :meth:`phase_cycles`; arguments as there; 1 when S = 0)."""
+        if problem["tokens"] == 0:
+            return 1
+        return sum(self.phase_cycles(**problem).values())
+
+    # ---- hardware ----------------------------------------------------------------------------
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        fmt = p.fmt
+        lanes_log2 = ceil_log2(p.lanes)
+        entry_layout = p.entry_layout()
+        one = Const((fmt.bias << fmt.mant_bits), fmt.width)   # postscore: dispatch gate 1.0
+
+        m.submodules.locations = loc = self._locations
+        m.submodules.dispatch = disp = self._dispatch
+        m.submodules.combine = comb = self._combine
+
+        # ---- run-time sizes, held for the whole run ------------------------------------
+        tokens = Signal.like(self.tokens)
+        hidden = Signal.like(self.hidden)
+        k = Signal.like(self.k)
+        num_experts = Signal.like(self.num_experts)
+        capacity = Signal.like(self.capacity)
+        affine = Signal()
+        pairs = Signal(range(p.max_pairs + 1))
+        beats = Signal(range(p.max_beats + 1))
+        expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
+        running = Signal()
+        phase = Signal(2)
+        in_route = phase == PHASES["route_dispatch"]
+        in_experts = phase == PHASES["experts"]
+        in_combine = phase == PHASES["combine"]
+        m.d.comb += [self.phase.eq(phase), self.busy.eq(running)]
+
+        # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
+        pair_mem = m.submodules.pair_memory = memory.Memory(
+            shape=data.ArrayLayout(entry_layout, p.max_k), depth=p.max_tokens, init=[])
+        pair_w = pair_mem.write_port(granularity=1)
+        pair_r = pair_mem.read_port()
+
+        # ---- route: pairs -> location generator; join the location with gate and index ----
+        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 3).
+        join = m.submodules.join = SyncFIFO(width=p.pair_layout().size, depth=4)
+        m.d.comb += [
+            loc.index.valid.eq(self.pair.valid & join.w_rdy),
+            loc.index.payload.index.eq(self.pair.payload.index),
+            self.pair.ready.eq(loc.index.ready & join.w_rdy),
+            join.w_data.eq(self.pair.payload.as_value()),
+            join.w_en.eq(self.pair.valid & self.pair.ready),
+        ]
+        joined = data.View(p.pair_layout(), join.r_data)
+        w_token = Signal.like(self.tokens)       # where the next location goes
+        w_choice = Signal(range(p.max_k))
+        written = Signal.like(pairs)             # pairs in the pair memory
+        location = loc.location.payload.location
+        m.d.comb += [
+            loc.location.ready.eq(1),
+            join.r_en.eq(loc.location.valid),
+            pair_w.addr.eq(w_token),
+            pair_w.en.eq(Mux(loc.location.valid, Const(1, p.max_k) << w_choice, 0)),
+        ]
+        for choice in range(p.max_k):
+            m.d.comb += [pair_w.data[choice].gate.eq(joined.gate),
+                         pair_w.data[choice].index.eq(joined.index),
+                         pair_w.data[choice].location.eq(location)]
+        with m.If(loc.location.valid):
+            m.d.sync += written.eq(written + 1)
+            with m.If(w_token == tokens - 1):
+                m.d.sync += [w_token.eq(0), w_choice.eq(w_choice + 1)]
+            with m.Else():
+                m.d.sync += w_token.eq(w_token + 1)
+            # The capacity mask: an out-of-range index has location -1.
+            with m.If((location < 0) | (location >= capacity)):
+                m.d.sync += self.dropped.eq(self.dropped + 1)
+
+        # ---- the per-expert totals -> the expert work list (filled experts only) ----------
+        work_layout = data.StructLayout({"base": p.addr_width, "rows": range(p.max_capacity + 1),
+                                         "expert": range(p.max_experts)})
+        work = m.submodules.work_list = memory.Memory(shape=work_layout, depth=p.max_experts,
+                                                      init=[])
+        work_w = work.write_port()
+        work_r = work.read_port(domain="comb")
+        work_in = Signal(range(p.max_experts + 1))      # entries on the list
+        work_out = Signal(range(p.max_experts + 1))     # entries taken by the expert phase
+        counts_in = Signal(range(p.max_experts + 1))    # totals received
+        count_base = Signal(p.addr_width + 1)           # e*C*H of the next total
+        count = loc.counts.payload.count
+        rows = Mux(count < capacity, count, capacity)
+        m.d.comb += [
+            loc.counts.ready.eq(1),
+            work_w.addr.eq(work_in),
+            work_w.data.base.eq(count_base),
+            work_w.data.rows.eq(rows),
+            work_w.data.expert.eq(counts_in),
+            work_w.en.eq(loc.counts.valid & (rows != 0)),
+        ]
+        with m.If(loc.counts.valid):
+            m.d.sync += [counts_in.eq(counts_in + 1), count_base.eq(count_base + expert_span)]
+            with m.If(rows != 0):
+                m.d.sync += work_in.eq(work_in + 1)
+
+        # ---- expert parameters ----------------------------------------------------------------
+        expert_mem = m.submodules.expert_memory = memory.Memory(
+            shape=p.expert_params_layout(), depth=p.max_experts, init=[])
+        expert_w = expert_mem.write_port()
+        expert_r = expert_mem.read_port(domain="comb")
+        params_in = Signal(range(p.max_experts + 1))
+        params_open = running & affine & (params_in != num_experts)
+        m.d.comb += [
+            self.expert_params.ready.eq(params_open),
+            expert_w.addr.eq(params_in),
+            expert_w.data.eq(self.expert_params.payload),
+            expert_w.en.eq(self.expert_params.valid & params_open),
+        ]
+        with m.If(self.expert_params.valid & params_open):
+            m.d.sync += params_in.eq(params_in + 1)
+
+        # ---- dispatch: headers from the pair memory as soon as they are written -------------
+        d_ctl = m.submodules.dispatch_header = PipelineControl(1)
+        d_token = Signal.like(self.tokens)
+        d_choice = Signal(range(p.max_k))
+        d_pairs = Signal.like(pairs)             # headers read so far
+        m.d.comb += d_ctl.i_valid.eq(in_route & disp.busy & (d_pairs != written))
+        with m.If(d_ctl.i_valid & d_ctl.en):
+            m.d.sync += d_pairs.eq(d_pairs + 1)
+            with m.If(d_token == tokens - 1):
+                m.d.sync += [d_token.eq(0), d_choice.eq(d_choice + 1)]
+            with m.Else():
+                m.d.sync += d_token.eq(d_token + 1)
+        d_entry = (pair_r.data[0] if p.max_k == 1 else
+                   pair_r.data[delay(m, d_choice, 1, d_ctl.en, name="d_choice_r")])
+        m.d.comb += [
+            disp.header.valid.eq(d_ctl.o_valid),
+            d_ctl.o_ready.eq(disp.header.ready),
+            disp.header.payload.gate.eq(one),
+            disp.header.payload.index.eq(d_entry.index),
+            disp.header.payload.location.eq(d_entry.location),
+        ]
+        wiring.connect(m, wiring.flipped(self.data), disp.data)
+
+        # ---- combine: one header per token from the pair memory --------------------------------
+        c_ctl = m.submodules.combine_header = PipelineControl(1)
+        c_token = Signal.like(self.tokens)
+        m.d.comb += c_ctl.i_valid.eq(in_combine & comb.busy & (c_token != tokens))
+        with m.If(c_ctl.i_valid & c_ctl.en):
+            m.d.sync += c_token.eq(c_token + 1)
+        m.d.comb += [
+            comb.header.valid.eq(c_ctl.o_valid),
+            c_ctl.o_ready.eq(comb.header.ready),
+        ]
+        for choice in range(p.max_k):
+            word = pair_r.data[choice]
+            m.d.comb += [comb.header.payload.gate[choice].eq(word.gate),
+                         comb.header.payload.index[choice].eq(word.index),
+                         comb.header.payload.location[choice].eq(word.location)]
+        wiring.connect(m, comb.data, wiring.flipped(self.output))
+
+        # The pair memory's one read port: dispatch headers in phase 1, combine's in phase 3.
+        m.d.comb += [
+            pair_r.addr.eq(Mux(in_combine, c_token, d_token)),
+            pair_r.en.eq(Mux(in_combine, c_ctl.en, d_ctl.en)),
+        ]
+
+        # ---- experts: read each filled row, a*x + b per lane, write it back in place --------
+        tag_layout = data.StructLayout({"scale": fmt.width, "bias": fmt.width,
+                                        "base": p.addr_width})
+        reader = m.submodules.expert_reader = RowReader(
+            lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
+            tag_layout=tag_layout, outstanding=p.outstanding)
+        x_loaded = Signal()
+        x_addr = Signal(p.addr_width)
+        x_rows = Signal(range(p.max_capacity + 1))
+        x_scale = Signal(fmt.width)
+        x_bias = Signal(fmt.width)
+        cmd = reader.command
+        m.d.comb += [
+            cmd.valid.eq(x_loaded),
+            cmd.payload.addr.eq(x_addr),
+            cmd.payload.count.eq(beats),
+            cmd.payload.tail.eq(1),
+            cmd.payload.skip.eq(0),
+            cmd.payload.tag.scale.eq(x_scale),
+            cmd.payload.tag.bias.eq(x_bias),
+            cmd.payload.tag.base.eq(x_addr),
+            reader.last_enable.eq(last_enable_of(hidden, p.lanes)),
+            work_r.addr.eq(work_out),
+            expert_r.addr.eq(work_r.data.expert),
+        ]
+        cmd_take = cmd.valid & cmd.ready
+        last_row = x_rows == 1
+        x_load = in_experts & (work_out != work_in) & (~x_loaded | (cmd_take & last_row))
+        with m.If(cmd_take):
+            m.d.sync += [x_addr.eq(x_addr + hidden), x_rows.eq(x_rows - 1)]
+            with m.If(last_row):
+                m.d.sync += x_loaded.eq(0)
+        with m.If(x_load):
+            m.d.sync += [x_loaded.eq(1), x_addr.eq(work_r.data.base),
+                         x_rows.eq(work_r.data.rows), x_scale.eq(expert_r.data.scale),
+                         x_bias.eq(expert_r.data.bias), work_out.eq(work_out + 1)]
+
+        beat = reader.beats
+        x_ctl = m.submodules.expert_pipeline = PipelineControl(p.mul_latency + p.add_latency)
+        en_x = x_ctl.en
+        m.d.comb += [x_ctl.i_valid.eq(beat.valid), beat.ready.eq(en_x)]
+        x_offset = Signal(p.addr_width)          # the beat's offset within its row
+        with m.If(beat.valid & beat.ready):
+            m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
+        bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x, name="x_bias_m")
+        results = []
+        for lane in range(p.lanes):
+            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            add = FloatAdderCore(p.format, p.add_latency)
+            m.submodules[f"expert_mul{lane}"] = mul
+            m.submodules[f"expert_add{lane}"] = add
+            m.d.comb += [mul.a.eq(beat.payload.tag.scale), mul.b.eq(beat.payload.data[lane]),
+                         mul.en.eq(en_x),
+                         add.a.eq(mul.product), add.b.eq(bias), add.en.eq(en_x)]
+            results.append(add.sum)
+        latency = p.mul_latency + p.add_latency
+        x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, en_x, name="x_addr")
+        x_w_enable = delay(m, beat.payload.enable, latency, en_x, name="x_enable")
+        x_skid = m.submodules.expert_skid = SkidBuffer(p.write_layout())
+        m.d.comb += [
+            x_skid.i.valid.eq(x_ctl.o_valid),
+            x_ctl.o_ready.eq(x_skid.i.ready),
+            x_skid.i.payload.addr.eq(x_w_addr),
+            x_skid.i.payload.enable.eq(x_w_enable),
+        ]
+        for lane, value in enumerate(results):
+            m.d.comb += x_skid.i.payload.data[lane].eq(value)
+
+        # ---- the expert buffer's ports, shared by phase --------------------------------------
+        m.d.comb += [
+            # write: dispatch in phase 1, experts in phase 2
+            self.write.valid.eq(Mux(in_route, disp.write.valid, in_experts & x_skid.o.valid)),
+            self.write.payload.eq(Mux(in_route, disp.write.payload.as_value(),
+                                      x_skid.o.payload.as_value())),
+            disp.write.ready.eq(in_route & self.write.ready),
+            x_skid.o.ready.eq(in_experts & self.write.ready),
+            # read: experts in phase 2, combine in phase 3
+            self.read_request.valid.eq(Mux(in_experts, reader.request.valid,
+                                           in_combine & comb.read_request.valid)),
+            self.read_request.payload.eq(Mux(in_experts, reader.request.payload.as_value(),
+                                             comb.read_request.payload.as_value())),
+            reader.request.ready.eq(in_experts & self.read_request.ready),
+            comb.read_request.ready.eq(in_combine & self.read_request.ready),
+            reader.response.valid.eq(in_experts & self.read_response.valid),
+            comb.read_response.valid.eq(in_combine & self.read_response.valid),
+            reader.response.payload.eq(self.read_response.payload),
+            comb.read_response.payload.eq(self.read_response.payload),
+            self.read_response.ready.eq(Mux(in_experts, reader.response.ready,
+                                            in_combine & comb.read_response.ready)),
+        ]
+
+        # ---- control ----------------------------------------------------------------------------
+        too_big = ((self.tokens > p.max_tokens) | (self.hidden > p.max_hidden) |
+                   (self.k > p.max_k) | (self.num_experts > p.max_experts) |
+                   (self.capacity > p.max_capacity))
+        start = self.start & ~running & ~too_big & (self.tokens != 0)
+        start_pairs = Signal.like(pairs)
+        m.d.comb += start_pairs.eq(self.tokens * self.k)
+        m.d.comb += [
+            loc.start.eq(start),
+            loc.pairs.eq(start_pairs),
+            loc.num_experts.eq(self.num_experts),
+            loc.capacity.eq(self.capacity),
+            disp.start.eq(start),
+            disp.tokens.eq(start_pairs),
+            disp.hidden.eq(self.hidden),
+            disp.capacity.eq(self.capacity),
+            disp.num_experts.eq(self.num_experts),
+            comb.tokens.eq(tokens),
+            comb.hidden.eq(hidden),
+            comb.k.eq(k),
+            comb.capacity.eq(capacity),
+            comb.num_experts.eq(num_experts),
+        ]
+        route_done = (in_route & loc.done & disp.done & (~affine | (params_in == num_experts)))
+        run_experts = affine & (hidden != 0) & (work_in != 0)
+        experts_done = (in_experts & (work_out == work_in) & ~x_loaded & ~reader.busy &
+                        ~x_ctl.busy & ~x_skid.o.valid)
+        to_combine = (route_done & ~run_experts) | experts_done
+        m.d.comb += comb.start.eq(to_combine)
+        with m.If(route_done & run_experts):
+            m.d.sync += phase.eq(PHASES["experts"])
+        with m.If(to_combine):
+            m.d.sync += phase.eq(PHASES["combine"])
+        with m.If(in_combine & comb.done):
+            m.d.sync += [phase.eq(PHASES["idle"]), running.eq(0), self.done.eq(1)]
+
+        with m.If(self.start & ~running):
+            m.d.sync += [
+                tokens.eq(self.tokens), hidden.eq(self.hidden), k.eq(self.k),
+                num_experts.eq(self.num_experts), capacity.eq(self.capacity),
+                affine.eq(self.affine), pairs.eq(start_pairs),
+                beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
+                expert_span.eq(self.capacity * self.hidden),
+                w_token.eq(0), w_choice.eq(0), written.eq(0),
+                work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
+                params_in.eq(0), d_token.eq(0), d_choice.eq(0), d_pairs.eq(0), c_token.eq(0),
+                x_loaded.eq(0), x_offset.eq(0),
+                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+            ]
+            with m.If(too_big):
+                m.d.sync += [self.error.eq(1), self.done.eq(1)]
+            with m.Elif(self.tokens == 0):
+                m.d.sync += self.done.eq(1)
+            with m.Else():
+                m.d.sync += [running.eq(1), phase.eq(PHASES["route_dispatch"])]
+        return m

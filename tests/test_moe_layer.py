@@ -1,0 +1,218 @@
+"""The whole MoE layer (SPEC 1.8: locations -> dispatch -> affine experts -> combine, tutel's
+postscore form) on its emitted Verilog (cocotb, Verilator and Icarus), ONE cocotb run per case,
+every case with and without random valid/ready pauses on all seven streams (pairs, data, expert
+parameters, read request, read response, write, output), scored bit for bit against the
+chained golden ``golden.moe_layer`` with scoreboards over every output beat, every write and
+every read of the expert buffer; stall-free runs must take exactly the documented cycle count,
+phase by phase. Plus ``moe_hw.run``, Amaranth-simulator checks of the status outputs, and
+parameter and host errors."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
+
+from moe_hw import golden
+from moe_hw.golden.testing import bit_equal, random_floats
+from moe_hw.host.common import HostError
+from moe_hw.host.moe_layer import random_gate_matrix, run_moe_layer, score_moe_layer
+from moe_hw.params import ParameterError
+from moe_hw.run import run_unit
+from moe_hw.units.moe_layer import MoELayer, MoELayerParams
+
+from conftest import STALLS, simulator_params
+
+# One generous build per format serves every case (a Verilator build of the composite takes
+# minutes on a small machine).
+MAXIMA = dict(lanes=4, max_tokens=64, max_hidden=32, max_experts=16, max_capacity=64,
+              max_k=2)
+FP32 = MoELayerParams(format="fp32", **MAXIMA)
+BF16 = MoELayerParams(format="bf16", **MAXIMA)
+
+CASES = {
+    # DUET toy scale (seed 000: S=21, E=6, k=1, rows of L=16; d_model=8 is the width of the
+    # DUET experts' outputs, which an elementwise affine expert does not change, so H=16
+    # throughout). Default capacity k*ceil(1.25*S/E) = 5: some tokens drop.
+    "duet_toy": dict(tokens=21, experts=6, k=1, hidden=16),
+    # top-2 at random, H not a multiple of the lanes, default capacity.
+    "random_k2": dict(tokens=40, experts=5, k=2, hidden=29),
+    # Capacity drops and 10 of 16 experts empty; one-beat rows, so the location generator's
+    # read-out of 16 totals outlasts the dispatch.
+    "drops_empty_experts": dict(tokens=10, experts=16, k=2, hidden=3, capacity=2,
+                                experts_used=[1, 4, 5, 9, 12, 15]),
+    # Identity experts (no scale, no bias): the expert phase is skipped.
+    "identity": dict(tokens=33, experts=4, k=2, hidden=8, affine=False, specials=0.2),
+    # NaN, Inf, subnormals, -0.0 in the gates, the token rows, the scales and the biases.
+    "special_values": dict(tokens=24, experts=4, k=2, hidden=12, specials=0.3),
+    # A scale without a bias (the host substitutes bias -0.0, which adds exactly nothing).
+    "scale_only": dict(tokens=16, experts=3, k=2, hidden=6, bias=False, specials=0.2),
+    # Zero-element problems: no tokens; no hidden elements; no routed gate at all (k = 0);
+    # no capacity (every pair dropped, every output +0.0).
+    "zero_tokens": dict(tokens=0, experts=4, k=2, hidden=8, capacity=4),
+    "zero_hidden": dict(tokens=9, experts=4, k=2, hidden=0),
+    "zero_k": dict(tokens=7, experts=3, k=0, hidden=5, capacity=3),
+    "zero_capacity": dict(tokens=9, experts=4, k=2, hidden=8, capacity=0),
+}
+
+
+def problem(seed, *, tokens, experts, k, hidden, capacity=None, dtype=np.float32,
+            affine=True, scale=True, bias=True, specials=0.0, experts_used=None):
+    rng = np.random.default_rng(seed)
+    gates = random_gate_matrix(rng, tokens, experts, k, dtype, experts_used=experts_used,
+                               specials=specials) if k else np.zeros((tokens, experts), dtype)
+    data = random_floats(rng, (tokens, hidden), dtype, specials=specials)
+    a = random_floats(rng, (experts,), dtype, specials=specials) if affine and scale else None
+    b = random_floats(rng, (experts,), dtype, specials=specials) if affine and bias else None
+    return dict(gates=gates, input=data, capacity=capacity, expert_scale=a, expert_bias=b)
+
+
+def check(prob, params, sim, stall, seed=0):
+    run = run_moe_layer(**prob, params=params, sim=sim, stall=stall, seed=seed)
+    problems = score_moe_layer(run, **prob)
+    assert not problems, "\n".join(problems)
+    if stall == 0.0:
+        assert run.phase_cycles == run.expected_phase_cycles, \
+            f"phases took {run.phase_cycles}, formula {run.expected_phase_cycles}"
+        assert run.cycles == run.expected_cycles
+    else:
+        assert run.cycles > run.expected_cycles or run.cycles == 1
+    return run
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_moe_layer_cases(sim, case, stall):
+    run = check(problem(sorted(CASES).index(case), **CASES[case]), FP32, sim, stall, seed=5)
+    if case == "drops_empty_experts":
+        assert run.dropped > 0
+        if stall == 0.0:   # the location generator, not the dispatch, ends phase 1
+            assert run.expected_phase_cycles["route_dispatch"] == 10 * 2 + 16 + 4 + 1
+    if case == "identity":
+        assert run.phase_cycles["experts"] == 0
+    if case == "duet_toy":   # default capacity 1 * ceil(1.25 * 21 / 6) = 5 slots per expert
+        assert golden.capacity_from_factor(1.25, 21, 6, 1) == 5 and run.buffer.shape == (30, 16)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_moe_layer_bf16(sim, stall):
+    """bfloat16 with specials, top-2, a bias without a scale (the host substitutes 1.0)."""
+    prob = problem(11, tokens=30, experts=5, k=2, hidden=21, dtype=ml_dtypes.bfloat16,
+                   specials=0.2, scale=False)
+    check(prob, BF16, sim, stall, seed=3)
+
+
+def test_moe_layer_run_unit():
+    """``python -m moe_hw.run moe_layer`` (as a function) reproduces the golden chain; without
+    a capacity it takes the default factor 1.25."""
+    prob = problem(17, tokens=20, experts=4, k=2, hidden=10, specials=0.1)
+    arrays = {"gates": prob["gates"], "input": prob["input"],
+              "expert_scale": prob["expert_scale"], "expert_bias": prob["expert_bias"]}
+    settings = {name: getattr(FP32, name) for name in MAXIMA}
+    outputs, report = run_unit("moe_layer", arrays, settings)
+    want, dropped = golden.moe_layer(prob["gates"], prob["input"],
+                                     capacity=golden.capacity_from_factor(1.25, 20, 4, 2),
+                                     scale=prob["expert_scale"], bias=prob["expert_bias"])
+    assert set(outputs) == {"output", "dropped", "cycles"}
+    assert bit_equal(outputs["output"], want) and outputs["dropped"] == dropped
+    assert any(line.startswith("check: bit-exact") for line in report)
+    outputs, _ = run_unit("moe_layer", {k: v for k, v in arrays.items() if "expert" not in k},
+                          {**settings, "capacity": 3})
+    want, dropped = golden.moe_layer(prob["gates"], prob["input"], capacity=3)
+    assert bit_equal(outputs["output"], want) and outputs["dropped"] == dropped > 0
+
+
+# ---- Amaranth simulator: status outputs ------------------------------------------------------
+
+def test_moe_layer_status_pysim():
+    """A size past its maximum sets ``error`` and ``done`` one cycle after start and takes
+    nothing; S = 0 is done at once; a reset in the middle of a run returns the unit to idle
+    with nothing valid, and a start after that is taken."""
+    params = MoELayerParams(format="bf16", lanes=1, max_tokens=4, max_hidden=2, max_experts=2,
+                            max_capacity=4, max_k=1)
+    dut = MoELayer(params)
+    top = Module()
+    top.domains.sync = sync = ClockDomain()
+    top.submodules.dut = dut
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    outputs = (dut.output.valid, dut.write.valid, dut.read_request.valid)
+    inputs = (dut.pair.ready, dut.data.ready, dut.expert_params.ready)
+
+    async def start(ctx, tokens, hidden=2):
+        for port, value in ((dut.tokens, tokens), (dut.hidden, hidden), (dut.k, 1),
+                            (dut.num_experts, 2), (dut.capacity, 4), (dut.affine, 1)):
+            ctx.set(port, value)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+
+    async def bench(ctx):
+        for stream in (dut.pair, dut.data, dut.expert_params):
+            ctx.set(stream.valid, 1)
+        ctx.set(dut.output.ready, 1)
+        ctx.set(dut.write.ready, 1)
+        ctx.set(dut.read_request.ready, 1)
+        await start(ctx, 5)                       # S = 5 > max_tokens
+        assert ctx.get(dut.done) and ctx.get(dut.error) and not ctx.get(dut.busy)
+        assert not any(ctx.get(s) for s in inputs + outputs)
+        await start(ctx, 0)                       # S = 0
+        assert ctx.get(dut.done) and not ctx.get(dut.error) and not ctx.get(dut.busy)
+        await start(ctx, 3)
+        for _ in range(6):
+            await ctx.tick()
+        assert ctx.get(dut.busy) and ctx.get(dut.phase) == 1 and ctx.get(dut.dropped) == 0
+        ctx.set(sync.rst, 1)
+        await ctx.tick()
+        ctx.set(sync.rst, 0)
+        for _ in range(30):
+            assert not ctx.get(dut.busy) and not ctx.get(dut.done) and ctx.get(dut.phase) == 0
+            assert not any(ctx.get(s) for s in inputs + outputs)
+            await ctx.tick()
+        await start(ctx, 3, hidden=1)
+        assert ctx.get(dut.busy) and not ctx.get(dut.error)
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
+    (dict(format="fp64"), "Format must be one of fp32, fp16, bf16, not 'fp64'"),
+    (dict(max_k=0), "max_k must be an integer between 1 and 16, not 0"),
+    (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
+    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
+    (dict(index_width=12, max_tokens=4096, max_k=2, max_capacity=16),
+     "Index width must hold a location of max_tokens \\* max_k pairs"),
+])
+def test_moe_layer_parameter_errors(settings, message):
+    with pytest.raises(ParameterError if "Format" not in message else ValueError,
+                       match=message):
+        MoELayerParams(**settings)
+
+
+def test_moe_layer_host_errors():
+    prob = problem(0, tokens=4, experts=3, k=2, hidden=8)
+    gates, data = prob["gates"], prob["input"]
+    with pytest.raises(HostError, match=r"expert_scale must have shape \(3,\) \[E\]: the "
+                                        "hardware's experts apply one scale per expert"):
+        run_moe_layer(gates, data, capacity=4, expert_scale=np.ones((3, 8), np.float32))
+    with pytest.raises(HostError, match="expert_bias has dtype float16, but input has float32"):
+        run_moe_layer(gates, data, capacity=4, expert_bias=np.zeros(3, np.float16))
+    with pytest.raises(HostError, match="hidden = 8 exceeds the unit's maximum of 4"):
+        run_moe_layer(gates, data, capacity=4, params=MoELayerParams(max_hidden=4))
+    with pytest.raises(HostError, match="gates must be non-negative"):
+        run_moe_layer(-gates, data, capacity=4)
+    with pytest.raises(HostError, match="same number of nonzeros in every row"):
+        uneven = gates.copy()
+        uneven[0, :] = 0
+        run_moe_layer(uneven, data, capacity=4)
+    with pytest.raises(HostError, match="input must have 4 rows"):
+        run_moe_layer(gates, data[:3], capacity=4)
+    with pytest.raises(HostError, match="the unit's format is bf16"):
+        run_moe_layer(gates, data, capacity=4, params=BF16)
