@@ -7,7 +7,7 @@ the value, in the style "lanes must be 1, 2, 4, 8 or 16, not 3".
 
 import operator
 
-__all__ = ["ParameterError", "check_int", "check_choice", "LANES"]
+__all__ = ["ParameterError", "check_int", "check_choice", "resolve_params", "LANES"]
 
 LANES = (1, 2, 4, 8, 16)
 
@@ -40,3 +40,13 @@ def check_choice(name, value, choices):
         listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
         raise ParameterError(f"{_describe(name)} must be {listed}, not {value!r}")
     return value
+
+
+def resolve_params(params_class, params, kwargs):
+    """A unit's parameter object: ``params`` as given, or built from keyword parameters."""
+    if params is None:
+        return params_class(**kwargs)
+    if kwargs:
+        raise TypeError(f"Pass either a {params_class.__name__} or keyword parameters, "
+                        "not both")
+    return params

@@ -84,7 +84,7 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
 from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
 from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int
+from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 from .row_reader import RowReader, last_enable_of, request_layout, response_layout
 
@@ -205,11 +205,7 @@ class CombineGatherUnit(wiring.Component):
     COMMAND_LATENCY = 3
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = self.PARAMS(**kwargs)
-        elif kwargs:
-            raise TypeError(f"Pass either a {self.PARAMS.__name__} or keyword parameters, "
-                            "not both")
+        params = resolve_params(self.PARAMS, params, kwargs)
         assert self.SUM_START in SUM_STARTS
         self.params = p = params
         super().__init__({

@@ -91,7 +91,7 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
 from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
 from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int
+from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
@@ -228,10 +228,7 @@ class CombineScatterUnit(wiring.Component):
     read-modify-write hazard. See the module docstring for the protocol and timing."""
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = CombineScatterParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a CombineScatterParams or keyword parameters, not both")
+        params = resolve_params(CombineScatterParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "header": In(stream.Signature(p.header_layout())),

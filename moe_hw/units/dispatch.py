@@ -50,7 +50,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
 from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int
+from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["DispatchParams", "DispatchUnit"]
@@ -121,10 +121,7 @@ class DispatchUnit(wiring.Component):
     HEADER_LATENCY = 2
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = DispatchParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a DispatchParams or keyword parameters, not both")
+        params = resolve_params(DispatchParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "header": In(stream.Signature(p.header_layout())),

@@ -77,7 +77,7 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
 from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
 from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int
+from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["BackwardGateParams", "DispatchBackwardGateUnit"]
@@ -222,10 +222,7 @@ class DispatchBackwardGateUnit(wiring.Component):
     module docstring for the protocol, the interleaving and the timing."""
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = BackwardGateParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a BackwardGateParams or keyword parameters, not both")
+        params = resolve_params(BackwardGateParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "header": In(stream.Signature(p.header_layout())),

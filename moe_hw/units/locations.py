@@ -50,7 +50,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from ..params import ParameterError, check_int
+from ..params import ParameterError, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer
 from .counter_bank import CounterBank
 
@@ -103,10 +103,7 @@ class LocationsUnit(wiring.Component):
     bank stage, the output skid buffer and the done register."""
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = LocationsParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a LocationsParams or keyword parameters, not both")
+        params = resolve_params(LocationsParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "index": In(stream.Signature(p.index_layout())),

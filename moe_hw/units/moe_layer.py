@@ -112,7 +112,7 @@ from amaranth.utils import ceil_log2
 from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
 from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
 from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int
+from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
@@ -254,10 +254,7 @@ class MoELayer(wiring.Component):
     PHASE_EXIT = 1
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = MoELayerParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a MoELayerParams or keyword parameters, not both")
+        params = resolve_params(MoELayerParams, params, kwargs)
         self.params = p = params
         # The sub-units, built here so that their cycle formulas serve :meth:`phase_cycles`.
         # They are used exactly when the layer is; Amaranth's unused-object check is the

@@ -50,7 +50,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..params import LANES, ParameterError, check_choice, check_int
+from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl
 from .row_reader import RowReader, last_enable_of, request_layout, response_layout
 
@@ -106,10 +106,7 @@ class SparseGatherUnit(wiring.Component):
     HEADER_LATENCY = 1
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = SparseGatherParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a SparseGatherParams or keyword parameters, not both")
+        params = resolve_params(SparseGatherParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "header": In(stream.Signature(p.header_layout())),

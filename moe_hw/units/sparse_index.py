@@ -76,7 +76,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from ..formats import float_format
-from ..params import LANES, check_choice, check_int
+from ..params import LANES, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer
 from .counter_bank import CounterBank
 from .prefix_sum import PrefixSum
@@ -157,10 +157,7 @@ class SparseIndexUnit(wiring.Component):
     stage, the prefix sum's register, the part_sizes skid buffer and the done register."""
 
     def __init__(self, params=None, **kwargs):
-        if params is None:
-            params = SparseIndexParams(**kwargs)
-        elif kwargs:
-            raise TypeError("Pass either a SparseIndexParams or keyword parameters, not both")
+        params = resolve_params(SparseIndexParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "rows": In(stream.Signature(p.row_layout())),
