@@ -81,11 +81,12 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
-from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..arith.fadd import FloatAdderCore
+from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
+from .float_params import FloatDatapathParams
 from .row_reader import RowReader, last_enable_of, request_layout, response_layout
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
@@ -95,7 +96,7 @@ SUM_STARTS = ("zero", "first")
 
 
 @dataclass(frozen=True)
-class CombineGatherParams:
+class CombineGatherParams(FloatDatapathParams):
     """Generation-time parameters of :class:`CombineGatherUnit` (and of the backward-data unit,
     which is the same hardware)."""
 
@@ -134,19 +135,6 @@ class CombineGatherParams:
         if self.window is not None:
             check_int("window", self.window, minimum=1, maximum=256)
         check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
-
-    @property
-    def fmt(self):
-        return float_format(self.format)
-
-    @property
-    def mul_latency(self):
-        return (DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None
-                else self.mul_stages)
-
-    @property
-    def add_latency(self):
-        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None else self.add_stages
 
     @property
     def window_items(self):

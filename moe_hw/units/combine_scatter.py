@@ -88,11 +88,12 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
-from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..arith.fadd import FloatAdderCore
+from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
+from .float_params import FloatDatapathParams
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
 
@@ -101,7 +102,7 @@ _FIFO_LATENCY = 2
 
 
 @dataclass(frozen=True)
-class CombineScatterParams:
+class CombineScatterParams(FloatDatapathParams):
     """Generation-time parameters of :class:`CombineScatterUnit`."""
 
     format: str = "fp32"
@@ -130,20 +131,6 @@ class CombineScatterParams:
         for name in ("mul_stages", "add_stages"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), minimum=0, maximum=8)
-
-    @property
-    def fmt(self):
-        return float_format(self.format)
-
-    @property
-    def mul_latency(self):
-        return DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None \
-            else self.mul_stages
-
-    @property
-    def add_latency(self):
-        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None \
-            else self.add_stages
 
     @property
     def addr_width(self):

@@ -48,16 +48,17 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
+from .float_params import FloatDatapathParams
 
 __all__ = ["DispatchParams", "DispatchUnit"]
 
 
 @dataclass(frozen=True)
-class DispatchParams:
+class DispatchParams(FloatDatapathParams):
     """Generation-time parameters of :class:`DispatchUnit`."""
 
     format: str = "fp32"
@@ -85,12 +86,8 @@ class DispatchParams:
             check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
 
     @property
-    def fmt(self):
-        return float_format(self.format)
-
-    @property
     def stages(self):
-        return DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None else self.mul_stages
+        return self.mul_latency
 
     @property
     def addr_width(self):

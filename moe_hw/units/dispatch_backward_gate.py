@@ -74,11 +74,12 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
-from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..arith.fadd import FloatAdderCore
+from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
+from .float_params import FloatDatapathParams
 
 __all__ = ["BackwardGateParams", "DispatchBackwardGateUnit"]
 
@@ -87,7 +88,7 @@ _FIFO_LATENCY = 2
 
 
 @dataclass(frozen=True)
-class BackwardGateParams:
+class BackwardGateParams(FloatDatapathParams):
     """Generation-time parameters of :class:`DispatchBackwardGateUnit`."""
 
     format: str = "fp32"
@@ -124,20 +125,6 @@ class BackwardGateParams:
             # The accumulation interleaves add_stages pairs; a combinational adder would close
             # a combinational loop through its own output.
             check_int("add_stages", self.add_stages, minimum=1, maximum=8)
-
-    @property
-    def fmt(self):
-        return float_format(self.format)
-
-    @property
-    def mul_latency(self):
-        return DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None \
-            else self.mul_stages
-
-    @property
-    def add_latency(self):
-        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None \
-            else self.add_stages
 
     @property
     def interleave(self):

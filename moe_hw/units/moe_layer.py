@@ -109,13 +109,14 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore
-from ..arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplierCore
+from ..arith.fadd import FloatAdderCore
+from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
+from .float_params import FloatDatapathParams
 from .locations import LocationsParams, LocationsUnit
 from .row_reader import RowReader, last_enable_of, request_layout, response_layout
 
@@ -126,7 +127,7 @@ PHASES = {"idle": 0, "route_dispatch": 1, "experts": 2, "combine": 3}
 
 
 @dataclass(frozen=True)
-class MoELayerParams:
+class MoELayerParams(FloatDatapathParams):
     """Generation-time parameters of :class:`MoELayer`."""
 
     format: str = "fp32"
@@ -166,19 +167,6 @@ class MoELayerParams:
         if self.add_stages is not None:
             check_int("add_stages", self.add_stages, minimum=1, maximum=8)
         check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
-
-    @property
-    def fmt(self):
-        return float_format(self.format)
-
-    @property
-    def mul_latency(self):
-        return (DEFAULT_MULTIPLIER_STAGES[self.format] if self.mul_stages is None
-                else self.mul_stages)
-
-    @property
-    def add_latency(self):
-        return DEFAULT_ADDER_STAGES[self.format] if self.add_stages is None else self.add_stages
 
     @property
     def max_pairs(self):
