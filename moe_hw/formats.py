@@ -67,7 +67,9 @@ def float_format(name):
     try:
         return FORMATS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"Format must be one of {', '.join(FORMATS)}, not {name!r}") from None
+        from .params import ParameterError, check_choice
+        check_choice("format", name, tuple(FORMATS))
+        raise ParameterError(f"format must be a format name, not {name!r}") from None
 
 
 def to_bits(array, fmt):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .cli import parse_sets, run_main
 from .flows.emit import write_unit
-from .registry import design_points, make_params, unit_or_point, units
+from .registry import design_points, unit_or_point, units
 
 __all__ = ["main", "emit"]
 
@@ -22,7 +22,8 @@ def _list():
     for unit in units().values():
         print(f"\n  {unit.name}: {unit.summary}")
         for field in dataclasses.fields(unit.params):
-            print(f"      {field.name:<14} default {field.default!r}")
+            doc = field.metadata.get("doc", "")
+            print(f"      {field.name:<16} default {field.default!r:<8} {doc}".rstrip())
     print("\nDesign points (gen/*.toml; python -m moe_hw.gen emit POINT --out DIR):")
     for point in design_points().values():
         print(f"  {point.name:<12} {point.unit:<10} {point.description}")
@@ -31,7 +32,7 @@ def _list():
 def emit(name, out_dir, settings=None):
     """Emit unit or design point ``name`` into ``out_dir``; return the written paths."""
     unit, point = unit_or_point(name)
-    params = make_params(unit, settings or {}, base=point.params if point else None)
+    params = unit.make_params(settings, base=point.params if point else None)
     component = unit.build(params)
     return write_unit(component, unit.name, Path(out_dir), unit=unit.name, params=params,
                       runtime=point.problem if point else None)

@@ -14,7 +14,7 @@ async def dispatch(dut):
     run = Run()
     s, st = run.settings, run.stimulus
     lanes, width = s["lanes"], s["width"]
-    hidden, capacity, num_experts, tokens = s["hidden"], s["capacity"], s["num_experts"], s["tokens"]
+    hidden, capacity, num_experts, pairs = s["hidden"], s["capacity"], s["num_experts"], s["pairs"]
     beats = -(-hidden // lanes)
 
     header = run.layout("header__payload")
@@ -29,14 +29,14 @@ async def dispatch(dut):
     if not s["feed"]:                    # zero-element problem: nothing is offered
         headers, beat_words = [], []
 
-    await reset(dut, inputs=["start", "tokens", "hidden", "capacity", "num_experts"])
+    await reset(dut, inputs=["start", "pairs", "hidden", "capacity", "num_experts"])
     stall, seed = s["stall"], s["seed"]
     header_source = StreamSource(dut, "header", headers, Pauses(stall, seed))
     data_source = StreamSource(dut, "data", beat_words, Pauses(stall, seed + 1))
     sink = StreamSink(dut, "write", Pauses(stall, seed + 2))
     actors = [header_source, data_source, sink]
 
-    dut.tokens.value = tokens
+    dut.pairs.value = pairs
     dut.hidden.value = hidden
     dut.capacity.value = capacity
     dut.num_experts.value = num_experts

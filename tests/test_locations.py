@@ -16,7 +16,7 @@ from moe_hw.host.locations import (benchmark, random_indices, run_locations,
 from moe_hw.params import ParameterError
 from moe_hw.registry import units
 from moe_hw.run import run_unit
-from moe_hw.units.counter_bank import CounterBank
+from moe_hw.blocks.counter_bank import CounterBank
 from moe_hw.units.locations import LocationsParams, LocationsUnit
 
 from conftest import STALLS, simulator_params

@@ -19,7 +19,7 @@ from moe_hw.host.sparse import (benchmark, collect, random_gates, run_sparse_ind
 from moe_hw.params import ParameterError
 from moe_hw.registry import units
 from moe_hw.run import run_unit
-from moe_hw.units.prefix_sum import PrefixSum
+from moe_hw.blocks.prefix_sum import PrefixSum
 from moe_hw.units.sparse_index import SparseIndexParams, SparseIndexUnit, gate_class
 
 from conftest import STALLS, simulator_params

@@ -45,6 +45,7 @@ class FloatAdderCore(FloatCore):
     """
 
     result_name = "sum"
+    stages_name = "add_stages"
     default_stages = DEFAULT_ADDER_STAGES
 
     def elaborate(self, platform):

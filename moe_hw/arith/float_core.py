@@ -19,7 +19,6 @@ Conventions shared by the helpers:
   bit (the OR of everything shifted out below it).
 """
 
-import operator
 from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
@@ -28,6 +27,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..formats import float_format
+from ..params import check_int
 from ..stream.pipeline import PipelineControl, delay
 
 __all__ = [
@@ -38,16 +38,9 @@ __all__ = [
 ]
 
 
-def pipeline_depth(stages):
-    """Validate a pipeline depth: a non-negative integer."""
-    try:
-        depth = operator.index(stages)
-    except TypeError:
-        raise TypeError(f"Pipeline depth must be a non-negative integer, not {stages!r}") \
-            from None
-    if depth < 0:
-        raise ValueError(f"Pipeline depth must be a non-negative integer, not {stages!r}")
-    return depth
+def pipeline_depth(stages, name="stages"):
+    """Validate a pipeline depth ``name``: an integer from 0 to 16."""
+    return check_int(name, stages, minimum=0, maximum=16)
 
 
 def operand_layout(fmt):
@@ -72,11 +65,12 @@ class FloatCore(wiring.Component):
 
     result_name = None
     default_stages = None
+    stages_name = "stages"       # the depth's name in the vocabulary: mul_stages, add_stages
 
     def __init__(self, format, stages=None):
         self._fmt = float_format(format)
         self._stages = (self.default_stages[self._fmt.name] if stages is None
-                        else pipeline_depth(stages))
+                        else pipeline_depth(stages, self.stages_name))
         width = self._fmt.width
         super().__init__({
             "a": In(width),
@@ -115,7 +109,7 @@ class FloatStreamUnit(wiring.Component):
     def __init__(self, format, stages=None):
         self._fmt = float_format(format)
         self._stages = (self.core_class.default_stages[self._fmt.name] if stages is None
-                        else pipeline_depth(stages))
+                        else pipeline_depth(stages, self.core_class.stages_name))
         super().__init__({
             "i": In(stream.Signature(operand_layout(self._fmt))),
             "o": Out(stream.Signature(result_layout(self._fmt, self.core_class.result_name))),

@@ -39,6 +39,7 @@ class FloatMultiplierCore(FloatCore):
     """
 
     result_name = "product"
+    stages_name = "mul_stages"
     default_stages = DEFAULT_MULTIPLIER_STAGES
 
     def elaborate(self, platform):

@@ -2,8 +2,12 @@
 
 ``simulate()`` is the one host-side entry for running a unit: it emits the Verilog and the
 manifest, builds the simulator model once per distinct Verilog text (cached under the build
-root), writes the stimulus to an ``.npz`` file, runs the unit's cocotb bench from ``sim/`` and
-returns the bench's results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it.
+root), writes the stimulus to an ``.npz`` file, runs the unit's cocotb bench from the benches
+folder (``sim/`` in the source tree, ``moe_hw.sim`` when installed) and returns the bench's
+results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it.
+
+The build root is ``$MOE_HW_BUILD_DIR`` when set, else ``build/`` in a source checkout, else
+``~/.cache/moe_hw/build`` (an installed package).
 """
 
 import fcntl
@@ -19,7 +23,7 @@ import numpy as np
 
 from .emit import emit_verilog, port_manifest
 
-__all__ = ["SIMULATORS", "simulator_available", "simulate", "SimulationError", "repo_root"]
+__all__ = ["SIMULATORS", "simulator_available", "simulate", "SimulationError", "build_root"]
 
 SIMULATORS = ("verilator", "icarus")
 
@@ -28,21 +32,21 @@ class SimulationError(RuntimeError):
     pass
 
 
-def repo_root():
-    return Path(__file__).resolve().parents[2]
-
-
 def _sim_dir():
-    path = repo_root() / "sim"
+    from .. import sim
+    path = Path(sim.__file__).parent
     if not (path / "harness.py").is_file():
-        raise SimulationError(
-            f"The cocotb benches were not found at {path}; moe_hw simulation needs the source "
-            "checkout installed in place (pip install -e .)")
+        raise SimulationError(f"the cocotb benches are missing from {path}; reinstall moe_hw")
     return path
 
 
 def build_root():
-    return Path(os.environ.get("MOE_HW_BUILD_DIR", repo_root() / "build"))
+    if "MOE_HW_BUILD_DIR" in os.environ:
+        return Path(os.environ["MOE_HW_BUILD_DIR"])
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "sim").is_dir():
+        return checkout / "build"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moe_hw" / "build"
 
 
 def _setup_verilator():
@@ -106,33 +110,31 @@ def _build_model(runner, sim, verilog_text, top, build_dir, progress):
                  log_file=build_dir / "build.log")
 
 
-_VERILOG = {}
+_DESIGNS = {}
 
 
-def _verilog(component, top):
-    """The emitted Verilog, remembered per (class, parameters) within this process: emission
-    takes seconds for the wider units, and tests run one design many times."""
-    params = getattr(component, "params", None)
-    if params is None and hasattr(component, "format") and hasattr(component, "stages"):
-        params = (str(component.format), component.stages)
-    try:
-        key = (type(component), params, top) if params is not None else None
-        hash(key)
-    except TypeError:
-        key = None
-    if key is None:
-        return emit_verilog(component, top)
-    if key not in _VERILOG:
-        _VERILOG[key] = emit_verilog(component, top)
-    else:
-        # The component is not elaborated here; say so to Amaranth's unused-object check.
-        component._MustUse__silence = True
-    return _VERILOG[key]
+def _design(component, key, top):
+    """``(Verilog text, port manifest, latency)`` of ``component`` (a component, or a
+    zero-argument function that builds one). With a ``key`` (hashable: the class and its
+    parameters), the result is remembered within this process and the function is called
+    only once: emission takes seconds for the wider units, and tests run one design often."""
+    if key is not None and (key, top) in _DESIGNS:
+        return _DESIGNS[key, top]
+    if callable(component) and not hasattr(component, "elaborate"):
+        component = component()
+    design = (emit_verilog(component, top), port_manifest(component),
+              getattr(component, "latency", None))
+    if key is not None:
+        _DESIGNS[key, top] = design
+    return design
 
 
 def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
-             progress=None):
+             progress=None, key=None):
     """Run ``component`` (emitted as module ``top``) under the cocotb bench module ``bench``.
+
+    ``component`` is a component or a function that builds one; with ``key`` (see
+    :func:`_design`) the emitted design is reused within the process.
 
     ``stimulus`` is a dict of arrays handed to the bench; ``settings`` a JSON-able dict. The bench
     writes its results (a dict of arrays) which are returned. ``progress``, if given, is
@@ -146,18 +148,16 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
     sim_dir = str(_sim_dir())
     if sim_dir not in sys.path:
         sys.path.insert(0, sim_dir)
-    verilog_text = _verilog(component, top)
+    verilog_text, ports, latency = _design(component, key, top)
     runner, build_dir = _build(sim, verilog_text, top, progress)
     runs = build_dir / "runs"
     runs.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=runs) as run_dir:
         run_dir = Path(run_dir)
         np.savez(run_dir / "stimulus.npz", **stimulus)
-        manifest = {"top": top, "ports": port_manifest(component),
-                    "settings": settings or {}}
-        for attr in ("latency",):
-            if hasattr(component, attr):
-                manifest[attr] = getattr(component, attr)
+        manifest = {"top": top, "ports": ports, "settings": settings or {}}
+        if latency is not None:
+            manifest["latency"] = latency
         (run_dir / "manifest.json").write_text(json.dumps(manifest))
         log_file = run_dir / "sim.log"
         if progress:

@@ -22,7 +22,7 @@ from ..golden._common import float_array, index_array, routing_arrays, slot_rows
 from ..registry import Unit
 from ..units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
 from ..units.dispatch_backward_data import DispatchBackwardDataParams, DispatchBackwardDataUnit
-from ..units.row_reader import last_enable, row_beats
+from ..blocks.row_reader import last_enable, row_beats
 from ..units.sparse_gather import ELEMENT_WIDTHS, SparseGatherParams, SparseGatherUnit
 from .common import HostError, format_of, need, runtime_int
 

@@ -18,7 +18,7 @@ from ..golden._common import add, float_array, mul, slot_rows
 from ..registry import Unit
 from ..units.combine_gather import gather_schedule
 from ..units.moe_layer import PHASES, MoELayer, MoELayerParams
-from ..units.row_reader import last_enable, row_beats
+from ..blocks.row_reader import last_enable, row_beats
 from .common import HostError, format_of, need, runtime_int
 from .dispatch import expected_writes
 

@@ -8,7 +8,9 @@ cost throughput: with ``o_ready`` high the pipeline accepts one item per cycle, 
 output stage never blocks the input.
 """
 
-from amaranth.hdl import Cat, Elaboratable, Module, Signal
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
 __all__ = ["PipelineControl", "delay"]
 
@@ -23,7 +25,7 @@ def delay(m, value, latency, en, *, name="delayed"):
     return value
 
 
-class PipelineControl(Elaboratable):
+class PipelineControl(wiring.Component):
     """Valid tracking and stall for a ``latency``-stage pipeline.
 
     Inputs ``i_valid`` (an item enters) and ``o_ready`` (the consumer takes the item at the
@@ -33,11 +35,8 @@ class PipelineControl(Elaboratable):
 
     def __init__(self, latency):
         self.latency = latency
-        self.i_valid = Signal()
-        self.o_ready = Signal()
-        self.en = Signal()
-        self.o_valid = Signal()
-        self.busy = Signal()
+        super().__init__({"i_valid": In(1), "o_ready": In(1),
+                          "en": Out(1), "o_valid": Out(1), "busy": Out(1)})
 
     def elaborate(self, platform):
         m = Module()

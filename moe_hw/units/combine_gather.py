@@ -86,8 +86,8 @@ from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
-from .float_params import FloatDatapathParams
-from .row_reader import RowReader, last_enable_of, request_layout, response_layout
+from ..arith.params import FloatDatapathParams
+from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
 

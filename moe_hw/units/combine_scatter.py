@@ -93,7 +93,7 @@ from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
-from .float_params import FloatDatapathParams
+from ..arith.params import FloatDatapathParams
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
 

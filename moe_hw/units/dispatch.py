@@ -17,28 +17,29 @@ Streams and ports (payload fields are listed least significant first):
     The memory write port: ``addr`` is the element address of lane 0, ``data`` the gated
     elements, ``enable`` the lane enables (lane l writes element ``addr + l``). The last beat
     of a pair carries partial enables when H is not a multiple of ``lanes``.
-``start``, ``tokens``, ``hidden``, ``capacity``, ``num_experts`` (in)
-    Run-time problem size, sampled when ``start`` is high while idle. ``tokens`` is the
-    number of headers (S, or k*S for top-k).
+``start``, ``pairs``, ``hidden``, ``capacity``, ``num_experts`` (in)
+    Run-time problem size, sampled when ``start`` is high while idle (the shared
+    :class:`~moe_hw.blocks.run_control.RunControl`). ``pairs`` is the number of headers
+    (S, or k*S for top-k).
 ``busy``, ``done``, ``dropped``, ``error`` (out)
     ``done`` rises when the last write has left and stays high until the next start.
     ``dropped`` counts the pairs that fail the mask. ``error`` is set when a run-time size
     exceeds its generation-time maximum; such a run does nothing.
 
-Zero-element problems (``tokens``, ``hidden``, ``capacity`` or ``num_experts`` zero) finish at
+Zero-element problems (``pairs``, ``hidden``, ``capacity`` or ``num_experts`` zero) finish at
 once: ``done`` one cycle after start, no stream is read, nothing is written. ``dropped`` then
-reads ``tokens`` when the capacity or the expert count is zero (every pair fails the mask) and
+reads ``pairs`` when the capacity or the expert count is zero (every pair fails the mask) and
 0 when ``hidden`` is zero (no pair carries data).
 
 Throughput: one data beat per cycle when nothing stalls, including back-to-back one-beat
-tokens; a stall anywhere costs only the cycles it lasts. Stall-free, a run of ``tokens``
-pairs takes exactly ``tokens * ceil(H / lanes) + overhead`` cycles from the start cycle to
+pairs; a stall anywhere costs only the cycles it lasts. Stall-free, a run of ``pairs``
+pairs takes exactly ``pairs * ceil(H / lanes) + overhead`` cycles from the start cycle to
 the cycle ``done`` is first seen (see :attr:`DispatchUnit.overhead`).
 
-Pipeline: header stage 1 checks the mask and forms ``slot = index*C + location``; header
-stage 2 forms ``base = slot*H``; the current-pair register walks ``addr`` from ``base`` in
-steps of ``lanes``; ``lanes`` float multipliers form ``gate * element``; a skid buffer drives
-``write`` so that ``write.ready`` has no combinational path to the inputs.
+Pipeline: the shared :class:`~moe_hw.blocks.slot_address.SlotAddress` checks the mask and
+forms ``(index*C + location)*H`` in two stages; the current-pair register walks ``addr`` from
+there in steps of ``lanes``; ``lanes`` float multipliers form ``gate * element``; a skid
+buffer drives ``write`` so that ``write.ready`` has no combinational path to the inputs.
 """
 
 from dataclasses import dataclass
@@ -46,48 +47,47 @@ from dataclasses import dataclass
 from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
+from amaranth.utils import ceil_log2
 
 from ..arith.fmul import FloatMultiplierCore
-from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..blocks.row_reader import last_enable_of
+from ..blocks.run_control import RunControl, run_ports
+from ..blocks.slot_address import SlotAddress
+from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
-from .float_params import FloatDatapathParams
 
 __all__ = ["DispatchParams", "DispatchUnit"]
 
 
 @dataclass(frozen=True)
-class DispatchParams(FloatDatapathParams):
+class DispatchParams(FloatDatapathParams, UnitParams):
     """Generation-time parameters of :class:`DispatchUnit`."""
 
-    format: str = "fp32"
-    lanes: int = 4
-    max_tokens: int = 4096
-    max_hidden: int = 4096
-    max_capacity: int = 4096
-    max_experts: int = 64
-    index_width: int = 32
-    mul_stages: int | None = None  # None: the multiplier's default depth for the format
+    ALIASES = {"max_tokens": "max_pairs"}
 
-    def __post_init__(self):
-        float_format(self.format)
-        check_choice("lanes", self.lanes, LANES)
-        for name in ("max_tokens", "max_hidden", "max_capacity", "max_experts"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        limit = 1 << (self.index_width - 1)
-        for name in ("max_capacity", "max_experts"):
-            if getattr(self, name) > limit:
-                raise ParameterError(
-                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
-                    f"not {self.index_width}")
-        if self.mul_stages is not None:
-            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_pairs: int = param(4096, minimum=1, maximum=1 << 30, doc="headers per run (k*S)")
+    max_hidden: int = param(4096, minimum=1, maximum=1 << 30)
+    max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
+    max_experts: int = param(64, minimum=1, maximum=1 << 30)
+    index_width: int = param(32, minimum=2, maximum=64)
+    mul_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+                                   doc="None: the multiplier's default depth for the format")
+
+    def check(self):
+        self.check_signed_fits("index_width", "max_capacity", "max_experts")
 
     @property
     def stages(self):
         return self.mul_latency
+
+    @property
+    def overhead(self):
+        """Stall-free cycles beyond one per data beat: start, slot address, current-pair
+        register, multiplier, skid buffer, done register."""
+        return 1 + SlotAddress.latency + 1 + self.stages + 1 + 1
 
     @property
     def addr_width(self):
@@ -115,8 +115,6 @@ class DispatchUnit(wiring.Component):
     """Streaming dispatch with ``(index*capacity + location)*hidden`` address generation,
     bounds masks and a gate-multiply pipeline. See the module docstring for the protocol."""
 
-    HEADER_LATENCY = 2
-
     def __init__(self, params=None, **kwargs):
         params = resolve_params(DispatchParams, params, kwargs)
         self.params = p = params
@@ -124,16 +122,16 @@ class DispatchUnit(wiring.Component):
             "header": In(stream.Signature(p.header_layout())),
             "data": In(stream.Signature(p.data_layout())),
             "write": Out(stream.Signature(p.write_layout())),
-            "start": In(1),
-            "tokens": In(range(p.max_tokens + 1)),
-            "hidden": In(range(p.max_hidden + 1)),
-            "capacity": In(range(p.max_capacity + 1)),
-            "num_experts": In(range(p.max_experts + 1)),
-            "busy": Out(1),
-            "done": Out(1),
-            "dropped": Out(range(p.max_tokens + 1)),
-            "error": Out(1),
+            **run_ports(self.sizes),
+            "dropped": Out(range(p.max_pairs + 1)),
         })
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"pairs": p.max_pairs, "hidden": p.max_hidden, "capacity": p.max_capacity,
+                "num_experts": p.max_experts}
 
     @property
     def latency(self):
@@ -142,57 +140,46 @@ class DispatchUnit(wiring.Component):
 
     @property
     def overhead(self):
-        """Stall-free cycles beyond one per data beat: start, header pipeline, current-pair
-        register, multiplier, skid buffer, done register."""
-        return 1 + self.HEADER_LATENCY + 1 + self.params.stages + 1 + 1
+        """Stall-free cycles beyond one per data beat (:attr:`DispatchParams.overhead`)."""
+        return self.params.overhead
 
     def elaborate(self, platform):
         m = Module()
         p = self.params
         lanes_log2 = ceil_log2(p.lanes)
 
-        # Run-time sizes, held for the whole run.
-        tokens = Signal.like(self.tokens)
-        hidden = Signal.like(self.hidden)
-        capacity = Signal.like(self.capacity)
-        num_experts = Signal.like(self.num_experts)
+        # ---- run control: start, held sizes, done / error ---------------------------------
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=self.sizes)
+        ctl.connect(m, self)
+        running = ctl.running
+        hidden = ctl.size("hidden")
         beats = Signal(range(-(-p.max_hidden // p.lanes) + 1))  # data beats per pair
         last_enable = Signal(p.lanes)                              # lane enables of the last beat
-        running = Signal()
-        headers_left = Signal.like(self.tokens)
-        pairs_left = Signal.like(self.tokens)
+        headers_left = Signal.like(self.pairs)
+        pairs_left = Signal.like(self.pairs)
 
-        # ---- start / finish ------------------------------------------------------------
-        too_big = ((self.tokens > p.max_tokens) | (self.hidden > p.max_hidden) |
-                   (self.capacity > p.max_capacity) | (self.num_experts > p.max_experts))
-        empty = ((self.tokens == 0) | (self.hidden == 0) | (self.capacity == 0) |
-                 (self.num_experts == 0))
-        remainder = self.hidden[:lanes_log2] if lanes_log2 else Const(0, 1)
-        start = self.start & ~running
-
-        # ---- header pipeline: mask and slot, then base address ---------------------------
+        # ---- header pipeline: mask and slot address -----------------------------------------
         header = self.header.payload
-        header_ctl = m.submodules.header_ctl = PipelineControl(self.HEADER_LATENCY)
+        header_ctl = m.submodules.header_ctl = PipelineControl(SlotAddress.latency)
         header_open = running & (headers_left != 0)
         m.d.comb += [
             header_ctl.i_valid.eq(self.header.valid & header_open),
             self.header.ready.eq(header_ctl.en & header_open),
         ]
         en_h = header_ctl.en
-        in_range = ((header.index >= 0) & (header.index < num_experts) &
-                    (header.location >= 0) & (header.location < capacity))
-        slot_width = max(1, ceil_log2(p.max_experts * p.max_capacity))
-        slot = Signal(slot_width)
-        index_bits = max(1, bits_for(p.max_experts - 1))
-        location_bits = max(1, bits_for(p.max_capacity - 1))
-        with m.If(en_h):
-            m.d.sync += slot.eq(header.index.as_unsigned()[:index_bits] * capacity +
-                                header.location.as_unsigned()[:location_bits])
-        base = Signal(p.addr_width)
-        with m.If(en_h):
-            m.d.sync += base.eq(slot * hidden)
-        h_gate = delay(m, header.gate, 2, en_h, name="h_gate")
-        h_valid = delay(m, in_range, 2, en_h, name="h_in_range")
+        slot_address = m.submodules.slot_address = SlotAddress(
+            index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
+            max_hidden=p.max_hidden, addr_width=p.addr_width)
+        m.d.comb += [
+            slot_address.en.eq(en_h),
+            slot_address.index.eq(header.index), slot_address.location.eq(header.location),
+            slot_address.capacity.eq(ctl.size("capacity")),
+            slot_address.num_experts.eq(ctl.size("num_experts")),
+            slot_address.hidden.eq(hidden),
+        ]
+        base = slot_address.address
+        h_valid = slot_address.in_range
+        h_gate = delay(m, header.gate, SlotAddress.latency, en_h, name="h_gate")
 
         # ---- current pair: walks the addresses of its beats ------------------------------
         mul_ctl = m.submodules.mul_ctl = PipelineControl(p.stages)
@@ -254,27 +241,18 @@ class DispatchUnit(wiring.Component):
             m.d.comb += skid.i.payload.beat.data[lane].eq(product)
 
         # ---- control -----------------------------------------------------------------------
-        finished = (running & (pairs_left == 0) & ~mul_ctl.busy & ~skid.o.valid)
-        m.d.comb += self.busy.eq(running)
-        with m.If(start):
+        m.d.comb += ctl.finished.eq(running & (pairs_left == 0) & ~mul_ctl.busy &
+                                    ~skid.o.valid)
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), hidden.eq(self.hidden), capacity.eq(self.capacity),
-                num_experts.eq(self.num_experts),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
-                last_enable.eq(Mux(remainder == 0, (1 << p.lanes) - 1,
-                                   (Const(1, p.lanes + 1) << remainder) - 1)),
-                headers_left.eq(self.tokens), pairs_left.eq(self.tokens),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+                last_enable.eq(last_enable_of(self.hidden, p.lanes)),
+                headers_left.eq(self.pairs), pairs_left.eq(self.pairs),
+                self.dropped.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(empty):
-                m.d.sync += self.done.eq(1)
-                with m.If((self.hidden != 0) &
-                          ((self.capacity == 0) | (self.num_experts == 0))):
-                    m.d.sync += self.dropped.eq(self.tokens)
-            with m.Else():
-                m.d.sync += running.eq(1)
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
+            # Every pair fails the mask when there is no slot, but none carries data when
+            # H is zero.
+            with m.If(~ctl.too_big & (self.hidden != 0) &
+                      ((self.capacity == 0) | (self.num_experts == 0))):
+                m.d.sync += self.dropped.eq(self.pairs)
         return m

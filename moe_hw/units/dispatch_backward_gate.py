@@ -79,7 +79,7 @@ from ..arith.fmul import FloatMultiplierCore
 from ..formats import float_format
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
-from .float_params import FloatDatapathParams
+from ..arith.params import FloatDatapathParams
 
 __all__ = ["BackwardGateParams", "DispatchBackwardGateUnit"]
 

@@ -52,7 +52,7 @@ from amaranth.utils import bits_for
 
 from ..params import ParameterError, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer
-from .counter_bank import CounterBank
+from ..blocks.counter_bank import CounterBank
 
 __all__ = ["LocationsParams", "LocationsUnit"]
 

@@ -116,9 +116,9 @@ from ..params import LANES, ParameterError, check_choice, check_int, resolve_par
 from ..stream import PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
-from .float_params import FloatDatapathParams
+from ..arith.params import FloatDatapathParams
 from .locations import LocationsParams, LocationsUnit
-from .row_reader import RowReader, last_enable_of, request_layout, response_layout
+from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 
 __all__ = ["MoELayerParams", "MoELayer", "PHASES"]
 

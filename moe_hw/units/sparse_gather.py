@@ -52,7 +52,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
 from ..stream import PipelineControl
-from .row_reader import RowReader, last_enable_of, request_layout, response_layout
+from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 
 __all__ = ["SparseGatherParams", "SparseGatherUnit", "ELEMENT_WIDTHS"]
 

@@ -78,8 +78,8 @@ from amaranth.utils import bits_for, ceil_log2
 from ..formats import float_format
 from ..params import LANES, check_choice, check_int, resolve_params
 from ..stream import PipelineControl, SkidBuffer
-from .counter_bank import CounterBank
-from .prefix_sum import PrefixSum
+from ..blocks.counter_bank import CounterBank
+from ..blocks.prefix_sum import PrefixSum
 
 __all__ = ["SparseIndexParams", "SparseIndexUnit", "gate_class", "place_cycles"]
 

@@ -1,0 +1,225 @@
+"""The one declaration of a unit, and the one way every unit is run on its emitted Verilog.
+
+Each unit ``U`` declares itself once, in ``moe_hw/host/U.py``, as an instance of a
+:class:`Unit` subclass. The declaration carries everything the entry points need:
+
+* what it is: ``name``, ``summary``, ``golden`` (the golden model it is checked against);
+* the hardware: ``params`` (its :class:`~moe_hw.params.UnitParams` class) and ``build``
+  (params -> component);
+* the adapter, which turns a user's tensors into a simulation and back:
+  :meth:`Unit.problem` (check the tensors), :meth:`Unit.params_for` (size the hardware to
+  them), :meth:`Unit.pack` (stimulus for the cocotb bench ``sim/bench_U.py``),
+  :meth:`Unit.unpack` (the bench's results -> the golden model's outputs) and
+  :meth:`Unit.score` (bit for bit against the golden model, plus the scoreboard);
+* the analytic stall-free cycle count :meth:`Unit.cycles` and the one-beat-per-cycle ideal
+  :meth:`Unit.ideal_cycles`;
+* the benchmark problem :meth:`Unit.bench_problems`.
+
+``python -m moe_hw.gen``, ``run``, ``bench`` (and the synthesis and exploration flows) read
+only this declaration (through :mod:`moe_hw.registry`); :func:`run` below is the one driver.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..params import ParameterError, canonical_name
+from .checks import HostError
+
+__all__ = ["Unit", "Outcome", "BenchShape", "run"]
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """The one problem ``python -m moe_hw.bench units`` puts through every unit."""
+
+    tokens: int = 1024
+    hidden: int = 512
+    experts: int = 8
+    top_k: int = 2
+    lanes: int = 16
+    format: str = "fp32"
+
+
+@dataclass
+class Outcome:
+    """What one run of a unit gave."""
+
+    unit: str
+    params: object
+    problem: dict
+    outputs: dict                  # the golden model's output names, plus ``cycles``
+    results: dict                  # the bench's raw results (write logs, counters)
+    cycles: int
+    ideal_cycles: int              # one beat per cycle
+    expected_cycles: int | None    # the analytic stall-free count (None: not defined)
+    stall: float
+    problems: list | None = None   # the score's findings; None when not checked
+    report: list = field(default_factory=list)
+
+    @property
+    def efficiency(self):
+        return self.ideal_cycles / self.cycles if self.cycles else float("nan")
+
+    @property
+    def passed(self):
+        return self.problems == []
+
+
+class Unit:
+    """Base of every unit's declaration. Subclasses set the class attributes and implement
+    the adapter methods; see the module docstring."""
+
+    name = None                # the unit's one name: units/U.py, host/U.py, sim/bench_U.py
+    summary = ""
+    golden = ""                # the golden model(s), e.g. "golden.dispatch_forward"
+    params = None              # the UnitParams subclass
+    inputs = ()                # npz input keys
+    outputs = ()               # npz output keys (``cycles`` is added)
+    runtime = ()               # run-time values, from --set or scalars in the npz
+    ideal = "one beat per cycle"   # what ideal_cycles counts, for reports
+
+    @property
+    def bench(self):
+        """The cocotb bench module in ``sim/``."""
+        return f"bench_{self.name}"
+
+    # ---- hardware --------------------------------------------------------------------
+    def build(self, params):
+        """The component for ``params``."""
+        raise NotImplementedError
+
+    def make_params(self, settings=None, base=None):
+        """``params`` from ``settings`` (name -> value) on top of ``base``; unknown names are
+        an error listing the known ones; old names are accepted with a deprecation warning."""
+        names = [f.name for f in dataclasses.fields(self.params)]
+        values = dict(base or {})
+        for name, value in (settings or {}).items():
+            name = canonical_name(name, self.params)
+            if name not in names:
+                raise ParameterError(f"unit {self.name} has no parameter {name!r}; its "
+                                     f"parameters are {', '.join(names)}")
+            values[name] = value
+        return self.params(**values)
+
+    # ---- adapter ---------------------------------------------------------------------
+    def problem(self, inputs, runtime):
+        """Check the npz arrays ``inputs`` and the run-time values ``runtime``; return the
+        problem as a dict (canonical arrays and sizes). Raises HostError naming the input."""
+        raise NotImplementedError
+
+    def params_for(self, problem, settings):
+        """The parameters for ``problem``: ``settings`` (a dict) on top of the smallest
+        maxima that hold it. Raises HostError when a given maximum is too small."""
+        raise NotImplementedError
+
+    def pack(self, problem, params, *, stall, seed):
+        """``(stimulus arrays, settings dict)`` for the bench."""
+        raise NotImplementedError
+
+    def unpack(self, problem, params, results):
+        """The bench's results -> the output arrays (golden names, without ``cycles``)."""
+        raise NotImplementedError
+
+    def score(self, problem, params, outputs, results):
+        """Bit-for-bit comparison with the golden model and the scoreboard's checks: a list
+        of findings, empty when the run is right."""
+        raise NotImplementedError
+
+    def ideal_cycles(self, problem, params):
+        """One beat per cycle."""
+        raise NotImplementedError
+
+    def cycles(self, problem, params):
+        """The exact stall-free cycle count, from the unit's formula (None: not defined)."""
+        return None
+
+    def describe(self, problem, params):
+        """One line naming the problem and the design point."""
+        return f"{self.name}"
+
+    def point_inputs(self, problem, seed=0):
+        """Random ``(inputs, settings)`` at a design point's ``[problem]`` table (gen/*.toml)."""
+        raise HostError(f"unit {self.name} has no random problem for design points")
+
+    def bench_problems(self, shape, seed=0):
+        """The benchmark: ``{variant: (inputs, settings)}`` at ``shape`` (a BenchShape);
+        ``settings`` mixes generation-time parameters and run-time values."""
+        raise NotImplementedError
+
+    # ---- shared helpers ----------------------------------------------------------------
+    def split_settings(self, settings):
+        """``(generation-time parameters, run-time values)`` from one ``--set`` dict."""
+        names = {f.name for f in dataclasses.fields(self.params)}
+        params, runtime = {}, {}
+        for name, value in (settings or {}).items():
+            if name in self.runtime:
+                runtime[name] = value
+                continue
+            name = canonical_name(name, self.params)
+            if name in names:
+                params[name] = value
+            else:
+                known = sorted(names) + list(self.runtime)
+                raise ParameterError(f"unit {self.name} has no parameter or run-time value "
+                                     f"{name!r}; known: {', '.join(known)}")
+        return params, runtime
+
+    def sized(self, settings, **smallest):
+        """``params`` from ``smallest`` (the maxima the problem needs) overridden by
+        ``settings``; a given maximum below what the problem needs is a HostError."""
+        for name, need in smallest.items():
+            given = settings.get(name)
+            if given is not None and isinstance(given, (int, np.integer)) and given < need:
+                raise HostError(f"the problem needs {name} >= {need}, but {name} = {given}")
+        return self.make_params(settings, base=smallest)
+
+
+def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,
+        check=True, progress=None):
+    """Run ``unit`` (a :class:`Unit`) on the npz-style ``inputs`` (a dict of arrays).
+
+    ``settings`` mixes generation-time parameters and run-time values (``--set``);
+    ``params`` (a parameter object) replaces the generation-time ones. Returns an
+    :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
+    model (the caller decides whether they are fatal).
+    """
+    from ..flows.simulate import simulate
+
+    if not 0.0 <= float(stall) < 1.0:
+        raise HostError(f"stall must be in [0, 1), not {stall}")
+    gen_settings, runtime = unit.split_settings(settings)
+    problem = unit.problem(inputs, runtime)
+    if params is None:
+        params = unit.params_for(problem, gen_settings)
+    elif gen_settings:
+        params = dataclasses.replace(params, **gen_settings)
+    stimulus, bench_settings = unit.pack(problem, params, stall=float(stall), seed=int(seed))
+    bench_settings = {**bench_settings, "stall": float(stall), "seed": int(seed)}
+    results = simulate(lambda: unit.build(params), unit.name, unit.bench, stimulus, sim=sim,
+                       settings=bench_settings, progress=progress, key=(unit.name, params))
+    outputs = unit.unpack(problem, params, results)
+    cycles = int(results["cycles"])
+    outcome = Outcome(unit.name, params, problem, {**outputs, "cycles": np.int64(cycles)},
+                      results, cycles, unit.ideal_cycles(problem, params),
+                      unit.cycles(problem, params), float(stall))
+    outcome.report.append(unit.describe(problem, params))
+    line = (f"cycles: {cycles} (ideal {outcome.ideal_cycles}, efficiency "
+            f"{outcome.efficiency:.4f}")
+    if outcome.expected_cycles is not None and stall == 0:
+        line += f"; the formula gives {outcome.expected_cycles}"
+    outcome.report.append(line + ")")
+    if check:
+        outcome.problems = list(unit.score(problem, params, outputs, results))
+        if stall == 0 and outcome.expected_cycles is not None and \
+                cycles != outcome.expected_cycles:
+            outcome.problems.append(f"{cycles} cycles, but the stall-free formula gives "
+                                    f"{outcome.expected_cycles}")
+        if outcome.problems:
+            outcome.report.append(f"check: DIFFERS from {unit.golden}: "
+                                  + "; ".join(outcome.problems))
+        else:
+            outcome.report.append(f"check: bit-exact against {unit.golden}; scoreboard clean "
+                                  "(nothing lost, duplicated, reordered or out of bounds)")
+    return outcome
