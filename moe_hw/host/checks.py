@@ -113,11 +113,11 @@ def compare_values(what, got, want):
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return [f"{what}: shape {got.shape}, golden {want.shape}"]
+    if got.ndim == 0:
+        return [] if got == want else [f"{what} = {got}, golden {want}"]
     bad = np.argwhere(got != want)
     if not bad.size:
         return []
-    if got.ndim == 0:
-        return [f"{what} = {got}, golden {want}"]
     where = tuple(int(i) for i in bad[0])
     return [f"{what}: {len(bad)} values differ from golden; first at {list(where)}: "
             f"got {got[where]}, want {want[where]}"]
