@@ -43,7 +43,7 @@ async def combine_scatter(dut):
     reader = MemoryReader(dut, "read", "read_data", memory, lanes=lanes, width=width,
                           request_layout=run.layout("read__payload"),
                           response_layout=run.layout("read_data__payload"),
-                          latency=s["read_latency"],
+                          latency=s["memory_latency"],
                           request_pauses=Pauses(stall, seed + 2),
                           response_pauses=Pauses(stall, seed + 3))
     writer = MemoryWriter(dut, "write", memory, lanes=lanes, width=width,

@@ -27,7 +27,7 @@ async def dispatch_backward_gate(dut):
     grad_memory = st["grad_dispatch"].reshape(-1).astype(np.uint64)
 
     await reset(dut, inputs=["start", *SIZES])
-    stall, seed, latency = s["stall"], s["seed"], s["read_latency"]
+    stall, seed, latency = s["stall"], s["seed"], s["memory_latency"]
     header_source = StreamSource(dut, "header", headers, Pauses(stall, seed))
     input_reader = MemoryReader(dut, "input_read", "input_data", input_memory, lanes=lanes,
                                 width=width, request_layout=run.layout("input_read__payload"),

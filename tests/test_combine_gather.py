@@ -16,8 +16,9 @@ from moe_hw.formats import from_bits, to_bits
 from moe_hw.golden._common import slot_rows
 from moe_hw.golden.testing import bit_equal
 from moe_hw.host.checks import HostError
-from moe_hw.host.combine_gather import UNIT, routing_problem
-from moe_hw.host.row_gather import MEMORY_LATENCY
+from moe_hw import problems
+from moe_hw.host.combine_gather import UNIT
+from moe_hw.host.checks import MEMORY_LATENCY
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
@@ -51,10 +52,10 @@ CASES = {
 
 
 def gather_problem(cases, name, *, extremes_k):
-    """Case ``name`` of ``cases`` (a :func:`routing_problem` dict); the ``out_of_range`` case
+    """Case ``name`` of ``cases`` (a :func:`gather_problem` dict); the ``out_of_range`` case
     gets the field extremes in its indices of choice ``extremes_k`` and its locations of the
     other choice. (Shared with the dispatch_backward_data tests.)"""
-    prob = routing_problem(sorted(cases).index(name), **cases[name])
+    prob = problems.gather_problem(sorted(cases).index(name), **cases[name])
     if name == "out_of_range":
         prob["indices"][extremes_k, :4] = [-(1 << 31), (1 << 31) - 1, 6, -1]
         prob["locations"][1 - extremes_k, 4:8] = [(1 << 31) - 1, -(1 << 31), 5, -1]
@@ -287,7 +288,7 @@ def test_combine_gather_windows_pysim(unit_class, settings):
                                max_experts=4, max_top_k=3, **settings)
     dtype = params.fmt.dtype
     for seed, (tokens, hidden, k) in enumerate([(5, 3, 3), (4, 1, 2), (3, 6, 1)]):
-        prob = routing_problem(
+        prob = problems.gather_problem(
             seed, tokens=tokens, hidden=hidden, experts=3, capacity=4, k=k, dtype=dtype,
             specials=0.3, index_range=(-1, 4), location_range=(0, 5))
         gates, indices, locations, buffer, capacity = (

@@ -15,7 +15,7 @@ from moe_hw import golden
 from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
 from moe_hw.host.checks import HostError
-from moe_hw.host.combine_scatter import UNIT, random_topk_gates, scatter_add_reference
+from moe_hw.host.combine_scatter import UNIT, topk_gates, scatter_add_reference
 from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.combine_scatter import CombineScatterParams, CombineScatterUnit
@@ -54,14 +54,14 @@ def gate_case(name):
 
 GATE_CASES = {
     # DUET toy scale (seed 000): S=21, E=6, k=1, H=L=16.
-    "duet_toy": lambda rng: random_topk_gates(rng, 21, 6, 1),
+    "duet_toy": lambda rng: topk_gates(rng, 21, 6, 1),
     # The worked example of seed 000: batch_index [1,3,0,2], part sizes [1,1,2].
     "seed_example": lambda rng: np.array([[0, 0, .7], [.9, 0, 0], [0, 0, .5], [0, .8, 0]],
                                          dtype=np.float32),
     # top-2, H not a multiple of the lanes.
-    "random_k2": lambda rng: random_topk_gates(rng, 37, 5, 2),
+    "random_k2": lambda rng: topk_gates(rng, 37, 5, 2),
     # NaN, +Inf, subnormal, max and +0.0 gates; NaN, +-Inf, subnormals, -0.0 in the data.
-    "special_values": lambda rng: random_topk_gates(rng, 24, 4, 2, specials=0.4),
+    "special_values": lambda rng: topk_gates(rng, 24, 4, 2, specials=0.4),
     # Every token routed to every expert: each token comes back every 3 slots (2 beats each),
     # well inside the hazard window.
     "all_experts": lambda rng: rng.uniform(0.05, 1, (3, 6)).astype(np.float32),
@@ -71,10 +71,10 @@ GATE_CASES = {
     "back_to_back": lambda rng: adversarial_gates(6, 5),
     # Experts 0, 2, 3, 5, 6, 7 get no token; tokens 0 and 5 are not routed at all.
     "empty_experts": lambda rng: np.where(np.isin(np.arange(12), [0, 5])[:, None], 0,
-                                          random_topk_gates(rng, 12, 8, 2, allowed=[1, 4])),
+                                          topk_gates(rng, 12, 8, 2, allowed=[1, 4])),
     # Zero-element problems.
     "zero_tokens": lambda rng: np.zeros((0, 4), dtype=np.float32),
-    "zero_hidden": lambda rng: random_topk_gates(rng, 8, 3, 2),
+    "zero_hidden": lambda rng: topk_gates(rng, 8, 3, 2),
 }
 HIDDEN = {"duet_toy": 16, "seed_example": 5, "random_k2": 29, "special_values": 13,
           "all_experts": 7, "one_token_all_experts": 6, "back_to_back": 3,
@@ -150,11 +150,11 @@ def test_hazard_cost_is_exact():
                       "nonzero_gates": rng.uniform(0.1, 1, slots).astype(np.float32),
                       "expert_out": rng.standard_normal((slots, hidden)).astype(np.float32)}
             beats = -(-hidden // PARAMS.lanes)
-            outcome = check(inputs, {"tokens": 3, "read_latency": latency})
+            outcome = check(inputs, {"tokens": 3, "memory_latency": latency})
             assert outcome.cycles == (PARAMS.cycles(slots, hidden, latency) +
                                       (slots - 1) * max(0, window - beats)), (hidden, latency)
         gates, expert_out = gate_case("duet_toy")
-        outcome = check({"gates": gates, "expert_out": expert_out}, {"read_latency": latency})
+        outcome = check({"gates": gates, "expert_out": expert_out}, {"memory_latency": latency})
         assert outcome.cycles == 21 * 4 + PARAMS.overhead(latency)
 
 
@@ -164,7 +164,7 @@ def test_combine_scatter_bf16_lanes8(stall):
                                   max_hidden=32)
     rng = np.random.default_rng(3)
     for hidden in (21, 8, 3):
-        gates = random_topk_gates(rng, 13, 4, 2, dtype=ml_dtypes.bfloat16, specials=0.2)
+        gates = topk_gates(rng, 13, 4, 2, dtype=ml_dtypes.bfloat16, specials=0.2)
         expert_out = random_floats(rng, (int(np.count_nonzero(gates)), hidden),
                                    ml_dtypes.bfloat16, specials=0.3)
         check({"gates": gates, "expert_out": expert_out}, None, params=params, stall=stall)
@@ -201,7 +201,7 @@ def test_bench_problems_small():
 def test_combine_scatter_rows_keep_their_shape():
     """expert_out rows of shape (L, 1) (the DUET toy's) come back as [S, L, 1]."""
     rng = np.random.default_rng(9)
-    gates = random_topk_gates(rng, 5, 3, 1)
+    gates = topk_gates(rng, 5, 3, 1)
     expert_out = rng.standard_normal((5, 6, 1)).astype(np.float32)
     combined = check({"gates": gates, "expert_out": expert_out}, None).outputs["combined"]
     assert combined.shape == (5, 6, 1)
@@ -233,8 +233,8 @@ def test_combine_scatter_input_errors():
     with pytest.raises(HostError, match="run-time value tokens is missing"):
         attempt({"batch_index": [0, 1], "nonzero_gates": np.ones(2, np.float32),
                  "expert_out": out})
-    with pytest.raises(HostError, match="read_latency must be a positive integer, not 0"):
-        attempt({"gates": gates, "expert_out": out}, {"read_latency": 0})
+    with pytest.raises(HostError, match="memory_latency must be at least 1, not 0"):
+        attempt({"gates": gates, "expert_out": out}, {"memory_latency": 0})
     with pytest.raises(HostError, match="needs gates and expert_out"):
         attempt({"gates": gates})
 

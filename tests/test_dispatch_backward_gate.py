@@ -83,12 +83,12 @@ def case_problem(name):
     return prob
 
 
-def check(prob, *, params=PARAMS, sim="verilator", stall=0.0, seed=5, read_latency=LATENCY):
+def check(prob, *, params=PARAMS, sim="verilator", stall=0.0, seed=5, memory_latency=LATENCY):
     """One run, scored: bit-exact results, one per pair in order, read scoreboards, the
     dropped count, and (stall-free) the exact cycle count."""
     inputs = {name: prob[name] for name in UNIT.inputs}
     settings = {"num_experts": prob["num_experts"], "capacity": prob["capacity"],
-                "read_latency": read_latency}
+                "memory_latency": memory_latency}
     outcome = run(UNIT, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
     assert outcome.passed, outcome.problems
     if stall == 0.0:
@@ -119,7 +119,7 @@ def test_cycle_formula_whole_groups_and_latencies():
         for tokens, hidden in ((2 * g, 16), (3 * g, 9), (g, 1)):
             prob = problem(latency * 100 + hidden, tokens=tokens, hidden=hidden, experts=4,
                            capacity=2 * tokens)
-            outcome = check(prob, read_latency=latency)
+            outcome = check(prob, memory_latency=latency)
             assert outcome.cycles == (tokens * -(-hidden // PARAMS.lanes) +
                                       PARAMS.overhead(latency)), (tokens, hidden, latency)
 
@@ -195,8 +195,8 @@ def test_backward_gate_input_errors():
         attempt({}, {"num_experts": 2, "capacity": -1})
     with pytest.raises(HostError, match="run-time value num_experts is missing"):
         attempt({}, {"capacity": 4})
-    with pytest.raises(HostError, match="read_latency must be a positive integer, not 0"):
-        attempt({}, {**sizes, "read_latency": 0})
+    with pytest.raises(HostError, match="memory_latency must be at least 1, not 0"):
+        attempt({}, {**sizes, "memory_latency": 0})
     with pytest.raises(HostError, match="lacks grad_dispatch"):
         run(UNIT, {name: prob[name] for name in UNIT.inputs[:3]}, sizes)
     big = problem(0, tokens=4, hidden=65, experts=2, capacity=4)

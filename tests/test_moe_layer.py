@@ -17,7 +17,7 @@ from amaranth.sim import Simulator
 from moe_hw import golden
 from moe_hw.golden.testing import bit_equal, random_floats
 from moe_hw.host.checks import HostError
-from moe_hw.host.moe_layer import UNIT, random_gate_matrix
+from moe_hw.host.moe_layer import UNIT, layer_gates
 from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.moe_layer import MoELayer, MoELayerParams
@@ -61,7 +61,7 @@ def problem(seed, *, tokens, experts, k, hidden, capacity=None, dtype=np.float32
             affine=True, scale=True, bias=True, specials=0.0, experts_used=None):
     """``(inputs, settings)``: a random layer; no capacity setting means the default factor."""
     rng = np.random.default_rng(seed)
-    gates = random_gate_matrix(rng, tokens, experts, k, dtype, experts_used=experts_used,
+    gates = layer_gates(rng, tokens, experts, k, dtype, experts_used=experts_used,
                                specials=specials) if k else np.zeros((tokens, experts), dtype)
     inputs = {"gates": gates, "input": random_floats(rng, (tokens, hidden), dtype,
                                                      specials=specials)}

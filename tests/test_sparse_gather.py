@@ -14,7 +14,7 @@ from moe_hw import golden
 from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
 from moe_hw.host.checks import HostError
-from moe_hw.host.row_gather import MEMORY_LATENCY
+from moe_hw.host.checks import MEMORY_LATENCY
 from moe_hw.host.sparse_gather import UNIT
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError, resolve_params

@@ -15,7 +15,7 @@ from moe_hw.blocks.prefix_sum import PrefixSum
 from moe_hw.formats import FORMATS, to_bits
 from moe_hw.golden.testing import bit_equal
 from moe_hw.host.checks import HostError
-from moe_hw.host.sparse_index import UNIT, random_gates, simulate_raw
+from moe_hw.host.sparse_index import UNIT, softmax_gates, simulate_raw
 from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.sparse_index import SparseIndexParams, SparseIndexUnit, gate_class
@@ -43,7 +43,7 @@ def check(gates, sim="verilator", stall=0.0, seed=0, params=PARAMS, settings=Non
 def special_gates(rng):
     """Gates a softmax can give plus the IEEE specials the golden model accepts: NaN (either
     sign: NaN is routed), +-0.0 (not routed), +Inf, positive subnormals, in every lane."""
-    gates = random_gates(rng, 40, 7, 2)
+    gates = softmax_gates(rng, 40, 7, 2)
     specials = np.float32([np.nan, -np.nan, -0.0, 0.0, np.inf, 1e-45, 3e-39, 1.0])
     mask = rng.random(gates.shape) < 0.4
     gates[mask] = rng.choice(specials, int(mask.sum()))
@@ -56,9 +56,9 @@ def case_gates(name):
     if name == "seed_example":            # SPEC 1.3 worked example
         return SEED_GATES
     if name == "duet_toy":                # S=21, E=6, k=1
-        return random_gates(rng, 21, 6, 1)
+        return softmax_gates(rng, 21, 6, 1)
     if name == "random_k2":               # E=9: rows of 3 beats, the last one padded
-        return random_gates(rng, 57, 9, 2)
+        return softmax_gates(rng, 57, 9, 2)
     if name == "empty_experts":           # experts 0, 2, 3 and 7 get nothing
         gates = np.zeros((33, 8), np.float32)
         for i in range(33):
@@ -100,7 +100,7 @@ def test_sparse_index_cases(sim, case, stall):
 def test_sparse_index_one_beat_rows(stall):
     """lanes = E = 8, the benchmark's shape: one beat per row, k = 2 writes per beat (the
     parameters sized to the matrix: lanes = 8)."""
-    gates = random_gates(np.random.default_rng(8), 64, 8, 2)
+    gates = softmax_gates(np.random.default_rng(8), 64, 8, 2)
     outcome = check(gates, stall=stall, seed=2, params=None)
     assert outcome.params == SparseIndexParams(lanes=8, max_tokens=64, max_experts=8)
     assert UNIT.single_pass_cycles(outcome.problem, outcome.params) == 64

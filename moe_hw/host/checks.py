@@ -6,7 +6,7 @@ import numpy as np
 from ..formats import bits_equal, format_of_dtype, to_bits
 from ..golden._common import check_count, float_array, routing_arrays, same_dtype
 
-__all__ = ["HostError", "format_of", "routing", "need", "runtime_int", "check_maxima",
+__all__ = ["MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "need", "runtime_int", "check_maxima",
            "check_fits_field", "check_dtype", "compare_bits", "compare_values",
            "compare_log", "check_count"]
 
@@ -72,6 +72,20 @@ def runtime_int(name, runtime, inputs, default=None):
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
         raise HostError(f"{name} must be a non-negative integer, not {value!r}")
     return int(value)
+
+
+#: The bench memory models' default latency: a request taken at the end of cycle u is
+#: answered from cycle u + ``memory_latency``.
+MEMORY_LATENCY = 2
+
+
+def memory_latency(runtime, inputs):
+    """The run-time ``memory_latency`` of the bench's memory models (at least 1),
+    :data:`MEMORY_LATENCY` by default."""
+    latency = runtime_int("memory_latency", runtime, inputs, default=MEMORY_LATENCY)
+    if latency < 1:
+        raise HostError(f"memory_latency must be at least 1, not {latency}")
+    return latency
 
 
 def check_maxima(params, **sizes):

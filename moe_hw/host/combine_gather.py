@@ -20,9 +20,11 @@ from ..golden._common import float_array, routing_arrays, same_dtype, slot_rows
 from ..units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
 from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_bits,
                      format_of, need, runtime_int)
-from .row_gather import RowGather, memory_latency
+from .checks import memory_latency
+from ..problems import gather_problem
+from .row_gather import RowGather
 
-__all__ = ["UNIT", "CombineGather", "routing_problem"]
+__all__ = ["UNIT", "CombineGather"]
 
 
 class CombineGather(RowGather):
@@ -164,7 +166,7 @@ class CombineGather(RowGather):
     # ---- problems ----------------------------------------------------------------------
     def inputs_of(self, problem):
         """``(inputs, run-time values)`` for :func:`~moe_hw.host.unit.run` from a
-        :func:`routing_problem`."""
+        :func:`gather_problem`."""
         inputs = {"gates": problem["gates"], "indices": problem["indices"],
                   "locations": problem["locations"], self.buffer: problem["buffer"]}
         return inputs, {name: problem[name] for name in self.runtime if name in problem}
@@ -172,49 +174,10 @@ class CombineGather(RowGather):
     def bench_problems(self, shape, seed=0):
         """A random top-k routing at capacity factor 1.0 (so some pairs drop); the ideal is
         one read beat per cycle, top_k*S*ceil(H/lanes) cycles."""
-        inputs, runtime = self.inputs_of(routing_problem(
+        inputs, runtime = self.inputs_of(gather_problem(
             seed, tokens=shape.tokens, hidden=shape.hidden, experts=shape.experts,
             k=shape.top_k, dtype=FORMATS[shape.format].dtype))
         return {"": (inputs, {**runtime, "lanes": shape.lanes})}
-
-
-def _top_k_routing(rng, tokens, experts, k):
-    """[k, S] distinct experts per token (uniform), k-major."""
-    if k > experts:
-        raise HostError(f"top_k ({k}) must not exceed experts ({experts})")
-    return np.argsort(rng.random((tokens, experts)), axis=1)[:, :k].T.astype(np.int64)
-
-
-def routing_problem(seed, *, tokens, hidden, experts, capacity=None, k=1, dtype=np.float32,
-                    specials=0.0, index_range=None, location_range=None, experts_used=None):
-    """A seeded gather problem: ``gates``, ``indices``, ``locations`` [k, S], ``buffer``
-    [E*C, H], ``num_experts`` and ``capacity``.
-
-    Indices are k distinct experts per token drawn from ``experts_used`` (default: all), with
-    locations from the routing counters (``golden.compute_locations``), unless
-    ``index_range`` / ``location_range`` ask for uniform (possibly out-of-range) values.
-    ``capacity`` defaults to ``golden.capacity_from_factor(1.0, S, E, k)``. Gates and the
-    buffer are ``random_floats`` with ``specials`` NaN/Inf/subnormal/+-0.0.
-    """
-    from ..golden.testing import random_floats
-    rng = np.random.default_rng(seed)
-    used = np.arange(experts) if experts_used is None else np.asarray(experts_used)
-    if index_range is None:
-        indices = used[_top_k_routing(rng, tokens, len(used), k)] if len(used) else \
-            np.zeros((k, tokens), np.int64)
-    else:
-        indices = rng.integers(*index_range, (k, tokens))
-    if capacity is None:
-        capacity = golden.capacity_from_factor(1.0, tokens, max(experts, 1), k=k)
-    if location_range is None:
-        locations = golden.compute_locations(np.clip(indices, 0, max(experts - 1, 0)),
-                                             num_experts=max(experts, 1)).astype(np.int64)
-    else:
-        locations = rng.integers(*location_range, (k, tokens))
-    gates = random_floats(rng, (k, tokens), dtype, specials=specials)
-    buffer = random_floats(rng, (experts * capacity, hidden), dtype, specials=specials)
-    return {"gates": gates, "indices": indices.astype(np.int64), "locations": locations,
-            "buffer": buffer, "num_experts": int(experts), "capacity": int(capacity)}
 
 
 UNIT = CombineGather()

@@ -5,7 +5,7 @@ scored against ``golden.sparse_combine`` with a scoreboard over the read and wri
 npz inputs: ``gates`` [S, E] and ``expert_out`` [slots, ...] (the slot order is
 ``golden.sparse_dispatch_indices(gates)``'s); or, for a hand-made slot order,
 ``batch_index`` [slots] and ``nonzero_gates`` [slots] with ``expert_out`` and the run-time
-value ``tokens``. Run-time ``read_latency`` (the bench memory's, default 2). Output:
+value ``tokens``. Run-time ``memory_latency`` (the bench memory's, default 2). Output:
 ``combined`` [S, ...].
 """
 
@@ -16,14 +16,12 @@ from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import add, mul
 from ..units.combine_scatter import CombineScatterParams, CombineScatterUnit
 from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_bits,
-                     compare_log, compare_values, format_of, runtime_int)
+                     compare_log, compare_values, format_of, memory_latency, runtime_int)
+from ..problems import topk_gates
 from .unit import Unit
 
-__all__ = ["UNIT", "CombineScatter", "DEFAULT_READ_LATENCY", "scatter_add_reference",
-           "expected_transactions", "random_topk_gates"]
-
-DEFAULT_READ_LATENCY = 2      # the bench memory's read latency unless told otherwise
-
+__all__ = ["UNIT", "CombineScatter", "scatter_add_reference",
+           "expected_transactions"]
 
 def _rows(expert_out):
     """``expert_out`` [n, ...] as [n, H] (H = the product of the trailing dims)."""
@@ -78,23 +76,6 @@ def expected_transactions(batch_index, nonzero_gates, expert_out, *, tokens, lan
              "data": np.array(datas, np.uint64).reshape(len(addrs), lanes)})
 
 
-def random_topk_gates(rng, tokens, experts, k, dtype=np.float32, *, specials=0.0,
-                      allowed=None):
-    """A gate matrix [S, E] with k routed experts per token (chosen among ``allowed``, default
-    all) with gates in [0.05, 1); with ``specials``, gate values include NaN, +Inf,
-    subnormals, the maximum and +0.0 (the last meaning "not routed after all")."""
-    from ..golden.testing import random_floats
-    allowed = np.arange(experts) if allowed is None else np.asarray(allowed)
-    gates = np.zeros((tokens, experts), dtype=dtype)
-    for i in range(tokens):
-        chosen = rng.permutation(allowed)[:k]
-        if specials:
-            gates[i, chosen] = np.abs(random_floats(rng, len(chosen), dtype, specials=specials))
-        else:
-            gates[i, chosen] = rng.uniform(0.05, 1.0, len(chosen)).astype(dtype)
-    return gates
-
-
 class CombineScatter(Unit):
     name = "combine_scatter"
     summary = ("DUET sparse-dispatcher combine: gate multiply and scatter-add into a token "
@@ -103,7 +84,7 @@ class CombineScatter(Unit):
     params = CombineScatterParams
     inputs = ("gates", "expert_out")
     outputs = ("combined",)
-    runtime = ("read_latency", "tokens")
+    runtime = ("memory_latency", "tokens")
     ideal = "one beat per cycle: slots*ceil(H/lanes)"
 
     def build(self, params):
@@ -148,12 +129,10 @@ class CombineScatter(Unit):
             raise HostError(f"expert_out has {rows.shape[0]} rows, but there are "
                             f"{batch_index.size} slots (one row per nonzero gate)")
         format_of(rows)
-        latency = runtime_int("read_latency", runtime, inputs, default=DEFAULT_READ_LATENCY)
-        if latency < 1:
-            raise HostError(f"read_latency must be a positive integer, not {latency}")
+        latency = memory_latency(runtime, inputs)
         return {"gates": gates, "batch_index": batch_index.astype(np.int64),
                 "nonzero_gates": nonzero_gates, "expert_out": expert_out, "rows": rows,
-                "tokens": int(tokens), "read_latency": latency}
+                "tokens": int(tokens), "memory_latency": latency}
 
     def params_for(self, problem, settings):
         slots, hidden = problem["rows"].shape
@@ -189,7 +168,7 @@ class CombineScatter(Unit):
         }
         settings = {"lanes": params.lanes, "width": fmt.width, "tokens": problem["tokens"],
                     "slots": int(slots), "hidden": int(hidden), "feed": self._feed(problem),
-                    "read_latency": problem["read_latency"]}
+                    "memory_latency": problem["memory_latency"]}
         return stimulus, settings
 
     def unpack(self, problem, params, results):
@@ -239,13 +218,13 @@ class CombineScatter(Unit):
         tokens = problem["tokens"]
         order = [t if 0 <= t < tokens else None for t in problem["batch_index"].tolist()] \
             if self._feed(problem) else []
-        return params.replay_cycles(order, problem["rows"].shape[1], problem["read_latency"])
+        return params.replay_cycles(order, problem["rows"].shape[1], problem["memory_latency"])
 
     def describe(self, problem, params):
         slots, hidden = problem["rows"].shape
         return (f"combine_scatter: {slots} slots into S={problem['tokens']} tokens, H={hidden}, "
                 f"lanes={params.lanes}, {params.format}, memory read latency "
-                f"{problem['read_latency']}")
+                f"{problem['memory_latency']}")
 
     # ---- benchmark ---------------------------------------------------------------------------
     def bench_problems(self, shape, seed=0):
@@ -255,7 +234,7 @@ class CombineScatter(Unit):
         fmt = FORMATS[shape.format]
         rng = np.random.default_rng(seed)
         k = shape.top_k
-        gates = random_topk_gates(rng, shape.tokens, shape.experts, k, fmt.dtype)
+        gates = topk_gates(rng, shape.tokens, shape.experts, k, fmt.dtype)
         slots = int(np.count_nonzero(gates))
         random = ({"gates": gates,
                    "expert_out": rng.standard_normal((slots, shape.hidden)).astype(fmt.dtype)},

@@ -4,7 +4,7 @@ pair out, scored against ``golden.dispatch_backward_gate`` (its lane/tree order)
 scoreboard over both read logs; plus the float64 error check of the hardware's sum order.
 
 npz inputs: ``input`` [S, H], ``indices``, ``locations`` ([S] or [k, S]), ``grad_dispatch``
-[E*C, H]; run-time ``num_experts``, ``capacity`` and ``read_latency`` (the bench memories',
+[E*C, H]; run-time ``num_experts``, ``capacity`` and ``memory_latency`` (the bench memories',
 default 2). Outputs: ``grad_gates`` (the shape of ``indices``), ``dropped``.
 """
 
@@ -15,18 +15,15 @@ import numpy as np
 from .. import golden
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import routing_arrays, slot_rows
-from ..problems import routed_problem
 from ..units.dispatch_backward_gate import (DispatchBackwardGateParams,
                                             DispatchBackwardGateUnit)
 from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_bits,
-                     compare_log, compare_values, format_of, need, runtime_int)
+                     compare_log, compare_values, format_of, need, memory_latency, runtime_int)
+from ..problems import backward_gate_problem
 from .unit import Unit
 
-__all__ = ["UNIT", "DispatchBackwardGate", "DEFAULT_READ_LATENCY", "expected_reads",
-           "float64_error", "backward_gate_problem"]
-
-DEFAULT_READ_LATENCY = 2      # the bench memories' read latency unless told otherwise
-
+__all__ = ["UNIT", "DispatchBackwardGate", "expected_reads",
+           "float64_error"]
 
 def expected_reads(indices, locations, *, tokens, hidden, num_experts, capacity, lanes,
                    interleave):
@@ -85,20 +82,6 @@ def float64_error(grad_gates, input, indices, locations, grad_dispatch, *, num_e
             "bound": m * u / (1 - m * u), "pairs": int(finite.sum())}
 
 
-def backward_gate_problem(*, tokens, hidden, experts, top_k=1, format="fp32", capacity=None,
-                          seed=0):
-    """A random top-k problem (``moe_hw.problems.routed_problem``'s routing and token rows)
-    with a normal ``grad_dispatch`` [E*C, H]: ``(inputs, run-time values)``."""
-    routed = routed_problem(tokens=tokens, hidden=hidden, experts=experts, top_k=top_k,
-                            format=format, capacity=capacity, seed=seed)
-    rng = np.random.default_rng([seed, 1])
-    rows = routed["num_experts"] * routed["capacity"]
-    grad = rng.standard_normal((rows, hidden)).astype(np.float32).astype(FORMATS[format].dtype)
-    return ({"input": routed["input"], "indices": routed["indices"],
-             "locations": routed["locations"], "grad_dispatch": grad},
-            {"num_experts": routed["num_experts"], "capacity": routed["capacity"]})
-
-
 class DispatchBackwardGate(Unit):
     name = "dispatch_backward_gate"
     summary = ("tutel / MLU-OPS dispatch backward, gate gradient: per-pair dot product over H "
@@ -107,7 +90,7 @@ class DispatchBackwardGate(Unit):
     params = DispatchBackwardGateParams
     inputs = ("input", "indices", "locations", "grad_dispatch")
     outputs = ("grad_gates", "dropped")
-    runtime = ("num_experts", "capacity", "read_latency")
+    runtime = ("num_experts", "capacity", "memory_latency")
     ideal = "one beat per cycle: k*S*ceil(H/lanes)"
 
     def build(self, params):
@@ -118,9 +101,7 @@ class DispatchBackwardGate(Unit):
         input, indices, locations, grad_dispatch = need(inputs, self.name, self.inputs)
         num_experts = runtime_int("num_experts", runtime, inputs)
         capacity = runtime_int("capacity", runtime, inputs)
-        latency = runtime_int("read_latency", runtime, inputs, default=DEFAULT_READ_LATENCY)
-        if latency < 1:
-            raise HostError(f"read_latency must be a positive integer, not {latency}")
+        latency = memory_latency(runtime, inputs)
         shape = np.shape(indices)
         try:
             indices, locations, _ = routing_arrays(indices, locations)
@@ -142,7 +123,7 @@ class DispatchBackwardGate(Unit):
                             f"{input.dtype}; they must share one format")
         return {"input": input, "indices": indices, "locations": locations,
                 "grad_dispatch": grad_dispatch, "shape": shape, "num_experts": num_experts,
-                "capacity": capacity, "read_latency": latency}
+                "capacity": capacity, "memory_latency": latency}
 
     def params_for(self, problem, settings):
         top_k, (tokens, hidden) = problem["indices"].shape[0], problem["input"].shape
@@ -189,7 +170,7 @@ class DispatchBackwardGate(Unit):
         settings = {"lanes": params.lanes, "width": fmt.width, "tokens": int(tokens),
                     "top_k": int(top_k), "hidden": int(hidden),
                     "capacity": problem["capacity"], "num_experts": problem["num_experts"],
-                    "feed": self._pairs(problem) > 0, "read_latency": problem["read_latency"]}
+                    "feed": self._pairs(problem) > 0, "memory_latency": problem["memory_latency"]}
         return stimulus, settings
 
     def unpack(self, problem, params, results):
@@ -239,13 +220,13 @@ class DispatchBackwardGate(Unit):
         """:meth:`DispatchBackwardGateParams.cycles` (groups of G pairs, the flush round and
         the pipeline; 1 without pairs)."""
         return params.cycles(self._pairs(problem), problem["input"].shape[1],
-                             problem["read_latency"], reads=self._reads(problem))
+                             problem["memory_latency"], reads=self._reads(problem))
 
     def describe(self, problem, params):
         return (f"dispatch_backward_gate: {self._pairs(problem)} pairs, "
                 f"H={problem['input'].shape[1]}, E={problem['num_experts']}, "
                 f"C={problem['capacity']}, lanes={params.lanes}, {params.format}, memory read "
-                f"latency {problem['read_latency']}")
+                f"latency {problem['memory_latency']}")
 
     def point_inputs(self, problem, seed=0):
         return backward_gate_problem(

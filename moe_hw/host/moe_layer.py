@@ -23,17 +23,17 @@ from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import add, float_array, mul, slot_rows
 from ..units.combine_gather import gather_schedule
 from ..units.moe_layer import PHASES, MoELayer as MoELayerUnit, MoELayerParams
-from .checks import (HostError, check_dtype, check_maxima, compare_bits, compare_log,
-                     compare_values, format_of, need, runtime_int)
+from .checks import (MEMORY_LATENCY, HostError, check_dtype, check_maxima, compare_bits, compare_log,
+                     compare_values, format_of, need, memory_latency, runtime_int)
 from .dispatch import expected_writes
+from ..problems import layer_gates
 from .unit import Unit
 
-__all__ = ["UNIT", "MoELayer", "MoELayerProblem", "MEMORY_LATENCY", "DEFAULT_CAPACITY_FACTOR",
-           "PHASE_NAMES", "layer_problem", "phase_durations", "random_gate_matrix"]
+__all__ = ["UNIT", "MoELayer", "MoELayerProblem", "DEFAULT_CAPACITY_FACTOR",
+           "PHASE_NAMES", "layer_problem", "phase_durations"]
 
 #: The memory model's latency unless told otherwise: a request taken at the end of cycle u
 #: is answered from cycle u + 2 (an on-chip RAM with a registered output).
-MEMORY_LATENCY = 2
 #: The capacity factor used when no capacity is given: C = k * ceil(1.25 * S / E).
 DEFAULT_CAPACITY_FACTOR = 1.25
 
@@ -207,29 +207,6 @@ def _expected_expert_log(prob, buffer, lanes):
             np.array(datas, np.uint64).reshape(len(addrs), lanes))
 
 
-def random_gate_matrix(rng, tokens, experts, k, dtype=np.float32, *, experts_used=None,
-                       specials=0.0):
-    """A top-k gate matrix [S, E]: k distinct experts per token (drawn from ``experts_used``,
-    default all) with gates in (0, 1], the rest +0.0 or -0.0 (not routed). ``specials``: the
-    fraction of routed gates replaced by NaN, +Inf or a subnormal."""
-    used = np.arange(experts) if experts_used is None else np.asarray(experts_used)
-    if k > len(used):
-        raise HostError(f"k ({k}) must not exceed the experts used ({len(used)})")
-    gates = np.where(rng.random((tokens, experts)) < 0.5, 0.0, -0.0).astype(np.float32)
-    gates = gates.astype(dtype)
-    fmt = FORMATS[format_of(gates)]
-    for i in range(tokens):
-        chosen = used[rng.permutation(len(used))[:k]]
-        values = rng.uniform(0.05, 1.0, k).astype(np.float32).astype(dtype)
-        for j, expert in enumerate(chosen):
-            if rng.random() < specials:
-                bits = rng.choice([fmt.quiet_nan, fmt.exp_max << fmt.mant_bits,
-                                   int(rng.integers(1, 1 << fmt.mant_bits))])
-                values[j] = np.array(bits, fmt.uint_dtype).view(fmt.dtype)
-            gates[i, expert] = values[j]
-    return gates
-
-
 class MoELayer(Unit):
     name = "moe_layer"
     summary = ("the whole MoE layer (postscore): locations -> dispatch -> affine experts -> "
@@ -250,9 +227,7 @@ class MoELayer(Unit):
         gates, input = need(inputs, self.name, ("gates", "input"))
         capacity = runtime_int("capacity", runtime, inputs) \
             if "capacity" in runtime or "capacity" in inputs else None
-        latency = runtime_int("memory_latency", runtime, inputs, default=MEMORY_LATENCY)
-        if latency < 1:
-            raise HostError(f"memory_latency must be at least 1, not {latency}")
+        latency = memory_latency(runtime, inputs)
         return {"layer": layer_problem(gates, input, capacity, inputs.get("expert_scale"),
                                        inputs.get("expert_bias"), latency)}
 
@@ -443,7 +418,7 @@ class MoELayer(Unit):
         factor (1.25)."""
         rng = np.random.default_rng(seed)
         dtype = FORMATS[shape.format].dtype
-        gates = random_gate_matrix(rng, shape.tokens, shape.experts, shape.top_k, dtype)
+        gates = layer_gates(rng, shape.tokens, shape.experts, shape.top_k, dtype)
         inputs = {
             "gates": gates,
             "input": rng.standard_normal((shape.tokens, shape.hidden)).astype(dtype),

@@ -3,30 +3,17 @@
 stream out, run by one cocotb bench (``sim/bench_row_gather.py``) with a memory model, and
 scored with two scoreboards, over every output beat and over every memory read.
 
-The memory model's latency is the run-time value ``memory_latency`` (``--set`` or a scalar
-in the npz; :data:`MEMORY_LATENCY` when absent): a request taken at the end of cycle u is
-answered from cycle u + ``memory_latency``.
+The memory model's latency is the run-time value ``memory_latency``
+(:func:`~moe_hw.host.checks.memory_latency`).
 """
 
 import numpy as np
 
 from ..blocks.row_reader import last_enable, row_beats
-from .checks import HostError, compare_log, compare_values, runtime_int
+from .checks import compare_log, compare_values
 from .unit import Unit
 
-__all__ = ["RowGather", "MEMORY_LATENCY", "memory_latency"]
-
-#: The memory model's latency unless told otherwise: a request taken at the end of cycle u
-#: is answered from cycle u + 2 (an on-chip RAM with a registered output).
-MEMORY_LATENCY = 2
-
-
-def memory_latency(runtime, inputs):
-    """The run-time ``memory_latency`` (at least 1), :data:`MEMORY_LATENCY` by default."""
-    latency = runtime_int("memory_latency", runtime, inputs, default=MEMORY_LATENCY)
-    if latency < 1:
-        raise HostError(f"memory_latency must be at least 1, not {latency}")
-    return latency
+__all__ = ["RowGather"]
 
 
 class RowGather(Unit):

@@ -19,7 +19,8 @@ from ..problems import routed_problem
 from ..units.sparse_gather import SparseGatherParams, SparseGatherUnit
 from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_values,
                      format_of, need, runtime_int)
-from .row_gather import RowGather, memory_latency
+from .checks import memory_latency
+from .row_gather import RowGather
 
 __all__ = ["UNIT", "SparseGather"]
 

@@ -14,9 +14,10 @@ from ..golden.sparse import check_gate_matrix
 from ..units.sparse_index import SparseIndexParams, SparseIndexUnit, place_cycles
 from .checks import (HostError, check_dtype, check_maxima, compare_bits, compare_log,
                      compare_values, format_of, need)
+from ..problems import softmax_gates
 from .unit import Unit
 
-__all__ = ["UNIT", "SparseIndex", "row_beats", "expected_writes", "random_gates",
+__all__ = ["UNIT", "SparseIndex", "row_beats", "expected_writes",
            "simulate_raw"]
 
 
@@ -46,15 +47,6 @@ def expected_writes(batch_index, part_sizes):
     experts = np.repeat(np.arange(len(part_sizes)), part_sizes)
     order = np.lexsort((experts, batch_index))
     return order.astype(np.int64), batch_index[order]
-
-
-def random_gates(rng, tokens, experts, k, dtype=np.float32):
-    """Softmax-top-k-like gates [S, E]: k distinct experts per row, gates in (0.05, 1)."""
-    gates = np.zeros((tokens, experts), dtype)
-    for i in range(tokens):
-        chosen = rng.choice(experts, min(k, experts), replace=False)
-        gates[i, chosen] = rng.uniform(0.05, 1.0, len(chosen)).astype(np.float32).astype(dtype)
-    return gates
 
 
 class SparseIndex(Unit):
@@ -180,7 +172,7 @@ class SparseIndex(Unit):
                 f"{self.single_pass_cycles(problem, params)} cycles")
 
     def bench_problems(self, shape, seed=0):
-        gates = random_gates(np.random.default_rng(seed), shape.tokens, shape.experts,
+        gates = softmax_gates(np.random.default_rng(seed), shape.tokens, shape.experts,
                              shape.top_k, FORMATS[shape.format].dtype)
         return {"": ({"gates": gates}, {"lanes": shape.lanes})}
 
