@@ -337,18 +337,11 @@ class CombineGatherUnit(wiring.Component):
         slot_address = m.submodules.slot_address = SlotAddress(
             index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
             max_hidden=p.max_hidden, addr_width=p.addr_width, offset_width=len(offset))
-        m.d.comb += [
-            slot_address.en.eq(en_c),
-            slot_address.index.eq(index), slot_address.location.eq(location),
-            slot_address.capacity.eq(ctl.size("capacity")),
-            slot_address.num_experts.eq(ctl.size("num_experts")),
-            slot_address.hidden.eq(hidden),
-            slot_address.offset.eq(offset),
-        ]
-        base = slot_address.address
+        base, in_range = slot_address.follow(m, ctl, en=en_c, index=index, location=location)
+        m.d.comb += slot_address.offset.eq(offset)
         s3 = {name: delay(m, value, 1, en_c, name=f"{name}_s3") for name, value in s2.items()}
         # top_k == 0 is held for the run: every pair is invalid.
-        s3["valid"] = slot_address.in_range & ~k_zero
+        s3["valid"] = in_range & ~k_zero
 
         tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
                                         "end_pass": 1, "tail": 1})

@@ -170,15 +170,8 @@ class DispatchUnit(wiring.Component):
         slot_address = m.submodules.slot_address = SlotAddress(
             index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
             max_hidden=p.max_hidden, addr_width=p.addr_width)
-        m.d.comb += [
-            slot_address.en.eq(en_h),
-            slot_address.index.eq(header.index), slot_address.location.eq(header.location),
-            slot_address.capacity.eq(ctl.size("capacity")),
-            slot_address.num_experts.eq(ctl.size("num_experts")),
-            slot_address.hidden.eq(hidden),
-        ]
-        base = slot_address.address
-        h_valid = slot_address.in_range
+        base, h_valid = slot_address.follow(m, ctl, en=en_h, index=header.index,
+                                            location=header.location)
         h_gate = delay(m, header.gate, SlotAddress.latency, en_h, name="h_gate")
 
         # ---- current pair: walks the addresses of its beats ------------------------------

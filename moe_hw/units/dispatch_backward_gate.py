@@ -257,15 +257,8 @@ class DispatchBackwardGateUnit(wiring.Component):
         slot_address = m.submodules.slot_address = SlotAddress(
             index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
             max_hidden=p.max_hidden, addr_width=p.grad_addr_width)
-        m.d.comb += [
-            slot_address.en.eq(en_h),
-            slot_address.index.eq(header.index), slot_address.location.eq(header.location),
-            slot_address.capacity.eq(ctl.size("capacity")),
-            slot_address.num_experts.eq(ctl.size("num_experts")),
-            slot_address.hidden.eq(hidden),
-        ]
-        h_grad_base = slot_address.address
-        h_valid = slot_address.in_range
+        h_grad_base, h_valid = slot_address.follow(m, ctl, en=en_h, index=header.index,
+                                                   location=header.location)
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += headers_left.eq(headers_left - 1)
 
