@@ -24,15 +24,17 @@ Latency: 2 (stage 1: mask and ``slot = index*C + location``; stage 2: ``slot*H +
 One pair per enabled cycle.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from ..params import check_int
-from ..stream import delay
+from ..stream import PipelineControl, delay
 
-__all__ = ["SlotAddress"]
+__all__ = ["SlotAddress", "header_slot_stage"]
 
 
 class SlotAddress(wiring.Component):
@@ -93,3 +95,28 @@ class SlotAddress(wiring.Component):
             self.in_range.eq(delay(m, in_range, 2, self.en, name="in_range")),
         ]
         return m
+
+
+def header_slot_stage(m, header, control, params, *, open, addr_width):
+    """The header stream of a unit that addresses the expert buffer, through the slot
+    address: a :class:`~moe_hw.stream.PipelineControl` of ``SlotAddress.latency`` stages
+    (submodule ``header_ctl``) and the :class:`SlotAddress` (submodule ``slot_address``).
+
+    ``header`` is the unit's input stream (payload fields ``index`` and ``location``),
+    ``control`` its :class:`~moe_hw.blocks.run_control.RunControl`, ``params`` its
+    parameters (``index_width`` and the maxima); headers are taken while ``open`` is high.
+    Returns ``ctl`` (the pipeline control: ``o_valid``, ``o_ready``, ``en``, ``busy``),
+    ``address`` and ``in_range``, aligned with ``ctl.o_valid``.
+    """
+    ctl = m.submodules.header_ctl = PipelineControl(SlotAddress.latency)
+    m.d.comb += [
+        ctl.i_valid.eq(header.valid & open),
+        header.ready.eq(ctl.en & open),
+    ]
+    slot_address = m.submodules.slot_address = SlotAddress(
+        index_width=params.index_width, max_experts=params.max_experts,
+        max_capacity=params.max_capacity, max_hidden=params.max_hidden, addr_width=addr_width)
+    address, in_range = slot_address.follow(m, control, en=ctl.en,
+                                            index=header.payload.index,
+                                            location=header.payload.location)
+    return SimpleNamespace(ctl=ctl, address=address, in_range=in_range)

@@ -53,7 +53,7 @@ from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import RunControl, run_ports
-from ..blocks.slot_address import SlotAddress
+from ..blocks.slot_address import SlotAddress, header_slot_stage
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
@@ -158,20 +158,11 @@ class DispatchUnit(wiring.Component):
         pairs_left = Signal.like(self.pairs)
 
         # ---- header pipeline: mask and slot address -----------------------------------------
-        header = self.header.payload
-        header_ctl = m.submodules.header_ctl = PipelineControl(SlotAddress.latency)
-        header_open = running & (headers_left != 0)
-        m.d.comb += [
-            header_ctl.i_valid.eq(self.header.valid & header_open),
-            self.header.ready.eq(header_ctl.en & header_open),
-        ]
+        stage = header_slot_stage(m, self.header, ctl, p, open=running & (headers_left != 0),
+                                  addr_width=p.addr_width)
+        header_ctl, base, h_valid = stage.ctl, stage.address, stage.in_range
         en_h = header_ctl.en
-        slot_address = m.submodules.slot_address = SlotAddress(
-            index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
-            max_hidden=p.max_hidden, addr_width=p.addr_width)
-        base, h_valid = slot_address.follow(m, ctl, en=en_h, index=header.index,
-                                            location=header.location)
-        h_gate = delay(m, header.gate, SlotAddress.latency, en_h, name="h_gate")
+        h_gate = delay(m, self.header.payload.gate, SlotAddress.latency, en_h, name="h_gate")
 
         # ---- current pair: walks the addresses of its beats ------------------------------
         mul_ctl = m.submodules.mul_ctl = PipelineControl(p.stages)
