@@ -70,22 +70,24 @@ class FloatAdderCore(FloatCore):
         regs = StageRegisters(m, self.en, allocate_stages(
             self._stages, _BOUNDARY_PRIORITY, _EXTRA_BOUNDARY))
 
-        a = unpack(m, fmt, self.a, name="a")
-        b = unpack(m, fmt, self.b, name="b")
+        # Raw exponent fields: a subnormal has exponent 0 and its fraction shifted left by
+        # one, so the exponent differences are plain subtractions of the fields. The
+        # normalising shift below stops at exponent 1 all the same.
+        a = unpack(m, fmt, self.a, name="a", raw_exponent=True)
+        b = unpack(m, fmt, self.b, name="b", raw_exponent=True)
         subtract = a.sign ^ b.sign
         diff_ab = Signal(exp_bits, name="distance_ab")
         diff_ba = Signal(exp_bits, name="distance_ba")
         m.d.comb += [diff_ab.eq(a.exponent - b.exponent), diff_ba.eq(b.exponent - a.exponent)]
         # x is the operand of larger magnitude: it gives the result its sign and exponent.
-        # The magnitudes (bit patterns without the sign) are compared in two halves here and
-        # the halves combined after the register: two short carry chains instead of one long.
-        half = (fmt.width - 1) // 2
+        # The magnitudes (bit patterns without the sign) are compared in bytes here (short
+        # carry chains) and the bytes combined after the register.
+        chunks = range(0, fmt.width - 1, 8)
+        greater = Cat(b.magnitude[i:i + 8] > a.magnitude[i:i + 8] for i in chunks)
+        equal = Cat(b.magnitude[i:i + 8] == a.magnitude[i:i + 8] for i in chunks)
         cmp = regs.boundary(
             "compared",
-            greater_high=b.magnitude[half:] > a.magnitude[half:],
-            equal_high=b.magnitude[half:] == a.magnitude[half:],
-            greater_low=b.magnitude[:half] > a.magnitude[:half],
-            equal_low=b.magnitude[:half] == a.magnitude[:half],
+            greater=greater, equal=equal,
             subtract=subtract,
             sign_a=a.sign, sign_b=b.sign,
             exponent_a=a.exponent, exponent_b=b.exponent,
@@ -97,9 +99,12 @@ class FloatAdderCore(FloatCore):
 
         swap = Signal(name="swap")
         cancel = Signal(name="cancel")                     # exactly zero: +0 under RNE
+        greater_so_far = Const(0)
+        for i in range(len(cmp.greater)):                   # from the low byte up
+            greater_so_far = cmp.greater[i] | (cmp.equal[i] & greater_so_far)
         m.d.comb += [
-            swap.eq(cmp.greater_high | (cmp.equal_high & cmp.greater_low)),
-            cancel.eq(cmp.subtract & cmp.equal_high & cmp.equal_low),
+            swap.eq(greater_so_far),
+            cancel.eq(cmp.subtract & cmp.equal.all()),
         ]
         # Three bits below the significands (guard, round, sticky) are enough for a correctly
         # rounded sum; past mant_bits + 4 the smaller operand is all sticky, and so it is

@@ -178,37 +178,56 @@ class StageRegisters:
         })
 
 
-def unpack(m, fmt, bits, *, name):
+def unpack(m, fmt, bits, *, name, raw_exponent=False):
     """Split a raw bit pattern into sign, biased exponent, significand and class flags.
 
     Subnormals get exponent 1 and no hidden bit (see the module docstring); zero is a
-    subnormal with significand 0 as far as the arithmetic goes, and is also flagged.
+    subnormal with significand 0 as far as the arithmetic goes, and is also flagged. With
+    ``raw_exponent`` the exponent is the field itself (no mux in front of exponent
+    arithmetic) and a subnormal's significand is its fraction shifted left by one instead:
+    ``value = significand * 2**(exponent - bias - mant_bits)`` holds either way.
+
+    Besides the flags ``zero``, ``subnormal``, ``inf`` and ``nan``, the parts they are made
+    of (``exp_zero``, ``exp_ones``, ``frac_zero``) are returned, so that a pipeline can
+    register those and combine them a stage later.
     """
     frac = bits[:fmt.mant_bits]
     exp_field = bits[fmt.mant_bits:fmt.mant_bits + fmt.exp_bits]
-    exp_zero = exp_field == 0
-    exp_ones = exp_field == fmt.exp_max
 
     out = SimpleNamespace(
         sign=Signal(name=f"{name}_sign"),
         exponent=Signal(fmt.exp_bits, name=f"{name}_exponent"),
         significand=Signal(fmt.mant_bits + 1, name=f"{name}_significand"),
         magnitude=Signal(fmt.width - 1, name=f"{name}_magnitude"),
+        exp_zero=Signal(name=f"{name}_exp_zero"),
+        exp_ones=Signal(name=f"{name}_exp_ones"),
+        frac_zero=Signal(name=f"{name}_frac_zero"),
         zero=Signal(name=f"{name}_zero"),
         subnormal=Signal(name=f"{name}_subnormal"),
         inf=Signal(name=f"{name}_inf"),
         nan=Signal(name=f"{name}_nan"),
     )
     m.d.comb += [
+        out.exp_zero.eq(exp_field == 0),
+        out.exp_ones.eq(exp_field == fmt.exp_max),
+        out.frac_zero.eq(frac == 0),
         out.sign.eq(bits[fmt.width - 1]),
-        out.exponent.eq(Mux(exp_zero, 1, exp_field)),
-        out.significand.eq(Cat(frac, ~exp_zero)),
         out.magnitude.eq(bits[:fmt.width - 1]),
-        out.zero.eq(exp_zero & (frac == 0)),
-        out.subnormal.eq(exp_zero & (frac != 0)),
-        out.inf.eq(exp_ones & (frac == 0)),
-        out.nan.eq(exp_ones & (frac != 0)),
+        out.zero.eq(out.exp_zero & out.frac_zero),
+        out.subnormal.eq(out.exp_zero & ~out.frac_zero),
+        out.inf.eq(out.exp_ones & out.frac_zero),
+        out.nan.eq(out.exp_ones & ~out.frac_zero),
     ]
+    if raw_exponent:
+        m.d.comb += [
+            out.exponent.eq(exp_field),
+            out.significand.eq(Mux(out.exp_zero, frac << 1, Cat(frac, 1))),
+        ]
+    else:
+        m.d.comb += [
+            out.exponent.eq(Mux(out.exp_zero, 1, exp_field)),
+            out.significand.eq(Cat(frac, ~out.exp_zero)),
+        ]
     return out
 
 

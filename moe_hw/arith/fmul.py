@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from .ecp5_dsp import mult18x18d
 from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages,
-                         leading_zeros, round_pack, round_prepare, shift_bits, shift_left_step,
+                         leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare, shift_bits, shift_left_step,
                          shift_right_sticky_step, unpack)
 
 __all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES", "DSP_TARGETS"]
@@ -99,12 +99,29 @@ class FloatMultiplierCore(FloatCore):
 
         a = unpack(m, fmt, self.a, name="a")
         b = unpack(m, fmt, self.b, name="b")
-        swap = b.zero | b.subnormal
+        swap = b.exp_zero
+        # The first step of x's leading-zero count, on both fractions (straight from the
+        # input bits) with a zero hidden bit; a normal x has a hidden one and no zeros.
+        groups_a = leading_zeros_groups(m, Cat(a.significand[:mant_bits], Const(0, 1)),
+                                        name="a_zeros")
+        groups_b = leading_zeros_groups(m, Cat(b.significand[:mant_bits], Const(0, 1)),
+                                        name="b_zeros")
+        hidden_x = Mux(swap, 0, ~a.exp_zero)
+        top_group = len(groups_a[0]) - 1
+        zero_any = Signal.like(groups_a[0], name="x_zeros_any")
+        zero_counts = Signal.like(groups_a[1], name="x_zeros_counts")
+        m.d.comb += [
+            zero_any.eq(Mux(swap, groups_b[0], groups_a[0]) | (hidden_x << top_group)),
+            zero_counts.eq(Mux(swap, groups_b[1], groups_a[1])
+                           & ~(hidden_x.replicate(2) << (2 * top_group))),
+        ]
         ops = regs.boundary(
             "unpacked",
             sign=a.sign ^ b.sign,
-            nan=a.nan | b.nan | (a.inf & b.zero) | (a.zero & b.inf),
-            inf=a.inf | b.inf,
+            # The class flags are combined after the register (fewer LUT levels here).
+            exp_zero_a=a.exp_zero, exp_ones_a=a.exp_ones, frac_zero_a=a.frac_zero,
+            exp_zero_b=b.exp_zero, exp_ones_b=b.exp_ones, frac_zero_b=b.frac_zero,
+            zero_any=zero_any, zero_counts=zero_counts,
             exponent_x=Mux(swap, b.exponent, a.exponent),
             exponent_y=Mux(swap, a.exponent, b.exponent),
             significand_x=Mux(swap, b.significand, a.significand),
@@ -116,8 +133,13 @@ class FloatMultiplierCore(FloatCore):
         exp_shape = signed(exp_bits + 3)
         exponent_sum = Signal(exp_shape, name="exponent_sum")
         m.d.comb += exponent_sum.eq(ops.exponent_x + ops.exponent_y - (fmt.bias - 1))
-        zeros = leading_zeros(m, ops.significand_x, name="x_zeros")
-        passing = dict(sign=ops.sign, nan=ops.nan, inf=ops.inf)
+        zeros = leading_zeros_combine(m, ops.zero_any, ops.zero_counts, sig_bits,
+                                      name="x_zeros")
+        inf_a, inf_b = ops.exp_ones_a & ops.frac_zero_a, ops.exp_ones_b & ops.frac_zero_b
+        zero_a, zero_b = ops.exp_zero_a & ops.frac_zero_a, ops.exp_zero_b & ops.frac_zero_b
+        nan = ((ops.exp_ones_a & ~ops.frac_zero_a) | (ops.exp_ones_b & ~ops.frac_zero_b)
+               | (inf_a & zero_b) | (zero_a & inf_b))
+        passing = dict(sign=ops.sign, nan=nan, inf=inf_a | inf_b)
         counted = regs.boundary("zeros", **passing, exponent=exponent_sum, zeros=zeros,
                                 significand_x=ops.significand_x,
                                 significand_y=ops.significand_y)
@@ -144,24 +166,23 @@ class FloatMultiplierCore(FloatCore):
         max_shift = mant_bits + 2       # past this, everything is sticky
         round_width = mant_bits + 4     # hidden bit, fraction, guard and two more
 
-        def underflow_shift(e, target, name):
-            # Shift right by target - e (clamped) to bring exponent e - (1 - target) to 1,
-            # the subnormal grid. The compares and the difference are parallel carry chains.
-            shift = Signal(range(max_shift + 1), name=name)
-            m.d.comb += shift.eq(Mux(e < target - max_shift, max_shift,
-                                     Mux(e < target, target - e, 0)))
-            return shift
-
+        # Shift right by target - e (clamped) to bring the exponent to 1, the subnormal grid,
+        # for target 1 (leading one at the top) and 2 (one below): the compares and the
+        # differences here (parallel carry chains), the choice after the next register.
+        e = mul_in.exponent
         exponent_low = Signal(exp_shape, name="exponent_low")
-        m.d.comb += exponent_low.eq(mul_in.exponent - 1)
-        exponents = dict(exponent_high=mul_in.exponent, exponent_low=exponent_low,
-                         shift_high=underflow_shift(mul_in.exponent, 1, "underflow_high"),
-                         shift_low=underflow_shift(mul_in.exponent, 2, "underflow_low"))
+        m.d.comb += exponent_low.eq(e - 1)
+        exponents = dict(exponent_high=e, exponent_low=exponent_low)
+        for key, target in (("high", 1), ("low", 2)):
+            difference = Signal(exp_shape, name=f"underflow_{key}")
+            m.d.comb += difference.eq(target - e)
+            exponents.update({f"saturate_{key}": e < target - max_shift,
+                              f"underflow_{key}": e < target,
+                              f"difference_{key}": difference})
 
         def carry(stage):
             return {key: getattr(stage, key) for key in
-                    ("sign", "nan", "inf", "exponent_high", "exponent_low", "shift_high",
-                     "shift_low")}
+                    ("sign", "nan", "inf", *exponents)}
 
         ahead = dict(sign=mul_in.sign, nan=mul_in.nan, inf=mul_in.inf, **exponents)
         if self._dsp == "generic":
@@ -196,6 +217,13 @@ class FloatMultiplierCore(FloatCore):
                 m.d.comb += product.eq(Cat(partial.ll, partial.hh) + (partial.cross << low))
                 prod = regs.boundary("product", **carry(partial), product=product)
 
+        shifts = {}
+        for key in ("high", "low"):
+            shifts[key] = Mux(getattr(prod, f"saturate_{key}"), max_shift,
+                              Mux(getattr(prod, f"underflow_{key}"),
+                                  getattr(prod, f"difference_{key}")[:len(range(max_shift + 1))],
+                                  0))
+
         # Both significands were in [1, 2) (or x is zero): the leading one is at the top bit
         # or the one below it.
         top = prod.product[-1]
@@ -206,7 +234,7 @@ class FloatMultiplierCore(FloatCore):
         norm = regs.boundary(
             "product_normalised", **passing,
             exponent=Mux(top, prod.exponent_high, prod.exponent_low),
-            shift=Mux(top, prod.shift_high, prod.shift_low),
+            shift=Mux(top, shifts["high"], shifts["low"]),
             significand=normalised[drop:], sticky=normalised[:drop].any(),
         )
 
