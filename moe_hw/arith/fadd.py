@@ -93,9 +93,13 @@ class FloatAdderCore(FloatCore):
             exponent_a=a.exponent, exponent_b=b.exponent,
             significand_a=a.significand, significand_b=b.significand,
             diff_ab=diff_ab, diff_ba=diff_ba,
-            nan=a.nan | b.nan | (a.inf & b.inf & subtract),
-            inf=a.inf | b.inf,
+            # The class flags are combined after the register (fewer LUT levels here).
+            exp_ones_a=a.exp_ones, frac_zero_a=a.frac_zero,
+            exp_ones_b=b.exp_ones, frac_zero_b=b.frac_zero,
         )
+        inf_a, inf_b = cmp.exp_ones_a & cmp.frac_zero_a, cmp.exp_ones_b & cmp.frac_zero_b
+        nan = ((cmp.exp_ones_a & ~cmp.frac_zero_a) | (cmp.exp_ones_b & ~cmp.frac_zero_b)
+               | (inf_a & inf_b & cmp.subtract))
 
         swap = Signal(name="swap")
         cancel = Signal(name="cancel")                     # exactly zero: +0 under RNE
@@ -123,7 +127,7 @@ class FloatAdderCore(FloatCore):
             exponent_x=exponent_x,
             significand_x=Mux(swap, cmp.significand_b, cmp.significand_a),
             significand_y=Mux(swap, cmp.significand_a, cmp.significand_b),
-            shift=shift, nan=cmp.nan, inf=cmp.inf,
+            shift=shift, nan=nan, inf=inf_a | inf_b,
         )
 
         coarse_bits, fine_bits = shift_bits((1 << shift_width) - 1)

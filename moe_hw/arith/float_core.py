@@ -318,9 +318,9 @@ def shift_left_step(m, value, amount, bits, *, name):
 
 def shift_bits(max_shift, coarse=2):
     """The bits of a shift amount up to ``max_shift`` split into a coarse step (the top
-    ``coarse`` bits, or fewer) and a fine step (the rest), each about three LUT levels."""
+    ``coarse`` bits, but at most all but one) and a fine step (the rest)."""
     bits = list(range(max(1, int(max_shift).bit_length())))[::-1]
-    fine = max(len(bits) - coarse, min(len(bits), 2))
+    fine = max(len(bits) - coarse, 1)
     return bits[:len(bits) - fine], bits[len(bits) - fine:]
 
 

@@ -145,7 +145,9 @@ class FloatMultiplierCore(FloatCore):
                                 significand_y=ops.significand_y)
 
         # A zero x has sig_bits leading zeros and shifts out to zero: the product is zero.
-        coarse_bits, fine_bits = shift_bits(sig_bits, coarse=3)
+        # The fine step is a single bit: the DSP inputs are a long route away.
+        shift_amount_bits = len(range(sig_bits + 1))
+        coarse_bits, fine_bits = shift_bits(sig_bits, coarse=shift_amount_bits - 1)
         x_shifted = shift_left_step(m, counted.significand_x, counted.zeros, coarse_bits,
                                     name="x_normalised")
         exponent = Signal(exp_shape, name="product_exponent")
@@ -167,8 +169,9 @@ class FloatMultiplierCore(FloatCore):
         round_width = mant_bits + 4     # hidden bit, fraction, guard and two more
 
         # Shift right by target - e (clamped) to bring the exponent to 1, the subnormal grid,
-        # for target 1 (leading one at the top) and 2 (one below): the compares and the
-        # differences here (parallel carry chains), the choice after the next register.
+        # for target 1 (leading one at the top) and 2 (one below), spread over the stages
+        # while the multiplier works: the differences (parallel carry chains), then after
+        # mul_outputs the compares, after mul_partial the clamped shifts.
         e = mul_in.exponent
         exponent_low = Signal(exp_shape, name="exponent_low")
         m.d.comb += exponent_low.eq(e - 1)
@@ -176,19 +179,36 @@ class FloatMultiplierCore(FloatCore):
         for key, target in (("high", 1), ("low", 2)):
             difference = Signal(exp_shape, name=f"underflow_{key}")
             m.d.comb += difference.eq(target - e)
-            exponents.update({f"saturate_{key}": e < target - max_shift,
-                              f"underflow_{key}": e < target,
-                              f"difference_{key}": difference})
+            exponents[f"difference_{key}"] = difference
+        keys = ("sign", "nan", "inf", "exponent_high", "exponent_low")
 
-        def carry(stage):
-            return {key: getattr(stage, key) for key in
-                    ("sign", "nan", "inf", *exponents)}
+        def compares(stage):
+            out = {}
+            for key in ("high", "low"):
+                difference = getattr(stage, f"difference_{key}")
+                out.update({f"difference_{key}": difference,
+                            f"saturate_{key}": difference > max_shift,
+                            f"underflow_{key}": difference > 0})
+            return out
+
+        def shifts(stage):
+            out = {}
+            for key in ("high", "low"):
+                out[f"shift_{key}"] = Mux(
+                    getattr(stage, f"saturate_{key}"), max_shift,
+                    Mux(getattr(stage, f"underflow_{key}"),
+                        getattr(stage, f"difference_{key}")[:len(range(max_shift + 1))], 0))
+            return out
+
+        def carry(stage, step=None):
+            return {key: getattr(stage, key) for key in keys} | step(stage)
 
         ahead = dict(sign=mul_in.sign, nan=mul_in.nan, inf=mul_in.inf, **exponents)
         if self._dsp == "generic":
             mul_out = regs.boundary("mul_outputs", **ahead, product=mul_in.x * mul_in.y)
-            partial = regs.boundary("mul_partial", **carry(mul_out), product=mul_out.product)
-            prod = regs.boundary("product", **carry(partial), product=partial.product)
+            partial = regs.boundary("mul_partial", **carry(mul_out, compares),
+                                    product=mul_out.product)
+            prod = regs.boundary("product", **carry(partial, shifts), product=partial.product)
         else:
             assert regs.count("mul_inputs") <= 1 and regs.count("mul_outputs") <= 1
             dsp = dict(en=self.en, reg_inputs=regs.count("mul_inputs") > 0,
@@ -198,8 +218,10 @@ class FloatMultiplierCore(FloatCore):
             mul_out = regs.boundary("mul_outputs", **ahead)
             if sig_bits <= _DSP_WIDTH:
                 product = mult18x18d(m, x, y, **dsp, name="mult")[:2 * sig_bits]
-                partial = regs.boundary("mul_partial", **carry(mul_out), product=product)
-                prod = regs.boundary("product", **carry(partial), product=partial.product)
+                partial = regs.boundary("mul_partial", **carry(mul_out, compares),
+                                        product=product)
+                prod = regs.boundary("product", **carry(partial, shifts),
+                                     product=partial.product)
             else:
                 # x = xh * 2**18 + xl, y likewise: four partial products, one block each.
                 low, high = _DSP_WIDTH, sig_bits - _DSP_WIDTH
@@ -210,19 +232,12 @@ class FloatMultiplierCore(FloatCore):
                 hh = mult18x18d(m, xh, yh, **dsp, name="mult_hh")[:2 * high]
                 cross = Signal(low + high + 1, name="mult_cross")
                 m.d.comb += cross.eq(lh + hl)
-                partial = regs.boundary("mul_partial", **carry(mul_out),
+                partial = regs.boundary("mul_partial", **carry(mul_out, compares),
                                         ll=ll, hh=hh, cross=cross)
                 # ll and hh << 36 do not overlap: one carry chain from bit 18 up.
                 product = Signal(2 * sig_bits, name="mult_product")
                 m.d.comb += product.eq(Cat(partial.ll, partial.hh) + (partial.cross << low))
-                prod = regs.boundary("product", **carry(partial), product=product)
-
-        shifts = {}
-        for key in ("high", "low"):
-            shifts[key] = Mux(getattr(prod, f"saturate_{key}"), max_shift,
-                              Mux(getattr(prod, f"underflow_{key}"),
-                                  getattr(prod, f"difference_{key}")[:len(range(max_shift + 1))],
-                                  0))
+                prod = regs.boundary("product", **carry(partial, shifts), product=product)
 
         # Both significands were in [1, 2) (or x is zero): the leading one is at the top bit
         # or the one below it.
@@ -234,7 +249,7 @@ class FloatMultiplierCore(FloatCore):
         norm = regs.boundary(
             "product_normalised", **passing,
             exponent=Mux(top, prod.exponent_high, prod.exponent_low),
-            shift=Mux(top, shifts["high"], shifts["low"]),
+            shift=Mux(top, prod.shift_high, prod.shift_low),
             significand=normalised[drop:], sticky=normalised[:drop].any(),
         )
 
