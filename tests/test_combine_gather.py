@@ -84,10 +84,11 @@ def test_combine_gather_cycle_formula():
     """The documented count, worked by hand for the window schedule: K*S*B read beats, plus
     the last window's wait for its partial sums when it is shorter than add_stages + 1."""
     unit = CombineGatherUnit(PARAMS)
-    loop = PARAMS.add_latency + 1                    # 5 for fp32
+    loop = PARAMS.add_latency + 1
     assert PARAMS.window_items == loop
     overhead = unit.overhead(MEMORY_LATENCY)
-    assert overhead == 1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + 4 + 4 + 1 + 1
+    assert overhead == (1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + PARAMS.mul_latency
+                        + PARAMS.add_latency + 1 + 1)
     # 37 tokens x 8 beats = 296 items: 59 full windows and one of 1 item.
     assert unit.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 1) + overhead
     # Whole windows only: exactly the ideal.

@@ -14,7 +14,8 @@ from amaranth.back import verilog
 
 from moe_hw.arith.fadd import DEFAULT_ADDER_STAGES, FloatAdder, FloatAdderCore
 from moe_hw.arith.vectors import (bits_equal, float_test_vectors, reference_add,
-                                  simulate_core, simulate_stream, special_values)
+                                  simulate_core, simulate_core_verilog, simulate_stream,
+                                  special_values)
 from moe_hw.formats import FORMATS, from_bits, to_bits
 
 FORMAT_NAMES = list(FORMATS)
@@ -152,3 +153,19 @@ def test_verilog(tmp_path, fmt, stages):
     (tmp_path / "fadd.v").write_text(text)
     subprocess.run([iverilog, "-g2012", "-o", str(tmp_path / "fadd.vvp"),
                     str(tmp_path / "fadd.v")], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_verilog_random_100k(fmt):
+    # The emitted Verilog at the default depth, in Icarus: every special pair and 100k random
+    # ones, with en dropping at random.
+    if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        pytest.skip("Icarus Verilog (iverilog, vvp) is not installed; Verilog not simulated")
+    a, b = float_test_vectors(fmt, 100_000, seed=30)
+    got = simulate_core_verilog(FloatAdderCore(fmt), a, b, output="sum",
+                                enable_probability=0.9, seed=31)
+    expected = reference_add(a, b, fmt)
+    assert len(got) == len(expected)
+    ok = bits_equal(got, expected, FORMATS[fmt])
+    assert ok.all(), (f"{(~ok).sum()} of {len(a)} sums wrong ({fmt}, Verilog):\n"
+                      + _describe_mismatches(a, b, got, expected, FORMATS[fmt]))

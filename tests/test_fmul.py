@@ -13,8 +13,10 @@ import pytest
 from amaranth.back import verilog
 
 from moe_hw.arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplier, FloatMultiplierCore
+from moe_hw.arith.ecp5_dsp import MULT18X18D_SIM
 from moe_hw.arith.vectors import (bits_equal, float_test_vectors, reference_mul,
-                                  simulate_core, simulate_stream, special_values)
+                                  simulate_core, simulate_core_verilog, simulate_stream,
+                                  special_values)
 from moe_hw.formats import FORMATS, from_bits, to_bits
 
 FORMAT_NAMES = list(FORMATS)
@@ -150,83 +152,39 @@ def test_verilog(tmp_path, fmt, stages):
                     str(tmp_path / "fmul.v")], check=True, capture_output=True)
 
 
-# The ECP5 variant: MULT18X18D instances, simulated in Icarus with the behavioural model.
-_DSP_BENCH = """
-module bench;
-    reg clk = 0, rst = 1, en = 0;
-    reg [{msb}:0] a = 0, b = 0;
-    wire [{msb}:0] product;
-    reg [{msb}:0] va [0:{last}];
-    reg [{msb}:0] vb [0:{last}];
-    reg ve [0:{cycles_last}];
-    integer f, i, c, taken;
-    fmul_core dut(.clk(clk), .rst(rst), .en(en), .a(a), .b(b), .product(product));
-    always #5 clk = ~clk;
-    initial begin
-        $readmemh("a.hex", va); $readmemh("b.hex", vb); $readmemh("en.hex", ve);
-        f = $fopen("product.hex", "w");
-        repeat (2) @(posedge clk);
-        @(negedge clk) rst = 0;
-        i = 0; taken = 0;
-        for (c = 0; taken < {count}; c = c + 1) begin
-            a = va[i]; b = vb[i]; en = ve[c];
-            #4;     // just before the rising edge: product is the result for the operands
-                    // presented latency enabled edges ago
-            if (en) begin
-                if (i >= {latency}) begin $fwrite(f, "%h\\n", product); taken = taken + 1; end
-                i = i + 1;
-            end
-            @(negedge clk);
-        end
-        $fclose(f);
-        $finish;
-    end
-endmodule
-"""
+def check_core_verilog(fmt, stages, a, b, **kwargs):
+    if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        pytest.skip("Icarus Verilog (iverilog, vvp) is not installed; Verilog not simulated")
+    core = FloatMultiplierCore(fmt, stages, **kwargs.pop("core", {}))
+    got = simulate_core_verilog(core, a, b, output="product", **kwargs)
+    expected = reference_mul(a, b, fmt)
+    assert len(got) == len(expected)
+    ok = bits_equal(got, expected, FORMATS[fmt])
+    assert ok.all(), (f"{(~ok).sum()} of {len(a)} products wrong ({fmt}, {core.latency} "
+                      f"stages, dsp={core.dsp}, Verilog):\n"
+                      + _describe_mismatches(a, b, got, expected, FORMATS[fmt]))
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_verilog_random_100k(fmt):
+    # The emitted Verilog at the default depth: every special pair and 100k random ones.
+    a, b = float_test_vectors(fmt, 100_000, seed=30)
+    check_core_verilog(fmt, None, a, b, enable_probability=0.9, seed=31)
 
 
 @pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, None, 16])
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_ecp5_dsp_variant(tmp_path, fmt, stages):
-    from moe_hw.arith.ecp5_dsp import MULT18X18D_SIM
-    iverilog, vvp = shutil.which("iverilog"), shutil.which("vvp")
-    if iverilog is None or vvp is None:
-        pytest.skip("Icarus Verilog (iverilog, vvp) is not installed; ECP5 variant not run")
+def test_ecp5_dsp_variant(fmt, stages):
+    # MULT18X18D instances with their registers as pipeline registers, in Icarus with the
+    # behavioural model, at depths where the DSP registers are off, partly and fully on.
     core = FloatMultiplierCore(fmt, stages, dsp="ecp5")
-    assert core.latency == (DEFAULT_MULTIPLIER_STAGES[fmt] if stages is None else stages)
-    text = verilog.convert(core, name="fmul_core")
-    assert "MULT18X18D" in text
-    specials = special_values(fmt)
-    a, b = random_pairs(fmt, 1500, seed=20 + core.latency)
-    a = np.concatenate([np.repeat(specials, len(specials)), a])
-    b = np.concatenate([np.tile(specials, len(specials)), b])
-    count, latency, width = len(a), core.latency, FORMATS[fmt].width
-    rng = np.random.default_rng(core.latency)
-    enables = (rng.random(3 * (count + latency) + 16) < 0.7).astype(int)
-    enables[-(count + latency + 8):] = 1       # enough enabled cycles to drain
-    digits = width // 4
-    pad = np.zeros(latency + 1, dtype=a.dtype)
-    for name, values in (("a", np.concatenate([a, pad])), ("b", np.concatenate([b, pad]))):
-        (tmp_path / f"{name}.hex").write_text("".join(f"{int(v):0{digits}x}\n" for v in values))
-    (tmp_path / "en.hex").write_text("".join(f"{v}\n" for v in enables))
-    (tmp_path / "fmul_core.v").write_text(text)
-    (tmp_path / "mult18x18d.v").write_text(MULT18X18D_SIM)
-    (tmp_path / "bench.v").write_text(_DSP_BENCH.format(
-        msb=width - 1, last=count + latency, cycles_last=len(enables) - 1, count=count,
-        latency=latency))
-    subprocess.run([iverilog, "-g2012", "-o", "bench.vvp", "bench.v", "fmul_core.v",
-                    "mult18x18d.v"], cwd=tmp_path, check=True, capture_output=True)
-    subprocess.run([vvp, "-n", "bench.vvp"], cwd=tmp_path, check=True, capture_output=True)
-    got = np.array([int(line, 16) for line in (tmp_path / "product.hex").read_text().split()],
-                   dtype=a.dtype)
-    expected = reference_mul(a, b, fmt)
-    assert len(got) == count
-    ok = bits_equal(got, expected, FORMATS[fmt])
-    assert ok.all(), (f"{(~ok).sum()} of {count} products wrong ({fmt}, dsp=ecp5, "
-                      f"{latency} stages):\n"
-                      + _describe_mismatches(a, b, got, expected, FORMATS[fmt]))
+    assert "MULT18X18D" in verilog.convert(core, name="fmul_core")
+    a, b = float_test_vectors(fmt, 1500, seed=20 + core.latency)
+    check_core_verilog(fmt, stages, a, b, core={"dsp": "ecp5"}, sources=[MULT18X18D_SIM],
+                       enable_probability=0.7, seed=core.latency)
 
 
 def test_dsp_validation():
-    with pytest.raises(ValueError, match=r"^DSP target must be one of generic, ecp5, not 'xilinx'$"):
+    with pytest.raises(ValueError, match=r"^DSP target must be one of generic, ecp5, "
+                                         r"not 'xilinx'$"):
         FloatMultiplierCore("fp32", dsp="xilinx")

@@ -16,8 +16,8 @@ DEFAULT_ADDER_STAGES = {"fp32": 11, "fp16": 11, "bf16": 11}
 # Register boundaries in pipeline order, and the order in which they receive a register as
 # ``stages`` grows: each new register cuts the longest remaining combinational path.
 # Registers beyond the last all go on the output.
-_BOUNDARIES = ("compared", "operands", "align_coarse", "aligned", "sum", "zero_groups", "zeros",
-               "normalise_coarse", "normalised", "round_prepared", "rounded")
+_BOUNDARIES = ("compared", "operands", "align_coarse", "aligned", "sum", "zero_groups",
+               "zeros", "normalise_coarse", "normalised", "round_prepared", "rounded")
 _BOUNDARY_PRIORITY = ("sum", "normalised", "rounded", "operands", "aligned", "zeros",
                       "round_prepared", "compared", "align_coarse", "normalise_coarse",
                       "zero_groups")
@@ -40,12 +40,13 @@ class FloatAdderCore(FloatCore):
 
     Datapath, with a register boundary (named) after each step:
 
-    1. ``compared``: unpack; order the operands by magnitude (comparing their bit patterns
-       without the sign) and take both exponent differences;
-    2. ``operands``: swap, so that x has the larger magnitude; clamp the alignment distance;
-       mark where normalisation must stop (the subnormal range);
+    1. ``compared``: unpack; compare the magnitudes (bit patterns without the sign) byte by
+       byte and take both exponent differences;
+    2. ``operands``: combine the byte compares and swap, so that x has the larger magnitude;
+       saturate the alignment distance;
     3. ``align_coarse``, ``aligned``: shift the smaller significand right by the distance in
-       two steps, keeping guard, round and sticky bits;
+       two steps, keeping guard, round and sticky bits; mark where normalisation must stop
+       (the subnormal range);
     4. ``sum``: add or subtract (one carry chain);
     5. ``zero_groups``, ``zeros``: count leading zeros (per group of four bits, then the
        groups), limited so that the exponent stays at 1 or above;
