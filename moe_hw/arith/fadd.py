@@ -77,9 +77,21 @@ class FloatAdderCore(FloatCore):
         a = unpack(m, fmt, self.a, name="a", raw_exponent=True)
         b = unpack(m, fmt, self.b, name="b", raw_exponent=True)
         subtract = a.sign ^ b.sign
-        diff_ab = Signal(exp_bits, name="distance_ab")
-        diff_ba = Signal(exp_bits, name="distance_ba")
-        m.d.comb += [diff_ab.eq(a.exponent - b.exponent), diff_ba.eq(b.exponent - a.exponent)]
+        # Three bits below the significands (guard, round, sticky) are enough for a correctly
+        # rounded sum; past mant_bits + 4 the smaller operand is all sticky, and so it is
+        # for any shift that does not fit the shift amount's bits: saturate them. Both
+        # distances here, the one that applies chosen after the register.
+        ext_width = mant_bits + 4
+        shift_width = ext_width.bit_length()
+        shifts = {}
+        for key, (x, y) in (("ab", (a, b)), ("ba", (b, a))):
+            distance = Signal(exp_bits, name=f"distance_{key}")
+            shifts[key] = Signal(shift_width, name=f"align_shift_{key}")
+            m.d.comb += [
+                distance.eq(x.exponent - y.exponent),
+                shifts[key].eq(distance[:shift_width]
+                               | distance[shift_width:].any().replicate(shift_width)),
+            ]
         # x is the operand of larger magnitude: it gives the result its sign and exponent.
         # The magnitudes (bit patterns without the sign) are compared in bytes here (short
         # carry chains) and the bytes combined after the register.
@@ -93,7 +105,7 @@ class FloatAdderCore(FloatCore):
             sign_a=a.sign, sign_b=b.sign,
             exponent_a=a.exponent, exponent_b=b.exponent,
             significand_a=a.significand, significand_b=b.significand,
-            diff_ab=diff_ab, diff_ba=diff_ba,
+            shift_ab=shifts["ab"], shift_ba=shifts["ba"],
             # The class flags are combined after the register (fewer LUT levels here).
             exp_ones_a=a.exp_ones, frac_zero_a=a.frac_zero,
             exp_ones_b=b.exp_ones, frac_zero_b=b.frac_zero,
@@ -111,15 +123,8 @@ class FloatAdderCore(FloatCore):
             swap.eq(greater_so_far),
             cancel.eq(cmp.subtract & cmp.equal.all()),
         ]
-        # Three bits below the significands (guard, round, sticky) are enough for a correctly
-        # rounded sum; past mant_bits + 4 the smaller operand is all sticky, and so it is
-        # for any shift that does not fit the shift amount's bits: saturate them.
-        ext_width = mant_bits + 4
-        shift_width = ext_width.bit_length()
-        distance = Mux(swap, cmp.diff_ba, cmp.diff_ab)
         shift = Signal(shift_width, name="align_shift")
-        m.d.comb += shift.eq(distance[:shift_width]
-                             | distance[shift_width:].any().replicate(shift_width))
+        m.d.comb += shift.eq(Mux(swap, cmp.shift_ba, cmp.shift_ab))
         exponent_x = Mux(swap, cmp.exponent_b, cmp.exponent_a)
         ops = regs.boundary(
             "operands",
