@@ -184,7 +184,10 @@ def test_ecp5_dsp_variant(fmt, stages):
                        enable_probability=0.7, seed=core.latency)
 
 
-def test_dsp_validation():
+@pytest.mark.parametrize("cls", [FloatMultiplierCore, FloatMultiplier])
+def test_dsp_validation(cls):
     with pytest.raises(ValueError, match=r"^DSP target must be one of generic, ecp5, "
                                          r"not 'xilinx'$"):
-        FloatMultiplierCore("fp32", dsp="xilinx")
+        cls("fp32", dsp="xilinx")
+    assert "MULT18X18D" in verilog.convert(cls("bf16", 2, dsp="ecp5"), name="fmul")
+    assert "MULT18X18D" not in verilog.convert(cls("bf16", 2), name="fmul")

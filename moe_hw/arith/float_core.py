@@ -106,7 +106,8 @@ class FloatStreamUnit(wiring.Component):
 
     core_class = None
 
-    def __init__(self, format, stages=None):
+    def __init__(self, format, stages=None, **core_options):
+        self._core_options = core_options   # more keyword arguments of the core (``dsp``)
         self._fmt = float_format(format)
         self._stages = (self.core_class.default_stages[self._fmt.name] if stages is None
                         else pipeline_depth(stages, self.core_class.stages_name))
@@ -129,7 +130,8 @@ class FloatStreamUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.core = core = self.core_class(self._fmt, self._stages)
+        m.submodules.core = core = self.core_class(self._fmt, self._stages,
+                                                   **self._core_options)
         m.submodules.control = control = PipelineControl(self._stages)
         result = self.core_class.result_name
         m.d.comb += [

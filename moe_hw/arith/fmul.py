@@ -289,3 +289,8 @@ class FloatMultiplier(FloatStreamUnit):
     """
 
     core_class = FloatMultiplierCore
+
+    def __init__(self, format, stages=None, *, dsp="generic"):
+        if dsp not in DSP_TARGETS:
+            raise ValueError(f"DSP target must be one of {', '.join(DSP_TARGETS)}, not {dsp!r}")
+        super().__init__(format, stages, dsp=dsp)
