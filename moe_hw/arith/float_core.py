@@ -21,7 +21,7 @@ Conventions shared by the helpers:
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -33,8 +33,8 @@ from ..stream.pipeline import PipelineControl, delay
 __all__ = [
     "FloatCore", "FloatStreamUnit", "operand_layout", "result_layout",
     "pipeline_depth", "allocate_stages", "StageRegisters",
-    "unpack", "leading_zeros", "leading_zeros_groups", "leading_zeros_combine", "shift_right_sticky_step", "shift_left_step", "shift_bits",
-    "round_prepare", "round_pack",
+    "unpack", "leading_zeros", "leading_zeros_groups", "leading_zeros_combine",
+    "shift_right_sticky_step", "shift_left_step", "shift_bits", "round_prepare", "round_pack",
 ]
 
 

@@ -4,8 +4,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from .ecp5_dsp import mult18x18d
 from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages,
-                         leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare, shift_bits, shift_left_step,
-                         shift_right_sticky_step, unpack)
+                         leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
+                         shift_bits, shift_left_step, shift_right_sticky_step, unpack)
 
 __all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES", "DSP_TARGETS"]
 
@@ -21,9 +21,9 @@ DSP_TARGETS = ("generic", "ecp5")
 # Register boundaries in pipeline order, and the order in which they receive a register as
 # ``stages`` grows: each new register cuts the longest remaining combinational path.
 # Registers beyond the last all go on the output.
-_BOUNDARIES = ("unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs", "mul_partial", "product",
-               "product_normalised", "denormalise_coarse", "denormalised", "round_prepared",
-               "rounded")
+_BOUNDARIES = ("unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs", "mul_partial",
+               "product", "product_normalised", "denormalise_coarse", "denormalised",
+               "round_prepared", "rounded")
 _BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",
                       "product_normalised", "zeros", "product", "round_prepared",
                       "denormalise_coarse", "unpacked", "x_coarse", "mul_partial")
