@@ -1,6 +1,7 @@
 """Pieces shared by the command-line entry points."""
 
 import sys
+import warnings
 
 from .params import ParameterError
 from .registry import parse_value
@@ -25,8 +26,15 @@ def fail(prog, message, code=2):
 
 
 def run_main(prog, body):
-    """Run ``body()``; bad parameters and inputs end in one clear line, not a traceback."""
-    try:
-        return body()
-    except (ParameterError, ValueError, TypeError) as error:
-        fail(prog, str(error))
+    """Run ``body()``; bad parameters and inputs end in one clear line, not a traceback, and
+    a deprecated parameter name gives one warning line."""
+    def show(message, category, *args, **kwargs):
+        print(f"{prog}: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DeprecationWarning)
+        warnings.showwarning = show
+        try:
+            return body()
+        except (ParameterError, ValueError, TypeError) as error:
+            fail(prog, str(error))

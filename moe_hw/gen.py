@@ -21,6 +21,10 @@ def _list():
     print("Units (python -m moe_hw.gen emit UNIT --out DIR --set NAME=VALUE):")
     for unit in units().values():
         print(f"\n  {unit.name}: {unit.summary}")
+        print(f"    checked against {unit.golden}")
+        print(f"    run: in {', '.join(unit.inputs)}"
+              + (f"; run-time {', '.join(unit.runtime)}" if unit.runtime else "")
+              + f"; out {', '.join(unit.outputs)}, cycles")
         for field in dataclasses.fields(unit.params):
             doc = field.metadata.get("doc", "")
             print(f"      {field.name:<16} default {field.default!r:<8} {doc}".rstrip())

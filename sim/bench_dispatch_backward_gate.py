@@ -1,10 +1,8 @@
-"""cocotb bench for the dispatch_backward_gate unit: runs a batch of problems back to back on
-one unit (each started after the previous one's ``done``, without a reset). For each it drives
-the (index, location) headers, serves the unit's two read ports from memory models of
-``input`` [S, H] and ``grad_dispatch`` [E*C, H], takes the grad_gate results, with random
-valid/ready pauses on every stream and port, and records the results, both read logs, the
-status outputs and the exact cycle count. The host side (moe_hw.host.backward_gate) scores
-them."""
+"""cocotb bench for the dispatch_backward_gate unit: drives the (index, location) headers,
+serves the unit's two read ports from memory models of ``input`` [S, H] and
+``grad_dispatch`` [E*C, H], takes the grad_gate results, with random valid/ready pauses on
+every stream and port, and records the results, both read logs, the status outputs and the
+exact cycle count. The host side (moe_hw.host.dispatch_backward_gate) scores them."""
 
 import numpy as np
 
@@ -12,18 +10,24 @@ import cocotb
 from harness import (MemoryReader, Pauses, Run, StreamSink, StreamSource, edge, high, reset,
                      run_until)
 
+SIZES = ("tokens", "top_k", "hidden", "capacity", "num_experts")
 
-async def one_problem(dut, run, number, problem, stimulus, lanes, width):
-    prefix = f"p{number}_"
+
+@cocotb.test()
+async def dispatch_backward_gate(dut):
+    run = Run()
+    s, st = run.settings, run.stimulus
+    lanes, width = s["lanes"], s["width"]
     header = run.layout("header__payload")
     headers = [header.pack(index=i, location=l) for i, l in
-               zip(stimulus[prefix + "index"].tolist(), stimulus[prefix + "location"].tolist())]
-    if not problem["feed"]:                  # no pairs: nothing is offered
+               zip(st["index"].tolist(), st["location"].tolist())]
+    if not s["feed"]:                        # no pairs: nothing is offered
         headers = []
-    input_memory = stimulus[prefix + "input"].reshape(-1).astype(np.uint64)
-    grad_memory = stimulus[prefix + "grad_dispatch"].reshape(-1).astype(np.uint64)
+    input_memory = st["input"].reshape(-1).astype(np.uint64)
+    grad_memory = st["grad_dispatch"].reshape(-1).astype(np.uint64)
 
-    stall, seed, latency = problem["stall"], problem["seed"], problem["read_latency"]
+    await reset(dut, inputs=["start", *SIZES])
+    stall, seed, latency = s["stall"], s["seed"], s["memory_latency"]
     header_source = StreamSource(dut, "header", headers, Pauses(stall, seed))
     input_reader = MemoryReader(dut, "input_read", "input_data", input_memory, lanes=lanes,
                                 width=width, request_layout=run.layout("input_read__payload"),
@@ -38,49 +42,35 @@ async def one_problem(dut, run, number, problem, stimulus, lanes, width):
     sink = StreamSink(dut, "grad_gate", Pauses(stall, seed + 5))
     actors = [header_source, input_reader, grad_reader, sink]
 
-    for name in ("tokens", "top_k", "hidden", "capacity", "num_experts"):
-        getattr(dut, name).value = problem[name]
+    for name in SIZES:
+        getattr(dut, name).value = s[name]
     dut.start.value = 1
     for actor in actors:
         actor.step()
     await edge(dut, actors)                  # cycle 0: the unit samples start
     dut.start.value = 0
-    beats = max(1, -(-problem["hidden"] // lanes))
+    beats = max(1, -(-s["hidden"] // lanes))
     limit = 40 * (len(headers) * beats + 16) + 2000
     cycles = await run_until(dut, actors, lambda: high(dut.done), limit,
-                             f"dispatch_backward_gate (problem {number})")
+                             "dispatch_backward_gate")
     # Nothing may move after done, and every offered header must have been taken.
     counts = (len(sink.items), len(input_reader.requests), len(grad_reader.requests))
     for _ in range(16):
         await edge(dut, actors)
-    where = f"problem {number}"
     assert counts == (len(sink.items), len(input_reader.requests),
-                      len(grad_reader.requests)), f"{where}: the unit moved after done"
+                      len(grad_reader.requests)), "the unit moved after done"
     for reader in (input_reader, grad_reader):
-        assert not reader.queue, f"{where}: {len(reader.queue)} read responses never taken"
-    assert header_source.done, f"{where}: {header_source.sent} of {len(headers)} headers taken"
+        assert not reader.queue, f"{len(reader.queue)} read responses never taken"
+    assert header_source.done, f"{header_source.sent} of {len(headers)} headers taken"
 
     result = run.layout("grad_gate__payload")
-    return {
-        "grad_gate": np.array([result.unpack(w, "value") for w in sink.items], dtype=np.uint64),
-        "cycles": cycles,
-        "input_addr": np.array([r[0] for r in input_reader.requests], dtype=np.int64),
-        "input_enable": np.array([r[1] for r in input_reader.requests], dtype=np.int64),
-        "grad_addr": np.array([r[0] for r in grad_reader.requests], dtype=np.int64),
-        "grad_enable": np.array([r[1] for r in grad_reader.requests], dtype=np.int64),
-        "out_of_bounds": input_reader.out_of_bounds + grad_reader.out_of_bounds,
-        "dropped": dut.dropped.value.to_unsigned(), "error": int(high(dut.error)),
-    }
-
-
-@cocotb.test()
-async def dispatch_backward_gate(dut):
-    run = Run()
-    s = run.settings
-    await reset(dut, inputs=["start", "tokens", "top_k", "hidden", "capacity", "num_experts"])
-    results = {}
-    for number, problem in enumerate(s["problems"]):
-        result = await one_problem(dut, run, number, problem, run.stimulus, s["lanes"],
-                                   s["width"])
-        results.update({f"p{number}_{key}": value for key, value in result.items()})
-    run.save(**results)
+    run.save(
+        grad_gate=np.array([result.unpack(w, "value") for w in sink.items], dtype=np.uint64),
+        cycles=cycles,
+        input_addr=np.array([r[0] for r in input_reader.requests], dtype=np.int64),
+        input_enable=np.array([r[1] for r in input_reader.requests], dtype=np.int64),
+        grad_addr=np.array([r[0] for r in grad_reader.requests], dtype=np.int64),
+        grad_enable=np.array([r[1] for r in grad_reader.requests], dtype=np.int64),
+        out_of_bounds=input_reader.out_of_bounds + grad_reader.out_of_bounds,
+        dropped=dut.dropped.value.to_unsigned(), error=int(high(dut.error)),
+        busy_after=int(high(dut.busy)))

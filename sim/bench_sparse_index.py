@@ -1,8 +1,8 @@
 """cocotb bench for the sparse dispatcher's index unit: streams the gate matrix in twice (pass 1
 counts, pass 3 places), takes every part_sizes beat and every write with random ready stalls,
 and records both streams in arrival order, the status outputs and the exact cycle count. The
-host side (moe_hw.host.sparse) builds batch_index / nonzero_gates from the writes and scores
-them."""
+host side (moe_hw.host.sparse_index) builds batch_index / nonzero_gates from the writes and
+scores them."""
 
 import numpy as np
 

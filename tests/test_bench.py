@@ -1,21 +1,47 @@
-# amaranth: UnusedElaboratable=no
-"""The benchmark command's dispatch function on a tiny problem: exact cycle count and a
-bit-exact result (builds one small Verilator model)."""
+"""The benchmark command: every unit of ``gen list`` prints a bit-exact row on a tiny problem
+(Icarus: no model build per design), and the one-unit sweep gives exact cycle counts."""
+
+import subprocess
+import sys
 
 import pytest
 
-from moe_hw.bench import dispatch_point
+from moe_hw.bench import bench_unit
 from moe_hw.flows.simulate import simulator_available
-from moe_hw.units.dispatch import DispatchParams, DispatchUnit
+from moe_hw.host.unit import BenchShape
+from moe_hw.registry import units
+from moe_hw.units.dispatch import DispatchParams
+
+TINY = ["--tokens", "6", "--hidden", "8", "--experts", "3", "--top-k", "2", "--lanes", "4"]
 
 
-def test_dispatch_point_cycles_and_bit_exact():
+def test_bench_units_prints_a_row_for_every_unit():
+    reason = simulator_available("icarus")
+    if reason:
+        pytest.skip(f"icarus: {reason}")
+    result = subprocess.run([sys.executable, "-m", "moe_hw.bench", "units", *TINY,
+                             "--sim", "icarus"], capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    rows = [line.split() for line in result.stdout.splitlines()]
+    for name in units():
+        mine = [row for row in rows if row and row[0] == name]
+        assert mine, f"no row for {name}:\n{result.stdout}"
+        assert all(row[-1] == "PASS" for row in mine), result.stdout
+
+
+def test_bench_unit_dispatch_cycles_are_exact():
     reason = simulator_available("verilator")
     if reason:
-        pytest.skip(f"Verilator is not available: {reason}")
-    row = dispatch_point(lanes=4, tokens=8, hidden=16, experts=4, warm_up=False)
-    assert row["problems"] == [] and row["passed"]
+        pytest.skip(f"verilator: {reason}")
+    shape = BenchShape(tokens=8, hidden=16, experts=4, top_k=1, lanes=4)
+    (row,) = bench_unit("dispatch", shape)
+    assert row["passed"], row["problems"]
     assert row["ideal_cycles"] == 8 * (16 // 4)
-    overhead = DispatchUnit(DispatchParams(format="fp32", lanes=4)).overhead
-    assert row["overhead"] == overhead
-    assert row["cycles"] == row["ideal_cycles"] + overhead
+    params = DispatchParams(lanes=4)
+    assert row["cycles"] == row["formula_cycles"] == row["ideal_cycles"] + params.overhead
+
+
+def test_bench_rejects_unknown_units():
+    result = subprocess.run([sys.executable, "-m", "moe_hw.bench", "dispatchh"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "unit must be one of units, dispatch" in result.stderr

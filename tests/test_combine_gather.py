@@ -15,9 +15,11 @@ from moe_hw import golden
 from moe_hw.formats import from_bits, to_bits
 from moe_hw.golden._common import slot_rows
 from moe_hw.golden.testing import bit_equal
-from moe_hw.host.common import HostError
-from moe_hw.host.gather import (MEMORY_LATENCY, routing_problem, run_combine_gather,
-                                score_combine_gather)
+from moe_hw.host.checks import HostError
+from moe_hw import problems
+from moe_hw.host.combine_gather import UNIT
+from moe_hw.host.checks import MEMORY_LATENCY
+from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
 from moe_hw.units.dispatch_backward_data import DispatchBackwardDataUnit
@@ -26,7 +28,7 @@ from conftest import STALLS, simulator_params
 
 # One generous build serves every stream case (window = 5 items for the fp32 adder).
 PARAMS = CombineGatherParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
-                             max_capacity=32, max_experts=8, max_k=3)
+                             max_capacity=32, max_experts=8, max_top_k=3)
 
 CASES = {
     # DUET toy scale (S=21, E=6, H=16), top-1, every token fits.
@@ -49,28 +51,43 @@ CASES = {
 }
 
 
-def problem(name):
-    spec = dict(CASES[name])
-    gates, indices, locations, expert_out, capacity = routing_problem(
-        sorted(CASES).index(name), **spec)
+def gather_problem(cases, name, *, extremes_k):
+    """Case ``name`` of ``cases`` (a :func:`gather_problem` dict); the ``out_of_range`` case
+    gets the field extremes in its indices of choice ``extremes_k`` and its locations of the
+    other choice. (Shared with the dispatch_backward_data tests.)"""
+    prob = problems.gather_problem(sorted(cases).index(name), **cases[name])
     if name == "out_of_range":
-        indices[0, :4] = [-(1 << 31), (1 << 31) - 1, 6, -1]
-        locations[1, 4:8] = [(1 << 31) - 1, -(1 << 31), 5, -1]
-    return gates, indices, locations, expert_out, capacity
+        prob["indices"][extremes_k, :4] = [-(1 << 31), (1 << 31) - 1, 6, -1]
+        prob["locations"][1 - extremes_k, 4:8] = [(1 << 31) - 1, -(1 << 31), 5, -1]
+    return prob
 
 
-def check(prob, sim, stall, *, params=PARAMS, seed=7, latency=MEMORY_LATENCY):
-    gates, indices, locations, expert_out, capacity = prob
-    run = run_combine_gather(gates, indices, locations, expert_out, capacity=capacity,
-                             params=params, sim=sim, stall=stall, seed=seed,
-                             memory_latency=latency)
-    problems = score_combine_gather(run, gates, indices, locations, expert_out,
-                                    capacity=capacity)
-    assert not problems, "\n".join(problems)
+def problem(name):
+    return gather_problem(CASES, name, extremes_k=0)
+
+
+def check(prob, sim, stall, *, unit=UNIT, params=PARAMS, seed=7, latency=MEMORY_LATENCY):
+    """Run ``prob`` on ``unit`` (combine_gather or dispatch_backward_data): bit-exact, clean
+    scoreboards, and stall-free exactly the documented cycle count. (Shared with the
+    dispatch_backward_data tests.)"""
+    inputs, runtime = unit.inputs_of(prob)
+    outcome = run(unit, inputs, {**runtime, "memory_latency": latency}, params=params,
+                  sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
     if stall == 0.0:
-        assert run.cycles == run.expected_cycles, \
-            f"{run.cycles} cycles, the documented formula gives {run.expected_cycles}"
-    return run
+        gates = np.asarray(prob["gates"])
+        top_k, tokens = (1, gates.shape[0]) if gates.ndim == 1 else gates.shape
+        reads = bool((slot_rows(prob["indices"], prob["locations"], prob["num_experts"],
+                                prob["capacity"]) >= 0).any()) and top_k > 0
+        want = params.cycles(tokens, prob["buffer"].shape[1], top_k, latency, reads=reads)
+        assert outcome.cycles == want == outcome.expected_cycles, \
+            f"{outcome.cycles} cycles, the documented formula gives {want}"
+    return outcome
+
+
+def variant(prob, **changes):
+    """``prob`` with some arrays or sizes replaced."""
+    return {**prob, **changes}
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -83,19 +100,19 @@ def test_combine_gather_cases(sim, name, stall):
 def test_combine_gather_cycle_formula():
     """The documented count, worked by hand for the window schedule: K*S*B read beats, plus
     the last window's wait for its partial sums when it is shorter than add_stages + 1."""
-    unit = CombineGatherUnit(PARAMS)
     loop = PARAMS.add_latency + 1
     assert PARAMS.window_items == loop
-    overhead = unit.overhead(MEMORY_LATENCY)
+    overhead = PARAMS.overhead(MEMORY_LATENCY)
     assert overhead == (1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + PARAMS.mul_latency
                         + PARAMS.add_latency + 1 + 1)
     # 37 tokens x 8 beats = 296 items: 59 full windows and one of 1 item.
-    assert unit.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 1) + overhead
+    assert PARAMS.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 1) + overhead
     # Whole windows only: exactly the ideal.
-    assert unit.cycles(40, 4, 2, MEMORY_LATENCY) == 2 * 40 + overhead
-    assert unit.cycles(0, 4, 2) == unit.cycles(4, 0, 2) == 1
-    # k = 0 is one pass of dropped pairs.
-    assert unit.cycles(40, 4, 0, MEMORY_LATENCY) == 40 + overhead
+    assert PARAMS.cycles(40, 4, 2, MEMORY_LATENCY) == 2 * 40 + overhead
+    assert PARAMS.cycles(0, 4, 2) == PARAMS.cycles(4, 0, 2) == 1
+    # top_k = 0 is one pass of dropped pairs; a run that reads nothing waits for no memory.
+    assert PARAMS.cycles(40, 4, 0, MEMORY_LATENCY) == 40 + overhead
+    assert PARAMS.cycles(40, 4, 0, MEMORY_LATENCY, reads=False) == 40 + PARAMS.overhead(1)
     schedule = gather_schedule(3, 2, 2, 5)
     assert schedule[:10] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (0, 2, 0),
                              (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0)]
@@ -103,29 +120,37 @@ def test_combine_gather_cycle_formula():
 
 
 def test_combine_gather_edge_sizes():
-    """k = 0 (every output +0.0), zero capacity (every pair dropped), zero hidden, short
+    """top_k = 0 (every output +0.0), zero capacity (every pair dropped), zero hidden, short
     windows and a memory latency at the edge of full rate, all on the one build."""
-    gates, indices, locations, expert_out, capacity = problem("k2_drops")
-    run = check((gates[:0], indices[:0], locations[:0], expert_out, capacity), "verilator", 0.0)
-    assert not run.output.view(np.uint32).any() and run.dropped == 0
-    run = check((gates, indices, locations, expert_out[:0], 0), "verilator", 0.0)
-    assert not run.output.view(np.uint32).any() and run.dropped == gates.size
-    run = check((gates, indices, locations, expert_out[:, :0], capacity), "verilator", 0.0)
-    assert run.cycles == 1 and run.output.shape == (37, 0)
+    prob = problem("k2_drops")
+    gates, indices, locations, expert_out = (prob[name] for name in
+                                             ("gates", "indices", "locations", "buffer"))
+    outcome = check(variant(prob, gates=gates[:0], indices=indices[:0],
+                            locations=locations[:0]), "verilator", 0.0)
+    assert not outcome.outputs["combined"].view(np.uint32).any()
+    assert outcome.results["dropped"] == 0
+    outcome = check(variant(prob, buffer=expert_out[:0], capacity=0, num_experts=0),
+                    "verilator", 0.0)
+    assert not outcome.outputs["combined"].view(np.uint32).any()
+    assert outcome.results["dropped"] == gates.size
+    outcome = check(variant(prob, buffer=expert_out[:, :0]), "verilator", 0.0)
+    assert outcome.cycles == 1 and outcome.outputs["combined"].shape == (37, 0)
     for tokens in (1, 2, 3):     # a single, short window
-        check((gates[:, :tokens], indices[:, :tokens], locations[:, :tokens],
-               expert_out[:, :3], capacity), "verilator", 0.0)
-    for latency in (1, PARAMS.outstanding - 1):
+        check(variant(prob, gates=gates[:, :tokens], indices=indices[:, :tokens],
+                      locations=locations[:, :tokens], buffer=expert_out[:, :3]),
+              "verilator", 0.0)
+    for latency in (1, PARAMS.max_outstanding - 1):
         check(problem("one_beat_rows"), "verilator", 0.0, latency=latency)
-    run = check(problem("one_beat_rows"), "verilator", 0.3, latency=3 * PARAMS.outstanding)
-    assert run.cycles > run.expected_cycles
+    outcome = check(problem("one_beat_rows"), "verilator", 0.3,
+                    latency=3 * PARAMS.max_outstanding)
+    assert outcome.cycles > outcome.expected_cycles
 
 
 def test_combine_gather_reset_mid_run():
     """Reset in the middle of a run returns the unit to idle with no stale output; a run
     after that is right (Amaranth's simulator, a zero-latency memory model)."""
     params = CombineGatherParams(lanes=2, max_tokens=8, max_hidden=8, max_capacity=4,
-                                 max_experts=2, max_k=2)
+                                 max_experts=2, max_top_k=2)
     dut = CombineGatherUnit(params)
     top = Module()
     top.domains.sync = sync = ClockDomain()
@@ -137,7 +162,7 @@ def test_combine_gather_reset_mid_run():
     outputs = []
 
     async def start(ctx, tokens):
-        for port, value in (("tokens", tokens), ("hidden", 4), ("k", 2), ("capacity", 4),
+        for port, value in (("tokens", tokens), ("hidden", 4), ("top_k", 2), ("capacity", 4),
                             ("num_experts", 2), ("start", 1)):
             ctx.set(getattr(dut, port), value)
         await ctx.tick()
@@ -200,7 +225,7 @@ def pysim_run(unit, gates, indices, locations, buffer, *, num_experts, capacity)
     out, reads, result = [], [], {}
 
     async def bench(ctx):
-        for port, value in (("tokens", tokens), ("hidden", hidden), ("k", k),
+        for port, value in (("tokens", tokens), ("hidden", hidden), ("top_k", k),
                             ("capacity", capacity), ("num_experts", num_experts), ("start", 1)):
             ctx.set(getattr(dut, port), value)
         ctx.set(dut.read_request.ready, 1)
@@ -261,12 +286,14 @@ def test_combine_gather_windows_pysim(unit_class, settings):
     rules: bit-exact, the exact read order, and the documented cycle count (Amaranth's
     simulator; the emitted-Verilog benches use the default window)."""
     params = unit_class.PARAMS(lanes=2, max_tokens=8, max_hidden=8, max_capacity=8,
-                               max_experts=4, max_k=3, **settings)
+                               max_experts=4, max_top_k=3, **settings)
     dtype = params.fmt.dtype
     for seed, (tokens, hidden, k) in enumerate([(5, 3, 3), (4, 1, 2), (3, 6, 1)]):
-        gates, indices, locations, buffer, capacity = routing_problem(
+        prob = problems.gather_problem(
             seed, tokens=tokens, hidden=hidden, experts=3, capacity=4, k=k, dtype=dtype,
             specials=0.3, index_range=(-1, 4), location_range=(0, 5))
+        gates, indices, locations, buffer, capacity = (
+            prob[name] for name in ("gates", "indices", "locations", "buffer", "capacity"))
         unit = unit_class(params)
         rows, reads, cycles = pysim_run(unit, gates, indices, locations, buffer,
                                         num_experts=3, capacity=capacity)
@@ -280,44 +307,60 @@ def test_combine_gather_windows_pysim(unit_class, settings):
                       gather_schedule(tokens, -(-hidden // 2), k, params.window_items)
                       if slots[p, i] >= 0]
         assert [addr for addr, _ in reads] == want_reads
-        assert cycles == unit.cycles(tokens, hidden, k, 1, reads=bool(want_reads))
+        assert cycles == params.cycles(tokens, hidden, k, 1, reads=bool(want_reads))
 
 
 def test_combine_gather_host_errors():
-    gates, indices, locations, expert_out, capacity = problem("k2_drops")
-    args = (gates, indices, locations, expert_out)
+    prob = problem("k2_drops")
+    inputs, runtime = UNIT.inputs_of(prob)
+
+    def attempt(settings=None, params=None, **changes):
+        run(UNIT, {**inputs, **changes}, {**runtime, **(settings or {})}, params=params)
+
     with pytest.raises(HostError, match=r"expert_out must have a multiple of capacity \(8\)"):
-        run_combine_gather(*args, capacity=8)
-    with pytest.raises(HostError, match="hidden = 29 exceeds the unit's maximum of 16"):
-        run_combine_gather(*args, capacity=capacity,
-                           params=CombineGatherParams(max_hidden=16, max_tokens=64))
-    with pytest.raises(HostError, match="k = 2 exceeds the unit's maximum of 1"):
-        run_combine_gather(*args, capacity=capacity, params=CombineGatherParams(max_k=1))
+        attempt({"capacity": 8})
+    with pytest.raises(HostError, match="hidden = 29 exceeds the unit's max_hidden of 16"):
+        attempt(params=CombineGatherParams(max_hidden=16, max_tokens=64))
+    with pytest.raises(HostError, match="the problem needs max_hidden >= 29, but "
+                                        "max_hidden = 16"):
+        attempt({"max_hidden": 16})
+    with pytest.raises(HostError, match="top_k = 2 exceeds the unit's max_top_k of 1"):
+        attempt(params=CombineGatherParams(max_top_k=1))
     with pytest.raises(HostError, match="gates has dtype float16, but expert_out has float32"):
-        run_combine_gather(gates.astype(np.float16), *args[1:], capacity=capacity)
-    with pytest.raises(HostError, match="the data has dtype float32, but the unit's format "
-                                        "is fp16"):
-        run_combine_gather(*args, capacity=capacity, params=CombineGatherParams(format="fp16"))
-    bad = indices.copy()
+        attempt(gates=inputs["gates"].astype(np.float16))
+    with pytest.raises(HostError, match="gates has dtype float32, but the unit's format is "
+                                        "fp16"):
+        attempt(params=CombineGatherParams(format="fp16"))
+    bad = inputs["indices"].copy()
     bad[1, 3] = 1 << 40
     with pytest.raises(HostError, match=r"indices.flat\[40\] = 1099511627776 does not fit"):
-        run_combine_gather(gates, bad, locations, expert_out, capacity=capacity)
+        attempt(indices=bad)
     with pytest.raises(HostError, match="locations has shape"):
-        run_combine_gather(gates, indices, locations[:1], expert_out, capacity=capacity)
-    with pytest.raises(ValueError, match="capacity must be a non-negative integer"):
-        run_combine_gather(*args, capacity=-1)
+        attempt(locations=inputs["locations"][:1])
+    with pytest.raises(HostError, match="capacity must be a non-negative integer"):
+        attempt({"capacity": -1})
+    with pytest.raises(HostError, match="the input file for combine_gather lacks expert_out"):
+        run(UNIT, {name: inputs[name] for name in ("gates", "indices", "locations")}, runtime)
 
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(format="fp64"), "Format must be one of fp32, fp16, bf16, not 'fp64'"),
-    (dict(max_k=0), "max_k must be an integer between 1 and 16, not 0"),
-    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
+    (dict(format="fp64"), "format must be fp32, fp16 or bf16, not 'fp64'"),
+    (dict(max_top_k=0), "max_top_k must be an integer between 1 and 16, not 0"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 16, not 0"),
     (dict(window=0), "window must be an integer between 1 and 256, not 0"),
-    (dict(outstanding=3), "outstanding must be an integer between 4 and 4096, not 3"),
-    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
+    (dict(max_outstanding=3), "max_outstanding must be an integer between 4 and 4096, not 3"),
+    (dict(index_width=8, max_capacity=4096), "index_width must hold max_capacity"),
 ])
 def test_combine_gather_parameter_errors(settings, message):
-    with pytest.raises(ParameterError if "Format" not in message else ValueError,
-                       match=message):
+    with pytest.raises(ParameterError, match=message):
         CombineGatherParams(**settings)
+
+
+def test_combine_gather_old_names():
+    """``max_k`` and ``outstanding`` are accepted, with a deprecation warning."""
+    with pytest.warns(DeprecationWarning, match="'max_k' is deprecated"):
+        params = UNIT.make_params({"max_k": 3})
+    with pytest.warns(DeprecationWarning, match="'outstanding' is deprecated"):
+        params = UNIT.make_params({"outstanding": 8}, base={"max_top_k": params.max_top_k})
+    assert (params.max_top_k, params.max_outstanding) == (3, 8)

@@ -14,11 +14,9 @@ from amaranth.sim import Simulator
 from moe_hw import golden
 from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
-from moe_hw.host.combine_scatter import (adversarial_gates, benchmark_combine_scatter,
-                                         gate_problem, run_combine_batch, run_combine_scatter,
-                                         run_combine_slots, scatter_add_reference,
-                                         score_combine_scatter)
-from moe_hw.host.common import HostError
+from moe_hw.host.checks import HostError
+from moe_hw.host.combine_scatter import UNIT, topk_gates, scatter_add_reference
+from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.combine_scatter import CombineScatterParams, CombineScatterUnit
 
@@ -30,18 +28,17 @@ PARAMS = CombineScatterParams(format="fp32", lanes=4, max_tokens=64, max_slots=2
 LATENCY = 2
 
 
-def top_k_gates(rng, tokens, experts, k, dtype=np.float32, *, specials=0.0, allowed=None):
-    """A gate matrix with k routed experts per token (chosen among ``allowed``); with
-    ``specials``, gate values include NaN, +Inf, subnormals, the maximum and +0.0 (the last
-    meaning "not routed after all")."""
-    allowed = np.arange(experts) if allowed is None else np.asarray(allowed)
+def adversarial_gates(tokens, experts, dtype=np.float32, seed=0):
+    """A gate matrix whose slot order repeats a token on back-to-back slots at every expert
+    boundary: expert e takes tokens e .. e + tokens - experts (a sliding window), so the last
+    token of expert e is the first of expert e + 1 whenever the window is one token wide, and
+    with ``tokens == 1`` every slot is the same token."""
+    rng = np.random.default_rng(seed)
     gates = np.zeros((tokens, experts), dtype=dtype)
-    for i in range(tokens):
-        chosen = rng.permutation(allowed)[:k]
-        if specials:
-            gates[i, chosen] = np.abs(random_floats(rng, len(chosen), dtype, specials=specials))
-        else:
-            gates[i, chosen] = rng.uniform(0.05, 1.0, len(chosen)).astype(dtype)
+    width = max(1, tokens - experts + 1)
+    for e in range(experts):
+        first = min(e, tokens - 1)
+        gates[first:first + width, e] = rng.uniform(0.1, 1.0, min(width, tokens - first))
     return gates
 
 
@@ -57,14 +54,14 @@ def gate_case(name):
 
 GATE_CASES = {
     # DUET toy scale (seed 000): S=21, E=6, k=1, H=L=16.
-    "duet_toy": lambda rng: top_k_gates(rng, 21, 6, 1),
+    "duet_toy": lambda rng: topk_gates(rng, 21, 6, 1),
     # The worked example of seed 000: batch_index [1,3,0,2], part sizes [1,1,2].
     "seed_example": lambda rng: np.array([[0, 0, .7], [.9, 0, 0], [0, 0, .5], [0, .8, 0]],
                                          dtype=np.float32),
     # top-2, H not a multiple of the lanes.
-    "random_k2": lambda rng: top_k_gates(rng, 37, 5, 2),
+    "random_k2": lambda rng: topk_gates(rng, 37, 5, 2),
     # NaN, +Inf, subnormal, max and +0.0 gates; NaN, +-Inf, subnormals, -0.0 in the data.
-    "special_values": lambda rng: top_k_gates(rng, 24, 4, 2, specials=0.4),
+    "special_values": lambda rng: topk_gates(rng, 24, 4, 2, specials=0.4),
     # Every token routed to every expert: each token comes back every 3 slots (2 beats each),
     # well inside the hazard window.
     "all_experts": lambda rng: rng.uniform(0.05, 1, (3, 6)).astype(np.float32),
@@ -74,10 +71,10 @@ GATE_CASES = {
     "back_to_back": lambda rng: adversarial_gates(6, 5),
     # Experts 0, 2, 3, 5, 6, 7 get no token; tokens 0 and 5 are not routed at all.
     "empty_experts": lambda rng: np.where(np.isin(np.arange(12), [0, 5])[:, None], 0,
-                                          top_k_gates(rng, 12, 8, 2, allowed=[1, 4])),
+                                          topk_gates(rng, 12, 8, 2, allowed=[1, 4])),
     # Zero-element problems.
     "zero_tokens": lambda rng: np.zeros((0, 4), dtype=np.float32),
-    "zero_hidden": lambda rng: top_k_gates(rng, 8, 3, 2),
+    "zero_hidden": lambda rng: topk_gates(rng, 8, 3, 2),
 }
 HIDDEN = {"duet_toy": 16, "seed_example": 5, "random_k2": 29, "special_values": 13,
           "all_experts": 7, "one_token_all_experts": 6, "back_to_back": 3,
@@ -85,13 +82,14 @@ HIDDEN = {"duet_toy": 16, "seed_example": 5, "random_k2": 29, "special_values": 
 
 
 def slot_case(name):
+    """(inputs, settings) of a hand-made slot order."""
     rng = np.random.default_rng(100 + sorted(SLOT_CASES).index(name))
     tokens, order, hidden = SLOT_CASES[name](rng)
     order = np.asarray(order, dtype=np.int64)
-    return dict(batch_index=order,
-                nonzero_gates=random_floats(rng, order.size, np.float32, specials=0.2),
-                expert_out=random_floats(rng, (order.size, hidden), np.float32, specials=0.2),
-                tokens=tokens)
+    return ({"batch_index": order,
+             "nonzero_gates": random_floats(rng, order.size, np.float32, specials=0.2),
+             "expert_out": random_floats(rng, (order.size, hidden), np.float32, specials=0.2)},
+            {"tokens": tokens})
 
 
 SLOT_CASES = {
@@ -108,45 +106,35 @@ SLOT_CASES = {
 }
 
 
-def all_cases():
-    """Every case as a (name, problem, golden result or None) triple."""
-    cases = []
-    for name in GATE_CASES:
-        gates, expert_out = gate_case(name)
-        cases.append((name, gate_problem(gates, expert_out),
-                      golden.sparse_combine(gates, expert_out)))
-    for name in SLOT_CASES:
-        cases.append((name, slot_case(name), None))
-    return cases
+def case(name):
+    """(inputs, settings) of any named case."""
+    if name in SLOT_CASES:
+        return slot_case(name)
+    gates, expert_out = gate_case(name)
+    return {"gates": gates, "expert_out": expert_out}, {}
 
 
-def check_batch(cases, sim, stall, *, params=PARAMS, seed=5, read_latency=LATENCY):
-    """Run the cases back to back in one simulation; score every one (bit-exact result,
-    read/write scoreboard, exact stall-free cycles). Returns the runs by name."""
-    runs = run_combine_batch([problem for _, problem, _ in cases], params=params, sim=sim,
-                             stall=stall, seed=seed, read_latency=read_latency)
-    failures = []
-    for (name, problem, want), run in zip(cases, runs):
-        problems = score_combine_scatter(run, problem["batch_index"],
-                                         problem["nonzero_gates"], problem["expert_out"],
-                                         tokens=problem["tokens"], lanes=params.lanes,
-                                         want=want)
-        if stall == 0.0 and run.cycles != run.expected_cycles:
-            problems.append(f"{run.cycles} cycles, expected exactly {run.expected_cycles}")
-        failures += [f"{name}: {problem}" for problem in problems]
-    assert not failures, "\n".join(failures)
-    return {name: run for (name, _, _), run in zip(cases, runs)}
+def check(inputs, settings, *, params=PARAMS, sim="verilator", stall=0.0, seed=5):
+    """One run, scored: bit-exact against golden.sparse_combine (or the golden loop for a
+    hand-made order), read/write scoreboard, and (stall-free) the exact cycle count."""
+    outcome = run(UNIT, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    if stall == 0.0:
+        assert outcome.cycles == outcome.expected_cycles
+    return outcome
 
 
 @pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("name", [*GATE_CASES, *SLOT_CASES])
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
-def test_combine_scatter_cases(sim, stall):
+def test_combine_scatter_cases(sim, name, stall):
     """Every gate-matrix case and every hand-made slot order, bit-exact, scoreboarded, with
     exact stall-free cycle counts."""
-    runs = check_batch(all_cases(), sim, stall)
-    if stall == 0.0:
-        assert runs["zero_tokens"].cycles == runs["zero_hidden"].cycles == 1
-        assert runs["out_of_range_tokens"].dropped == 5
+    outcome = check(*case(name), sim=sim, stall=stall)
+    if stall == 0.0 and name in ("zero_tokens", "zero_hidden"):
+        assert outcome.cycles == 1
+    if name == "out_of_range_tokens":
+        assert int(outcome.results["dropped"]) == 5
 
 
 def test_hazard_cost_is_exact():
@@ -154,26 +142,20 @@ def test_hazard_cost_is_exact():
     a hazard-free order (k = 1: every token once) runs at one beat per cycle; the memory's
     read latency moves only the constant and the hazard window. Closed-form counts."""
     rng = np.random.default_rng(7)
-    cases, expected = [], []
     for latency in (LATENCY, 1, 7):
         window = PARAMS.hazard_window(latency)
         for hidden in (4, 9, 4 * window):
             slots = 6
-            problem = dict(batch_index=np.full(slots, 1),
-                           nonzero_gates=rng.uniform(0.1, 1, slots).astype(np.float32),
-                           expert_out=rng.standard_normal((slots, hidden)).astype(np.float32),
-                           tokens=3, read_latency=latency)
-            cases.append((f"repeat H={hidden} latency={latency}", problem, None))
+            inputs = {"batch_index": np.full(slots, 1),
+                      "nonzero_gates": rng.uniform(0.1, 1, slots).astype(np.float32),
+                      "expert_out": rng.standard_normal((slots, hidden)).astype(np.float32)}
             beats = -(-hidden // PARAMS.lanes)
-            expected.append(PARAMS.cycles(slots, hidden, latency) +
-                            (slots - 1) * max(0, window - beats))
+            outcome = check(inputs, {"tokens": 3, "memory_latency": latency})
+            assert outcome.cycles == (PARAMS.cycles(slots, hidden, latency) +
+                                      (slots - 1) * max(0, window - beats)), (hidden, latency)
         gates, expert_out = gate_case("duet_toy")
-        cases.append((f"duet_toy latency={latency}",
-                      {**gate_problem(gates, expert_out), "read_latency": latency},
-                      golden.sparse_combine(gates, expert_out)))
-        expected.append(21 * 4 + PARAMS.overhead(latency))
-    runs = check_batch(cases, "verilator", 0.0)
-    assert [run.cycles for run in runs.values()] == expected
+        outcome = check({"gates": gates, "expert_out": expert_out}, {"memory_latency": latency})
+        assert outcome.cycles == 21 * 4 + PARAMS.overhead(latency)
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -181,14 +163,11 @@ def test_combine_scatter_bf16_lanes8(stall):
     params = CombineScatterParams(format="bf16", lanes=8, max_tokens=32, max_slots=64,
                                   max_hidden=32)
     rng = np.random.default_rng(3)
-    cases = []
     for hidden in (21, 8, 3):
-        gates = top_k_gates(rng, 13, 4, 2, dtype=ml_dtypes.bfloat16, specials=0.2)
+        gates = topk_gates(rng, 13, 4, 2, dtype=ml_dtypes.bfloat16, specials=0.2)
         expert_out = random_floats(rng, (int(np.count_nonzero(gates)), hidden),
                                    ml_dtypes.bfloat16, specials=0.3)
-        cases.append((f"bf16 H={hidden}", gate_problem(gates, expert_out),
-                      golden.sparse_combine(gates, expert_out)))
-    check_batch(cases, "verilator", stall, params=params)
+        check({"gates": gates, "expert_out": expert_out}, None, params=params, stall=stall)
 
 
 def test_reference_is_the_golden_loop():
@@ -205,61 +184,85 @@ def test_reference_is_the_golden_loop():
     assert golden.sparse_dispatch_indices(gates)[0].tolist() == [1, 3, 0, 2]
 
 
-def test_benchmark_function_small():
-    result = benchmark_combine_scatter(tokens=8, hidden=12, experts=4, k=2, lanes=4,
-                                       params=PARAMS)
-    window = PARAMS.hazard_window(LATENCY)
-    for order in ("random", "back_to_back", "back_to_back_short", "all_experts"):
-        row = result[order]
-        assert row["passed"], row["problems"]
-        assert row["cycles"] == row["expected_cycles"]
-    assert result["back_to_back_short"]["hazard_stalls"] == 8 * (window - 1)
-    assert result["random"]["efficiency"] <= 1.0
+def test_bench_problems_small():
+    """The ``bench units`` problem at a small shape: both orders bit-exact with the exact
+    count; the back-to-back order pays exactly ``hazard_window - beats`` per repeated token."""
+    shape = BenchShape(tokens=8, hidden=12, experts=4, top_k=2, lanes=4)
+    problems = UNIT.bench_problems(shape, seed=0)
+    assert set(problems) == {"random", "back_to_back"}
+    window, beats = PARAMS.hazard_window(LATENCY), 3
+    outcomes = {name: check(inputs, settings) for name, (inputs, settings) in problems.items()}
+    assert outcomes["back_to_back"].cycles == (PARAMS.cycles(16, 12, LATENCY) +
+                                               8 * max(0, window - beats))
+    assert outcomes["random"].ideal_cycles == 16 * beats
+    assert outcomes["random"].efficiency <= 1.0
 
 
 def test_combine_scatter_rows_keep_their_shape():
     """expert_out rows of shape (L, 1) (the DUET toy's) come back as [S, L, 1]."""
     rng = np.random.default_rng(9)
-    gates = top_k_gates(rng, 5, 3, 1)
+    gates = topk_gates(rng, 5, 3, 1)
     expert_out = rng.standard_normal((5, 6, 1)).astype(np.float32)
-    run = run_combine_scatter(gates, expert_out, params=PARAMS)
-    assert run.combined.shape == (5, 6, 1)
-    assert np.array_equal(to_bits(run.combined, "fp32"),
+    combined = check({"gates": gates, "expert_out": expert_out}, None).outputs["combined"]
+    assert combined.shape == (5, 6, 1)
+    assert np.array_equal(to_bits(combined, "fp32"),
                           to_bits(golden.sparse_combine(gates, expert_out), "fp32"))
 
 
 def test_combine_scatter_input_errors():
     gates = np.array([[0.5, 0.0], [0.0, 0.25]], dtype=np.float32)
     out = np.ones((2, 4), dtype=np.float32)
+
+    def attempt(inputs, settings=None, params=PARAMS):
+        run(UNIT, inputs, settings, params=params)
+
     with pytest.raises(HostError, match=r"gates must be non-negative.*at \[1, 1\]"):
-        run_combine_scatter(np.array([[0.5, 0], [0, -1]], np.float32), out, params=PARAMS)
+        attempt({"gates": np.array([[0.5, 0], [0, -1]], np.float32), "expert_out": out})
     with pytest.raises(HostError, match="expert_out has dtype float16, but gates has float32"):
-        run_combine_scatter(gates, out.astype(np.float16), params=PARAMS)
+        attempt({"gates": gates, "expert_out": out.astype(np.float16)})
     with pytest.raises(HostError, match="expert_out has 3 rows, but there are 2 slots"):
-        run_combine_scatter(gates, np.ones((3, 4), np.float32), params=PARAMS)
-    with pytest.raises(HostError, match="hidden = 65 exceeds the unit's maximum of 64"):
-        run_combine_scatter(gates, np.ones((2, 65), np.float32), params=PARAMS)
-    with pytest.raises(HostError, match=r"batch_index\[1\] = 4294967296 does not fit"):
-        run_combine_slots([0, 1 << 32], np.ones(2, np.float32), out, tokens=2, params=PARAMS)
+        attempt({"gates": gates, "expert_out": np.ones((3, 4), np.float32)})
+    with pytest.raises(HostError, match="hidden = 65 exceeds the unit's max_hidden of 64"):
+        attempt({"gates": gates, "expert_out": np.ones((2, 65), np.float32)})
+    with pytest.raises(HostError, match="the problem needs max_hidden >= 65"):
+        attempt({"gates": gates, "expert_out": np.ones((2, 65), np.float32)},
+                {"max_hidden": 64}, params=None)
+    with pytest.raises(HostError, match=r"batch_index.flat\[1\] = 4294967296 does not fit"):
+        attempt({"batch_index": [0, 1 << 32], "nonzero_gates": np.ones(2, np.float32),
+                 "expert_out": out}, {"tokens": 2})
+    with pytest.raises(HostError, match="run-time value tokens is missing"):
+        attempt({"batch_index": [0, 1], "nonzero_gates": np.ones(2, np.float32),
+                 "expert_out": out})
+    with pytest.raises(HostError, match="memory_latency must be at least 1, not 0"):
+        attempt({"gates": gates, "expert_out": out}, {"memory_latency": 0})
+    with pytest.raises(HostError, match="needs gates and expert_out"):
+        attempt({"gates": gates})
 
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(max_inflight=12), "max_inflight must be a power of two, not 12"),
+    (dict(max_outstanding=12), "max_outstanding must be a power of two, not 12"),
     (dict(max_slots=0), "max_slots must be an integer between 1 and"),
     (dict(add_stages="deep"), "add_stages must be an integer, not 'deep'"),
-    (dict(index_width=8, max_tokens=4096), "Index width must hold max_tokens"),
+    (dict(index_width=8, max_tokens=4096), "index_width must hold max_tokens"),
 ])
 def test_combine_scatter_parameter_errors(settings, message):
     with pytest.raises(ParameterError, match=message):
         CombineScatterParams(**settings)
 
 
+def test_combine_scatter_old_parameter_name():
+    """``max_inflight`` is the old name of ``max_outstanding`` (accepted, with a warning)."""
+    with pytest.deprecated_call(match="'max_inflight' is deprecated"):
+        params = UNIT.make_params({"max_inflight": 8})
+    assert params.max_outstanding == 8
+
+
 def test_reset_mid_run_leaves_no_stale_output():
     """Amaranth simulator: a reset in the middle of a run returns the unit to idle (no
     request, no write, no status left), and a fresh run after it is correct."""
     params = CombineScatterParams(lanes=2, max_tokens=4, max_slots=8, max_hidden=4,
-                                  max_inflight=8)
+                                  max_outstanding=8)
     dut = CombineScatterUnit(params)
     top = Module()
     top.domains.sync = sync = ClockDomain()

@@ -11,14 +11,15 @@ import pytest
 
 from moe_hw import golden
 from moe_hw.golden.testing import random_floats
-from moe_hw.host.common import HostError
-from moe_hw.host.dispatch import run_dispatch, score_dispatch
+from moe_hw.host.checks import HostError
+from moe_hw.host.dispatch import UNIT
+from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
-from moe_hw.units.dispatch import DispatchParams, DispatchUnit
+from moe_hw.units.dispatch import DispatchParams
 
 from conftest import STALLS, simulator_params
 
-MAXIMA = dict(max_tokens=256, max_hidden=64, max_capacity=32, max_experts=8)
+MAXIMA = dict(max_pairs=256, max_hidden=64, max_capacity=32, max_experts=8)
 FP32_L4 = DispatchParams(format="fp32", lanes=4, **MAXIMA)
 
 
@@ -41,22 +42,25 @@ def problem(seed, *, tokens, hidden, experts, capacity, k=1, dtype=np.float32, s
                 num_experts=experts, capacity=capacity)
 
 
-def check(prob, params, sim, stall, seed=0, expect_cycles=True):
-    run = run_dispatch(prob["gates"], prob["indices"], prob["locations"], prob["input"],
-                       num_experts=prob["num_experts"], capacity=prob["capacity"],
-                       params=params, sim=sim, stall=stall, seed=seed)
-    problems = score_dispatch(run, prob["gates"], prob["indices"], prob["locations"],
-                              prob["input"], num_experts=prob["num_experts"],
-                              capacity=prob["capacity"], lanes=params.lanes)
-    assert not problems, "\n".join(problems)
-    if stall == 0.0 and expect_cycles:
+def dispatch(prob, params=None, sim="verilator", stall=0.0, seed=0):
+    """Run a problem dict (the golden model's arguments) through the emitted Verilog."""
+    inputs = {name: prob[name] for name in UNIT.inputs}
+    sizes = {name: prob[name] for name in UNIT.runtime}
+    return run(UNIT, inputs, sizes, params=params, sim=sim, stall=stall, seed=seed)
+
+
+def check(prob, params, sim, stall, seed=0):
+    """Bit-exact, scoreboard clean (the driver also holds stall-free runs to the formula),
+    and the formula itself checked here in its plain form."""
+    outcome = dispatch(prob, params, sim, stall, seed)
+    assert outcome.passed, "\n".join(outcome.problems)
+    if stall == 0.0:
         pairs, hidden = prob["gates"].size, prob["input"].shape[1]
-        if run.ideal_cycles:
-            overhead = DispatchUnit(params).overhead
-            assert run.cycles == pairs * -(-hidden // params.lanes) + overhead
+        if outcome.ideal_cycles:
+            assert outcome.cycles == pairs * -(-hidden // params.lanes) + params.overhead
         else:
-            assert run.cycles == 1, "a zero-element problem must finish at once"
-    return run
+            assert outcome.cycles == 1, "a zero-element problem must finish at once"
+    return outcome
 
 
 CASES = {
@@ -90,8 +94,8 @@ def test_dispatch_field_extremes():
     prob = problem(3, tokens=10, hidden=6, experts=4, capacity=10)
     prob["indices"][0, :4] = [-(1 << 31), (1 << 31) - 1, 4, -1]
     prob["locations"][0, 4:8] = [(1 << 31) - 1, -(1 << 31), 10, -1]
-    run = check(prob, FP32_L4, "verilator", 0.0)
-    assert run.dropped == 8
+    outcome = check(prob, FP32_L4, "verilator", 0.0)
+    assert outcome.outputs["dropped"] == 8
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -115,38 +119,45 @@ def test_dispatch_formats(fmt, dtype, lanes, stall):
 
 def test_dispatch_runtime_errors():
     prob = problem(0, tokens=4, hidden=8, experts=2, capacity=4)
-    args = (prob["gates"], prob["indices"], prob["locations"], prob["input"])
-    with pytest.raises(HostError, match="hidden = 8 exceeds"):
-        run_dispatch(*args, num_experts=2, capacity=4,
-                     params=DispatchParams(max_hidden=4, max_tokens=8))
+    with pytest.raises(HostError, match="hidden = 8 exceeds the unit's max_hidden of 4"):
+        dispatch(prob, DispatchParams(max_hidden=4, max_pairs=8))
     with pytest.raises(HostError, match="gates has dtype float32"):
-        run_dispatch(*args, num_experts=2, capacity=4, params=DispatchParams(format="fp16"))
-    bad = prob["indices"].copy()
-    bad[0, 1] = 1 << 40
+        dispatch(prob, DispatchParams(format="fp16"))
+    with pytest.raises(HostError, match="the problem needs max_pairs >= 4, but max_pairs = 2"):
+        run(UNIT, {name: prob[name] for name in UNIT.inputs},
+            {"num_experts": 2, "capacity": 4, "max_pairs": 2})
+    bad = dict(prob, indices=prob["indices"].copy())
+    bad["indices"][0, 1] = 1 << 40
     with pytest.raises(HostError, match=r"indices.flat\[1\] = 1099511627776 does not fit"):
-        run_dispatch(prob["gates"], bad, prob["locations"], prob["input"], num_experts=2,
-                     capacity=4)
+        dispatch(bad)
     with pytest.raises(ValueError, match="capacity must be a non-negative integer"):
-        run_dispatch(*args, num_experts=2, capacity=-1)
+        dispatch(dict(prob, capacity=-1))
 
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(format="fp64"), "Format must be one of fp32, fp16, bf16, not 'fp64'"),
-    (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
+    (dict(format="fp64"), "format must be fp32, fp16 or bf16, not 'fp64'"),
+    (dict(max_pairs=0), "max_pairs must be an integer between 1 and"),
     (dict(max_experts=-2), "max_experts must be an integer between 1 and"),
     (dict(mul_stages="deep"), "mul_stages must be an integer, not 'deep'"),
-    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
+    (dict(index_width=8, max_capacity=4096),
+     r"index_width must hold max_capacity \(4096\) as a signed value, not 8"),
 ])
 def test_dispatch_parameter_errors(settings, message):
-    with pytest.raises(ParameterError if "Format" not in message else ValueError,
-                       match=message):
+    with pytest.raises(ParameterError, match=message):
         DispatchParams(**settings)
+
+
+def test_old_parameter_names_are_aliases():
+    with pytest.warns(DeprecationWarning, match="'max_tokens' is deprecated; it is now "
+                                                "called 'max_pairs'"):
+        params = UNIT.make_params({"max_tokens": 12})
+    assert params.max_pairs == 12
 
 
 @pytest.mark.parametrize("args,message", [
     (["--set", "lanes=3"], "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (["--set", "format=fp64"], "Format must be one of fp32, fp16, bf16, not 'fp64'"),
+    (["--set", "format=fp64"], "format must be fp32, fp16 or bf16, not 'fp64'"),
     (["--set", "max_hidden=0"], "max_hidden must be an integer between 1 and"),
     (["--set", "lane=4"], "has no parameter 'lane'"),
 ])

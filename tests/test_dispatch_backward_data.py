@@ -11,16 +11,18 @@ import pytest
 
 from moe_hw import golden
 from moe_hw.formats import to_bits
-from moe_hw.host.common import HostError
-from moe_hw.host.gather import (MEMORY_LATENCY, routing_problem, run_combine_gather,
-                                run_dispatch_backward_data, score_dispatch_backward_data)
+from moe_hw.host import combine_gather
+from moe_hw.host.checks import HostError
+from moe_hw.host.dispatch_backward_data import UNIT
+from moe_hw.host.unit import run
 from moe_hw.units.dispatch_backward_data import (DispatchBackwardDataParams,
                                                  DispatchBackwardDataUnit)
 
 from conftest import STALLS, simulator_params
+from test_combine_gather import check as combine_check, gather_problem, variant
 
 PARAMS = DispatchBackwardDataParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
-                                    max_capacity=32, max_experts=8, max_k=3)
+                                    max_capacity=32, max_experts=8, max_top_k=3)
 
 CASES = {
     # DUET toy scale (S=21, E=6, H=16), one routing row ([S] arrays), every token fits.
@@ -43,29 +45,22 @@ CASES = {
 
 
 def problem(name):
-    spec = dict(CASES[name])
-    gates, indices, locations, grad, capacity = routing_problem(
-        sorted(CASES).index(name), **spec)
-    if name == "out_of_range":
-        indices[1, :4] = [-(1 << 31), (1 << 31) - 1, 6, -1]
-        locations[0, 4:8] = [(1 << 31) - 1, -(1 << 31), 5, -1]
+    prob = gather_problem(CASES, name, extremes_k=1)
     if name == "duet_toy":           # the [S] form of the routing arrays
-        gates, indices, locations = gates[0], indices[0], locations[0]
-    return gates, indices, locations, grad, spec["experts"], capacity
+        prob = variant(prob, **{key: prob[key][0] for key in ("gates", "indices", "locations")})
+    return prob
 
 
-def check(prob, sim, stall, *, params=PARAMS, seed=7, latency=MEMORY_LATENCY):
-    gates, indices, locations, grad, experts, capacity = prob
-    run = run_dispatch_backward_data(gates, indices, locations, grad, num_experts=experts,
-                                     capacity=capacity, params=params, sim=sim, stall=stall,
-                                     seed=seed, memory_latency=latency)
-    problems = score_dispatch_backward_data(run, gates, indices, locations, grad,
-                                            num_experts=experts, capacity=capacity)
-    assert not problems, "\n".join(problems)
-    if stall == 0.0:
-        assert run.cycles == run.expected_cycles, \
-            f"{run.cycles} cycles, the documented formula gives {run.expected_cycles}"
-    return run
+def check(prob, sim, stall, **options):
+    """The combine tests' check (bit-exact, clean scoreboards, the exact stall-free cycle
+    count) on this unit."""
+    return combine_check(prob, sim, stall, unit=UNIT, **{"params": PARAMS, **options})
+
+
+def manual(gates, indices, locations, grad, num_experts, capacity):
+    """A hand-written problem."""
+    return {"gates": gates, "indices": indices, "locations": locations, "buffer": grad,
+            "num_experts": num_experts, "capacity": capacity}
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -87,50 +82,52 @@ def test_dispatch_backward_data_sum_start():
     gates = np.array([[minus, minus, plus], [minus, plus, minus]], dtype=np.float32)
     indices = np.array([[0, 0, 0], [0, 5, 0]])
     locations = np.array([[0, 0, 1], [1, 0, 0]])
-    run = check((gates, indices, locations, grad, 1, 2), "verilator", 0.0)
-    bits = to_bits(run.output, "fp32")
+    outcome = check(manual(gates, indices, locations, grad, 1, 2), "verilator", 0.0)
+    bits = to_bits(outcome.outputs["grad_input"], "fp32")
     assert bits[0, 0] == 0x80000000                          # -0.0 + -0.0 = -0.0
     assert bits[1, 0] == bits[1, 3] == 0                     # -0.0 + +0.0 = +0.0
-    one = check((gates[0], indices[0], locations[0], grad, 1, 2), "verilator", 0.0)
-    assert to_bits(one.output, "fp32")[0, 0] == 0x80000000  # k = 1: -1 * +0.0 = -0.0
-    combined = run_combine_gather(gates, indices, locations, grad, capacity=2, params=PARAMS)
-    assert to_bits(combined.output, "fp32")[0, 0] == 0      # +0.0 + -0.0 + -0.0 = +0.0
-    assert np.array_equal(to_bits(run.output, "fp32"), to_bits(golden.dispatch_backward_data(
+    one = check(manual(gates[0], indices[0], locations[0], grad, 1, 2), "verilator", 0.0)
+    assert to_bits(one.outputs["grad_input"], "fp32")[0, 0] == 0x80000000  # k = 1: -1 * +0.0
+    combined = run(combine_gather.UNIT, {"gates": gates, "indices": indices,
+                                         "locations": locations, "expert_out": grad},
+                   {"capacity": 2}, params=PARAMS)
+    assert to_bits(combined.outputs["combined"], "fp32")[0, 0] == 0   # +0.0 + -0.0 + -0.0
+    assert np.array_equal(bits, to_bits(golden.dispatch_backward_data(
         gates, indices, locations, grad, num_experts=1, capacity=2), "fp32"))
 
 
 def test_dispatch_backward_data_edge_sizes():
-    """k = 0 (every output +0.0), zero capacity or experts (every pair dropped), zero hidden,
-    and a single short window, on the one build."""
-    gates, indices, locations, grad, experts, capacity = problem("k2_drops")
-    run = check((gates[:0], indices[:0], locations[:0], grad, experts, capacity),
-                "verilator", 0.0)
-    assert not run.output.view(np.uint32).any()
-    run = check((gates, indices, locations, grad[:0], experts, 0), "verilator", 0.0)
-    assert not run.output.view(np.uint32).any() and run.dropped == gates.size
-    run = check((gates, indices, locations, grad[:0], 0, capacity), "verilator", 0.0)
-    assert not run.output.view(np.uint32).any() and run.dropped == gates.size
-    run = check((gates, indices, locations, grad[:, :0], experts, capacity), "verilator", 0.0)
-    assert run.cycles == 1 and run.output.shape == (37, 0)
-    check((gates[:, :2], indices[:, :2], locations[:, :2], grad[:, :3], experts, capacity),
-          "verilator", 0.0)
-    unit = DispatchBackwardDataUnit(PARAMS)
-    assert unit.SUM_START == "first" and unit.overhead(2) == 19
+    """top_k = 0 (every output +0.0), zero capacity or experts (every pair dropped), zero
+    hidden, and a single short window, on the one build."""
+    prob = problem("k2_drops")
+    gates, indices, locations, grad = (prob[name] for name in
+                                       ("gates", "indices", "locations", "buffer"))
+    outcome = check(variant(prob, gates=gates[:0], indices=indices[:0],
+                            locations=locations[:0]), "verilator", 0.0)
+    assert not outcome.outputs["grad_input"].view(np.uint32).any()
+    for sizes in (dict(capacity=0), dict(num_experts=0)):
+        outcome = check(variant(prob, buffer=grad[:0], **sizes), "verilator", 0.0)
+        assert not outcome.outputs["grad_input"].view(np.uint32).any()
+        assert outcome.results["dropped"] == gates.size
+    outcome = check(variant(prob, buffer=grad[:, :0]), "verilator", 0.0)
+    assert outcome.cycles == 1 and outcome.outputs["grad_input"].shape == (37, 0)
+    check(variant(prob, gates=gates[:, :2], indices=indices[:, :2], locations=locations[:, :2],
+                  buffer=grad[:, :3]), "verilator", 0.0)
+    assert DispatchBackwardDataUnit.SUM_START == "first" and PARAMS.overhead(2) == 19
 
 
 def test_dispatch_backward_data_host_errors():
-    gates, indices, locations, grad, experts, capacity = problem("k2_drops")
+    inputs, runtime = UNIT.inputs_of(problem("k2_drops"))
+
+    def attempt(settings=None, params=None, **changes):
+        run(UNIT, {**inputs, **changes}, {**runtime, **(settings or {})}, params=params)
+
     with pytest.raises(HostError, match=r"grad_dispatch must have num_experts \* capacity = "
                                         r"36 rows \[E\*C, H\], not 45"):
-        run_dispatch_backward_data(gates, indices, locations, grad, num_experts=4,
-                                   capacity=capacity)
-    with pytest.raises(HostError, match="num_experts = 5 exceeds the unit's maximum of 2"):
-        run_dispatch_backward_data(gates, indices, locations, grad, num_experts=experts,
-                                   capacity=capacity,
-                                   params=DispatchBackwardDataParams(max_experts=2))
+        attempt({"num_experts": 4})
+    with pytest.raises(HostError, match="num_experts = 5 exceeds the unit's max_experts of 2"):
+        attempt(params=DispatchBackwardDataParams(max_experts=2))
     with pytest.raises(HostError, match="grad_dispatch must have 2 dimension"):
-        run_dispatch_backward_data(gates, indices, locations, grad[0], num_experts=experts,
-                                   capacity=capacity)
+        attempt(grad_dispatch=inputs["grad_dispatch"][0])
     with pytest.raises(HostError, match="num_experts must be a non-negative integer"):
-        run_dispatch_backward_data(gates, indices, locations, grad, num_experts=-1,
-                                   capacity=capacity)
+        attempt({"num_experts": -1})

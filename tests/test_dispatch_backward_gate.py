@@ -14,18 +14,18 @@ from amaranth.sim import Simulator
 from moe_hw import golden
 from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
-from moe_hw.host.backward_gate import (benchmark_backward_gate, float64_error,
-                                       run_backward_gate, run_backward_gate_batch,
-                                       score_backward_gate)
-from moe_hw.host.common import HostError
+from moe_hw.host.checks import HostError
+from moe_hw.host.dispatch_backward_gate import UNIT, float64_error
+from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
-from moe_hw.units.dispatch_backward_gate import BackwardGateParams, DispatchBackwardGateUnit
+from moe_hw.units.dispatch_backward_gate import (DispatchBackwardGateParams,
+                                                 DispatchBackwardGateUnit)
 
 from conftest import STALLS, simulator_params
 
 # One design for every case (one Verilator and one Icarus build).
-PARAMS = BackwardGateParams(format="fp32", lanes=4, max_tokens=64, max_top_k=2, max_hidden=64,
-                            max_capacity=32, max_experts=8)
+PARAMS = DispatchBackwardGateParams(format="fp32", lanes=4, max_tokens=64, max_top_k=2,
+                                    max_hidden=64, max_capacity=32, max_experts=8)
 LATENCY = 2
 
 
@@ -83,64 +83,55 @@ def case_problem(name):
     return prob
 
 
-def check_batch(cases, sim, stall, *, params=PARAMS, seed=5, read_latency=LATENCY):
-    """Run the named problems back to back in one simulation and score every one: bit-exact
-    results, one per pair in order, read scoreboards, the dropped count, exact stall-free
-    cycles. Returns the runs by name."""
-    runs = run_backward_gate_batch(list(cases.values()), params=params, sim=sim, stall=stall,
-                                   seed=seed, read_latency=read_latency)
-    failures = []
-    for (name, prob), run in zip(cases.items(), runs):
-        problems = score_backward_gate(run, prob["input"], prob["indices"], prob["locations"],
-                                       prob["grad_dispatch"], num_experts=prob["num_experts"],
-                                       capacity=prob["capacity"], lanes=params.lanes,
-                                       interleave=params.interleave)
-        if stall == 0.0 and run.cycles != run.expected_cycles:
-            problems.append(f"{run.cycles} cycles, expected exactly {run.expected_cycles}")
-        failures += [f"{name}: {problem}" for problem in problems]
-    assert not failures, "\n".join(failures)
-    return dict(zip(cases, runs))
+def check(prob, *, params=PARAMS, sim="verilator", stall=0.0, seed=5, memory_latency=LATENCY):
+    """One run, scored: bit-exact results, one per pair in order, read scoreboards, the
+    dropped count, and (stall-free) the exact cycle count."""
+    inputs = {name: prob[name] for name in UNIT.inputs}
+    settings = {"num_experts": prob["num_experts"], "capacity": prob["capacity"],
+                "memory_latency": memory_latency}
+    outcome = run(UNIT, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    if stall == 0.0:
+        assert outcome.cycles == outcome.expected_cycles
+    return outcome
 
 
 @pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
-def test_backward_gate_cases(sim, stall):
-    runs = check_batch({name: case_problem(name) for name in CASES}, sim, stall)
-    if stall == 0.0:
-        assert runs["zero_tokens"].cycles == 1, "a problem without pairs must finish at once"
-        assert runs["zero_capacity"].dropped == 16
-        # Whole groups: one beat per pair plus the documented constant.
-        duet = runs["duet_toy"]
-        assert duet.cycles == PARAMS.cycles(21, 16, LATENCY)
-    # A valid pair's gradient is a real dot product: not all zeros.
-    assert np.count_nonzero(runs["duet_toy"].grad_gates) > 0
+def test_backward_gate_cases(sim, name, stall):
+    outcome = check(case_problem(name), sim=sim, stall=stall)
+    if name == "zero_tokens" and stall == 0.0:
+        assert outcome.cycles == 1, "a problem without pairs must finish at once"
+    if name == "zero_capacity":
+        assert outcome.outputs["dropped"] == 16
+    if name == "duet_toy":
+        if stall == 0.0:     # whole groups: one beat per pair plus the documented constant
+            assert outcome.cycles == PARAMS.cycles(21, 16, LATENCY)
+        # A valid pair's gradient is a real dot product: not all zeros.
+        assert np.count_nonzero(outcome.outputs["grad_gates"]) > 0
 
 
 def test_cycle_formula_whole_groups_and_latencies():
     """P a multiple of G: exactly P * B + overhead; other read latencies move the constant."""
     g = PARAMS.interleave
-    cases, expected = {}, []
     for latency in (1, LATENCY, 6):
         for tokens, hidden in ((2 * g, 16), (3 * g, 9), (g, 1)):
             prob = problem(latency * 100 + hidden, tokens=tokens, hidden=hidden, experts=4,
                            capacity=2 * tokens)
-            cases[f"S={tokens} H={hidden} latency={latency}"] = {**prob,
-                                                                  "read_latency": latency}
-            expected.append(tokens * -(-hidden // PARAMS.lanes) + PARAMS.overhead(latency))
-    runs = check_batch(cases, "verilator", 0.0)
-    assert [run.cycles for run in runs.values()] == expected
+            outcome = check(prob, memory_latency=latency)
+            assert outcome.cycles == (tokens * -(-hidden // PARAMS.lanes) +
+                                      PARAMS.overhead(latency)), (tokens, hidden, latency)
 
 
 @pytest.mark.parametrize("stall", STALLS)
 def test_backward_gate_fp16_one_lane(stall):
     """Another format and interleave (fp16: G = 3) and no adder tree (one lane)."""
-    params = BackwardGateParams(format="fp16", lanes=1, max_tokens=32, max_top_k=2,
-                                max_hidden=16, max_capacity=16, max_experts=4)
-    cases = {f"fp16 H={hidden} k={k}": problem(hidden, tokens=tokens, hidden=hidden, experts=4,
-                                               capacity=6, k=k, dtype=np.float16,
-                                               specials=0.2)
-             for tokens, hidden, k in ((11, 5, 2), (7, 1, 1), (10, 16, 2))}
-    check_batch(cases, "verilator", stall, params=params)
+    params = DispatchBackwardGateParams(format="fp16", lanes=1, max_tokens=32, max_top_k=2,
+                                        max_hidden=16, max_capacity=16, max_experts=4)
+    for tokens, hidden, k in ((11, 5, 2), (7, 1, 1), (10, 16, 2)):
+        check(problem(hidden, tokens=tokens, hidden=hidden, experts=4, capacity=6, k=k,
+                      dtype=np.float16, specials=0.2), params=params, stall=stall)
 
 
 def test_float64_error():
@@ -148,83 +139,102 @@ def test_float64_error():
     sum |x_j y_j| stays within the classical bound gamma_m of this order (m roundings on a
     product's path); with non-negative data (no cancellation) that bound holds for the plain
     relative error too."""
-    cases = {}
+    worst = {"normal": 0.0, "positive": 0.0, "normalised": 0.0}
     for seed in range(4):
         prob = problem(1000 + seed, tokens=32, hidden=64, experts=4, capacity=16, k=2)
-        cases[f"normal {seed}"] = prob
         positive = dict(prob, input=np.abs(prob["input"]),
                         grad_dispatch=np.abs(prob["grad_dispatch"]))
-        cases[f"positive {seed}"] = positive
-    runs = check_batch(cases, "verilator", 0.0)
-    worst = {"normal": 0.0, "positive": 0.0, "normalised": 0.0}
-    for name, run in runs.items():
-        prob = cases[name]
-        error = float64_error(run.grad_gates, prob["input"], prob["indices"],
-                              prob["locations"], prob["grad_dispatch"],
-                              num_experts=prob["num_experts"], capacity=prob["capacity"],
-                              lanes=PARAMS.lanes)
-        assert error["pairs"] > 0
-        assert error["worst_normalised"] <= error["bound"], (name, error)
-        kind = name.split()[0]
-        worst[kind] = max(worst[kind], error["worst_relative"])
-        worst["normalised"] = max(worst["normalised"], error["worst_normalised"])
-        if kind == "positive":
-            assert error["worst_relative"] <= error["bound"], (name, error)
+        for kind, case in (("normal", prob), ("positive", positive)):
+            grad_gates = check(case).outputs["grad_gates"]
+            error = float64_error(grad_gates, case["input"], case["indices"],
+                                  case["locations"], case["grad_dispatch"],
+                                  num_experts=case["num_experts"], capacity=case["capacity"],
+                                  lanes=PARAMS.lanes)
+            assert error["pairs"] > 0
+            assert error["worst_normalised"] <= error["bound"], (kind, seed, error)
+            worst[kind] = max(worst[kind], error["worst_relative"])
+            worst["normalised"] = max(worst["normalised"], error["worst_normalised"])
+            if kind == "positive":
+                assert error["worst_relative"] <= error["bound"], (kind, seed, error)
     print(f"\nfloat64 check (H=64, lanes=4, fp32, bound gamma_m = {error['bound']:.3e}): "
           f"worst relative error {worst['normal']:.3e} (random signs), "
           f"{worst['positive']:.3e} (non-negative data); worst error / sum|x*y| "
           f"{worst['normalised']:.3e}")
 
 
-def test_benchmark_function_small():
-    row = benchmark_backward_gate(tokens=16, hidden=20, experts=4, k=2, params=PARAMS)
-    assert row["passed"], row["problems"]
-    assert row["cycles"] == row["expected_cycles"]
-    assert row["ideal_cycles"] == 32 * 5
-    assert row["float64"]["worst_normalised"] <= row["float64"]["bound"]
+def test_bench_problem_small():
+    """The ``bench units`` problem at a small shape: bit-exact, the exact count, the ideal
+    pairs * ceil(H / lanes), and the float64 error within its bound."""
+    shape = BenchShape(tokens=16, hidden=20, experts=4, top_k=2, lanes=4)
+    (inputs, settings), = UNIT.bench_problems(shape, seed=0).values()
+    outcome = run(UNIT, inputs, settings, params=PARAMS)
+    assert outcome.passed, outcome.problems
+    assert outcome.cycles == outcome.expected_cycles
+    assert outcome.ideal_cycles == 32 * 5
+    error = float64_error(outcome.outputs["grad_gates"], *(inputs[name] for name in UNIT.inputs),
+                          num_experts=settings["num_experts"], capacity=settings["capacity"],
+                          lanes=PARAMS.lanes)
+    assert error["pairs"] > 0 and error["worst_normalised"] <= error["bound"]
 
 
 def test_backward_gate_input_errors():
     prob = problem(0, tokens=4, hidden=8, experts=2, capacity=4)
-    args = (prob["input"], prob["indices"], prob["locations"], prob["grad_dispatch"])
+    inputs = {name: prob[name] for name in UNIT.inputs}
+    sizes = {"num_experts": 2, "capacity": 4}
+
+    def attempt(changes, settings=sizes, params=PARAMS):
+        run(UNIT, {**inputs, **changes}, settings, params=params)
+
     with pytest.raises(HostError, match=r"grad_dispatch must have shape \(6, 8\)"):
-        run_backward_gate(*args, num_experts=3, capacity=2, params=PARAMS)
+        attempt({}, {"num_experts": 3, "capacity": 2})
     with pytest.raises(HostError, match="grad_dispatch has dtype float16, but input has"):
-        run_backward_gate(*args[:3], prob["grad_dispatch"].astype(np.float16), num_experts=2,
-                          capacity=4, params=PARAMS)
+        attempt({"grad_dispatch": prob["grad_dispatch"].astype(np.float16)})
     with pytest.raises(HostError, match="input has 4 rows, but indices has S = 3"):
-        run_backward_gate(prob["input"], prob["indices"][:, :3], prob["locations"][:, :3],
-                          prob["grad_dispatch"], num_experts=2, capacity=4, params=PARAMS)
+        attempt({"indices": prob["indices"][:, :3], "locations": prob["locations"][:, :3]})
     with pytest.raises(HostError, match="capacity must be a non-negative integer, not -1"):
-        run_backward_gate(*args, num_experts=2, capacity=-1, params=PARAMS)
+        attempt({}, {"num_experts": 2, "capacity": -1})
+    with pytest.raises(HostError, match="run-time value num_experts is missing"):
+        attempt({}, {"capacity": 4})
+    with pytest.raises(HostError, match="memory_latency must be at least 1, not 0"):
+        attempt({}, {**sizes, "memory_latency": 0})
+    with pytest.raises(HostError, match="lacks grad_dispatch"):
+        run(UNIT, {name: prob[name] for name in UNIT.inputs[:3]}, sizes)
     big = problem(0, tokens=4, hidden=65, experts=2, capacity=4)
-    with pytest.raises(HostError, match="hidden = 65 exceeds the unit's maximum of 64"):
-        run_backward_gate(big["input"], big["indices"], big["locations"],
-                          big["grad_dispatch"], num_experts=2, capacity=4, params=PARAMS)
+    with pytest.raises(HostError, match="hidden = 65 exceeds the unit's max_hidden of 64"):
+        attempt({name: big[name] for name in UNIT.inputs})
+    with pytest.raises(HostError, match="the problem needs max_hidden >= 65"):
+        attempt({name: big[name] for name in UNIT.inputs}, {**sizes, "max_hidden": 64},
+                params=None)
     bad = prob["indices"].copy()
     bad[0, 1] = 1 << 40
     with pytest.raises(HostError, match=r"indices.flat\[1\] = 1099511627776 does not fit"):
-        run_backward_gate(prob["input"], bad, prob["locations"], prob["grad_dispatch"],
-                          num_experts=2, capacity=4, params=PARAMS)
+        attempt({"indices": bad})
 
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 16, not 0"),
     (dict(max_outstanding=12), "max_outstanding must be a power of two, not 12"),
     (dict(max_top_k=0), "max_top_k must be an integer between 1 and"),
-    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
+    (dict(index_width=8, max_capacity=4096), "index_width must hold max_capacity"),
 ])
 def test_backward_gate_parameter_errors(settings, message):
     with pytest.raises(ParameterError, match=message):
-        BackwardGateParams(**settings)
+        DispatchBackwardGateParams(**settings)
+
+
+def test_backward_gate_old_parameter_name():
+    """``max_k`` is the old name of ``max_top_k`` (accepted, with a warning)."""
+    with pytest.deprecated_call(match="'max_k' is deprecated"):
+        params = UNIT.make_params({"max_k": 4})
+    assert params.max_top_k == 4
 
 
 def test_reset_mid_run_leaves_no_stale_output():
     """Amaranth simulator: a reset in the middle of a run returns the unit to idle (no
     request, no result, no status left), and a fresh run after it is correct."""
-    params = BackwardGateParams(lanes=2, max_tokens=4, max_top_k=2, max_hidden=4,
-                                max_capacity=2, max_experts=2, max_outstanding=8)
+    params = DispatchBackwardGateParams(lanes=2, max_tokens=4, max_top_k=2, max_hidden=4,
+                                        max_capacity=2, max_experts=2, max_outstanding=8)
     dut = DispatchBackwardGateUnit(params)
     top = Module()
     top.domains.sync = sync = ClockDomain()

@@ -10,7 +10,7 @@ from moe_hw.units.dispatch import DispatchParams, DispatchUnit
 
 
 def test_reset_mid_run_leaves_no_stale_output():
-    params = DispatchParams(lanes=2, max_tokens=8, max_hidden=8, max_capacity=4, max_experts=2)
+    params = DispatchParams(lanes=2, max_pairs=8, max_hidden=8, max_capacity=4, max_experts=2)
     dut = DispatchUnit(params)
     top = Module()
     top.domains.sync = sync = ClockDomain()
@@ -21,7 +21,7 @@ def test_reset_mid_run_leaves_no_stale_output():
     writes = []
 
     async def start(ctx, tokens):
-        ctx.set(dut.tokens, tokens)
+        ctx.set(dut.pairs, tokens)
         ctx.set(dut.hidden, 4)
         ctx.set(dut.capacity, 4)
         ctx.set(dut.num_experts, 2)

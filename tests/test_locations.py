@@ -10,13 +10,12 @@ from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from moe_hw import golden
-from moe_hw.host.common import HostError
-from moe_hw.host.locations import (benchmark, random_indices, run_locations,
-                                   score_locations, simulate_locations)
-from moe_hw.params import ParameterError
-from moe_hw.registry import units
-from moe_hw.run import run_unit
 from moe_hw.blocks.counter_bank import CounterBank
+from moe_hw.host.checks import HostError
+from moe_hw.host.locations import UNIT, simulate_raw
+from moe_hw.host.unit import BenchShape, run
+from moe_hw.params import ParameterError
+from moe_hw.problems import routed_problem
 from moe_hw.units.locations import LocationsParams, LocationsUnit
 
 from conftest import STALLS, simulator_params
@@ -26,25 +25,26 @@ PARAMS = LocationsParams(max_pairs=512, max_experts=16, max_capacity=512, index_
 INDEX_MIN, INDEX_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def check(indices, num_experts, capacity, sim, stall, seed=0):
-    run = run_locations(indices, num_experts=num_experts, capacity=capacity, params=PARAMS,
-                        sim=sim, stall=stall, seed=seed)
-    problems = score_locations(run, indices, num_experts=num_experts, capacity=capacity)
-    assert not problems, "\n".join(problems)
+def check(indices, num_experts, capacity, sim="verilator", stall=0.0, seed=0, params=PARAMS):
+    outcome = run(UNIT, {"indices": indices}, {"num_experts": num_experts, "capacity": capacity},
+                  params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
     if stall == 0.0:
-        assert run.cycles == LocationsUnit.stall_free_cycles(np.size(indices), num_experts)
-    return run
+        assert outcome.cycles == params.stall_free_cycles(np.size(indices), num_experts)
+    return outcome
 
 
 def case_indices(name):
     """(indices [k, S], num_experts, capacity) of each simulated case, seeded."""
-    rng = np.random.default_rng(sorted(CASES).index(name))
+    seed = sorted(CASES).index(name)
+    rng = np.random.default_rng(seed)
     if name == "worked_example":          # golden.compute_locations' docstring example
         return np.int32([[0, 1, 0, 2], [1, 0, 2, 2]]), 3, 2
     if name == "duet_toy":                # S=21, E=6, k=1; C = ceil(21/6) = 4: drops
         return rng.integers(0, 6, (1, 21)), 6, golden.capacity_from_factor(1.0, 21, 6)
     if name == "random_k2":               # top-2, distinct experts per token, E=7
-        return random_indices(rng, 97, 7, 2), 7, golden.capacity_from_factor(1.25, 97, 7, 2)
+        problem = routed_problem(tokens=97, hidden=0, experts=7, top_k=2, seed=seed)
+        return problem["indices"], 7, problem["capacity"]
     if name == "empty_experts":           # E=12, only experts 0, 5 and 11 chosen
         return rng.choice([0, 5, 11], (2, 40)), 12, 9
     if name == "out_of_range":            # negative, too large and the field's extremes
@@ -68,65 +68,85 @@ CASES = ["worked_example", "duet_toy", "random_k2", "empty_experts", "out_of_ran
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
 def test_locations_cases(sim, case, stall):
     indices, num_experts, capacity = case_indices(case)
-    run = check(indices, num_experts, capacity, sim, stall, seed=5)
+    outcome = check(indices, num_experts, capacity, sim, stall, seed=5)
     if case == "worked_example":
-        assert run.locations.tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
-        assert run.expert_counts.tolist() == [3, 2, 3] and run.dropped == 2
+        assert outcome.outputs["locations"].tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
+        assert outcome.outputs["expert_counts"].tolist() == [3, 2, 3]
+        assert outcome.outputs["dropped"] == 2
+    if case == "duet_toy":
+        assert outcome.outputs["dropped"] > 0
 
 
 def test_locations_no_pairs_no_experts():
-    run = check(np.zeros((1, 0), np.int32), 0, 0, "verilator", 0.0)
-    assert run.cycles == 1 and run.expert_counts.shape == (0,)
+    outcome = check(np.zeros((1, 0), np.int32), 0, 0)
+    assert outcome.cycles == 1 and outcome.outputs["expert_counts"].shape == (0,)
 
 
 def test_locations_experts_zero_routes_nothing():
-    run = check(np.int32([[0, 1, -1, 2]]), 0, 4, "verilator", 0.0)
-    assert run.locations.tolist() == [[-1, -1, -1, -1]] and run.dropped == 0
+    outcome = check(np.int32([[0, 1, -1, 2]]), 0, 4)
+    assert outcome.outputs["locations"].tolist() == [[-1, -1, -1, -1]]
+    assert outcome.outputs["dropped"] == 0 and outcome.cycles == 4 + LocationsParams.OVERHEAD
 
 
 def test_locations_runtime_size_error_flag():
     # num_experts above max_experts reaches the hardware only through the raw bench.
-    res = simulate_locations([0, 1, 2], num_experts=PARAMS.max_experts + 1, capacity=4,
-                             params=PARAMS)
+    res = simulate_raw([0, 1, 2], num_experts=PARAMS.max_experts + 1, capacity=4, params=PARAMS)
     assert res["error"] == 1 and res["cycles"] == 1
     assert res["pairs_taken"] == 0 and res["location"].size == 0 and res["counts"].size == 0
 
 
-def test_locations_benchmark_figures():
-    row = benchmark(tokens=64, experts=8, k=2, max_pairs=512, max_experts=16, max_capacity=512)
-    assert row["passed"], row["problems"]
-    assert row["ideal_cycles"] == 128
-    assert row["cycles"] == row["formula_cycles"] == 128 + 8 + LocationsUnit.OVERHEAD
+def test_locations_bench_problem():
+    (inputs, settings), = UNIT.bench_problems(BenchShape(tokens=64, experts=8, top_k=2)).values()
+    outcome = run(UNIT, inputs, settings, params=PARAMS)
+    assert outcome.passed, outcome.problems
+    assert outcome.ideal_cycles == 128
+    assert outcome.cycles == outcome.expected_cycles == 128 + 8 + LocationsParams.OVERHEAD
 
 
-def test_locations_run_unit_and_registry():
-    assert "locations" in units()
+def test_locations_settings_mix_parameters_and_runtime_values():
     indices = np.int32([[0, 1, 0, 2], [1, 0, 2, 2]])
     settings = {"num_experts": 3, "capacity": 2, "max_pairs": 512, "max_experts": 16,
                 "max_capacity": 512}
-    outputs, report = run_unit("locations", {"indices": indices}, settings)
-    assert outputs["locations"].tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
-    assert outputs["expert_counts"].tolist() == [3, 2, 3]
-    assert int(outputs["dropped"]) == 2
-    assert int(outputs["cycles"]) == LocationsUnit.stall_free_cycles(8, 3)
-    assert any(line.startswith("check: exact") for line in report)
+    outcome = run(UNIT, {"indices": indices}, settings)
+    assert outcome.params == PARAMS
+    assert outcome.outputs["locations"].tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
+    assert outcome.outputs["expert_counts"].tolist() == [3, 2, 3]
+    assert int(outcome.outputs["dropped"]) == 2
+    assert int(outcome.outputs["cycles"]) == 8 + 3 + LocationsParams.OVERHEAD
+    assert outcome.report[-1].startswith("check: bit-exact")
+    # Without maxima the unit is sized to the problem; the run-time values may be npz scalars.
+    problem = UNIT.problem({"indices": indices, "num_experts": np.int64(3),
+                            "capacity": np.int64(2)}, {})
+    assert UNIT.params_for(problem, {}) == \
+        LocationsParams(max_pairs=8, max_experts=3, max_capacity=2)
+
+
+def _run(indices, settings, params=None):
+    return run(UNIT, {"indices": indices}, settings, params=params)
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: run_locations([[0, 1]], num_experts=-1, capacity=2), ValueError,
+    (lambda: _run([[0, 1]], {"num_experts": -1, "capacity": 2}), HostError,
      "num_experts must be a non-negative integer, not -1"),
-    (lambda: run_locations([[0, 1]], num_experts=2, capacity=-3), ValueError,
+    (lambda: _run([[0, 1]], {"num_experts": 2, "capacity": -3}), HostError,
      "capacity must be a non-negative integer, not -3"),
-    (lambda: run_locations([[0.0, 1.0]], num_experts=2, capacity=2), TypeError,
+    (lambda: _run([[0, 1]], {"capacity": 2}), HostError, "run-time value num_experts is missing"),
+    (lambda: _run([[0.0, 1.0]], {"num_experts": 2, "capacity": 2}), TypeError,
      "indices must have an integer dtype, not float64"),
-    (lambda: run_locations(np.zeros((1, 1, 2), int), num_experts=2, capacity=2), ValueError,
+    (lambda: _run(np.zeros((1, 1, 2), int), {"num_experts": 2, "capacity": 2}), ValueError,
      "indices must have 1 or 2 dimension"),
-    (lambda: run_locations(np.zeros((2, 300), int), num_experts=2, capacity=2, params=PARAMS),
-     HostError, r"pairs \(k\*S\) = 600 exceeds the unit's maximum of 512"),
-    (lambda: run_locations([0], num_experts=17, capacity=2, params=PARAMS), HostError,
-     "num_experts = 17 exceeds the unit's maximum of 16"),
-    (lambda: run_locations(np.int64([0, 1 << 40]), num_experts=2, capacity=2), HostError,
-     r"indices.flat\[1\] = 1099511627776 does not fit the 32-bit index field"),
+    (lambda: run(UNIT, {}, {"num_experts": 2, "capacity": 2}), HostError,
+     "the input file for locations lacks indices"),
+    (lambda: _run(np.zeros((2, 300), int), {"num_experts": 2, "capacity": 2}, PARAMS),
+     HostError, r"pairs = 600 exceeds the unit's max_pairs of 512"),
+    (lambda: _run([0], {"num_experts": 17, "capacity": 2}, PARAMS), HostError,
+     "num_experts = 17 exceeds the unit's max_experts of 16"),
+    (lambda: _run([0, 1, 2], {"num_experts": 2, "capacity": 2, "max_pairs": 2}), HostError,
+     "the problem needs max_pairs >= 3, but max_pairs = 2"),
+    (lambda: _run(np.int64([0, 1 << 40]), {"num_experts": 2, "capacity": 2}), HostError,
+     r"indices.flat\[1\] = 1099511627776 does not fit the 32-bit header field"),
+    (lambda: _run([0], {"num_experts": 2, "capacity": 2, "lanes": 4}), ParameterError,
+     "unit locations has no parameter or run-time value 'lanes'"),
 ])
 def test_locations_bad_input(call, error, match):
     with pytest.raises(error, match=match):
@@ -137,7 +157,8 @@ def test_locations_bad_input(call, error, match):
     (dict(max_pairs=0), "max_pairs must be an integer between 1 and"),
     (dict(max_experts="8"), "max_experts must be an integer, not '8'"),
     (dict(index_width=1), "index_width must be an integer between 2 and 64, not 1"),
-    (dict(index_width=4, max_experts=9), "Index width must hold max_experts"),
+    (dict(index_width=4, max_experts=9),
+     r"index_width must hold max_experts \(9\) as a signed value, not 4"),
 ])
 def test_locations_parameter_errors(settings, message):
     with pytest.raises(ParameterError, match=message):

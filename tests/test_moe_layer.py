@@ -4,8 +4,9 @@ every case with and without random valid/ready pauses on all seven streams (pair
 parameters, read request, read response, write, output), scored bit for bit against the
 chained golden ``golden.moe_layer`` with scoreboards over every output beat, every write and
 every read of the expert buffer; stall-free runs must take exactly the documented cycle count,
-phase by phase. Plus ``moe_hw.run``, Amaranth-simulator checks of the status outputs, and
-parameter and host errors."""
+phase by phase; the whole run's cycles are the phases' sum. Plus parameters sized from
+settings, the benchmark problem, Amaranth-simulator checks of the status outputs, and parameter
+and host errors."""
 
 import ml_dtypes
 import numpy as np
@@ -15,10 +16,10 @@ from amaranth.sim import Simulator
 
 from moe_hw import golden
 from moe_hw.golden.testing import bit_equal, random_floats
-from moe_hw.host.common import HostError
-from moe_hw.host.moe_layer import random_gate_matrix, run_moe_layer, score_moe_layer
+from moe_hw.host.checks import HostError
+from moe_hw.host.moe_layer import UNIT, layer_gates
+from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
-from moe_hw.run import run_unit
 from moe_hw.units.moe_layer import MoELayer, MoELayerParams
 
 from conftest import STALLS, simulator_params
@@ -26,7 +27,7 @@ from conftest import STALLS, simulator_params
 # One generous build per format serves every case (a Verilator build of the composite takes
 # minutes on a small machine).
 MAXIMA = dict(lanes=4, max_tokens=64, max_hidden=32, max_experts=16, max_capacity=64,
-              max_k=2)
+              max_top_k=2)
 FP32 = MoELayerParams(format="fp32", **MAXIMA)
 BF16 = MoELayerParams(format="bf16", **MAXIMA)
 
@@ -58,70 +59,91 @@ CASES = {
 
 def problem(seed, *, tokens, experts, k, hidden, capacity=None, dtype=np.float32,
             affine=True, scale=True, bias=True, specials=0.0, experts_used=None):
+    """``(inputs, settings)``: a random layer; no capacity setting means the default factor."""
     rng = np.random.default_rng(seed)
-    gates = random_gate_matrix(rng, tokens, experts, k, dtype, experts_used=experts_used,
+    gates = layer_gates(rng, tokens, experts, k, dtype, experts_used=experts_used,
                                specials=specials) if k else np.zeros((tokens, experts), dtype)
-    data = random_floats(rng, (tokens, hidden), dtype, specials=specials)
-    a = random_floats(rng, (experts,), dtype, specials=specials) if affine and scale else None
-    b = random_floats(rng, (experts,), dtype, specials=specials) if affine and bias else None
-    return dict(gates=gates, input=data, capacity=capacity, expert_scale=a, expert_bias=b)
+    inputs = {"gates": gates, "input": random_floats(rng, (tokens, hidden), dtype,
+                                                     specials=specials)}
+    if affine and scale:
+        inputs["expert_scale"] = random_floats(rng, (experts,), dtype, specials=specials)
+    if affine and bias:
+        inputs["expert_bias"] = random_floats(rng, (experts,), dtype, specials=specials)
+    return inputs, ({} if capacity is None else {"capacity": capacity})
 
 
-def check(prob, params, sim, stall, seed=0):
-    run = run_moe_layer(**prob, params=params, sim=sim, stall=stall, seed=seed)
-    problems = score_moe_layer(run, **prob)
-    assert not problems, "\n".join(problems)
+def check(inputs, settings, params, sim="verilator", stall=0.0, seed=0):
+    """One run, scored against the chained golden with every scoreboard; stall-free it must
+    take exactly the documented count, phase by phase."""
+    outcome = run(UNIT, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    phases = outcome.results["phase_cycles"]
+    assert sum(phases.values()) == outcome.cycles
     if stall == 0.0:
-        assert run.phase_cycles == run.expected_phase_cycles, \
-            f"phases took {run.phase_cycles}, formula {run.expected_phase_cycles}"
-        assert run.cycles == run.expected_cycles
+        expected = UNIT.phase_cycles(outcome.problem, outcome.params)
+        assert phases == expected, f"phases took {phases}, formula {expected}"
+        assert outcome.cycles == outcome.expected_cycles
     else:
-        assert run.cycles > run.expected_cycles or run.cycles == 1
-    return run
+        assert outcome.cycles > outcome.expected_cycles or outcome.cycles == 1
+    return outcome
 
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
 def test_moe_layer_cases(sim, case, stall):
-    run = check(problem(sorted(CASES).index(case), **CASES[case]), FP32, sim, stall, seed=5)
+    outcome = check(*problem(sorted(CASES).index(case), **CASES[case]), FP32, sim, stall,
+                    seed=5)
+    phases = outcome.results["phase_cycles"]
     if case == "drops_empty_experts":
-        assert run.dropped > 0
+        assert outcome.outputs["dropped"] > 0
         if stall == 0.0:   # the location generator, not the dispatch, ends phase 1
-            assert run.expected_phase_cycles["route_dispatch"] == 10 * 2 + 16 + 4 + 1
+            assert phases["route_dispatch"] == 10 * 2 + 16 + 4 + 1
     if case == "identity":
-        assert run.phase_cycles["experts"] == 0
+        assert phases["experts"] == 0
     if case == "duet_toy":   # default capacity 1 * ceil(1.25 * 21 / 6) = 5 slots per expert
-        assert golden.capacity_from_factor(1.25, 21, 6, 1) == 5 and run.buffer.shape == (30, 16)
+        assert golden.capacity_from_factor(1.25, 21, 6, 1) == 5
+        assert outcome.results["buffer"].shape == (30, 16)
 
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
 def test_moe_layer_bf16(sim, stall):
     """bfloat16 with specials, top-2, a bias without a scale (the host substitutes 1.0)."""
-    prob = problem(11, tokens=30, experts=5, k=2, hidden=21, dtype=ml_dtypes.bfloat16,
-                   specials=0.2, scale=False)
-    check(prob, BF16, sim, stall, seed=3)
+    inputs, settings = problem(11, tokens=30, experts=5, k=2, hidden=21,
+                               dtype=ml_dtypes.bfloat16, specials=0.2, scale=False)
+    check(inputs, settings, BF16, sim, stall, seed=3)
 
 
-def test_moe_layer_run_unit():
-    """``python -m moe_hw.run moe_layer`` (as a function) reproduces the golden chain; without
-    a capacity it takes the default factor 1.25."""
-    prob = problem(17, tokens=20, experts=4, k=2, hidden=10, specials=0.1)
-    arrays = {"gates": prob["gates"], "input": prob["input"],
-              "expert_scale": prob["expert_scale"], "expert_bias": prob["expert_bias"]}
+def test_moe_layer_sized_from_settings():
+    """Parameters from ``--set``-style settings (sized to the problem otherwise) reproduce the
+    golden chain; without a capacity the default factor 1.25 applies."""
+    inputs, _ = problem(17, tokens=20, experts=4, k=2, hidden=10, specials=0.1)
     settings = {name: getattr(FP32, name) for name in MAXIMA}
-    outputs, report = run_unit("moe_layer", arrays, settings)
-    want, dropped = golden.moe_layer(prob["gates"], prob["input"],
+    outcome = run(UNIT, inputs, settings)
+    assert outcome.params == FP32 and outcome.passed, outcome.problems
+    want, dropped = golden.moe_layer(inputs["gates"], inputs["input"],
                                      capacity=golden.capacity_from_factor(1.25, 20, 4, 2),
-                                     scale=prob["expert_scale"], bias=prob["expert_bias"])
-    assert set(outputs) == {"output", "dropped", "cycles"}
-    assert bit_equal(outputs["output"], want) and outputs["dropped"] == dropped
-    assert any(line.startswith("check: bit-exact") for line in report)
-    outputs, _ = run_unit("moe_layer", {k: v for k, v in arrays.items() if "expert" not in k},
-                          {**settings, "capacity": 3})
-    want, dropped = golden.moe_layer(prob["gates"], prob["input"], capacity=3)
-    assert bit_equal(outputs["output"], want) and outputs["dropped"] == dropped > 0
+                                     scale=inputs["expert_scale"], bias=inputs["expert_bias"])
+    assert set(outcome.outputs) == {"output", "dropped", "cycles"}
+    assert bit_equal(outcome.outputs["output"], want) and outcome.outputs["dropped"] == dropped
+    assert any(line.startswith("check: bit-exact") for line in outcome.report)
+    identity = {name: inputs[name] for name in ("gates", "input")}
+    outcome = run(UNIT, identity, {**settings, "capacity": 3})
+    want, dropped = golden.moe_layer(inputs["gates"], inputs["input"], capacity=3)
+    assert bit_equal(outcome.outputs["output"], want)
+    assert outcome.outputs["dropped"] == dropped > 0
+
+
+def test_bench_problem_small():
+    """The ``bench units`` problem at a small shape: bit-exact, and its top-level cycles and
+    ideal are the whole run's (the three phases together)."""
+    shape = BenchShape(tokens=16, hidden=12, experts=4, top_k=2, lanes=4)
+    (inputs, settings), = UNIT.bench_problems(shape, seed=0).values()
+    outcome = check(inputs, settings, FP32)
+    assert outcome.ideal_cycles == sum(UNIT.phase_ideals(outcome.problem, FP32).values())
+    assert outcome.ideal_cycles >= 2 * 16 * 3 + 2 * 16 * 3     # dispatch and combine beats
+    assert outcome.efficiency <= 1.0
 
 
 # ---- Amaranth simulator: status outputs ------------------------------------------------------
@@ -131,7 +153,7 @@ def test_moe_layer_status_pysim():
     nothing; S = 0 is done at once; a reset in the middle of a run returns the unit to idle
     with nothing valid, and a start after that is taken."""
     params = MoELayerParams(format="bf16", lanes=1, max_tokens=4, max_hidden=2, max_experts=2,
-                            max_capacity=4, max_k=1)
+                            max_capacity=4, max_top_k=1)
     dut = MoELayer(params)
     top = Module()
     top.domains.sync = sync = ClockDomain()
@@ -142,7 +164,7 @@ def test_moe_layer_status_pysim():
     inputs = (dut.pair.ready, dut.data.ready, dut.expert_params.ready)
 
     async def start(ctx, tokens, hidden=2):
-        for port, value in ((dut.tokens, tokens), (dut.hidden, hidden), (dut.k, 1),
+        for port, value in ((dut.tokens, tokens), (dut.hidden, hidden), (dut.top_k, 1),
                             (dut.num_experts, 2), (dut.capacity, 4), (dut.affine, 1)):
             ctx.set(port, value)
         ctx.set(dut.start, 1)
@@ -182,37 +204,57 @@ def test_moe_layer_status_pysim():
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(format="fp64"), "Format must be one of fp32, fp16, bf16, not 'fp64'"),
-    (dict(max_k=0), "max_k must be an integer between 1 and 16, not 0"),
+    (dict(format="fp64"), "format must be fp32, fp16 or bf16, not 'fp64'"),
+    (dict(max_top_k=0), "max_top_k must be an integer between 1 and 16, not 0"),
     (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
-    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
-    (dict(index_width=8, max_capacity=4096), "Index width must hold max_capacity"),
-    (dict(index_width=12, max_tokens=4096, max_k=2, max_capacity=16),
-     "Index width must hold a location of max_tokens \\* max_k pairs"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 16, not 0"),
+    (dict(index_width=8, max_capacity=4096), "index_width must hold max_capacity"),
+    (dict(index_width=12, max_tokens=4096, max_top_k=2, max_capacity=16),
+     "index_width must hold a location of max_tokens \\* max_top_k pairs"),
 ])
 def test_moe_layer_parameter_errors(settings, message):
-    with pytest.raises(ParameterError if "Format" not in message else ValueError,
-                       match=message):
+    with pytest.raises(ParameterError, match=message):
         MoELayerParams(**settings)
 
 
+def test_moe_layer_old_parameter_names():
+    """``max_k`` and ``outstanding`` are the old names of ``max_top_k`` and
+    ``max_outstanding`` (accepted, with a warning)."""
+    with pytest.deprecated_call(match="is deprecated"):
+        params = UNIT.make_params({"max_k": 3, "outstanding": 8})
+    assert (params.max_top_k, params.max_outstanding) == (3, 8)
+
+
 def test_moe_layer_host_errors():
-    prob = problem(0, tokens=4, experts=3, k=2, hidden=8)
-    gates, data = prob["gates"], prob["input"]
+    inputs, _ = problem(0, tokens=4, experts=3, k=2, hidden=8, affine=False)
+    gates, data = inputs["gates"], inputs["input"]
+    capacity = {"capacity": 4}
+
+    def attempt(changes, settings=capacity, params=None):
+        run(UNIT, {**inputs, **changes}, settings, params=params)
+
     with pytest.raises(HostError, match=r"expert_scale must have shape \(3,\) \[E\]: the "
                                         "hardware's experts apply one scale per expert"):
-        run_moe_layer(gates, data, capacity=4, expert_scale=np.ones((3, 8), np.float32))
+        attempt({"expert_scale": np.ones((3, 8), np.float32)})
     with pytest.raises(HostError, match="expert_bias has dtype float16, but input has float32"):
-        run_moe_layer(gates, data, capacity=4, expert_bias=np.zeros(3, np.float16))
-    with pytest.raises(HostError, match="hidden = 8 exceeds the unit's maximum of 4"):
-        run_moe_layer(gates, data, capacity=4, params=MoELayerParams(max_hidden=4))
+        attempt({"expert_bias": np.zeros(3, np.float16)})
+    with pytest.raises(HostError, match="hidden = 8 exceeds the unit's max_hidden of 4"):
+        attempt({}, params=MoELayerParams(max_hidden=4))
+    with pytest.raises(HostError, match="the problem needs max_hidden >= 8"):
+        attempt({}, {**capacity, "max_hidden": 4})
     with pytest.raises(HostError, match="gates must be non-negative"):
-        run_moe_layer(-gates, data, capacity=4)
+        attempt({"gates": -gates})
     with pytest.raises(HostError, match="same number of nonzeros in every row"):
         uneven = gates.copy()
         uneven[0, :] = 0
-        run_moe_layer(uneven, data, capacity=4)
+        attempt({"gates": uneven})
     with pytest.raises(HostError, match="input must have 4 rows"):
-        run_moe_layer(gates, data[:3], capacity=4)
+        attempt({"input": data[:3]})
     with pytest.raises(HostError, match="the unit's format is bf16"):
-        run_moe_layer(gates, data, capacity=4, params=BF16)
+        attempt({}, params=BF16)
+    with pytest.raises(HostError, match="capacity must be a non-negative integer, not -1"):
+        attempt({}, {"capacity": -1})
+    with pytest.raises(HostError, match="memory_latency must be at least 1, not 0"):
+        attempt({}, {**capacity, "memory_latency": 0})
+    with pytest.raises(HostError, match="lacks input"):
+        run(UNIT, {"gates": gates}, capacity)

@@ -11,16 +11,19 @@ from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from moe_hw import golden
+from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
-from moe_hw.host.common import HostError
-from moe_hw.host.gather import MEMORY_LATENCY, run_sparse_gather, score_sparse_gather
-from moe_hw.params import ParameterError
+from moe_hw.host.checks import HostError
+from moe_hw.host.checks import MEMORY_LATENCY
+from moe_hw.host.sparse_gather import UNIT
+from moe_hw.host.unit import run
+from moe_hw.params import ParameterError, resolve_params
 from moe_hw.units.sparse_gather import SparseGatherParams, SparseGatherUnit
 
 from conftest import STALLS, simulator_params
 
 # One generous build serves every stream case.
-PARAMS = SparseGatherParams(width=32, lanes=4, max_slots=128, max_tokens=64, max_hidden=64)
+PARAMS = SparseGatherParams(format="fp32", lanes=4, max_slots=128, max_tokens=64, max_hidden=64)
 
 
 def gate_matrix(seed, tokens, experts, k, *, experts_used=None):
@@ -72,22 +75,23 @@ CASES = {
 
 def check(prob, sim, stall, *, params=PARAMS, seed=7, strict=True, latency=MEMORY_LATENCY):
     input, batch_index = prob["input"], prob["batch_index"]
-    run = run_sparse_gather(input, batch_index, params=params, sim=sim, stall=stall,
-                            seed=seed, strict=strict, memory_latency=latency)
-    problems = score_sparse_gather(run, input, batch_index)
-    assert not problems, "\n".join(problems)
+    outcome = run(UNIT, {"input": input, "batch_index": batch_index},
+                  {"strict": int(strict), "memory_latency": latency}, params=params, sim=sim,
+                  stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    output = outcome.outputs["expert_input"]
     if "gates" in prob and batch_index.size:
         want = np.concatenate(golden.sparse_dispatch(prob["gates"], input))
-        assert np.array_equal(run.output.view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(to_bits(output, params.format), to_bits(want, params.format))
     if stall == 0.0:
         slots, hidden = batch_index.size, int(np.prod(input.shape[1:]))
         if slots and hidden:
-            overhead = SparseGatherUnit(params).overhead(latency)
-            assert run.ideal_cycles == slots * -(-hidden // params.lanes)
-            assert run.cycles == run.ideal_cycles + overhead == run.expected_cycles
+            assert outcome.ideal_cycles == slots * -(-hidden // params.lanes)
+            assert outcome.cycles == outcome.ideal_cycles + params.overhead(latency) == \
+                outcome.expected_cycles
         else:
-            assert run.cycles == 1, "a zero-element problem must finish at once"
-    return run
+            assert outcome.cycles == 1, "a zero-element problem must finish at once"
+    return outcome
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -105,35 +109,38 @@ def test_sparse_gather_out_of_range(sim, stall):
     rng = np.random.default_rng(9)
     input = rng.standard_normal((10, 6)).astype(np.float32)
     batch_index = np.array([3, -1, 10, 0, 9, 11, -(1 << 31), (1 << 31) - 1, 4, -5, 2])
-    run = check(dict(input=input, batch_index=batch_index), sim, stall, strict=False)
-    assert run.dropped == 6 and run.error
-    assert not run.output[[1, 2, 5, 6, 7, 9]].view(np.uint32).any()
+    outcome = check(dict(input=input, batch_index=batch_index), sim, stall, strict=False)
+    assert outcome.results["dropped"] == 6 and outcome.results["error"]
+    assert not outcome.outputs["expert_input"][[1, 2, 5, 6, 7, 9]].view(np.uint32).any()
 
 
 def test_sparse_gather_memory_latency():
-    """Full rate for any memory latency up to ``outstanding - 1``; slower, still exact, past it."""
+    """Full rate for any memory latency up to ``max_outstanding - 1``; slower, still exact,
+    past it."""
     prob = case("one_beat_rows")
-    for latency in (1, PARAMS.outstanding - 1):
+    for latency in (1, PARAMS.max_outstanding - 1):
         check(prob, "verilator", 0.0, latency=latency)
-    run = check(prob, "verilator", 0.3, latency=3 * PARAMS.outstanding)
-    assert run.cycles > run.expected_cycles
+    outcome = check(prob, "verilator", 0.3, latency=3 * PARAMS.max_outstanding)
+    assert outcome.cycles > outcome.expected_cycles
 
 
 @pytest.mark.parametrize("stall", STALLS)
 def test_sparse_gather_narrow_elements(stall):
-    """Any element width is moved, never changed: bfloat16 rows (NaN payloads included) on a
-    16-bit, 16-lane build."""
+    """16-bit elements are moved, never changed: bfloat16 rows (NaN payloads included) on a
+    bf16, 16-lane build."""
     rng = np.random.default_rng(12)
-    params = SparseGatherParams(width=16, lanes=16, max_slots=64, max_tokens=32, max_hidden=64)
+    params = SparseGatherParams(format="bf16", lanes=16, max_slots=64, max_tokens=32,
+                                max_hidden=64)
     for hidden in (1, 16, 37):
         data = random_floats(rng, (20, hidden), ml_dtypes.bfloat16, specials=0.4)
         batch_index = rng.integers(0, 20, 45)
-        run = run_sparse_gather(data, batch_index, params=params, stall=stall, seed=hidden)
-        problems = score_sparse_gather(run, data, batch_index)
-        assert not problems, "\n".join(problems)
-        assert np.array_equal(run.output.view(np.uint16), data[batch_index].view(np.uint16))
+        outcome = run(UNIT, {"input": data, "batch_index": batch_index}, params=params,
+                      stall=stall, seed=hidden)
+        assert outcome.passed, outcome.problems
+        assert np.array_equal(outcome.outputs["expert_input"].view(np.uint16),
+                              data[batch_index].view(np.uint16))
         if stall == 0.0:
-            assert run.cycles == run.expected_cycles
+            assert outcome.cycles == params.cycles(45, hidden, MEMORY_LATENCY)
 
 
 def test_sparse_gather_reset_mid_run():
@@ -193,30 +200,93 @@ def test_sparse_gather_reset_mid_run():
 
 def test_sparse_gather_host_errors():
     input = np.zeros((4, 8), np.float32)
+
+    def attempt(batch_index, settings=None, params=None, data=input):
+        run(UNIT, {"input": data, "batch_index": np.asarray(batch_index)}, settings,
+            params=params)
+
     with pytest.raises(HostError, match=r"batch_index\[2\] = 4 is outside \[0, 4\)"):
-        run_sparse_gather(input, np.array([0, 3, 4]))
+        attempt([0, 3, 4])
     with pytest.raises(HostError, match=r"batch_index\[0\] = -1 is outside"):
-        run_sparse_gather(input, np.array([-1]))
-    with pytest.raises(HostError, match="input has 32-bit elements .* moves 16-bit"):
-        run_sparse_gather(input, np.array([0]), params=SparseGatherParams(width=16))
-    with pytest.raises(HostError, match="hidden = 8 exceeds the unit's maximum of 4"):
-        run_sparse_gather(input, np.array([0]), params=SparseGatherParams(max_hidden=4))
+        attempt([-1])
+    with pytest.raises(HostError, match="input has dtype float32, but the unit's format is fp16"):
+        attempt([0], params=SparseGatherParams(format="fp16"))
+    with pytest.raises(HostError, match="hidden = 8 exceeds the unit's max_hidden of 4"):
+        attempt([0], params=SparseGatherParams(max_hidden=4))
+    with pytest.raises(HostError, match="the problem needs max_hidden >= 8, but max_hidden = 4"):
+        attempt([0], {"max_hidden": 4})
     with pytest.raises(HostError, match="does not fit the 8-bit header field"):
-        run_sparse_gather(input, np.array([1000]), strict=False,
-                          params=SparseGatherParams(index_width=8, max_tokens=4))
+        attempt([1000], {"strict": 0}, params=SparseGatherParams(index_width=8, max_tokens=4))
     with pytest.raises(HostError, match="batch_index must have an integer dtype"):
-        run_sparse_gather(input, np.array([0.5]))
-    with pytest.raises(HostError, match="input must have a numeric dtype"):
-        run_sparse_gather(np.zeros((2, 2), np.complex128), np.array([0]))
+        attempt([0.5])
+    with pytest.raises(HostError, match="input must have dtype float32, float16 or bfloat16, "
+                                        "not complex128"):
+        attempt([0], data=np.zeros((2, 2), np.complex128))
+    with pytest.raises(HostError, match="memory_latency must be at least 1, not 0"):
+        attempt([0], {"memory_latency": 0})
+    with pytest.raises(HostError, match="strict must be 0 or 1, not 2"):
+        attempt([0], {"strict": 2})
 
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(width=12), "width must be 8, 16, 32 or 64, not 12"),
+    (dict(format="fp8"), "format must be fp32, fp16 or bf16, not 'fp8'"),
     (dict(max_slots=0), "max_slots must be an integer between 1 and"),
-    (dict(outstanding=2), "outstanding must be an integer between 4 and"),
-    (dict(index_width=8, max_tokens=4096), "Index width must hold max_tokens"),
+    (dict(max_outstanding=2), "max_outstanding must be an integer between 4 and"),
+    (dict(index_width=8, max_tokens=4096), "index_width must hold max_tokens"),
 ])
 def test_sparse_gather_parameter_errors(settings, message):
     with pytest.raises(ParameterError, match=message):
         SparseGatherParams(**settings)
+
+
+def test_sparse_gather_old_names():
+    """``width`` (bits per element) is accepted for ``format`` (32: fp32, 16: fp16), and
+    ``outstanding`` for ``max_outstanding``, with a deprecation warning; other widths have
+    no format."""
+    with pytest.warns(DeprecationWarning, match="'width' is deprecated"):
+        assert UNIT.make_params({"width": 16}).format == "fp16"
+    with pytest.warns(DeprecationWarning, match="'width' is deprecated"):
+        params = resolve_params(SparseGatherParams, None, {"width": 32, "lanes": 8})
+    assert (params.format, params.lanes) == ("fp32", 8)
+    with pytest.warns(DeprecationWarning, match="'outstanding' is deprecated"):
+        assert UNIT.make_params({"outstanding": 8}).max_outstanding == 8
+    with pytest.warns(DeprecationWarning), \
+            pytest.raises(ParameterError, match="format must be fp32, fp16 or bf16, not 8"):
+        UNIT.make_params({"width": 8})
+
+
+def test_sparse_gather_scoreboard():
+    """The scoreboard catches a lost beat, a wrong element, a wrong or extra read and a wrong
+    status (results built by hand from the expected logs; no simulation)."""
+    input = np.arange(12, dtype=np.float32).reshape(4, 3)
+    problem = UNIT.problem({"input": input, "batch_index": np.array([2, 0, 3])}, {})
+    params = SparseGatherParams(lanes=2, max_slots=4, max_tokens=4, max_hidden=4)
+    bits = UNIT.want_bits(problem, params).astype(np.uint64)
+    data = np.zeros((6, 2), np.uint64)
+    data.reshape(3, 4)[:, :3] = bits
+    reads = [(row * 3 + beat * 2, 0b11 if beat == 0 else 0b01) for row in (2, 0, 3)
+             for beat in range(2)]
+    good = {"data": data, "enable": np.tile([0b11, 0b01], 3), "last": np.tile([0, 1], 3),
+            "request_addr": np.array([a for a, _ in reads]),
+            "request_enable": np.array([e for _, e in reads]), "out_of_bounds": 0,
+            "headers_taken": 3, "dropped": 0, "error": 0}
+
+    def findings(**changes):
+        results = {**good, **changes}
+        return UNIT.score(problem, params, UNIT.unpack(problem, params, results), results)
+
+    assert findings() == []
+    assert any("lost or duplicated" in f for f in findings(
+        data=data[:-1], enable=good["enable"][:-1], last=good["last"][:-1]))
+    wrong = data.copy()
+    wrong[2, 1] ^= 1
+    assert any("output beat 2" in f for f in findings(data=wrong))
+    assert any("expert_input" in f for f in findings(data=wrong))
+    addr = good["request_addr"].copy()
+    addr[3] += 2
+    assert any("read log beat 3" in f for f in findings(request_addr=addr))
+    assert any("read log: 7 beats" in f for f in findings(
+        request_addr=np.append(addr, 0), request_enable=np.append(good["request_enable"], 3)))
+    assert any("error" in f for f in findings(error=1))
+    assert any("out of bounds" in f for f in findings(out_of_bounds=1))

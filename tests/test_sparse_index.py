@@ -11,15 +11,13 @@ import pytest
 from amaranth.hdl import ClockDomain, Module, Signal
 from amaranth.sim import Simulator
 
+from moe_hw.blocks.prefix_sum import PrefixSum
 from moe_hw.formats import FORMATS, to_bits
 from moe_hw.golden.testing import bit_equal
-from moe_hw.host.common import HostError
-from moe_hw.host.sparse import (benchmark, collect, random_gates, run_sparse_index,
-                                score_sparse_index, simulate_sparse_index, sparse_params_for)
+from moe_hw.host.checks import HostError
+from moe_hw.host.sparse_index import UNIT, softmax_gates, simulate_raw
+from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
-from moe_hw.registry import units
-from moe_hw.run import run_unit
-from moe_hw.blocks.prefix_sum import PrefixSum
 from moe_hw.units.sparse_index import SparseIndexParams, SparseIndexUnit, gate_class
 
 from conftest import STALLS, simulator_params
@@ -33,19 +31,19 @@ SEED_GATES = np.float32([[0, 0, .7],
                          [0, .8, 0]])
 
 
-def check(gates, sim, stall, seed=0, params=PARAMS):
-    run = run_sparse_index(gates, params=params, sim=sim, stall=stall, seed=seed)
-    problems = score_sparse_index(run, gates)
-    assert not problems, "\n".join(problems)
+def check(gates, sim="verilator", stall=0.0, seed=0, params=PARAMS, settings=None):
+    outcome = run(UNIT, {"gates": gates}, settings, params=params, sim=sim, stall=stall,
+                  seed=seed)
+    assert outcome.passed, outcome.problems
     if stall == 0.0:
-        assert run.cycles == run.formula_cycles
-    return run
+        assert outcome.cycles == UNIT.cycles(outcome.problem, outcome.params)
+    return outcome
 
 
 def special_gates(rng):
     """Gates a softmax can give plus the IEEE specials the golden model accepts: NaN (either
     sign: NaN is routed), +-0.0 (not routed), +Inf, positive subnormals, in every lane."""
-    gates = random_gates(rng, 40, 7, 2)
+    gates = softmax_gates(rng, 40, 7, 2)
     specials = np.float32([np.nan, -np.nan, -0.0, 0.0, np.inf, 1e-45, 3e-39, 1.0])
     mask = rng.random(gates.shape) < 0.4
     gates[mask] = rng.choice(specials, int(mask.sum()))
@@ -58,9 +56,9 @@ def case_gates(name):
     if name == "seed_example":            # SPEC 1.3 worked example
         return SEED_GATES
     if name == "duet_toy":                # S=21, E=6, k=1
-        return random_gates(rng, 21, 6, 1)
+        return softmax_gates(rng, 21, 6, 1)
     if name == "random_k2":               # E=9: rows of 3 beats, the last one padded
-        return random_gates(rng, 57, 9, 2)
+        return softmax_gates(rng, 57, 9, 2)
     if name == "empty_experts":           # experts 0, 2, 3 and 7 get nothing
         gates = np.zeros((33, 8), np.float32)
         for i in range(33):
@@ -84,39 +82,46 @@ CASES = ["seed_example", "duet_toy", "random_k2", "empty_experts", "dense",
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
 def test_sparse_index_cases(sim, case, stall):
     gates = case_gates(case)
-    run = check(gates, sim, stall, seed=11)
+    out = check(gates, sim, stall, seed=11).outputs
     if case == "seed_example":
-        assert run.batch_index.tolist() == [1, 3, 0, 2]
-        assert run.part_sizes.tolist() == [1, 1, 2]
-        assert bit_equal(run.nonzero_gates, np.float32([.9, .8, .7, .5]))
+        assert out["batch_index"].tolist() == [1, 3, 0, 2]
+        assert out["part_sizes"].tolist() == [1, 1, 2]
+        assert bit_equal(out["nonzero_gates"], np.float32([.9, .8, .7, .5]))
     if case == "empty_experts":
-        assert (run.part_sizes[[0, 2, 3, 7]] == 0).all()
+        assert (out["part_sizes"][[0, 2, 3, 7]] == 0).all()
     if case == "nan_and_signed_zero":
-        nan_slots = np.isnan(run.nonzero_gates)
-        assert nan_slots.any() and not (run.nonzero_gates == 0).any()
+        nan_slots = np.isnan(out["nonzero_gates"])
+        assert nan_slots.any() and not (out["nonzero_gates"] == 0).any()
+    if case == "zero_tokens" and stall == 0.0:
+        assert out["cycles"] == 5 + SparseIndexParams.OFFSETS_OVERHEAD
 
 
 @pytest.mark.parametrize("stall", STALLS)
 def test_sparse_index_one_beat_rows(stall):
-    """lanes = E = 8, the benchmark's shape: one beat per row, k = 2 writes per beat."""
-    gates = random_gates(np.random.default_rng(8), 64, 8, 2)
-    run = check(gates, "verilator", stall, seed=2, params=sparse_params_for(gates))
-    assert run.single_pass_cycles == 64 and run.ideal_cycles == 64 + 8 + 2 * 64
+    """lanes = E = 8, the benchmark's shape: one beat per row, k = 2 writes per beat (the
+    parameters sized to the matrix: lanes = 8)."""
+    gates = softmax_gates(np.random.default_rng(8), 64, 8, 2)
+    outcome = check(gates, stall=stall, seed=2, params=None)
+    assert outcome.params == SparseIndexParams(lanes=8, max_tokens=64, max_experts=8)
+    assert UNIT.single_pass_cycles(outcome.problem, outcome.params) == 64
+    assert outcome.ideal_cycles == 64 + 8 + 2 * 64
 
 
-def test_sparse_index_benchmark_figures():
-    row = benchmark(tokens=64, experts=8, k=2)     # the same model as the test above
-    assert row["passed"], row["problems"]
-    assert row["lanes"] == 8 and row["nonzeros"] == 128
-    assert row["ideal_cycles"] == 64 + 8 + 128
-    assert row["cycles"] == row["formula_cycles"] == \
-        row["ideal_cycles"] + SparseIndexUnit.PASSES_OVERHEAD
+def test_sparse_index_bench_problem():
+    (inputs, settings), = UNIT.bench_problems(BenchShape(tokens=64, experts=8, top_k=2,
+                                                         lanes=8)).values()
+    outcome = check(inputs["gates"], params=None, settings=settings)
+    assert outcome.params == SparseIndexParams(lanes=8, max_tokens=64, max_experts=8)
+    assert np.count_nonzero(inputs["gates"]) == 128
+    assert outcome.ideal_cycles == 64 + 8 + 128
+    assert outcome.cycles == outcome.expected_cycles == \
+        outcome.ideal_cycles + SparseIndexParams.PASSES_OVERHEAD
 
 
 def test_sparse_index_bf16_specials():
     gates = special_gates(np.random.default_rng(3)).astype(ml_dtypes.bfloat16)
-    params = SparseIndexParams(format="bf16", lanes=4, max_tokens=128, max_experts=16)
-    check(gates, "verilator", 0.0, params=params)
+    check(gates, params=SparseIndexParams(format="bf16", lanes=4, max_tokens=128,
+                                          max_experts=16))
 
 
 @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
@@ -126,14 +131,18 @@ def test_sparse_index_negative_gate_raises_error_flag(sim):
     those of the nonzero rule (the negative gate routed)."""
     gates = SEED_GATES.copy()
     gates[2, 1] = -0.25
-    res = simulate_sparse_index(gates, params=PARAMS, sim=sim)
+    res = simulate_raw(gates, params=PARAMS, sim=sim)
     assert res["error"] == 1
-    run = collect(res, gates, PARAMS)
+    problem = {"gates": gates}
+    outputs = UNIT.unpack(problem, PARAMS, res)
     experts, tokens = np.nonzero(gates.T)
     expected = (tokens.astype(np.int64), np.bincount(experts, minlength=3).astype(np.int64),
                 gates[tokens, experts])
-    assert not score_sparse_index(run, gates, expected=expected)
-    assert run.batch_index.tolist() == [1, 2, 3, 0, 2]
+    assert UNIT.score(problem, PARAMS, outputs, res, expected=expected) == []
+    assert outputs["batch_index"].tolist() == [1, 2, 3, 0, 2]
+    # Scored against the golden model of the matrix without the negative gate, it differs.
+    gates[2, 1] = 0
+    assert UNIT.score({"gates": gates}, PARAMS, outputs, res)
 
 
 def test_sparse_index_negative_only_counts_in_range_lanes():
@@ -143,7 +152,7 @@ def test_sparse_index_negative_only_counts_in_range_lanes():
     gates[:, :3] = SEED_GATES
     gates[:, 3] = -1.0
     gates[1, 1], gates[0, 1] = -np.nan, -0.0
-    res = simulate_sparse_index(gates, params=PARAMS, num_experts=3)
+    res = simulate_raw(gates, params=PARAMS, num_experts=3)
     assert res["error"] == 0
     assert res["part_size"].tolist() == [1, 2, 2]
     assert res["token"].tolist() == [0, 1, 1, 2, 3] and res["addr"].tolist() == [3, 0, 1, 4, 2]
@@ -154,48 +163,61 @@ def test_sparse_index_second_copy_mismatch_is_caught():
     outside [0, nonzeros): the write is suppressed and error is set."""
     second = SEED_GATES.copy()
     second[1, 2] = 0.3                    # one more nonzero in the last expert
-    res = simulate_sparse_index(SEED_GATES, params=PARAMS, second=second)
+    res = simulate_raw(SEED_GATES, params=PARAMS, second=second)
     assert res["error"] == 1 and res["nonzeros"] == 4
     assert sorted(res["addr"].tolist()) == [0, 1, 2, 3]
 
 
 def test_sparse_index_runtime_size_error_flag():
     gates = np.zeros((2, 3), np.float32)
-    res = simulate_sparse_index(gates, params=PARAMS, tokens=PARAMS.max_tokens + 1)
+    res = simulate_raw(gates, params=PARAMS, tokens=PARAMS.max_tokens + 1)
     assert res["error"] == 1 and res["cycles"] == 1 and res["beats_taken"] == 0
 
 
 def test_sparse_index_no_experts():
-    run = check(np.zeros((6, 0), np.float32), "verilator", 0.0)
-    assert run.cycles == 1 and run.part_sizes.shape == (0,) and run.batch_index.shape == (0,)
+    outcome = check(np.zeros((6, 0), np.float32))
+    assert outcome.cycles == 1 and outcome.outputs["part_sizes"].shape == (0,)
+    assert outcome.outputs["batch_index"].shape == (0,)
 
 
-def test_sparse_index_run_unit_and_registry():
-    assert "sparse_index" in units()
+def test_sparse_index_settings_size_the_unit():
     settings = {"lanes": 4, "max_tokens": 128, "max_experts": 16}
-    outputs, report = run_unit("sparse_index", {"gates": SEED_GATES}, settings)
-    assert outputs["batch_index"].tolist() == [1, 3, 0, 2]
-    assert outputs["part_sizes"].tolist() == [1, 1, 2]
-    assert bit_equal(outputs["nonzero_gates"], np.float32([.9, .8, .7, .5]))
-    assert int(outputs["cycles"]) == SparseIndexUnit.stall_free_cycles(4, 3, 4, 4)
-    assert any(line.startswith("check: bit-exact") for line in report)
+    outcome = check(SEED_GATES, params=None, settings=settings)
+    assert outcome.params == PARAMS
+    out = outcome.outputs
+    assert out["batch_index"].tolist() == [1, 3, 0, 2]
+    assert out["part_sizes"].tolist() == [1, 1, 2]
+    assert bit_equal(out["nonzero_gates"], np.float32([.9, .8, .7, .5]))
+    # S*B + E + place cycles (one write per routed gate, one beat per row) + overhead
+    assert int(out["cycles"]) == 4 + 3 + 4 + SparseIndexParams.PASSES_OVERHEAD
+    assert outcome.report[-1].startswith("check: bit-exact")
+    # Without settings: the maxima of the matrix, one beat per row.
+    assert UNIT.params_for(UNIT.problem({"gates": SEED_GATES}, {}), {}) == \
+        SparseIndexParams(lanes=4, max_tokens=4, max_experts=3)
+
+
+def _run(gates, params=None, settings=None):
+    return run(UNIT, {"gates": gates}, settings, params=params)
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: run_sparse_index(np.float32([[0, .5], [-0.25, 0]])), HostError,
+    (lambda: _run(np.float32([[0, .5], [-0.25, 0]])), HostError,
      r"gates must be non-negative \(a gate is routed when nonzero\), not -0.25 at \[1, 0\]"),
-    (lambda: run_sparse_index(np.float32([[0, -np.inf]])), HostError,
-     "gates must be non-negative"),
-    (lambda: run_sparse_index(np.float32([0, 1])), ValueError,
-     r"gates must have 2 dimension\(s\) \[S, E\]"),
-    (lambda: run_sparse_index(np.int32([[0, 1]])), TypeError,
+    (lambda: _run(np.float32([[0, -np.inf]])), HostError, "gates must be non-negative"),
+    (lambda: _run(np.float32([0, 1])), ValueError, r"gates must have 2 dimension\(s\) \[S, E\]"),
+    (lambda: _run(np.int32([[0, 1]])), TypeError,
      "gates must have dtype float32, float16 or bfloat16, not int32"),
-    (lambda: run_sparse_index(np.zeros((129, 2), np.float32), params=PARAMS), HostError,
-     r"tokens \(S\) = 129 exceeds the unit's maximum of 128"),
-    (lambda: run_sparse_index(np.zeros((2, 17), np.float32), params=PARAMS), HostError,
-     r"num_experts \(E\) = 17 exceeds the unit's maximum of 16"),
-    (lambda: run_sparse_index(np.zeros((2, 3), np.float16), params=PARAMS), HostError,
+    (lambda: run(UNIT, {}), HostError, "the input file for sparse_index lacks gates"),
+    (lambda: _run(np.zeros((129, 2), np.float32), PARAMS), HostError,
+     r"tokens = 129 exceeds the unit's max_tokens of 128"),
+    (lambda: _run(np.zeros((2, 17), np.float32), PARAMS), HostError,
+     r"num_experts = 17 exceeds the unit's max_experts of 16"),
+    (lambda: _run(np.zeros((2, 17), np.float32), settings={"max_experts": 16}), HostError,
+     r"the problem needs max_experts >= 17, but max_experts = 16"),
+    (lambda: _run(np.zeros((2, 3), np.float16), PARAMS), HostError,
      r"gates has dtype float16, but the unit's format is fp32"),
+    (lambda: _run(np.zeros((2, 3), np.float32), settings={"capacity": 4}), ParameterError,
+     "unit sparse_index has no parameter or run-time value 'capacity'"),
 ])
 def test_sparse_index_bad_input(call, error, match):
     with pytest.raises(error, match=match):
@@ -204,12 +226,12 @@ def test_sparse_index_bad_input(call, error, match):
 
 @pytest.mark.parametrize("settings, message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(format="fp8"), "Format must be one of fp32, fp16, bf16, not 'fp8'"),
+    (dict(format="fp8"), "format must be fp32, fp16 or bf16, not 'fp8'"),
     (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
     (dict(max_experts=1.5), "max_experts must be an integer, not 1.5"),
 ])
 def test_sparse_index_parameter_errors(settings, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ParameterError, match=message):
         SparseIndexParams(**settings)
 
 

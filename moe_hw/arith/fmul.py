@@ -2,6 +2,7 @@
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
+from ..params import check_choice
 from .ecp5_dsp import mult18x18d
 from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages,
                          leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
@@ -80,9 +81,7 @@ class FloatMultiplierCore(FloatCore):
     default_stages = DEFAULT_MULTIPLIER_STAGES
 
     def __init__(self, format, stages=None, *, dsp="generic"):
-        if dsp not in DSP_TARGETS:
-            raise ValueError(f"DSP target must be one of {', '.join(DSP_TARGETS)}, not {dsp!r}")
-        self._dsp = dsp
+        self._dsp = check_choice("dsp", dsp, DSP_TARGETS)
         super().__init__(format, stages)
 
     @property
@@ -291,6 +290,4 @@ class FloatMultiplier(FloatStreamUnit):
     core_class = FloatMultiplierCore
 
     def __init__(self, format, stages=None, *, dsp="generic"):
-        if dsp not in DSP_TARGETS:
-            raise ValueError(f"DSP target must be one of {', '.join(DSP_TARGETS)}, not {dsp!r}")
-        super().__init__(format, stages, dsp=dsp)
+        super().__init__(format, stages, dsp=check_choice("dsp", dsp, DSP_TARGETS))

@@ -334,7 +334,7 @@ def simulate_core_verilog(core, a_bits, b_bits, *, output, enable_probability=1.
 
     iverilog, vvp = shutil.which("iverilog"), shutil.which("vvp")
     if iverilog is None or vvp is None:
-        raise FileNotFoundError("Icarus Verilog (iverilog, vvp) is not installed")
+        raise FileNotFoundError(_icarus_missing())
     fmt = core.format
     a_bits = np.asarray(a_bits, dtype=np.uint64)
     b_bits = np.asarray(b_bits, dtype=np.uint64)
@@ -364,3 +364,14 @@ def simulate_core_verilog(core, a_bits, b_bits, *, output, enable_probability=1.
         subprocess.run([vvp, "-n", "bench.vvp"], cwd=tmp, check=True, capture_output=True)
         text = (tmp / "result.hex").read_text()
     return np.array([int(line, 16) for line in text.split()], dtype=np.uint64)
+
+
+def _icarus_missing():
+    """Why :func:`simulate_core_verilog` cannot run here, or ``None``."""
+    import shutil
+    if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        return "Icarus Verilog (iverilog, vvp) is not installed (apt-get install iverilog)"
+    return None
+
+
+simulate_core_verilog.unavailable = _icarus_missing

@@ -34,8 +34,9 @@ class RunControl(wiring.Component):
     """Start latch, size checks and done/error for a unit; see the module docstring.
 
     ``sizes``: ``{name: maximum}``. ``empty_when_zero``: the names whose zero makes the run
-    empty. ``extra_empty``: an input ``empty_also`` joins the empty condition (a unit's own
-    rule, e.g. ``k == 0``).
+    empty. Inputs for a unit's own rules: ``empty_also`` joins the empty condition (e.g.
+    ``k == 0``); ``fault`` (a pulse while running) sets ``error``, which then holds until the
+    next start (e.g. a hostile value found in the data).
 
     Outputs for the unit: ``accept`` (start taken this cycle), ``begin`` (``accept`` and the
     run will go: not too big, not empty), ``running``, ``too_big``, ``empty`` (combinational,
@@ -48,7 +49,7 @@ class RunControl(wiring.Component):
         for name in self.empty_when_zero:
             if name not in self.sizes:
                 raise ValueError(f"empty_when_zero names {name!r}, which is not a size")
-        members = {"start": In(1), "finished": In(1), "empty_also": In(1),
+        members = {"start": In(1), "finished": In(1), "empty_also": In(1), "fault": In(1),
                    "accept": Out(1), "begin": Out(1), "running": Out(1),
                    "too_big": Out(1), "empty": Out(1),
                    "busy": Out(1), "done": Out(1), "error": Out(1)}
@@ -93,6 +94,8 @@ class RunControl(wiring.Component):
                 m.d.sync += self.done.eq(1)
             with m.Else():
                 m.d.sync += running.eq(1)
+        with m.If(self.fault & running):
+            m.d.sync += self.error.eq(1)
         with m.If(self.finished):
             m.d.sync += [running.eq(0), self.done.eq(1)]
         return m

@@ -62,6 +62,18 @@ class SlotAddress(wiring.Component):
             members["offset"] = In(offset_width)
         super().__init__(members)
 
+    def follow(self, m, control, *, en, index, location):
+        """Drive this generator from a pipeline enable ``en``, a header's ``index`` and
+        ``location``, and the held sizes of a :class:`~moe_hw.blocks.run_control.RunControl`
+        (``capacity``, ``num_experts``, ``hidden``). Returns ``(address, in_range)``."""
+        m.d.comb += [
+            self.en.eq(en), self.index.eq(index), self.location.eq(location),
+            self.capacity.eq(control.size("capacity")),
+            self.num_experts.eq(control.size("num_experts")),
+            self.hidden.eq(control.size("hidden")),
+        ]
+        return self.address, self.in_range
+
     def elaborate(self, platform):
         m = Module()
         in_range = ((self.index >= 0) & (self.index < self.num_experts) &

@@ -6,7 +6,7 @@ import numpy as np
 from ..formats import bits_equal, format_of_dtype, to_bits
 from ..golden._common import check_count, float_array, routing_arrays, same_dtype
 
-__all__ = ["HostError", "format_of", "routing", "need", "runtime_int", "check_maxima",
+__all__ = ["MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "need", "runtime_int", "check_maxima",
            "check_fits_field", "check_dtype", "compare_bits", "compare_values",
            "compare_log", "check_count"]
 
@@ -74,6 +74,20 @@ def runtime_int(name, runtime, inputs, default=None):
     return int(value)
 
 
+#: The bench memory models' default latency: a request taken at the end of cycle u is
+#: answered from cycle u + ``memory_latency``.
+MEMORY_LATENCY = 2
+
+
+def memory_latency(runtime, inputs):
+    """The run-time ``memory_latency`` of the bench's memory models (at least 1),
+    :data:`MEMORY_LATENCY` by default."""
+    latency = runtime_int("memory_latency", runtime, inputs, default=MEMORY_LATENCY)
+    if latency < 1:
+        raise HostError(f"memory_latency must be at least 1, not {latency}")
+    return latency
+
+
 def check_maxima(params, **sizes):
     """Each run-time size ``name=(value, maximum parameter name)`` fits the unit."""
     for name, (value, maximum_name) in sizes.items():
@@ -113,11 +127,11 @@ def compare_values(what, got, want):
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return [f"{what}: shape {got.shape}, golden {want.shape}"]
+    if got.ndim == 0:
+        return [] if got == want else [f"{what} = {got}, golden {want}"]
     bad = np.argwhere(got != want)
     if not bad.size:
         return []
-    if got.ndim == 0:
-        return [f"{what} = {got}, golden {want}"]
     where = tuple(int(i) for i in bad[0])
     return [f"{what}: {len(bad)} values differ from golden; first at {list(where)}: "
             f"got {got[where]}, want {want[where]}"]

@@ -1,34 +1,39 @@
-"""Host side of the whole MoE layer (SPEC 1.8, ``moe_hw.units.moe_layer``): turn a gate matrix
-and token rows into the unit's streams, run the emitted Verilog with the expert buffer modelled
-behind a read port and a write port, and score the result against the chained golden model
+"""The moe_layer unit's declaration and host adapter (SPEC 1.8, ``moe_hw.units.moe_layer``):
+a gate matrix and token rows in, the unit's streams driven with the expert buffer modelled
+behind a read port and a write port, the output scored against the chained golden model
 ``golden.moe_layer`` (tutel's ``postscore=True``), with scoreboards over every output beat,
 every expert-buffer write and every read.
 
-``benchmark()`` measures each phase against its ideal.
+npz inputs: ``gates`` [S, E], ``input`` [S, H], optionally ``expert_scale`` and
+``expert_bias`` [E] (neither: identity experts); run-time ``capacity`` (default:
+``golden.capacity_from_factor(1.25, S, E, k)``) and ``memory_latency`` (the memory model's,
+default 2). Outputs: ``output`` [S, H], ``dropped``.
+
+The run's cycles are the whole run's (the three phases together); the bench also logs when
+each phase began, and :meth:`MoELayer.phase_cycles` gives the exact stall-free count of each.
 """
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import golden
-from ..formats import FORMATS, bits_equal, from_bits, to_bits
-from ..golden._common import add, float_array, mul, slot_rows
-from ..registry import Unit
-from ..units.combine_gather import gather_schedule
-from ..units.moe_layer import PHASES, MoELayer, MoELayerParams
 from ..blocks.row_reader import last_enable, row_beats
-from .common import HostError, format_of, need, runtime_int
+from ..formats import FORMATS, from_bits, to_bits
+from ..golden._common import add, float_array, mul, slot_rows
+from ..units.combine_gather import gather_schedule
+from ..units.moe_layer import PHASES, MoELayer as MoELayerUnit, MoELayerParams
+from .checks import (MEMORY_LATENCY, HostError, check_dtype, check_maxima, compare_bits, compare_log,
+                     compare_values, format_of, need, memory_latency, runtime_int)
 from .dispatch import expected_writes
+from ..problems import layer_gates
+from .unit import Unit
 
-__all__ = ["MoELayerRun", "MoELayerProblem", "moe_layer_problem", "moe_layer_params_for",
-           "run_moe_layer", "score_moe_layer", "benchmark", "MEMORY_LATENCY",
-           "DEFAULT_CAPACITY_FACTOR", "random_gate_matrix"]
+__all__ = ["UNIT", "MoELayer", "MoELayerProblem", "DEFAULT_CAPACITY_FACTOR",
+           "PHASE_NAMES", "layer_problem", "phase_durations"]
 
-#: The memory model's latency: a request taken at the end of cycle u is answered from cycle
-#: u + 2 (an on-chip RAM with a registered output).
-MEMORY_LATENCY = 2
+#: The memory model's latency unless told otherwise: a request taken at the end of cycle u
+#: is answered from cycle u + 2 (an on-chip RAM with a registered output).
 #: The capacity factor used when no capacity is given: C = k * ceil(1.25 * S / E).
 DEFAULT_CAPACITY_FACTOR = 1.25
 
@@ -48,6 +53,7 @@ class MoELayerProblem:
     indices: np.ndarray       # [k, S]
     locations: np.ndarray     # [k, S]
     fmt: object
+    memory_latency: int = MEMORY_LATENCY
 
     @property
     def tokens(self):
@@ -62,8 +68,12 @@ class MoELayerProblem:
         return self.gates.shape[1]
 
     @property
-    def k(self):
+    def top_k(self):
         return self.indices.shape[0]
+
+    @property
+    def pairs(self):
+        return self.top_k * self.tokens
 
     @property
     def affine(self):
@@ -79,35 +89,38 @@ class MoELayerProblem:
     def runs_experts(self):
         return self.affine and self.hidden > 0 and self.filled_rows.sum() > 0
 
+    @property
+    def expert_rows(self):
+        """The rows the expert phase reads and writes (R; 0 when it is skipped)."""
+        return int(self.filled_rows.sum()) if self.runs_experts else 0
 
-@dataclass
-class MoELayerRun:
-    output: np.ndarray        # [S, H]
-    dropped: int
-    error: bool
-    cycles: int
-    phase_cycles: dict        # measured cycles per phase (they sum to ``cycles``)
-    expected_cycles: int      # the unit's stall-free formula
-    expected_phase_cycles: dict
-    ideal_cycles: dict        # one beat (or pair) per cycle per phase, and "total"
-    buffer: np.ndarray        # [E*C, H]: the expert buffer after the run
-    beats: dict               # output log: data [B, lanes] (bits), enable [B], last [B]
-    writes: dict              # write log: addr [W], enable [W], data [W, lanes] (bits)
-    requests: dict            # read log: addr [R], enable [R]
-    out_of_bounds: int        # enabled lanes read or written outside the buffer
-    taken: dict               # beats the unit took: pairs, data, params
-    lanes: int
-    window: int               # the combine unit's window (its read order)
-    extra: dict = field(default_factory=dict)
+    @property
+    def valid(self):
+        """[k, S]: the pairs that pass the capacity mask."""
+        return slot_rows(self.indices, self.locations, self.num_experts, self.capacity) >= 0
+
+    @property
+    def feeds_data(self):
+        """Whether the token rows are streamed in (something can be dispatched)."""
+        return self.pairs > 0 and self.hidden > 0 and self.capacity > 0 and self.num_experts > 0
 
 
-def _problem(gates, input, capacity=None, expert_scale=None, expert_bias=None):
+def _float(name, value, **kwargs):
     try:
-        gates = float_array("gates", gates, ndim=2, what="[S, E]")
-        gates_k, indices = golden.top_k_routing(gates)
-        input = float_array("input", input, ndim=2, what="[S, H]")
+        return float_array(name, value, **kwargs)
     except (TypeError, ValueError) as error:
         raise HostError(str(error)) from None
+
+
+def layer_problem(gates, input, capacity=None, expert_scale=None, expert_bias=None,
+                  memory_latency=MEMORY_LATENCY):
+    """Check a problem (``capacity`` None: the default factor); a :class:`MoELayerProblem`."""
+    gates = _float("gates", gates, ndim=2, what="[S, E]")
+    try:
+        gates_k, indices = golden.top_k_routing(gates)
+    except (TypeError, ValueError) as error:
+        raise HostError(str(error)) from None
+    input = _float("input", input, ndim=2, what="[S, H]")
     if gates.dtype != input.dtype:
         raise HostError(f"gates has dtype {gates.dtype}, but input has {input.dtype}; they "
                         "must share one format")
@@ -115,18 +128,15 @@ def _problem(gates, input, capacity=None, expert_scale=None, expert_bias=None):
     if input.shape[0] != tokens:
         raise HostError(f"input must have {tokens} rows (S, the rows of gates), not "
                         f"{input.shape[0]}")
-    k = indices.shape[0]
+    top_k = indices.shape[0]
     if capacity is None:
         capacity = golden.capacity_from_factor(DEFAULT_CAPACITY_FACTOR, tokens,
-                                               max(experts, 1), max(k, 1))
+                                               max(experts, 1), max(top_k, 1))
     capacity = runtime_int("capacity", {"capacity": capacity}, {})
     operands = []
     for name, operand in (("expert_scale", expert_scale), ("expert_bias", expert_bias)):
         if operand is not None:
-            try:
-                operand = float_array(name, operand, ndim=(1, 2), what="[E]")
-            except (TypeError, ValueError) as error:
-                raise HostError(str(error)) from None
+            operand = _float(name, operand, ndim=(1, 2), what="[E]")
             if operand.ndim == 2:
                 raise HostError(f"{name} must have shape ({experts},) [E]: the hardware's "
                                 f"experts apply one {name[7:]} per expert, not per element "
@@ -140,27 +150,12 @@ def _problem(gates, input, capacity=None, expert_scale=None, expert_bias=None):
         operands.append(operand)
     locations = golden.compute_locations(indices, num_experts=experts)
     return MoELayerProblem(gates, input, capacity, operands[0], operands[1], gates_k, indices,
-                           locations, FORMATS[format_of(input)])
-
-
-def moe_layer_problem(gates, input, *, capacity=None, expert_scale=None, expert_bias=None):
-    """Check a problem as :func:`run_moe_layer` does (``capacity`` None: the default factor)."""
-    return _problem(gates, input, capacity, expert_scale, expert_bias)
-
-
-def moe_layer_params_for(gates, input, *, capacity, **overrides):
-    """The smallest :class:`MoELayerParams` that holds this problem (overrides win)."""
-    prob = _problem(gates, input, capacity)
-    fields = dict(format=prob.fmt.name, max_tokens=max(1, prob.tokens),
-                  max_hidden=max(1, prob.hidden), max_experts=max(1, prob.num_experts),
-                  max_capacity=max(1, prob.capacity), max_k=max(1, prob.k))
-    fields.update(overrides)
-    return MoELayerParams(**fields)
+                           locations, FORMATS[format_of(input)], memory_latency)
 
 
 def _chain(prob):
     """The golden chain's intermediate: the expert buffer after the experts [E*C, H] (every
-    slot, as golden.moe_layer computes it), and the buffer right after dispatch."""
+    slot, as golden.moe_layer computes it)."""
     experts, capacity = prob.num_experts, prob.capacity
     dispatched = golden.dispatch_forward(np.ones_like(prob.gates_k), prob.indices,
                                          prob.locations, prob.input, num_experts=experts,
@@ -169,103 +164,10 @@ def _chain(prob):
     for operand, op in ((prob.scale, mul), (prob.bias, add)):
         if operand is not None:
             buffer = op(buffer, np.broadcast_to(operand.reshape(experts, 1, 1), buffer.shape))
-    return buffer.reshape(experts * capacity, prob.hidden), dispatched
+    return buffer.reshape(experts * capacity, prob.hidden)
 
 
-def run_moe_layer(gates, input, *, capacity=None, expert_scale=None, expert_bias=None,
-                  params=None, sim="verilator", stall=0.0, seed=0,
-                  memory_latency=MEMORY_LATENCY, progress=None):
-    """``golden.moe_layer(gates, input, capacity=capacity, scale=expert_scale,
-    bias=expert_bias)`` on the hardware.
-
-    ``gates`` [S, E] (k nonzero gates per row), ``input`` [S, H], optional ``expert_scale`` and
-    ``expert_bias`` [E] (both None: identity experts), all in one format; ``capacity`` None
-    takes ``golden.capacity_from_factor(1.25, S, E, k)``.
-    """
-    prob = _problem(gates, input, capacity, expert_scale, expert_bias)
-    if params is None:
-        params = moe_layer_params_for(prob.gates, prob.input, capacity=prob.capacity)
-    fmt = FORMATS[params.format]
-    if prob.fmt != fmt:
-        raise HostError(f"the data has dtype {prob.input.dtype}, but the unit's format is "
-                        f"{fmt.name} ({fmt.dtype})")
-    for name, value, maximum in (("tokens (S)", prob.tokens, params.max_tokens),
-                                 ("hidden", prob.hidden, params.max_hidden),
-                                 ("num_experts", prob.num_experts, params.max_experts),
-                                 ("capacity", prob.capacity, params.max_capacity),
-                                 ("k", prob.k, params.max_k)):
-        if value > maximum:
-            raise HostError(f"{name} = {value} exceeds the unit's maximum of {maximum}")
-
-    unit = MoELayer(params)
-    tokens, hidden, experts, k = prob.tokens, prob.hidden, prob.num_experts, prob.k
-    pairs = k * tokens
-    beats = row_beats(hidden, params.lanes)
-    one, minus_zero = np.ones(experts, fmt.dtype), np.full(experts, -0.0, fmt.dtype)
-    scale = one if prob.scale is None else prob.scale
-    bias = minus_zero if prob.bias is None else prob.bias   # x + -0.0 == x, bit for bit
-    feed_data = pairs > 0 and hidden > 0 and prob.capacity > 0 and experts > 0
-    rows = prob.filled_rows
-    valid = slot_rows(prob.indices, prob.locations, experts, prob.capacity) >= 0
-    expert_rows = int(rows.sum()) if prob.runs_experts else 0
-    stimulus = {
-        "pair_gate": to_bits(prob.gates_k.reshape(-1), fmt).astype(np.uint64),
-        "pair_index": prob.indices.reshape(-1).astype(np.int64),
-        "row": np.tile(np.arange(tokens), k),          # k-major: pair -> token row
-        "input": to_bits(prob.input, fmt).astype(np.uint64),
-        "scale": to_bits(scale, fmt).astype(np.uint64),
-        "bias": to_bits(bias, fmt).astype(np.uint64),
-    }
-    settings = {
-        "lanes": params.lanes, "width": fmt.width,
-        "runtime": {"tokens": tokens, "hidden": hidden, "k": k, "num_experts": experts,
-                    "capacity": prob.capacity, "affine": int(prob.affine)},
-        "feed_pairs": tokens > 0, "feed_data": feed_data,
-        "feed_params": prob.affine and tokens > 0, "stall": float(stall), "seed": int(seed),
-        "memory_latency": int(memory_latency), "memory_size": experts * prob.capacity * hidden,
-        "expected_beats": tokens * beats,
-        "expected_reads": (expert_rows + int(valid.sum())) * beats,
-    }
-    from ..flows.simulate import simulate
-    res = simulate(unit, "moe_layer", "bench_moe_layer", stimulus, sim=sim, settings=settings,
-                   progress=progress)
-
-    data = res["data"]
-    if tokens and hidden and len(data) == tokens * beats:
-        output = data.reshape(tokens, beats * params.lanes)[:, :hidden]
-    else:
-        output = np.zeros((tokens, hidden), dtype=np.uint64)
-    cycles = int(res["cycles"])
-    measured = _phase_durations(res["phase_log"], cycles)
-    expected = unit.phase_cycles(tokens=tokens, hidden=hidden, k=k, num_experts=experts,
-                                 capacity=prob.capacity, rows=expert_rows, affine=prob.affine,
-                                 reads=bool(valid.any()), memory_latency=memory_latency)
-    ideal = {"route_dispatch": max(pairs, pairs * beats if feed_data else 0) if tokens else 0,
-             "experts": expert_rows * beats,
-             "combine": max(k, 1) * tokens * beats}
-    ideal["total"] = sum(ideal.values())
-    return MoELayerRun(
-        output=from_bits(output.astype(fmt.uint_dtype), fmt), dropped=int(res["dropped"]),
-        error=bool(res["error"]), cycles=cycles, phase_cycles=measured,
-        expected_cycles=unit.stall_free_cycles(
-            tokens=tokens, hidden=hidden, k=k, num_experts=experts, capacity=prob.capacity,
-            rows=expert_rows, affine=prob.affine, reads=bool(valid.any()),
-            memory_latency=memory_latency),
-        expected_phase_cycles=expected, ideal_cycles=ideal,
-        buffer=from_bits(res["memory"].astype(fmt.uint_dtype), fmt).reshape(
-            experts * prob.capacity, hidden),
-        beats={"data": data, "enable": res["enable"], "last": res["last"]},
-        writes={"addr": res["write_addr"], "enable": res["write_enable"],
-                "data": res["write_data"]},
-        requests={"addr": res["request_addr"], "enable": res["request_enable"]},
-        out_of_bounds=int(res["read_out_of_bounds"]) + int(res["write_out_of_bounds"]),
-        taken={"pairs": int(res["pairs_taken"]), "data": int(res["data_taken"]),
-               "params": int(res["params_taken"])},
-        lanes=params.lanes, window=params.combine.window_items,
-        extra={"busy_after": int(res["busy_after"])})
-
-
-def _phase_durations(phase_log, cycles):
+def phase_durations(phase_log, cycles):
     """Cycles spent in each phase, from the bench's (cycle, phase) change log: a phase lasts
     from the cycle the previous one ended (the start cycle for the first) to its own end."""
     durations = dict.fromkeys(PHASE_NAMES, 0)
@@ -282,256 +184,250 @@ def _phase_durations(phase_log, cycles):
     return durations
 
 
-def _compare(problems, what, got, want, fmt, on=None):
-    """Bitwise comparison of two bit-pattern arrays (NaN equals NaN) on the lanes ``on``."""
-    same = bits_equal(np.asarray(got, np.uint64), np.asarray(want, np.uint64), fmt)
-    if on is not None:
-        same = same | ~on
-    bad = np.argwhere(~same)
-    if bad.size:
-        where = tuple(int(x) for x in bad[0])
-        problems.append(f"{what}: {len(bad)} elements differ; first at {where}: got "
-                        f"{int(np.asarray(got)[where]):#x}, want {int(np.asarray(want)[where]):#x}")
-
-
 def _expected_expert_log(prob, buffer, lanes):
     """The expert phase's exact read/write sequence: every filled row of every expert, in
-    expert then slot order, each row's beats in ascending address."""
+    expert then slot order, each row's beats in ascending address: ``(addr, enable, data
+    bits)``."""
     hidden, capacity = prob.hidden, prob.capacity
     beats = row_beats(hidden, lanes)
     addrs, enables, datas = [], [], []
-    if not prob.runs_experts:
-        return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, lanes), np.uint64))
-    bits = to_bits(buffer, prob.fmt).astype(np.uint64)
-    padded = np.zeros((bits.shape[0], beats * lanes), dtype=np.uint64)
-    padded[:, :hidden] = bits
-    for expert, filled in enumerate(prob.filled_rows.tolist()):
-        for slot in range(filled):
-            row = expert * capacity + slot
-            for b in range(beats):
-                addrs.append(row * hidden + b * lanes)
-                enables.append(last_enable(hidden, lanes) if b == beats - 1 else
-                               (1 << lanes) - 1)
-                datas.append(padded[row, b * lanes:(b + 1) * lanes])
+    if prob.runs_experts:
+        bits = to_bits(buffer, prob.fmt).astype(np.uint64)
+        padded = np.zeros((bits.shape[0], beats * lanes), dtype=np.uint64)
+        padded[:, :hidden] = bits
+        for expert, filled in enumerate(prob.filled_rows.tolist()):
+            for slot in range(filled):
+                row = expert * capacity + slot
+                for b in range(beats):
+                    addrs.append(row * hidden + b * lanes)
+                    enables.append(last_enable(hidden, lanes) if b == beats - 1 else
+                                   (1 << lanes) - 1)
+                    datas.append(padded[row, b * lanes:(b + 1) * lanes])
     return (np.array(addrs, np.int64), np.array(enables, np.int64),
             np.array(datas, np.uint64).reshape(len(addrs), lanes))
 
 
-def score_moe_layer(run, gates, input, *, capacity=None, expert_scale=None, expert_bias=None):
-    """Problems (a list of strings, empty when right) of ``run`` against ``golden.moe_layer``
-    and the chain's intermediate buffer, with scoreboards: every output beat (count, order,
-    enables, ``last``), every write (the dispatch rows, then the expert rows, in order) and
-    every read (the expert rows, then the combine's gathers in its schedule), nothing out of
-    bounds, every input beat taken, no error."""
-    prob = _problem(gates, input, capacity, expert_scale, expert_bias)
-    fmt, lanes = prob.fmt, run.lanes
-    tokens, hidden, k = prob.tokens, prob.hidden, prob.k
-    beats = row_beats(hidden, lanes)
-    problems = []
+class MoELayer(Unit):
+    name = "moe_layer"
+    summary = ("the whole MoE layer (postscore): locations -> dispatch -> affine experts -> "
+               "combine over one external expert buffer (SPEC 1.8)")
+    golden = "golden.moe_layer"
+    params = MoELayerParams
+    inputs = ("gates", "input", "expert_scale", "expert_bias")
+    outputs = ("output", "dropped")
+    runtime = ("capacity", "memory_latency")
+    ideal = ("one beat per cycle on the busiest port in every phase: "
+             "k*S*B + R*B + max(k, 1)*S*B")
 
-    want, want_dropped = golden.moe_layer(prob.gates, prob.input, capacity=prob.capacity,
-                                          scale=prob.scale, bias=prob.bias)
-    if run.output.shape != want.shape:
-        problems.append(f"output shape {run.output.shape} != golden {want.shape}")
-    else:
-        _compare(problems, "output vs golden.moe_layer", to_bits(run.output, fmt),
-                 to_bits(want, fmt), fmt)
-    if run.dropped != want_dropped:
-        problems.append(f"dropped = {run.dropped}, golden {want_dropped}")
-    if run.error:
-        problems.append("error flag set")
-    if run.out_of_bounds:
-        problems.append(f"{run.out_of_bounds} lanes read or written out of bounds")
+    def build(self, params):
+        return MoELayerUnit(params)
 
-    # Output beats: S * B in token order, enables and last flags.
-    enable = np.tile([(1 << lanes) - 1] * (beats - 1) + [last_enable(hidden, lanes)], tokens) \
-        if beats else np.zeros(0, np.int64)
-    last = np.tile([0] * (beats - 1) + [1], tokens) if beats else np.zeros(0, np.int64)
-    if len(run.beats["enable"]) != len(enable):
-        problems.append(f"{len(run.beats['enable'])} output beats, expected {len(enable)} "
-                        "(lost or duplicated)")
-    else:
-        for name, got, exp in (("enable", run.beats["enable"], enable),
-                               ("last", run.beats["last"], last)):
-            bad = np.flatnonzero(np.asarray(got) != exp)
-            if bad.size:
-                problems.append(f"output beat {bad[0]}: {name} {got[bad[0]]}, expected "
-                                f"{exp[bad[0]]}")
+    # ---- the problem -------------------------------------------------------------------
+    def problem(self, inputs, runtime):
+        gates, input = need(inputs, self.name, ("gates", "input"))
+        capacity = runtime_int("capacity", runtime, inputs) \
+            if "capacity" in runtime or "capacity" in inputs else None
+        latency = memory_latency(runtime, inputs)
+        return {"layer": layer_problem(gates, input, capacity, inputs.get("expert_scale"),
+                                       inputs.get("expert_bias"), latency)}
 
-    # The buffer: filled slots as the chain computes them; every other slot never written.
-    chained, dispatched = _chain(prob)
-    filled = np.zeros(chained.shape[0], dtype=bool)
-    for expert, count in enumerate(prob.filled_rows.tolist()):
-        filled[expert * prob.capacity: expert * prob.capacity + count] = True
-    if run.buffer.shape != chained.shape:
-        problems.append(f"buffer shape {run.buffer.shape} != {chained.shape}")
-    else:
-        got_bits = to_bits(run.buffer, fmt)
-        _compare(problems, "expert buffer (filled slots)", got_bits[filled],
-                 to_bits(chained, fmt)[filled], fmt)
-        if np.any(got_bits[~filled] != 0):
-            problems.append("an unfilled expert-buffer slot was written")
+    def params_for(self, problem, settings):
+        prob = problem["layer"]
+        params = self.sized(settings, format=prob.fmt.name, max_tokens=max(1, prob.tokens),
+                            max_hidden=max(1, prob.hidden),
+                            max_experts=max(1, prob.num_experts),
+                            max_capacity=max(1, prob.capacity), max_top_k=max(1, prob.top_k))
+        self.fits(problem, params)
+        return params
 
-    # Writes: dispatch rows (gate 1.0) in pair order, then the expert rows.
-    d_addr, d_enable, d_data = expected_writes(
-        np.ones_like(prob.gates_k), prob.indices, prob.locations, prob.input,
-        num_experts=prob.num_experts, capacity=prob.capacity, lanes=lanes)
-    if not (k * tokens and hidden and prob.capacity and prob.num_experts):
-        d_addr, d_enable, d_data = d_addr[:0], d_enable[:0], d_data[:0]
-    x_addr, x_enable, x_data = _expected_expert_log(prob, chained, lanes)
-    w_addr = np.concatenate([d_addr, x_addr])
-    w_enable = np.concatenate([d_enable, x_enable])
-    w_data = np.concatenate([d_data.reshape(-1, lanes), x_data.reshape(-1, lanes)])
-    got = run.writes
-    if len(got["addr"]) != len(w_addr):
-        problems.append(f"{len(got['addr'])} writes, expected {len(w_addr)} (lost or "
-                        "duplicated)")
-    elif len(w_addr):
-        bad = np.flatnonzero((got["addr"] != w_addr) | (got["enable"] != w_enable))
-        if bad.size:
-            problems.append(f"write {bad[0]}: addr {got['addr'][bad[0]]} enable "
-                            f"{got['enable'][bad[0]]:#x}, expected addr {w_addr[bad[0]]} "
-                            f"enable {w_enable[bad[0]]:#x} (reordered or wrong)")
+    def fits(self, problem, params):
+        prob = problem["layer"]
+        check_dtype(params.format, input=prob.input)
+        check_maxima(params, tokens=(prob.tokens, "max_tokens"),
+                     hidden=(prob.hidden, "max_hidden"),
+                     num_experts=(prob.num_experts, "max_experts"),
+                     capacity=(prob.capacity, "max_capacity"),
+                     top_k=(prob.top_k, "max_top_k"))
+
+    # ---- the simulation ----------------------------------------------------------------
+    def pack(self, problem, params, *, stall, seed):
+        self.fits(problem, params)
+        prob, fmt = problem["layer"], params.fmt
+        tokens, hidden, experts = prob.tokens, prob.hidden, prob.num_experts
+        beats = row_beats(hidden, params.lanes)
+        one, minus_zero = np.ones(experts, fmt.dtype), np.full(experts, -0.0, fmt.dtype)
+        scale = one if prob.scale is None else prob.scale
+        bias = minus_zero if prob.bias is None else prob.bias   # x + -0.0 == x, bit for bit
+        stimulus = {
+            "pair_gate": to_bits(prob.gates_k.reshape(-1), fmt).astype(np.uint64),
+            "pair_index": prob.indices.reshape(-1).astype(np.int64),
+            "row": np.tile(np.arange(tokens), prob.top_k),   # k-major: pair -> token row
+            "input": to_bits(prob.input, fmt).astype(np.uint64),
+            "scale": to_bits(scale, fmt).astype(np.uint64),
+            "bias": to_bits(bias, fmt).astype(np.uint64),
+        }
+        settings = {
+            "lanes": params.lanes, "width": fmt.width,
+            "runtime": {"tokens": tokens, "hidden": hidden, "top_k": prob.top_k,
+                        "num_experts": experts, "capacity": prob.capacity,
+                        "affine": int(prob.affine)},
+            "feed_pairs": tokens > 0, "feed_data": prob.feeds_data,
+            "feed_params": prob.affine and tokens > 0,
+            "memory_latency": prob.memory_latency,
+            "memory_size": experts * prob.capacity * hidden,
+            "expected_beats": tokens * beats,
+            "expected_reads": (prob.expert_rows + int(prob.valid.sum())) * beats,
+        }
+        return stimulus, settings
+
+    def unpack(self, problem, params, results):
+        prob, fmt = problem["layer"], params.fmt
+        tokens, hidden = prob.tokens, prob.hidden
+        beats = row_beats(hidden, params.lanes)
+        data = results["data"]
+        if tokens and hidden and len(data) == tokens * beats:
+            output = data.reshape(tokens, beats * params.lanes)[:, :hidden]
         else:
-            on = (w_enable[:, None] >> np.arange(lanes)) & 1 == 1
-            _compare(problems, "write data", got["data"], w_data, fmt, on)
+            output = np.zeros((tokens, hidden), dtype=np.uint64)
+        results["phase_cycles"] = phase_durations(results["phase_log"], int(results["cycles"]))
+        results["buffer"] = from_bits(results["memory"].astype(fmt.uint_dtype), fmt).reshape(
+            prob.num_experts * prob.capacity, hidden)
+        return {"output": from_bits(output.astype(fmt.uint_dtype), fmt),
+                "dropped": np.int64(results["dropped"])}
 
-    # Reads: the expert rows, then the combine's gathers (valid pairs, in its schedule).
-    rows = slot_rows(prob.indices, prob.locations, prob.num_experts, prob.capacity)
-    c_addr, c_enable = [], []
-    if hidden and tokens:
-        for p, i, b in gather_schedule(tokens, beats, k, run.window):
-            if k and rows[p, i] >= 0:
-                c_addr.append(int(rows[p, i]) * hidden + b * lanes)
-                c_enable.append(last_enable(hidden, lanes) if b == beats - 1 else
-                                (1 << lanes) - 1)
-    r_addr = np.concatenate([x_addr, np.array(c_addr, np.int64)])
-    r_enable = np.concatenate([x_enable, np.array(c_enable, np.int64)])
-    got = run.requests
-    if len(got["addr"]) != len(r_addr):
-        problems.append(f"{len(got['addr'])} reads, expected {len(r_addr)} (lost or "
-                        "duplicated)")
-    elif len(r_addr):
-        bad = np.flatnonzero((got["addr"] != r_addr) | (got["enable"] != r_enable))
-        if bad.size:
-            problems.append(f"read {bad[0]}: addr {got['addr'][bad[0]]} enable "
-                            f"{got['enable'][bad[0]]:#x}, expected addr {r_addr[bad[0]]} "
-                            f"enable {r_enable[bad[0]]:#x} (reordered or wrong)")
+    def score(self, problem, params, outputs, results):
+        """Against ``golden.moe_layer`` and the chain's intermediate buffer, with scoreboards:
+        every output beat (count, order, enables, ``last``), every write (the dispatch rows,
+        then the expert rows, in order) and every read (the expert rows, then the combine's
+        gathers in its schedule), nothing out of bounds, every input beat taken, no error."""
+        prob, fmt, lanes = problem["layer"], params.fmt, params.lanes
+        tokens, hidden, k = prob.tokens, prob.hidden, prob.top_k
+        beats = row_beats(hidden, lanes)
+        want, want_dropped = golden.moe_layer(prob.gates, prob.input, capacity=prob.capacity,
+                                              scale=prob.scale, bias=prob.bias)
+        findings = compare_bits("output vs golden.moe_layer", outputs["output"], want, fmt)
+        findings += compare_values("dropped", outputs["dropped"], want_dropped)
+        if int(results["error"]):
+            findings.append("error flag set")
+        out_of_bounds = int(results["read_out_of_bounds"]) + int(results["write_out_of_bounds"])
+        if out_of_bounds:
+            findings.append(f"{out_of_bounds} lanes read or written out of bounds")
 
-    # Every input beat taken.
-    want_taken = {"pairs": k * tokens if tokens else 0,
-                  "data": k * tokens * beats if (k * tokens and hidden and prob.capacity and
-                                                 prob.num_experts) else 0,
-                  "params": prob.num_experts if prob.affine and tokens else 0}
-    for name, count in want_taken.items():
-        if run.taken[name] != count:
-            problems.append(f"the unit took {run.taken[name]} {name} beats, expected {count}")
-    if run.extra.get("busy_after"):
-        problems.append("busy after done")
-    return problems
+        # Output beats: S * B in token order, enables and last flags.
+        enable = np.tile([(1 << lanes) - 1] * (beats - 1) + [last_enable(hidden, lanes)],
+                         tokens) if beats else np.zeros(0, np.int64)
+        last = np.tile([0] * (beats - 1) + [1], tokens) if beats else np.zeros(0, np.int64)
+        findings += compare_log("output beats", {"enable": results["enable"],
+                                                 "last": results["last"]},
+                                {"enable": enable, "last": last})
+
+        # The buffer: filled slots as the chain computes them; every other slot never written.
+        chained = _chain(prob)
+        filled = np.zeros(chained.shape[0], dtype=bool)
+        for expert, count in enumerate(prob.filled_rows.tolist()):
+            filled[expert * prob.capacity: expert * prob.capacity + count] = True
+        buffer = results["buffer"]
+        findings += compare_bits("expert buffer (filled slots)", buffer[filled],
+                                 chained[filled], fmt)
+        if np.any(to_bits(buffer, fmt)[~filled] != 0):
+            findings.append("an unfilled expert-buffer slot was written")
+
+        # Writes: dispatch rows (gate 1.0) in pair order, then the expert rows.
+        dispatched = expected_writes(np.ones_like(prob.gates_k), prob.indices, prob.locations,
+                                     prob.input, num_experts=prob.num_experts,
+                                     capacity=prob.capacity, lanes=lanes)
+        if not prob.feeds_data:
+            dispatched = {name: value[:0] for name, value in dispatched.items()}
+        x_addr, x_enable, x_data = _expected_expert_log(prob, chained, lanes)
+        on = (results["write_enable"][:, None] >> np.arange(lanes)) & 1 == 1
+        findings += compare_log(
+            "writes", {"addr": results["write_addr"], "enable": results["write_enable"],
+                       "data": np.where(on, results["write_data"], 0)},
+            {"addr": np.concatenate([dispatched["addr"], x_addr]),
+             "enable": np.concatenate([dispatched["enable"], x_enable]),
+             "data": np.concatenate([dispatched["data"].reshape(-1, lanes), x_data])}, fmt)
+
+        # Reads: the expert rows, then the combine's gathers (valid pairs, in its schedule).
+        rows = slot_rows(prob.indices, prob.locations, prob.num_experts, prob.capacity)
+        c_addr, c_enable = [], []
+        if hidden and tokens:
+            for p, i, b in gather_schedule(tokens, beats, k, params.combine.window_items):
+                if k and rows[p, i] >= 0:
+                    c_addr.append(int(rows[p, i]) * hidden + b * lanes)
+                    c_enable.append(last_enable(hidden, lanes) if b == beats - 1 else
+                                    (1 << lanes) - 1)
+        findings += compare_log(
+            "reads", {"addr": results["request_addr"], "enable": results["request_enable"]},
+            {"addr": np.concatenate([x_addr, np.array(c_addr, np.int64)]),
+             "enable": np.concatenate([x_enable, np.array(c_enable, np.int64)])})
+
+        # Every input beat taken.
+        want_taken = {"pairs": k * tokens if tokens else 0,
+                      "data": k * tokens * beats if prob.feeds_data else 0,
+                      "params": prob.num_experts if prob.affine and tokens else 0}
+        for name, count in want_taken.items():
+            taken = int(results[f"{name}_taken"])
+            if taken != count:
+                findings.append(f"the unit took {taken} {name} beats, expected {count}")
+        if int(results["busy_after"]):
+            findings.append("busy after done")
+        return findings
+
+    # ---- cycles ----------------------------------------------------------------------------
+    def phase_ideals(self, problem, params):
+        """One beat (or pair) per cycle per phase: route and dispatch overlap (k*S*B, at
+        least one cycle per pair); experts R*B; combine one read beat per cycle
+        (max(k, 1)*S*B)."""
+        prob = problem["layer"]
+        beats = row_beats(prob.hidden, params.lanes)
+        return {"route_dispatch": max(prob.pairs, prob.pairs * beats if prob.feeds_data
+                                      else 0) if prob.tokens else 0,
+                "experts": prob.expert_rows * beats,
+                "combine": max(prob.top_k, 1) * prob.tokens * beats}
+
+    def ideal_cycles(self, problem, params):
+        """The whole run's: the sum of :meth:`phase_ideals`."""
+        return sum(self.phase_ideals(problem, params).values())
+
+    def _timing(self, problem):
+        prob = problem["layer"]
+        return dict(tokens=prob.tokens, hidden=prob.hidden, top_k=prob.top_k,
+                    num_experts=prob.num_experts, capacity=prob.capacity,
+                    rows=prob.expert_rows, affine=prob.affine, reads=bool(prob.valid.any()),
+                    memory_latency=prob.memory_latency)
+
+    def phase_cycles(self, problem, params):
+        """The exact stall-free cycles of each phase (:meth:`MoELayerParams.phase_cycles`)."""
+        return params.phase_cycles(**self._timing(problem))
+
+    def cycles(self, problem, params):
+        """The whole run's exact stall-free cycles, the three phases together
+        (:meth:`MoELayerParams.cycles`)."""
+        return params.cycles(**self._timing(problem))
+
+    def describe(self, problem, params):
+        prob = problem["layer"]
+        return (f"moe_layer: S={prob.tokens}, E={prob.num_experts}, k={prob.top_k}, "
+                f"H={prob.hidden}, C={prob.capacity}, "
+                f"{'affine' if prob.affine else 'identity'} experts, lanes={params.lanes}, "
+                f"{params.format}, memory latency {prob.memory_latency}")
+
+    # ---- benchmark ---------------------------------------------------------------------------
+    def bench_problems(self, shape, seed=0):
+        """A seeded random top-k layer with affine experts at ``shape``, the default capacity
+        factor (1.25)."""
+        rng = np.random.default_rng(seed)
+        dtype = FORMATS[shape.format].dtype
+        gates = layer_gates(rng, shape.tokens, shape.experts, shape.top_k, dtype)
+        inputs = {
+            "gates": gates,
+            "input": rng.standard_normal((shape.tokens, shape.hidden)).astype(dtype),
+            "expert_scale": rng.uniform(0.5, 2.0, shape.experts).astype(dtype),
+            "expert_bias": rng.standard_normal(shape.experts).astype(dtype),
+        }
+        capacity = golden.capacity_from_factor(DEFAULT_CAPACITY_FACTOR, shape.tokens,
+                                               shape.experts, shape.top_k)
+        return {"": (inputs, {"capacity": capacity, "lanes": shape.lanes})}
 
 
-# ---- python -m moe_hw.run ------------------------------------------------------------------
-
-def _report_lines(prob, run, params):
-    eff = run.ideal_cycles["total"] / run.cycles if run.cycles else 0.0
-    phases = ", ".join(f"{name} {run.phase_cycles[name]} (ideal {run.ideal_cycles[name]})"
-                       for name in PHASE_NAMES)
-    return [f"moe_layer: S={prob.tokens}, E={prob.num_experts}, k={prob.k}, H={prob.hidden}, "
-            f"C={prob.capacity}, {'affine' if prob.affine else 'identity'} experts, "
-            f"lanes={params.lanes}, {params.format}",
-            f"cycles: {run.cycles} (ideal {run.ideal_cycles['total']}, efficiency {eff:.4f}, "
-            f"stall-free formula {run.expected_cycles}); dropped pairs: {run.dropped}",
-            f"phases: {phases}"]
-
-
-def _run(inputs, params, runtime, *, sim, stall, seed, check, progress):
-    gates, input = need(inputs, "moe_layer", ("gates", "input"))
-    scale, bias = inputs.get("expert_scale"), inputs.get("expert_bias")
-    if "capacity" in runtime or "capacity" in inputs:
-        capacity = runtime_int("capacity", runtime, inputs)
-    else:
-        capacity = None
-    prob = _problem(gates, input, capacity, scale, bias)
-    params = moe_layer_params_for(prob.gates, prob.input, capacity=prob.capacity, **params)
-    run = run_moe_layer(prob.gates, prob.input, capacity=prob.capacity, expert_scale=scale,
-                        expert_bias=bias, params=params, sim=sim, stall=stall, seed=seed,
-                        progress=progress)
-    report = _report_lines(prob, run, params)
-    if check:
-        problems = score_moe_layer(run, prob.gates, prob.input, capacity=prob.capacity,
-                                   expert_scale=scale, expert_bias=bias)
-        if problems:
-            raise AssertionError("hardware differs from golden.moe_layer:\n  " +
-                                 "\n  ".join(problems))
-        report.append(f"check: bit-exact against golden.moe_layer ({run.output.size} "
-                      "elements, postscore); every output beat, write and read in order, "
-                      "none lost, duplicated or out of bounds")
-    return {"output": run.output, "dropped": np.int64(run.dropped),
-            "cycles": np.int64(run.cycles)}, report
-
-
-UNITS = [Unit(
-    "moe_layer", "the whole MoE layer (postscore): locations -> dispatch -> affine experts -> "
-    "combine over one external expert buffer (SPEC 1.8)", MoELayerParams, MoELayer, _run,
-    runtime=("capacity",), inputs=("gates", "input", "expert_scale", "expert_bias"),
-    outputs=("output", "dropped"))]
-
-
-# ---- benchmark -------------------------------------------------------------------------------
-
-def random_gate_matrix(rng, tokens, experts, k, dtype=np.float32, *, experts_used=None,
-                       specials=0.0):
-    """A top-k gate matrix [S, E]: k distinct experts per token (drawn from ``experts_used``,
-    default all) with gates in (0, 1], the rest +0.0 or -0.0 (not routed). ``specials``: the
-    fraction of routed gates replaced by NaN, +Inf or a subnormal."""
-    used = np.arange(experts) if experts_used is None else np.asarray(experts_used)
-    if k > len(used):
-        raise HostError(f"k ({k}) must not exceed the experts used ({len(used)})")
-    gates = np.where(rng.random((tokens, experts)) < 0.5, 0.0, -0.0).astype(np.float32)
-    gates = gates.astype(dtype)
-    fmt = FORMATS[format_of(gates)]
-    for i in range(tokens):
-        chosen = used[rng.permutation(len(used))[:k]]
-        values = rng.uniform(0.05, 1.0, k).astype(np.float32).astype(dtype)
-        for j, expert in enumerate(chosen):
-            if rng.random() < specials:
-                bits = rng.choice([fmt.quiet_nan, fmt.exp_max << fmt.mant_bits,
-                                   int(rng.integers(1, 1 << fmt.mant_bits))])
-                values[j] = np.array(bits, fmt.uint_dtype).view(fmt.dtype)
-            gates[i, expert] = values[j]
-    return gates
-
-
-def benchmark(tokens=1024, hidden=512, experts=8, k=2, lanes=16, sim="verilator", *, seed=0,
-              capacity_factor=DEFAULT_CAPACITY_FACTOR, affine=True, stall=0.0,
-              memory_latency=MEMORY_LATENCY, **params):
-    """Run a seeded random top-k layer (affine experts by default) and return the figures:
-    ideal, stall-free formula and measured cycles per phase and in total, and the check.
-
-    Ideals: route and dispatch overlap, one data beat per cycle (k*S*B); experts one beat per
-    cycle over the filled rows (R*B); combine one read beat per cycle (k*S*B)."""
-    rng = np.random.default_rng(seed)
-    gates = random_gate_matrix(rng, tokens, experts, k)
-    input = rng.standard_normal((tokens, hidden)).astype(np.float32)
-    scale = rng.uniform(0.5, 2.0, experts).astype(np.float32) if affine else None
-    bias = rng.standard_normal(experts).astype(np.float32) if affine else None
-    capacity = golden.capacity_from_factor(capacity_factor, tokens, experts, k)
-    params = moe_layer_params_for(gates, input, capacity=capacity, lanes=lanes, **params)
-    run = run_moe_layer(gates, input, capacity=capacity, expert_scale=scale, expert_bias=bias,
-                        params=params, sim=sim, stall=stall, seed=seed,
-                        memory_latency=memory_latency)
-    problems = score_moe_layer(run, gates, input, capacity=capacity, expert_scale=scale,
-                               expert_bias=bias)
-    phases = {name: {"ideal": run.ideal_cycles[name], "formula":
-                     run.expected_phase_cycles[name], "measured": run.phase_cycles[name]}
-              for name in PHASE_NAMES}
-    phases["total"] = {"ideal": run.ideal_cycles["total"], "formula": run.expected_cycles,
-                       "measured": run.cycles}
-    return {"unit": "moe_layer", "tokens": tokens, "hidden": hidden, "experts": experts, "k": k,
-            "lanes": lanes, "capacity": capacity, "sim": sim, "stall": stall,
-            "dropped": run.dropped, "filled_rows": int(_problem(gates, input, capacity)
-                                                       .filled_rows.sum()),
-            "phases": phases,
-            "efficiency": run.ideal_cycles["total"] / run.cycles if run.cycles else math.nan,
-            "passed": not problems, "problems": problems}
+UNIT = MoELayer()

@@ -149,6 +149,16 @@ class Unit:
         raise NotImplementedError
 
     # ---- shared helpers ----------------------------------------------------------------
+    def simulate(self, params, stimulus, settings, *, sim="verilator", stall=0.0, seed=0,
+                 progress=None):
+        """Drive the bench with ``stimulus`` and ``settings`` as given, with no checks (how a
+        test puts a size above its maximum or a hostile value in front of the hardware);
+        returns the bench's raw results."""
+        from ..flows.simulate import simulate
+        return simulate(lambda: self.build(params), self.name, self.bench, stimulus, sim=sim,
+                        settings={**settings, "stall": float(stall), "seed": int(seed)},
+                        progress=progress, key=(self.name, params))
+
     def split_settings(self, settings):
         """``(generation-time parameters, run-time values)`` from one ``--set`` dict."""
         names = {f.name for f in dataclasses.fields(self.params)}
@@ -171,7 +181,8 @@ class Unit:
         ``settings``; a given maximum below what the problem needs is a HostError."""
         for name, need in smallest.items():
             given = settings.get(name)
-            if given is not None and isinstance(given, (int, np.integer)) and given < need:
+            if isinstance(need, (int, np.integer)) and isinstance(given, (int, np.integer)) \
+                    and not isinstance(given, bool) and given < need:
                 raise HostError(f"the problem needs {name} >= {need}, but {name} = {given}")
         return self.make_params(settings, base=smallest)
 
@@ -185,8 +196,6 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
     model (the caller decides whether they are fatal).
     """
-    from ..flows.simulate import simulate
-
     if not 0.0 <= float(stall) < 1.0:
         raise HostError(f"stall must be in [0, 1), not {stall}")
     gen_settings, runtime = unit.split_settings(settings)
@@ -196,9 +205,8 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     elif gen_settings:
         params = dataclasses.replace(params, **gen_settings)
     stimulus, bench_settings = unit.pack(problem, params, stall=float(stall), seed=int(seed))
-    bench_settings = {**bench_settings, "stall": float(stall), "seed": int(seed)}
-    results = simulate(lambda: unit.build(params), unit.name, unit.bench, stimulus, sim=sim,
-                       settings=bench_settings, progress=progress, key=(unit.name, params))
+    results = unit.simulate(params, stimulus, bench_settings, sim=sim, stall=stall, seed=seed,
+                            progress=progress)
     outputs = unit.unpack(problem, params, results)
     cycles = int(results["cycles"])
     outcome = Outcome(unit.name, params, problem, {**outputs, "cycles": np.int64(cycles)},

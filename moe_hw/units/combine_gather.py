@@ -4,7 +4,7 @@ location), multiply by the gate, and sum over the top-k choices of each token::
 
     for i in 0..S-1:                               # tokens stream out in token order
         acc = START
-        for k in 0..K-1:
+        for k in 0..K-1:                           # K: the run-time top_k
             term = gate[k][i] * buffer[index[k][i]*C + location[k][i], :] if the pair is valid
                    else +0.0                        # valid: 0 <= index < E, 0 <= location < C
             acc = acc + term                        # product rounded, then the sum rounded
@@ -21,21 +21,22 @@ DispatchBackwardDataUnit` the second; the hardware is the same.
 Streams and ports (payload fields are listed least significant first):
 
 ``header`` (in)
-    One beat per token: ``gate``, ``index``, ``location``, each an array of ``max_k``
-    entries (entry k is the token's k-th choice; entries at and past the run-time ``k`` are
-    ignored). Gates are the format's bits, indices and locations two's complement
+    One beat per token: ``gate``, ``index``, ``location``, each an array of ``max_top_k``
+    entries (entry k is the token's k-th choice; entries at and past the run-time ``top_k``
+    are ignored). Gates are the format's bits, indices and locations two's complement
     (``index_width`` bits; any bit pattern is safe).
 ``read_request`` (out), ``read_response`` (in)
     A memory read port into the expert buffer [E*C, H] (element addresses, row r at r*H), as
-    :class:`~moe_hw.units.row_reader.RowReader`. Invalid pairs are never read.
+    :class:`~moe_hw.blocks.row_reader.RowReader`. Invalid pairs are never read.
 ``data`` (out)
     ``ceil(H / lanes)`` beats per token, in token order: ``data`` (the sums, lane 0 first),
     ``enable`` (partial on a row's last beat when H is not a multiple of ``lanes``; disabled
     lanes carry don't-care values) and ``last`` (a token's last beat).
-``start``, ``tokens``, ``hidden``, ``k``, ``capacity``, ``num_experts`` (in)
-    Run-time problem size, sampled when ``start`` is high while idle. ``k`` may be 0 (every
-    output is +0.0, as for k = 1 with every pair invalid).
-``busy``, ``done``, ``dropped``, ``error`` (out)
+``start``, ``tokens``, ``hidden``, ``top_k``, ``capacity``, ``num_experts`` (in)
+    Run-time problem size, sampled when ``start`` is high while idle (the shared
+    :class:`~moe_hw.blocks.run_control.RunControl`). ``top_k`` may be 0 (every output is
+    +0.0, as for top_k = 1 with every pair invalid).
+``busy``, ``done``, ``error``, ``dropped`` (out)
     ``done`` rises when the last beat has left and stays high until the next start.
     ``dropped`` counts the (k, i) pairs that fail the mask. ``error`` is set, and nothing done,
     when a run-time size exceeds its generation-time maximum.
@@ -59,7 +60,7 @@ default ``window``, only the last window can be).
 Throughput and exact cycles: the read port delivers one beat per cycle, and each item needs
 K reads, so the natural ideal is ``K * S * B`` cycles; the unit reaches it but for the last
 window. Stall-free, with a memory that answers a request taken at the end of cycle u from
-cycle u + L, a run takes exactly :meth:`CombineGatherUnit.cycles` =
+cycle u + L, a run takes exactly :meth:`CombineGatherParams.cycles` =
 ``sum over windows of (n_w + (K-1) * max(n_w, add_stages + 1)) + overhead(L)`` cycles from
 the start cycle to the first cycle ``done`` is high (n_w: the window's items, ``window`` but
 for the last window; L counts as 1 when no pair is valid, as nothing waits for the memory
@@ -68,8 +69,8 @@ then). With the default window the only term above ``K * S * B`` is the last win
 anywhere costs only the cycles it lasts.
 
 Pipeline: header ring (the headers of the current and next windows, replayed once per pass)
--> pass scheduler -> ring read | mask and ``slot = index*C + location`` | ``addr = slot*H +
-beat*lanes`` -> row reader -> ``lanes`` float multipliers (gate * element, +0.0 for an
+-> pass scheduler -> ring read | the shared :class:`~moe_hw.blocks.slot_address.SlotAddress`
+(mask and ``slot = index*C + location`` | ``addr = slot*H + beat*lanes``) -> row reader -> ``lanes`` float multipliers (gate * element, +0.0 for an
 invalid pair) -> ``lanes`` float adders (with the partial sum, or START on the first pass) ->
 accumulator (passes before the last) or skid buffer -> ``data``.
 """
@@ -79,15 +80,16 @@ from dataclasses import dataclass
 from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
+from amaranth.utils import ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
-from ..arith.params import FloatDatapathParams
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
+from ..blocks.run_control import RunControl, run_ports
+from ..blocks.slot_address import SlotAddress
+from ..params import LANES, UnitParams, param, resolve_params
+from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
 
@@ -96,45 +98,36 @@ SUM_STARTS = ("zero", "first")
 
 
 @dataclass(frozen=True)
-class CombineGatherParams(FloatDatapathParams):
+class CombineGatherParams(FloatDatapathParams, UnitParams):
     """Generation-time parameters of :class:`CombineGatherUnit` (and of the backward-data unit,
-    which is the same hardware)."""
+    which is the same hardware). Old names ``max_k`` and ``outstanding`` are accepted."""
 
-    format: str = "fp32"
-    lanes: int = 4
-    max_tokens: int = 4096
-    max_hidden: int = 4096
-    max_capacity: int = 4096
-    max_experts: int = 64
-    max_k: int = 2
-    index_width: int = 32
-    mul_stages: int | None = None    # None: the multiplier's default depth for the format
-    add_stages: int | None = None    # None: the adder's default depth for the format
-    window: int | None = None        # items per window; None: add_stages + 1 (full rate)
-    outstanding: int = 16            # beats in flight; full rate needs memory latency <= this - 1
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_tokens: int = param(4096, minimum=1, maximum=1 << 30)
+    max_hidden: int = param(4096, minimum=1, maximum=1 << 30)
+    max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
+    max_experts: int = param(64, minimum=1, maximum=1 << 30)
+    max_top_k: int = param(2, minimum=1, maximum=16)
+    index_width: int = param(32, minimum=2, maximum=64)
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
+                                   doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
+    # The partial sum loops through the adder; a combinational adder would close it without
+    # a register.
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
+                                   doc="None: the adder's default depth for the format")
+    window: int | None = param(None, minimum=1, maximum=256, optional=True,
+                               doc="items per window; None: add_stages + 1 (full rate)")
+    max_outstanding: int = param(16, minimum=4, maximum=4096,
+                                 doc="beats in flight; full rate needs memory latency <= this - 1")
 
-    def __post_init__(self):
-        float_format(self.format)
-        check_choice("lanes", self.lanes, LANES)
-        for name in ("max_tokens", "max_hidden", "max_capacity", "max_experts"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("max_k", self.max_k, minimum=1, maximum=16)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        limit = 1 << (self.index_width - 1)
-        for name in ("max_capacity", "max_experts"):
-            if getattr(self, name) > limit:
-                raise ParameterError(
-                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
-                    f"not {self.index_width}")
-        if self.mul_stages is not None:
-            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
-        if self.add_stages is not None:
-            # The partial sum loops through the adder; a combinational adder would close it
-            # without a register.
-            check_int("add_stages", self.add_stages, minimum=1, maximum=8)
-        if self.window is not None:
-            check_int("window", self.window, minimum=1, maximum=256)
-        check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
+    #: Cycles of the command pipeline: ring read, then the slot address (mask and slot,
+    #: address).
+    COMMAND_LATENCY = 1 + SlotAddress.latency
+
+    def check(self):
+        self.check_signed_fits("index_width", "max_capacity", "max_experts")
 
     @property
     def window_items(self):
@@ -154,11 +147,42 @@ class CombineGatherParams(FloatDatapathParams):
     def addr_width(self):
         return max(1, ceil_log2(self.max_experts * self.max_capacity * self.max_hidden))
 
+    # ---- stall-free timing -----------------------------------------------------------
+    def overhead(self, memory_latency=1):
+        """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
+        request taken at the end of cycle u from cycle u + ``memory_latency``: start, header
+        ring write, command pipeline, row reader (command register, memory, skid buffer),
+        multiplier, adder, output skid buffer, done register."""
+        return (1 + 1 + self.COMMAND_LATENCY + 1 + memory_latency + 1 + self.mul_latency +
+                self.add_latency + 1 + 1)
+
+    def schedule_cycles(self, tokens, hidden, top_k):
+        """Stall-free cycles the schedule needs at one read beat per cycle: K*S*B plus, for a
+        window shorter than add_stages + 1 items, the wait for its partial sums."""
+        items = tokens * -(-hidden // self.lanes)
+        passes = max(top_k, 1)
+        loop = self.add_latency + 1
+        total = 0
+        for start in range(0, items, self.window_items):
+            n = min(self.window_items, items - start)
+            total += n + (passes - 1) * max(n, loop)
+        return total
+
+    def cycles(self, tokens, hidden, top_k, memory_latency=1, *, reads=True):
+        """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
+        ``reads``: whether any pair is valid; a run that reads nothing never waits for the
+        memory, so it costs what it would with a one-cycle memory."""
+        if tokens == 0 or hidden == 0:
+            return 1
+        return (self.schedule_cycles(tokens, hidden, top_k) +
+                self.overhead(memory_latency if reads else 1))
+
+    # ---- payload layouts -------------------------------------------------------------
     def header_layout(self):
         return data.StructLayout({
-            "gate": data.ArrayLayout(self.fmt.width, self.max_k),
-            "index": data.ArrayLayout(signed(self.index_width), self.max_k),
-            "location": data.ArrayLayout(signed(self.index_width), self.max_k),
+            "gate": data.ArrayLayout(self.fmt.width, self.max_top_k),
+            "index": data.ArrayLayout(signed(self.index_width), self.max_top_k),
+            "location": data.ArrayLayout(signed(self.index_width), self.max_top_k),
         })
 
     def data_layout(self):
@@ -166,13 +190,13 @@ class CombineGatherParams(FloatDatapathParams):
                                   "enable": self.lanes, "last": 1})
 
 
-def gather_schedule(tokens, beats, k, window):
+def gather_schedule(tokens, beats, top_k, window):
     """The unit's read order: a list of (pass k, token, beat) items, one per read beat.
 
-    Items n = token*beats + beat in windows of ``window``; each window makes max(k, 1)
+    Items n = token*beats + beat in windows of ``window``; each window makes max(top_k, 1)
     passes over its items. (The scoreboard's model of the hardware's request log.)
     """
-    passes = max(k, 1)
+    passes = max(top_k, 1)
     items = tokens * beats
     order = []
     for start in range(0, items, window):
@@ -189,8 +213,6 @@ class CombineGatherUnit(wiring.Component):
     #: The summation start rule (one of :data:`SUM_STARTS`).
     SUM_START = "zero"
     PARAMS = CombineGatherParams
-    #: Cycles of the command pipeline: ring read, mask and slot, address.
-    COMMAND_LATENCY = 3
 
     def __init__(self, params=None, **kwargs):
         params = resolve_params(self.PARAMS, params, kwargs)
@@ -201,48 +223,24 @@ class CombineGatherUnit(wiring.Component):
             "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
             "read_response": In(stream.Signature(response_layout(p.lanes, p.fmt.width))),
             "data": Out(stream.Signature(p.data_layout())),
-            "start": In(1),
-            "tokens": In(range(p.max_tokens + 1)),
-            "hidden": In(range(p.max_hidden + 1)),
-            "k": In(range(p.max_k + 1)),
-            "capacity": In(range(p.max_capacity + 1)),
-            "num_experts": In(range(p.max_experts + 1)),
-            "busy": Out(1),
-            "done": Out(1),
-            "dropped": Out(range(p.max_tokens * p.max_k + 1)),
-            "error": Out(1),
+            **run_ports(self.sizes),
+            "dropped": Out(range(p.max_tokens * p.max_top_k + 1)),
         })
 
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"tokens": p.max_tokens, "hidden": p.max_hidden, "top_k": p.max_top_k,
+                "capacity": p.max_capacity, "num_experts": p.max_experts}
+
     def overhead(self, memory_latency=1):
-        """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
-        request taken at the end of cycle u from cycle u + ``memory_latency``: start, header
-        ring write, command pipeline, row reader (command register, memory, skid buffer),
-        multiplier, adder, output skid buffer, done register."""
-        p = self.params
-        return (1 + 1 + self.COMMAND_LATENCY + 1 + memory_latency + 1 + p.mul_latency +
-                p.add_latency + 1 + 1)
+        """:meth:`CombineGatherParams.overhead`."""
+        return self.params.overhead(memory_latency)
 
-    def schedule_cycles(self, tokens, hidden, k):
-        """Stall-free cycles the schedule needs at one read beat per cycle: K*S*B plus, for a
-        window shorter than add_stages + 1 items, the wait for its partial sums."""
-        p = self.params
-        items = tokens * -(-hidden // p.lanes)
-        passes = max(k, 1)
-        loop = p.add_latency + 1
-        total = 0
-        for start in range(0, items, p.window_items):
-            n = min(p.window_items, items - start)
-            total += n + (passes - 1) * max(n, loop)
-        return total
-
-    def cycles(self, tokens, hidden, k, memory_latency=1, *, reads=True):
-        """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
-        ``reads``: whether any pair is valid; a run that reads nothing never waits for the
-        memory, so it costs what it would with a one-cycle memory."""
-        if tokens == 0 or hidden == 0:
-            return 1
-        return (self.schedule_cycles(tokens, hidden, k) +
-                self.overhead(memory_latency if reads else 1))
+    def cycles(self, tokens, hidden, top_k, memory_latency=1, *, reads=True):
+        """:meth:`CombineGatherParams.cycles`."""
+        return self.params.cycles(tokens, hidden, top_k, memory_latency, reads=reads)
 
     def elaborate(self, platform):
         m = Module()
@@ -253,16 +251,16 @@ class CombineGatherUnit(wiring.Component):
         ring_bits = ceil_log2(p.ring_depth)
         max_items = p.max_tokens * p.max_beats
 
-        # ---- run-time sizes, held for the whole run ------------------------------------
-        tokens = Signal.like(self.tokens)
-        hidden = Signal.like(self.hidden)
-        capacity = Signal.like(self.capacity)
-        num_experts = Signal.like(self.num_experts)
-        k_last = Signal(range(p.max_k))          # the last pass, max(k, 1) - 1
-        k_zero = Signal()                        # k == 0: one pass, every pair invalid
+        # ---- run control: start, held sizes, done / error ---------------------------------
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "hidden"))
+        ctl.connect(m, self)
+        running = ctl.running
+        tokens = ctl.size("tokens")
+        hidden = ctl.size("hidden")
+        k_last = Signal(range(p.max_top_k))      # the last pass, max(top_k, 1) - 1
+        k_zero = Signal()                        # top_k == 0: one pass, every pair invalid
         beats = Signal(range(p.max_beats + 1))
         last_en = Signal(p.lanes)
-        running = Signal()
 
         # ---- header ring: the headers of the current and the next window -----------------
         ring = m.submodules.ring = memory.Memory(shape=p.header_layout(), depth=p.ring_depth,
@@ -286,7 +284,7 @@ class CombineGatherUnit(wiring.Component):
         win_beat = Signal.like(beats)            # beat of the window's first item
         win_len = Signal(range(window + 1))      # the window's items
         remaining = Signal(range(max_items + 1)) # items from the window's start to the end
-        pass_k = Signal(range(p.max_k))
+        pass_k = Signal(range(p.max_top_k))
         pass_left = Signal(range(window + 1))    # items of this pass still to schedule
         cur_tok = Signal.like(self.tokens)
         cur_beat = Signal.like(beats)
@@ -300,7 +298,7 @@ class CombineGatherUnit(wiring.Component):
         next_beat = Mux(tail, 0, cur_beat + pass_left)
         remaining_next = remaining - win_len
 
-        cmd_ctl = m.submodules.cmd_ctl = PipelineControl(self.COMMAND_LATENCY)
+        cmd_ctl = m.submodules.cmd_ctl = PipelineControl(p.COMMAND_LATENCY)
         m.d.comb += cmd_ctl.i_valid.eq(gen_active & (cur_tok < headers_in))
         en_c = cmd_ctl.en
         gen = cmd_ctl.i_valid & en_c
@@ -320,41 +318,38 @@ class CombineGatherUnit(wiring.Component):
                 with m.If(remaining_next == 0):
                     m.d.sync += gen_active.eq(0)
 
-        # ---- command pipeline: ring read | mask and slot | address ----------------------
+        # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
         m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(en_c)]
         side = {"pass_k": pass_k, "beat": cur_beat, "count": count, "tail": tail,
                 "end_pass": end_pass, "first": pass_k == 0, "final": pass_k == k_last}
         s1 = {name: delay(m, value, 1, en_c, name=f"{name}_s1") for name, value in side.items()}
         header = ring_r.data
-        if p.max_k == 1:
+        if p.max_top_k == 1:
             gate, index, location = header.gate[0], header.index[0], header.location[0]
         else:
             gate = header.gate[s1["pass_k"]]
             index = header.index[s1["pass_k"]]
             location = header.location[s1["pass_k"]]
-        in_range = ((index >= 0) & (index < num_experts) & (location >= 0) &
-                    (location < capacity) & ~k_zero)
-        slot_width = max(1, ceil_log2(p.max_experts * p.max_capacity))
-        slot = Signal(slot_width)
-        index_bits = max(1, bits_for(p.max_experts - 1))
-        location_bits = max(1, bits_for(p.max_capacity - 1))
-        with m.If(en_c):
-            m.d.sync += slot.eq(index.as_unsigned()[:index_bits] * capacity +
-                                location.as_unsigned()[:location_bits])
         s2 = {name: delay(m, value, 1, en_c, name=f"{name}_s2") for name, value in s1.items()}
         s2["gate"] = delay(m, gate, 1, en_c, name="gate_s2")
-        s2["valid"] = delay(m, in_range, 1, en_c, name="valid_s2")
-        base = Signal(p.addr_width)
-        with m.If(en_c):
-            m.d.sync += base.eq(slot * hidden + (s2["beat"] << lanes_log2))
+        # The beat's element offset joins the row address in the slot address's second stage.
+        offset = Signal(len(s2["beat"]) + lanes_log2)
+        m.d.comb += offset.eq(s2["beat"] << lanes_log2)
+        slot_address = m.submodules.slot_address = SlotAddress(
+            index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
+            max_hidden=p.max_hidden, addr_width=p.addr_width, offset_width=len(offset))
+        base, in_range = slot_address.follow(m, ctl, en=en_c, index=index, location=location)
+        m.d.comb += slot_address.offset.eq(offset)
         s3 = {name: delay(m, value, 1, en_c, name=f"{name}_s3") for name, value in s2.items()}
+        # top_k == 0 is held for the run: every pair is invalid.
+        s3["valid"] = in_range & ~k_zero
 
         tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
                                         "end_pass": 1, "tail": 1})
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
             max_count=min(window, p.max_beats), tag_layout=tag_layout,
-            outstanding=p.outstanding)
+            outstanding=p.max_outstanding)
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         cmd = reader.command
@@ -384,7 +379,7 @@ class CombineGatherUnit(wiring.Component):
             m.d.sync += item.eq(Mux(beat.payload.last & tag.end_pass, 0, item + 1))
         products = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(tag.gate), mul.b.eq(beat.payload.data[lane]), mul.en.eq(en_m)]
             products.append(mul.product)
@@ -445,36 +440,21 @@ class CombineGatherUnit(wiring.Component):
             m.d.sync += pending.bit_select(m_item, 1).eq(1)
 
         # ---- control -----------------------------------------------------------------------
-        too_big = ((self.tokens > p.max_tokens) | (self.hidden > p.max_hidden) |
-                   (self.capacity > p.max_capacity) | (self.num_experts > p.max_experts) |
-                   (self.k > p.max_k))
-        empty = (self.tokens == 0) | (self.hidden == 0)
-        start = self.start & ~running
         beats_in = (self.hidden + (p.lanes - 1)) >> lanes_log2
         items_in = Signal(range(max_items + 1))
         m.d.comb += items_in.eq(self.tokens * beats_in)
-        finished = (running & ~gen_active & ~cmd_ctl.busy & ~reader.busy & ~mul_ctl.busy &
-                    ~add_ctl.busy & ~skid.o.valid)
-        m.d.comb += self.busy.eq(running)
-        with m.If(start):
+        m.d.comb += ctl.finished.eq(running & ~gen_active & ~cmd_ctl.busy & ~reader.busy &
+                                    ~mul_ctl.busy & ~add_ctl.busy & ~skid.o.valid)
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), hidden.eq(self.hidden), capacity.eq(self.capacity),
-                num_experts.eq(self.num_experts),
-                k_last.eq(Mux(self.k == 0, 0, self.k - 1)), k_zero.eq(self.k == 0),
+                k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_in.eq(0), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
                 cur_beat.eq(0), pass_k.eq(0), remaining.eq(items_in),
                 win_len.eq(Mux(items_in < window, items_in, window)),
                 pass_left.eq(Mux(items_in < window, items_in, window)),
-                item.eq(0), pending.eq(0),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+                item.eq(0), pending.eq(0), self.dropped.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(empty):
-                m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += [running.eq(1), gen_active.eq(1)]
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
+        with m.If(ctl.begin):
+            m.d.sync += gen_active.eq(1)
         return m

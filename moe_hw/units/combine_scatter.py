@@ -38,7 +38,7 @@ Streams and ports (payload fields are listed least significant first):
     The write port: ``{addr, data, enable}`` as the dispatch unit's.
 ``start``, ``tokens``, ``slots``, ``hidden`` (in)
     Run-time problem size (S, the number of headers, H), sampled when ``start`` is high while
-    idle.
+    idle (the shared :class:`~moe_hw.blocks.run_control.RunControl`).
 ``busy``, ``done``, ``dropped``, ``error`` (out)
     ``done`` rises when the last write has been taken and stays high until the next start.
     ``dropped`` counts slots whose token is outside ``[0, S)``: their data beats are taken
@@ -52,7 +52,7 @@ cycle after start, no stream is read, nothing is read or written. ``dropped`` th
 Read-modify-write hazard: a slot's beat at address A reads ``out`` at A, adds, and writes A
 back ``hazard_window`` cycles later. If a later slot has the same token, its beat at A must
 not read A until that write has been taken. An in-flight tracker holds the address of every
-beat between its issue (read request) and its write being taken (at most ``max_inflight``
+beat between its issue (read request) and its write being taken (at most ``max_outstanding``
 beats, retired in order); a beat is issued only when no tracked address equals its own. Only a
 true conflict (same token, same beat) stalls, for exactly as long as it must.
 
@@ -62,7 +62,7 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
 - no hazard: one data beat per cycle; a run of n slots takes exactly
   ``n * ceil(H / lanes) + overhead(read_latency)`` cycles from the start cycle to the cycle
   ``done`` is first seen (``CombineScatterParams.cycles``; the last slot not dropped),
-  provided ``max_inflight >= hazard_window(read_latency)``. ``overhead = 3 +
+  provided ``max_outstanding >= hazard_window(read_latency)``. ``overhead = 3 +
   hazard_window`` and ``hazard_window = max(mul_latency + 2, 1 + read_latency) + add_latency + 2``
   (join: the product through the multiplier and the FIFO, or the read round trip; the
   adder; the write skid buffer and the write being taken);
@@ -75,8 +75,8 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
 
 Pipeline: header stage (mask, ``token*H``); the current-slot register walks ``addr``; issue
 (read request into a skid buffer, tracker entry, ``lanes`` multipliers ``gate * element``,
-free-running); the products wait in a FIFO (``max_inflight`` deep, never full: at most
-``max_inflight`` beats are in flight) for the read data; ``lanes`` adders form
+free-running); the products wait in a FIFO (``max_outstanding`` deep, never full: at most
+``max_outstanding`` beats are in flight) for the read data; ``lanes`` adders form
 ``old + product``; a skid buffer drives ``write``.
 """
 
@@ -90,10 +90,11 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..blocks.row_reader import last_enable_of
+from ..blocks.run_control import RunControl, run_ports
+from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
-from ..arith.params import FloatDatapathParams
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
 
@@ -102,35 +103,25 @@ _FIFO_LATENCY = 2
 
 
 @dataclass(frozen=True)
-class CombineScatterParams(FloatDatapathParams):
+class CombineScatterParams(FloatDatapathParams, UnitParams):
     """Generation-time parameters of :class:`CombineScatterUnit`."""
 
-    format: str = "fp32"
-    lanes: int = 4
-    max_tokens: int = 4096
-    max_slots: int = 65536
-    max_hidden: int = 4096
-    index_width: int = 32
-    max_inflight: int = 32           # beats between issue and write; a power of two
-    mul_stages: int | None = None    # None: the multiplier's default depth for the format
-    add_stages: int | None = None    # None: the adder's default depth for the format
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_tokens: int = param(4096, minimum=1, maximum=1 << 30, doc="S, the token buffer's rows")
+    max_slots: int = param(65536, minimum=1, maximum=1 << 30, doc="headers per run")
+    max_hidden: int = param(4096, minimum=1, maximum=1 << 30)
+    index_width: int = param(32, minimum=2, maximum=64, doc="the header's token field")
+    max_outstanding: int = param(32, minimum=2, maximum=1024, power_of_two=True,
+                                 doc="beats between issue and write (the hazard tracker)")
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
+                                   doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
+    add_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
+                                   doc="None: the adder's default depth for the format")
 
-    def __post_init__(self):
-        float_format(self.format)
-        check_choice("lanes", self.lanes, LANES)
-        for name in ("max_tokens", "max_slots", "max_hidden"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        if self.max_tokens > 1 << (self.index_width - 1):
-            raise ParameterError(f"Index width must hold max_tokens ({self.max_tokens}) as a "
-                                 f"signed value, not {self.index_width}")
-        check_int("max_inflight", self.max_inflight, minimum=2, maximum=1024)
-        if self.max_inflight & (self.max_inflight - 1):
-            raise ParameterError(f"max_inflight must be a power of two, not "
-                                 f"{self.max_inflight}")
-        for name in ("mul_stages", "add_stages"):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), minimum=0, maximum=8)
+    def check(self):
+        self.check_signed_fits("index_width", "max_tokens")
 
     @property
     def addr_width(self):
@@ -223,15 +214,15 @@ class CombineScatterUnit(wiring.Component):
             "read": Out(stream.Signature(p.read_layout())),
             "read_data": In(stream.Signature(p.data_layout())),
             "write": Out(stream.Signature(p.write_layout())),
-            "start": In(1),
-            "tokens": In(range(p.max_tokens + 1)),
-            "slots": In(range(p.max_slots + 1)),
-            "hidden": In(range(p.max_hidden + 1)),
-            "busy": Out(1),
-            "done": Out(1),
+            **run_ports(self.sizes),
             "dropped": Out(range(p.max_slots + 1)),
-            "error": Out(1),
         })
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"tokens": p.max_tokens, "slots": p.max_slots, "hidden": p.max_hidden}
 
     def hazard_window(self, read_latency):
         return self.params.hazard_window(read_latency)
@@ -244,22 +235,18 @@ class CombineScatterUnit(wiring.Component):
         p = self.params
         lanes_log2 = ceil_log2(p.lanes)
         width = p.fmt.width
-        depth = p.max_inflight
+        depth = p.max_outstanding
 
-        # Run-time sizes, held for the whole run.
-        tokens = Signal.like(self.tokens)
-        hidden = Signal.like(self.hidden)
+        # ---- run control: start, held sizes, done / error ---------------------------------
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=self.sizes)
+        ctl.connect(m, self)
+        running = ctl.running
+        tokens = ctl.size("tokens")
+        hidden = ctl.size("hidden")
         beats = Signal(range(-(-p.max_hidden // p.lanes) + 1))
         last_enable = Signal(p.lanes)
-        running = Signal()
         headers_left = Signal.like(self.slots)
         slots_left = Signal.like(self.slots)
-
-        too_big = ((self.tokens > p.max_tokens) | (self.slots > p.max_slots) |
-                   (self.hidden > p.max_hidden))
-        empty = (self.tokens == 0) | (self.slots == 0) | (self.hidden == 0)
-        remainder = self.hidden[:lanes_log2] if lanes_log2 else Const(0, 1)
-        start = self.start & ~running
 
         # ---- header stage: mask and row address --------------------------------------------
         header = self.header.payload
@@ -360,7 +347,7 @@ class CombineScatterUnit(wiring.Component):
         })
         products = Signal(product_layout)
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(cur_gate), mul.b.eq(self.data.payload.data[lane]),
                          mul.en.eq(always), products.product[lane].eq(mul.product)]
@@ -402,25 +389,16 @@ class CombineScatterUnit(wiring.Component):
         ]
 
         # ---- control ---------------------------------------------------------------------------
-        finished = running & (slots_left == 0) & (inflight == 0)
-        m.d.comb += self.busy.eq(running)
-        with m.If(start):
+        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & (inflight == 0))
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), hidden.eq(self.hidden),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
-                last_enable.eq(Mux(remainder == 0, (1 << p.lanes) - 1,
-                                   (Const(1, p.lanes + 1) << remainder) - 1)),
+                last_enable.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.slots), slots_left.eq(self.slots),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+                self.dropped.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(empty):
-                m.d.sync += self.done.eq(1)
-                with m.If((self.hidden != 0) & (self.tokens == 0)):
-                    m.d.sync += self.dropped.eq(self.slots)
-            with m.Else():
-                m.d.sync += running.eq(1)
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
+            # Every slot fails the mask when there is no token, but none carries data when
+            # H is zero.
+            with m.If(~ctl.too_big & (self.hidden != 0) & (self.tokens == 0)):
+                m.d.sync += self.dropped.eq(self.slots)
         return m

@@ -25,7 +25,8 @@ Streams and ports (payload fields are listed least significant first):
 ``grad_gate`` (out)
     One beat per pair, in pair order: ``value``, the format's bits.
 ``start``, ``tokens``, ``top_k``, ``hidden``, ``capacity``, ``num_experts`` (in)
-    Run-time problem size (S, k, H, C, E), sampled when ``start`` is high while idle.
+    Run-time problem size (S, k, H, C, E), sampled when ``start`` is high while idle (the
+    shared :class:`~moe_hw.blocks.run_control.RunControl`).
 ``busy``, ``done``, ``dropped``, ``error`` (out)
     ``done`` rises when the last result has been taken and stays high until the next start.
     ``dropped`` counts the pairs that fail the mask (their result is +0.0; nothing is read
@@ -55,12 +56,13 @@ Throughput and exact cycle count: one beat per cycle. Stall-free (streams and me
 latency ``read_latency``: a request taken in cycle c is answered from cycle c + latency), a
 run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
 ``ceil(P / G) * G * B + G`` items at one per cycle, and takes exactly
-``BackwardGateParams.cycles(P, H, read_latency)`` cycles from the start cycle to the cycle
+``DispatchBackwardGateParams.cycles(P, H, read_latency)`` cycles from the start cycle to the cycle
 ``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``.
 The ideal is ``P * B``; the excess (a partial last group's padding, the flush round, the
 pipeline) is fixed per run. Full rate needs ``max_outstanding >= read_latency + 2``.
 
-Pipeline: header stages (mask and ``slot = index*C + location``, then ``slot*H``); issue
+Pipeline: header stages (the shared :class:`~moe_hw.blocks.slot_address.SlotAddress`: mask
+and ``slot = index*C + location``, then ``slot*H``); issue
 (two read requests into skid buffers, a descriptor into a FIFO of ``max_outstanding``); join
 (the descriptor with both responses); ``lanes`` multipliers; ``lanes`` accumulating adders;
 the adder tree; a skid buffer drives ``grad_gate``.
@@ -68,63 +70,55 @@ the adder tree; a skid buffer drives ``grad_gate``.
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
+from amaranth.utils import ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..blocks.row_reader import last_enable_of
+from ..blocks.run_control import RunControl, run_ports
+from ..blocks.slot_address import SlotAddress
+from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
-from ..arith.params import FloatDatapathParams
 
-__all__ = ["BackwardGateParams", "DispatchBackwardGateUnit"]
+__all__ = ["DispatchBackwardGateParams", "DispatchBackwardGateUnit"]
 
 #: FIFO latency: an entry written in cycle c is readable from cycle c + 2 (SyncFIFOBuffered).
 _FIFO_LATENCY = 2
 
 
 @dataclass(frozen=True)
-class BackwardGateParams(FloatDatapathParams):
+class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
     """Generation-time parameters of :class:`DispatchBackwardGateUnit`."""
 
-    format: str = "fp32"
-    lanes: int = 4
-    max_tokens: int = 4096
-    max_top_k: int = 8
-    max_hidden: int = 4096
-    max_capacity: int = 4096
-    max_experts: int = 64
-    index_width: int = 32
-    max_outstanding: int = 16        # issued items waiting for read data; a power of two
-    mul_stages: int | None = None    # None: the multiplier's default depth for the format
-    add_stages: int | None = None    # None: the adder's default depth; at least 1
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_tokens: int = param(4096, minimum=1, maximum=1 << 30, doc="S")
+    max_top_k: int = param(8, minimum=1, maximum=1 << 30)
+    max_hidden: int = param(4096, minimum=1, maximum=1 << 30)
+    max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
+    max_experts: int = param(64, minimum=1, maximum=1 << 30)
+    index_width: int = param(32, minimum=2, maximum=64)
+    max_outstanding: int = param(16, minimum=2, maximum=1024, power_of_two=True,
+                                 doc="issued items waiting for read data")
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
+                                   doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
+    # The accumulation interleaves add_stages pairs; a combinational adder would close a
+    # combinational loop through its own output.
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
+                                   doc="None: the adder's default depth for the format")
 
-    def __post_init__(self):
-        float_format(self.format)
-        check_choice("lanes", self.lanes, LANES)
-        for name in ("max_tokens", "max_top_k", "max_hidden", "max_capacity", "max_experts"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        limit = 1 << (self.index_width - 1)
-        for name in ("max_capacity", "max_experts"):
-            if getattr(self, name) > limit:
-                raise ParameterError(
-                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
-                    f"not {self.index_width}")
-        check_int("max_outstanding", self.max_outstanding, minimum=2, maximum=1024)
-        if self.max_outstanding & (self.max_outstanding - 1):
-            raise ParameterError(f"max_outstanding must be a power of two, not "
-                                 f"{self.max_outstanding}")
-        if self.mul_stages is not None:
-            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
-        if self.add_stages is not None:
-            # The accumulation interleaves add_stages pairs; a combinational adder would close
-            # a combinational loop through its own output.
-            check_int("add_stages", self.add_stages, minimum=1, maximum=8)
+    def check(self):
+        self.check_signed_fits("index_width", "max_capacity", "max_experts")
+
+    @property
+    def max_pairs(self):
+        return self.max_tokens * self.max_top_k
 
     @property
     def interleave(self):
@@ -209,7 +203,7 @@ class DispatchBackwardGateUnit(wiring.Component):
     module docstring for the protocol, the interleaving and the timing."""
 
     def __init__(self, params=None, **kwargs):
-        params = resolve_params(BackwardGateParams, params, kwargs)
+        params = resolve_params(DispatchBackwardGateParams, params, kwargs)
         self.params = p = params
         super().__init__({
             "header": In(stream.Signature(p.header_layout())),
@@ -218,17 +212,16 @@ class DispatchBackwardGateUnit(wiring.Component):
             "grad_read": Out(stream.Signature(p.read_layout(p.grad_addr_width))),
             "grad_data": In(stream.Signature(p.data_layout())),
             "grad_gate": Out(stream.Signature(p.result_layout())),
-            "start": In(1),
-            "tokens": In(range(p.max_tokens + 1)),
-            "top_k": In(range(p.max_top_k + 1)),
-            "hidden": In(range(p.max_hidden + 1)),
-            "capacity": In(range(p.max_capacity + 1)),
-            "num_experts": In(range(p.max_experts + 1)),
-            "busy": Out(1),
-            "done": Out(1),
-            "dropped": Out(range(p.max_tokens * p.max_top_k + 1)),
-            "error": Out(1),
+            **run_ports(self.sizes),
+            "dropped": Out(range(p.max_pairs + 1)),
         })
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"tokens": p.max_tokens, "top_k": p.max_top_k, "hidden": p.max_hidden,
+                "capacity": p.max_capacity, "num_experts": p.max_experts}
 
     def overhead(self, read_latency):
         return self.params.overhead(read_latency)
@@ -242,45 +235,31 @@ class DispatchBackwardGateUnit(wiring.Component):
         max_beats = max(1, -(-p.max_hidden // p.lanes))
         all_lanes = (1 << p.lanes) - 1
 
-        # Run-time sizes, held for the whole run.
-        tokens = Signal.like(self.tokens)
-        hidden = Signal.like(self.hidden)
-        capacity = Signal.like(self.capacity)
-        num_experts = Signal.like(self.num_experts)
+        # ---- run control: start, held sizes, done / error; no pairs is an empty run --------
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "top_k"))
+        ctl.connect(m, self)
+        running = ctl.running
+        tokens = ctl.size("tokens")
+        hidden = ctl.size("hidden")
         beats = Signal(range(max_beats + 1))
         last_enable = Signal(p.lanes)
-        running = Signal()
-        pairs = Signal(range(p.max_tokens * p.max_top_k + 1))
+        pairs = Signal(range(p.max_pairs + 1))
         headers_left = Signal.like(pairs)
-
-        too_big = ((self.tokens > p.max_tokens) | (self.top_k > p.max_top_k) |
-                   (self.hidden > p.max_hidden) | (self.capacity > p.max_capacity) |
-                   (self.num_experts > p.max_experts))
-        empty = (self.tokens == 0) | (self.top_k == 0)
-        remainder = self.hidden[:lanes_log2] if lanes_log2 else Const(0, 1)
-        start = self.start & ~running
 
         # ---- header pipeline: mask and slot, then the grad_dispatch row address ---------------
         header = self.header.payload
-        header_ctl = m.submodules.header_ctl = PipelineControl(2)
+        header_ctl = m.submodules.header_ctl = PipelineControl(SlotAddress.latency)
         header_open = running & (headers_left != 0)
         m.d.comb += [
             header_ctl.i_valid.eq(self.header.valid & header_open),
             self.header.ready.eq(header_ctl.en & header_open),
         ]
         en_h = header_ctl.en
-        in_range = ((header.index >= 0) & (header.index < num_experts) &
-                    (header.location >= 0) & (header.location < capacity))
-        slot = Signal(max(1, ceil_log2(p.max_experts * p.max_capacity)))
-        index_bits = max(1, bits_for(p.max_experts - 1))
-        location_bits = max(1, bits_for(p.max_capacity - 1))
-        with m.If(en_h):
-            m.d.sync += slot.eq(header.index.as_unsigned()[:index_bits] * capacity +
-                                header.location.as_unsigned()[:location_bits])
-        h_grad_base = Signal(p.grad_addr_width)
-        with m.If(en_h):
-            m.d.sync += h_grad_base.eq(slot * hidden)
-        h_valid = delay(m, in_range, 2, en_h, name="h_in_range")
+        slot_address = m.submodules.slot_address = SlotAddress(
+            index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
+            max_hidden=p.max_hidden, addr_width=p.grad_addr_width)
+        h_grad_base, h_valid = slot_address.follow(m, ctl, en=en_h, index=header.index,
+                                                   location=header.location)
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += headers_left.eq(headers_left - 1)
 
@@ -415,7 +394,7 @@ class DispatchBackwardGateUnit(wiring.Component):
         m_result = delay(m, head.result, p.mul_latency, en_m, name="m_result")
         products = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(self.input_data.payload.data[lane]),
                          mul.b.eq(self.grad_data.payload.data[lane]), mul.en.eq(en_m)]
@@ -462,31 +441,19 @@ class DispatchBackwardGateUnit(wiring.Component):
         ]
         wiring.connect(m, wiring.flipped(self.grad_gate), out_skid.o)
 
-        # ---- control -----------------------------------------------------------------------------
-        finished = (running & ~issuing & (outstanding == 0) & ~mul_ctl.busy & ~tree_ctl.busy &
-                    ~out_skid.o.valid)
-        m.d.comb += self.busy.eq(running)
-        with m.If(start):
+        # ---- control ----------------------------------------------------------------------------
+        m.d.comb += ctl.finished.eq(running & ~issuing & (outstanding == 0) & ~mul_ctl.busy &
+                                    ~tree_ctl.busy & ~out_skid.o.valid)
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), hidden.eq(self.hidden), capacity.eq(self.capacity),
-                num_experts.eq(self.num_experts),
                 beats.eq(Mux(self.hidden == 0, 1, (self.hidden + (p.lanes - 1)) >> lanes_log2)),
-                last_enable.eq(Mux(self.hidden == 0, 0,
-                                   Mux(remainder == 0, all_lanes,
-                                       (Const(1, p.lanes + 1) << remainder) - 1))),
+                last_enable.eq(Mux(self.hidden == 0, 0, last_enable_of(self.hidden, p.lanes))),
                 pairs.eq(self.tokens * self.top_k),
                 headers_left.eq(self.tokens * self.top_k),
                 pairs_left.eq(self.tokens * self.top_k),
                 member.eq(0), beat.eq(0), beat_offset.eq(0), token.eq(0), input_base.eq(0),
-                flushing.eq(0),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+                flushing.eq(0), self.dropped.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(empty):
-                m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += [running.eq(1), issuing.eq(1)]
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
+        with m.If(ctl.begin):
+            m.d.sync += issuing.eq(1)
         return m

@@ -22,8 +22,9 @@ Streams and ports (payload fields are listed least significant first):
     the same pipeline; the two streams are independent (a stall on one does not reorder the
     other).
 ``start``, ``pairs``, ``num_experts``, ``capacity`` (in)
-    Run-time problem size, sampled when ``start`` is high while idle. ``pairs`` is the number
-    of (k, i) pairs (k*S).
+    Run-time problem size, sampled when ``start`` is high while idle (the shared
+    :class:`~moe_hw.blocks.run_control.RunControl`). ``pairs`` is the number of (k, i) pairs
+    (k*S).
 ``busy``, ``done``, ``dropped``, ``error`` (out)
     ``done`` rises when the last beat of both output streams has left and stays high until
     the next start. ``dropped`` counts the routed pairs whose location is >= ``capacity``
@@ -33,12 +34,12 @@ Streams and ports (payload fields are listed least significant first):
 
 A run with no pairs and no experts finishes at once (``done`` one cycle after start). Every
 other run, stall-free, takes exactly ``pairs + num_experts + OVERHEAD`` cycles from the start
-cycle to the cycle ``done`` is first seen (:meth:`LocationsUnit.stall_free_cycles`):
+cycle to the cycle ``done`` is first seen (:meth:`LocationsParams.stall_free_cycles`):
 one pair (and then one read-out) enters the counter bank every cycle, and a stall anywhere
 costs only the cycles it lasts.
 
 Pipeline: the pair's index is range-checked and, in the same cycle, addresses the
-:class:`~moe_hw.units.counter_bank.CounterBank` (an increment for a routed pair, a plain read
+:class:`~moe_hw.blocks.counter_bank.CounterBank` (an increment for a routed pair, a plain read
 for a read-out); one cycle later the counter's value becomes the location (or the count); a
 skid buffer on each output stream cuts the ready paths.
 """
@@ -50,29 +51,48 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from ..params import ParameterError, check_int, resolve_params
-from ..stream import PipelineControl, SkidBuffer
 from ..blocks.counter_bank import CounterBank
+from ..blocks.run_control import RunControl, run_ports
+from ..params import UnitParams, param, resolve_params
+from ..stream import PipelineControl, SkidBuffer
 
 __all__ = ["LocationsParams", "LocationsUnit"]
 
 
 @dataclass(frozen=True)
-class LocationsParams:
+class LocationsParams(UnitParams):
     """Generation-time parameters of :class:`LocationsUnit`."""
 
-    max_pairs: int = 4096       # k*S
-    max_experts: int = 64
-    max_capacity: int = 4096
-    index_width: int = 32
+    max_pairs: int = param(4096, minimum=1, maximum=1 << 30, doc="(k, i) pairs per run (k*S)")
+    max_experts: int = param(64, minimum=1, maximum=1 << 30)
+    max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
+    index_width: int = param(32, minimum=2, maximum=64)
 
-    def __post_init__(self):
-        for name in ("max_pairs", "max_experts", "max_capacity"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        if self.max_experts > 1 << (self.index_width - 1):
-            raise ParameterError(f"Index width must hold max_experts ({self.max_experts}) as a "
-                                 f"signed value, not {self.index_width}")
+    OVERHEAD = 4
+    """Stall-free cycles beyond one per pair and one per expert: the start cycle, the counter
+    bank stage, the output skid buffer and the done register."""
+
+    def check(self):
+        self.check_signed_fits("index_width", "max_experts")
+
+    @property
+    def overhead(self):
+        return self.OVERHEAD
+
+    def stall_free_cycles(self, pairs, num_experts):
+        """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
+        (exact): ``pairs + num_experts + OVERHEAD``, or 1 for an empty run (no pairs, no
+        experts) and for a run whose sizes exceed the maxima."""
+        if pairs + num_experts == 0 or pairs > self.max_pairs or \
+                num_experts > self.max_experts:
+            return 1
+        return pairs + num_experts + self.OVERHEAD
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        return {"pairs": self.max_pairs, "num_experts": self.max_experts,
+                "capacity": self.max_capacity}
 
     @property
     def count_width(self):
@@ -98,9 +118,7 @@ class LocationsUnit(wiring.Component):
     """Per-expert counters that give every (k, i) pair its location, then the per-expert
     totals. See the module docstring for the protocol."""
 
-    OVERHEAD = 4
-    """Stall-free cycles beyond one per pair and one per expert: the start cycle, the counter
-    bank stage, the output skid buffer and the done register."""
+    OVERHEAD = LocationsParams.OVERHEAD
 
     def __init__(self, params=None, **kwargs):
         params = resolve_params(LocationsParams, params, kwargs)
@@ -109,41 +127,35 @@ class LocationsUnit(wiring.Component):
             "index": In(stream.Signature(p.index_layout())),
             "location": Out(stream.Signature(p.location_layout())),
             "counts": Out(stream.Signature(p.count_layout())),
-            "start": In(1),
-            "pairs": In(range(p.max_pairs + 1)),
-            "num_experts": In(range(p.max_experts + 1)),
-            "capacity": In(range(p.max_capacity + 1)),
-            "busy": Out(1),
-            "done": Out(1),
+            **run_ports(p.sizes),
             "dropped": Out(range(p.max_pairs + 1)),
-            "error": Out(1),
         })
 
     @property
     def overhead(self):
-        return self.OVERHEAD
+        return self.params.overhead
 
-    @classmethod
-    def stall_free_cycles(cls, pairs, num_experts):
-        """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact): ``pairs + num_experts + OVERHEAD``, or 1 for an empty run."""
-        if pairs + num_experts == 0:
-            return 1
-        return pairs + num_experts + cls.OVERHEAD
+    def stall_free_cycles(self, pairs, num_experts):
+        """:meth:`LocationsParams.stall_free_cycles`."""
+        return self.params.stall_free_cycles(pairs, num_experts)
 
     def elaborate(self, platform):
         m = Module()
         p = self.params
 
-        running = Signal()
-        num_experts = Signal.like(self.num_experts)
-        capacity = Signal.like(self.capacity)
+        # ---- run control: start, held sizes, done / error ---------------------------------
+        ctl = m.submodules.control = RunControl(p.sizes)
+        ctl.connect(m, self)
+        m.d.comb += ctl.empty_also.eq((self.pairs == 0) & (self.num_experts == 0))
+        running = ctl.running
+        num_experts = ctl.size("num_experts")
+        capacity = ctl.size("capacity")
         pairs_left = Signal.like(self.pairs)
         readouts_left = Signal.like(self.num_experts)
         readout_index = Signal(range(p.max_experts))
 
         m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width)
-        m.submodules.ctl = ctl = PipelineControl(bank.latency)
+        m.submodules.ctl = pipe = PipelineControl(bank.latency)
         m.submodules.location_skid = location_skid = SkidBuffer(p.location_layout())
         m.submodules.count_skid = count_skid = SkidBuffer(p.count_layout())
 
@@ -153,15 +165,15 @@ class LocationsUnit(wiring.Component):
         issue_pair = running & (pairs_left != 0)
         issue_readout = running & (pairs_left == 0) & (readouts_left != 0)
         m.d.comb += [
-            ctl.i_valid.eq(Mux(issue_pair, self.index.valid, issue_readout)),
-            self.index.ready.eq(issue_pair & ctl.en),
-            bank.en.eq(ctl.en),
-            bank.valid.eq(ctl.i_valid),
+            pipe.i_valid.eq(Mux(issue_pair, self.index.valid, issue_readout)),
+            self.index.ready.eq(issue_pair & pipe.en),
+            bank.en.eq(pipe.en),
+            bank.valid.eq(pipe.i_valid),
             # An out-of-range index may alias a counter here; it only reads it.
             bank.index.eq(Mux(issue_pair, index.as_unsigned(), readout_index)),
             bank.increment.eq(issue_pair & in_range),
         ]
-        take = ctl.i_valid & ctl.en
+        take = pipe.i_valid & pipe.en
         with m.If(take):
             with m.If(issue_pair):
                 m.d.sync += pairs_left.eq(pairs_left - 1)
@@ -172,14 +184,14 @@ class LocationsUnit(wiring.Component):
         # ---- the counter's value: a location or a count --------------------------------------
         stage_readout = Signal()
         stage_in_range = Signal()
-        with m.If(ctl.en):
+        with m.If(pipe.en):
             m.d.sync += [stage_readout.eq(~issue_pair), stage_in_range.eq(in_range)]
         location = Mux(stage_in_range, bank.value, -1)
         m.d.comb += [
-            ctl.o_ready.eq(Mux(stage_readout, count_skid.i.ready, location_skid.i.ready)),
-            location_skid.i.valid.eq(ctl.o_valid & ~stage_readout),
+            pipe.o_ready.eq(Mux(stage_readout, count_skid.i.ready, location_skid.i.ready)),
+            location_skid.i.valid.eq(pipe.o_valid & ~stage_readout),
             location_skid.i.payload.location.eq(location),
-            count_skid.i.valid.eq(ctl.o_valid & stage_readout),
+            count_skid.i.valid.eq(pipe.o_valid & stage_readout),
             count_skid.i.payload.count.eq(bank.value),
         ]
         wiring.connect(m, location_skid.o, wiring.flipped(self.location))
@@ -189,26 +201,12 @@ class LocationsUnit(wiring.Component):
             m.d.sync += self.dropped.eq(self.dropped + 1)
 
         # ---- control ----------------------------------------------------------------------------
-        too_big = ((self.pairs > p.max_pairs) | (self.num_experts > p.max_experts) |
-                   (self.capacity > p.max_capacity))
-        start = self.start & ~running
-        finished = (running & (pairs_left == 0) & (readouts_left == 0) & ~ctl.busy &
-                    ~location_skid.o.valid & ~count_skid.o.valid)
-        m.d.comb += [self.busy.eq(running), bank.clear.eq(start)]
-        with m.If(start):
-            m.d.sync += [
-                num_experts.eq(self.num_experts), capacity.eq(self.capacity),
-                pairs_left.eq(self.pairs), readouts_left.eq(self.num_experts),
-                readout_index.eq(0),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
-            ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1),
-                             pairs_left.eq(0), readouts_left.eq(0)]
-            with m.Elif((self.pairs == 0) & (self.num_experts == 0)):
-                m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += running.eq(1)
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
+        m.d.comb += [
+            ctl.finished.eq(running & (pairs_left == 0) & (readouts_left == 0) & ~pipe.busy &
+                            ~location_skid.o.valid & ~count_skid.o.valid),
+            bank.clear.eq(ctl.accept),
+        ]
+        with m.If(ctl.accept):
+            m.d.sync += [pairs_left.eq(self.pairs), readouts_left.eq(self.num_experts),
+                         readout_index.eq(0), self.dropped.eq(0)]
         return m

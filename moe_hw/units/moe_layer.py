@@ -9,7 +9,7 @@ expert rows weighted by the gates, tokens out in token order::
     output[i, :] = sum over k of gate[k][i] * buffer[index*C + location, :]   # CombineGather
 
 It composes the existing units as submodules (:class:`~moe_hw.units.locations.LocationsUnit`,
-:class:`~moe_hw.units.dispatch.DispatchUnit`, :class:`~moe_hw.units.row_reader.RowReader` with
+:class:`~moe_hw.units.dispatch.DispatchUnit`, :class:`~moe_hw.blocks.row_reader.RowReader` with
 the float multiplier and adder for the experts, :class:`~moe_hw.units.combine_gather.
 CombineGatherUnit`) around an internal pair memory, and shares one external expert buffer
 [E*C, H] (one read port, one write port) between its phases.
@@ -39,14 +39,15 @@ Streams and ports (payload fields are listed least significant first):
     disabled lanes carry don't-care values) and ``last`` (a token's last beat).
 ``read_request`` (out), ``read_response`` (in), ``write`` (out)
     The expert buffer [E*C, H] (element address ``(e*C + slot)*H + j``): a read port as
-    :class:`~moe_hw.units.row_reader.RowReader` (``addr``, ``enable`` / ``data``; responses in
+    :class:`~moe_hw.blocks.row_reader.RowReader` (``addr``, ``enable`` / ``data``; responses in
     request order, any latency) and a write port as the dispatch unit's (``addr``, ``data``,
     ``enable``). The memory must order a read after every write taken before it (the bench
     models one array behind both ports); the phases never have a read and a write of the same
     address in flight together. The layer never touches a slot that no valid pair fills.
-``start``, ``tokens``, ``hidden``, ``k``, ``num_experts``, ``capacity``, ``affine`` (in)
+``start``, ``tokens``, ``hidden``, ``top_k``, ``num_experts``, ``capacity``, ``affine`` (in)
     Run-time problem size (S, H, k, E, C) and whether the experts are affine (1) or the
-    identity (0), sampled when ``start`` is high while idle.
+    identity (0), sampled when ``start`` is high while idle (the shared
+    :class:`~moe_hw.blocks.run_control.RunControl`; S = 0 is its empty run).
 ``busy``, ``done``, ``dropped``, ``error``, ``phase`` (out)
     ``done`` rises when the last output beat has left and stays high until the next start.
     ``dropped`` counts the pairs that fail the capacity mask (``golden.moe_layer``'s
@@ -61,7 +62,7 @@ Phases (``phase``):
 
 1. *route and dispatch* (overlapped): the pairs enter the location generator one per cycle;
    each pair's location joins its gate and index (a 4-entry FIFO covers the generator's
-   latency) in the pair memory (``max_tokens`` words of ``max_k`` entries, word i entry k =
+   latency) in the pair memory (``max_tokens`` words of ``max_top_k`` entries, word i entry k =
    pair (k, i)); then the E per-expert totals come out and every expert with
    ``min(count, C) > 0`` filled slots goes on the expert work list (empty experts never
    appear there, so they cost nothing). The dispatch unit reads its headers from the pair
@@ -78,8 +79,9 @@ Phases (``phase``):
 
 Exact stall-free cycle count (start cycle to the first cycle ``done`` is high, with a memory
 that answers a request taken at the end of cycle u from cycle u + L;
-:meth:`MoELayer.stall_free_cycles`), with P = k*S pairs, B = ceil(H / lanes) beats per row and
-R = ``sum over e of min(count[e], C)`` filled rows::
+:meth:`MoELayerParams.cycles`, phase by phase :meth:`MoELayerParams.phase_cycles`), with
+P = k*S pairs, B = ceil(H / lanes) beats per row and R = ``sum over e of min(count[e], C)``
+filled rows::
 
     route_dispatch = max(ROUTE_LATENCY + P*B + dispatch.overhead,       (when H, C, E > 0)
                          locations.stall_free_cycles(P, E)) + PHASE_EXIT
@@ -90,15 +92,17 @@ R = ``sum over e of min(count[e], C)`` filled rows::
     total          = route_dispatch + experts + combine          (1 when S = 0)
 
 with ROUTE_LATENCY = 4, EXPERT_OVERHEAD = 4, COMBINE_HEADER_LATENCY = 1, PHASE_EXIT = 1, and
-``dispatch.overhead`` (:class:`~moe_hw.units.dispatch.DispatchUnit`), ``locations.
-stall_free_cycles`` (P + E + 4) and ``combine.cycles`` (the combine-gather unit's K*S*B plus
-its windows' and pipeline's overhead) the sub-units' own documented counts. Route and dispatch
-overlap completely: the dispatch unit starts with the first location and is never starved,
-even at one beat per pair. The ideal, one beat per cycle on the busiest port in every phase, is
-``P*B + R*B + K*S*B`` (K = max(k, 1)); the rest is fixed pipeline fill per phase. A phase
-is counted from the cycle ``phase`` first shows it (the start cycle for phase 1) to the cycle
-it first shows the next phase (or ``done`` is high); the sub-units are started in the last
-cycle of the phase before theirs. A pause on any stream costs at most the cycles it lasts.
+``dispatch.overhead`` (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.
+stall_free_cycles`` (P + E + 4, :meth:`~moe_hw.units.locations.LocationsParams.
+stall_free_cycles`) and ``combine.cycles`` (the combine-gather unit's K*S*B plus its windows'
+and pipeline's overhead, :meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the
+sub-units' own documented counts. Route and dispatch overlap completely: the dispatch unit
+starts with the first location and is never starved, even at one beat per pair. The ideal, one
+beat per cycle on the busiest port in every phase, is ``P*B + R*B + K*S*B`` (K = max(k, 1));
+the rest is fixed pipeline fill per phase. A phase is counted from the cycle ``phase`` first
+shows it (the start cycle for phase 1) to the cycle it first shows the next phase (or ``done``
+is high); the sub-units are started in the last cycle of the phase before theirs. A pause on
+any stream costs at most the cycles it lasts.
 """
 
 from dataclasses import dataclass
@@ -111,14 +115,14 @@ from amaranth.utils import ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..formats import float_format
-from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
+from ..blocks.run_control import RunControl, run_ports
+from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
-from ..arith.params import FloatDatapathParams
 from .locations import LocationsParams, LocationsUnit
-from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 
 __all__ = ["MoELayerParams", "MoELayer", "PHASES"]
 
@@ -127,50 +131,51 @@ PHASES = {"idle": 0, "route_dispatch": 1, "experts": 2, "combine": 3}
 
 
 @dataclass(frozen=True)
-class MoELayerParams(FloatDatapathParams):
-    """Generation-time parameters of :class:`MoELayer`."""
+class MoELayerParams(FloatDatapathParams, UnitParams):
+    """Generation-time parameters of :class:`MoELayer`, and its exact stall-free timing."""
 
-    format: str = "fp32"
-    lanes: int = 4
-    max_tokens: int = 1024       # S
-    max_hidden: int = 1024       # H
-    max_experts: int = 16        # E
-    max_capacity: int = 1024     # C
-    max_k: int = 2               # top-k
-    index_width: int = 32        # the pair stream's index field
-    mul_stages: int | None = None   # None: the multiplier's default depth for the format
-    add_stages: int | None = None   # None: the adder's default depth for the format
-    outstanding: int = 16        # read beats in flight; full rate needs memory latency < this
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_tokens: int = param(1024, minimum=1, maximum=1 << 30, doc="S")
+    max_hidden: int = param(1024, minimum=1, maximum=1 << 30, doc="H")
+    max_experts: int = param(16, minimum=1, maximum=1 << 30, doc="E")
+    max_capacity: int = param(1024, minimum=1, maximum=1 << 30, doc="C")
+    max_top_k: int = param(2, minimum=1, maximum=16, doc="k")
+    index_width: int = param(32, minimum=2, maximum=64, doc="the pair stream's index field")
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
+                                   doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
+                                   doc="None: the adder's default depth for the format")
+    max_outstanding: int = param(16, minimum=4, maximum=4096,
+                                 doc="read beats in flight; full rate needs memory latency "
+                                     "< this")
 
-    def __post_init__(self):
-        float_format(self.format)
-        check_choice("lanes", self.lanes, LANES)
-        for name in ("max_tokens", "max_hidden", "max_capacity", "max_experts"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("max_k", self.max_k, minimum=1, maximum=16)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        if self.max_tokens * self.max_k > 1 << 30:
-            raise ParameterError(f"max_tokens * max_k must be at most {1 << 30}, not "
-                                 f"{self.max_tokens * self.max_k}")
-        limit = 1 << (self.index_width - 1)
-        for name in ("max_capacity", "max_experts"):
-            if getattr(self, name) > limit:
-                raise ParameterError(
-                    f"Index width must hold {name} ({getattr(self, name)}) as a signed value, "
-                    f"not {self.index_width}")
+    #: Stall-free cycles by which the dispatch unit's first header comes later than it would
+    #: from a header stream valid at once: the pair's trip through the location generator
+    #: (counter bank, output register), its write into the pair memory, the pair-memory read.
+    ROUTE_LATENCY = 4
+    #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
+    #: command register, the row reader's issue and output registers, the write skid buffer.
+    EXPERT_OVERHEAD = 4
+    #: The pair-memory read in front of the combine unit's header stream.
+    COMBINE_HEADER_LATENCY = 1
+    #: The cycle from a phase's last event (its units done) to the next phase (or ``done``).
+    PHASE_EXIT = 1
+
+    def check(self):
+        if self.max_tokens * self.max_top_k > 1 << 30:
+            raise ParameterError(f"max_tokens * max_top_k must be at most {1 << 30}, not "
+                                 f"{self.max_tokens * self.max_top_k}")
+        self.check_signed_fits("index_width", "max_capacity", "max_experts")
         location_width = self.locations.location_width
         if location_width > self.index_width:
-            raise ParameterError(f"Index width must hold a location of max_tokens * max_k "
+            raise ParameterError(f"index_width must hold a location of max_tokens * max_top_k "
                                  f"pairs ({location_width} bits), not {self.index_width}")
-        if self.mul_stages is not None:
-            check_int("mul_stages", self.mul_stages, minimum=0, maximum=8)
-        if self.add_stages is not None:
-            check_int("add_stages", self.add_stages, minimum=1, maximum=8)
-        check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
 
     @property
     def max_pairs(self):
-        return self.max_tokens * self.max_k
+        return self.max_tokens * self.max_top_k
 
     @property
     def max_beats(self):
@@ -189,19 +194,54 @@ class MoELayerParams(FloatDatapathParams):
 
     @property
     def dispatch(self):
-        return DispatchParams(format=self.format, lanes=self.lanes, max_tokens=self.max_pairs,
+        return DispatchParams(format=self.format, lanes=self.lanes, max_pairs=self.max_pairs,
                               max_hidden=self.max_hidden, max_capacity=self.max_capacity,
                               max_experts=self.max_experts, index_width=self.index_width,
-                              mul_stages=self.mul_stages)
+                              mul_stages=self.mul_stages, dsp=self.dsp)
 
     @property
     def combine(self):
         return CombineGatherParams(format=self.format, lanes=self.lanes,
                                    max_tokens=self.max_tokens, max_hidden=self.max_hidden,
                                    max_capacity=self.max_capacity,
-                                   max_experts=self.max_experts, max_k=self.max_k,
+                                   max_experts=self.max_experts, max_top_k=self.max_top_k,
                                    index_width=self.index_width, mul_stages=self.mul_stages,
-                                   add_stages=self.add_stages, outstanding=self.outstanding)
+                                   dsp=self.dsp, add_stages=self.add_stages,
+                                   max_outstanding=self.max_outstanding)
+
+    # ---- exact stall-free timing ---------------------------------------------------------
+    def phase_cycles(self, *, tokens, hidden, top_k, num_experts, capacity, rows, affine,
+                     reads=True, memory_latency=1):
+        """Exact stall-free cycles of each phase (a dict ``route_dispatch``, ``experts``,
+        ``combine``; their sum is the run's, see :meth:`cycles`). A phase lasts from the
+        cycle the previous one ended (the start cycle for the first) to the cycle the next
+        one (or ``done``) is first seen.
+
+        ``rows``: the filled rows ``sum over e of min(count[e], C)``; ``reads``: whether any
+        pair is valid (a combine that reads nothing never waits for the memory)."""
+        if tokens == 0:
+            return {"route_dispatch": 1, "experts": 0, "combine": 0}
+        pairs = top_k * tokens
+        beats = -(-hidden // self.lanes)
+        route = self.locations.stall_free_cycles(pairs, num_experts)
+        if pairs and hidden and capacity and num_experts:
+            route = max(route, self.ROUTE_LATENCY + pairs * beats + self.dispatch.overhead)
+        experts = 0
+        if affine and hidden and rows:
+            experts = (rows * beats + memory_latency + self.mul_latency + self.add_latency +
+                       self.EXPERT_OVERHEAD + self.PHASE_EXIT)
+        combine = self.combine.cycles(tokens, hidden, top_k, memory_latency, reads=reads)
+        if hidden:           # (with H = 0 the combine unit takes no header)
+            combine += self.COMBINE_HEADER_LATENCY
+        return {"route_dispatch": route + self.PHASE_EXIT, "experts": experts,
+                "combine": combine}
+
+    def cycles(self, **problem):
+        """Exact stall-free cycles of a run, start cycle to the first cycle ``done`` is high:
+        the sum of :meth:`phase_cycles` (arguments as there; 1 when S = 0)."""
+        if problem["tokens"] == 0:
+            return 1
+        return sum(self.phase_cycles(**problem).values())
 
     # ---- payload layouts -----------------------------------------------------------------
     def pair_layout(self):
@@ -229,29 +269,9 @@ class MoELayer(wiring.Component):
     """One MoE layer (route, dispatch, affine experts, combine) over an external expert
     buffer. See the module docstring for the protocol, the phases and the cycle count."""
 
-    #: Stall-free cycles by which the dispatch unit's first header comes later than it would
-    #: from a header stream valid at once: the pair's trip through the location generator
-    #: (counter bank, output register), its write into the pair memory, the pair-memory read.
-    ROUTE_LATENCY = 4
-    #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
-    #: command register, the row reader's issue and output registers, the write skid buffer.
-    EXPERT_OVERHEAD = 4
-    #: The pair-memory read in front of the combine unit's header stream.
-    COMBINE_HEADER_LATENCY = 1
-    #: The cycle from a phase's last event (its units done) to the next phase (or ``done``).
-    PHASE_EXIT = 1
-
     def __init__(self, params=None, **kwargs):
         params = resolve_params(MoELayerParams, params, kwargs)
         self.params = p = params
-        # The sub-units, built here so that their cycle formulas serve :meth:`phase_cycles`.
-        # They are used exactly when the layer is; Amaranth's unused-object check is the
-        # layer's own (a layer that is never elaborated is reported, not its parts).
-        self._locations = LocationsUnit(p.locations)
-        self._dispatch = DispatchUnit(p.dispatch)
-        self._combine = CombineGatherUnit(p.combine)
-        for unit in (self._locations, self._dispatch, self._combine):
-            unit._MustUse__silence = True
         super().__init__({
             "pair": In(stream.Signature(p.pair_layout())),
             "data": In(stream.Signature(p.data_layout())),
@@ -260,54 +280,18 @@ class MoELayer(wiring.Component):
             "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
             "read_response": In(stream.Signature(response_layout(p.lanes, p.fmt.width))),
             "write": Out(stream.Signature(p.write_layout())),
-            "start": In(1),
-            "tokens": In(range(p.max_tokens + 1)),
-            "hidden": In(range(p.max_hidden + 1)),
-            "k": In(range(p.max_k + 1)),
-            "num_experts": In(range(p.max_experts + 1)),
-            "capacity": In(range(p.max_capacity + 1)),
+            **run_ports(self.sizes),
             "affine": In(1),
-            "busy": Out(1),
-            "done": Out(1),
             "dropped": Out(range(p.max_pairs + 1)),
-            "error": Out(1),
             "phase": Out(2),
         })
 
-    # ---- cycle counts ----------------------------------------------------------------------
-    def phase_cycles(self, *, tokens, hidden, k, num_experts, capacity, rows, affine,
-                     reads=True, memory_latency=1):
-        """Exact stall-free cycles of each phase (a dict ``route_dispatch``, ``experts``,
-        ``combine``; their sum is the run's, see :meth:`stall_free_cycles`). A phase lasts
-        from the cycle the previous one ended (the start cycle for the first) to the cycle
-        the next one (or ``done``) is first seen.
-
-        ``rows``: the filled rows ``sum over e of min(count[e], C)``; ``reads``: whether any
-        pair is valid (a combine that reads nothing never waits for the memory)."""
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
         p = self.params
-        if tokens == 0:
-            return {"route_dispatch": 1, "experts": 0, "combine": 0}
-        pairs = k * tokens
-        beats = -(-hidden // p.lanes)
-        route = self._locations.stall_free_cycles(pairs, num_experts)
-        if pairs and hidden and capacity and num_experts:
-            route = max(route, self.ROUTE_LATENCY + pairs * beats + self._dispatch.overhead)
-        experts = 0
-        if affine and hidden and rows:
-            experts = (rows * beats + memory_latency + p.mul_latency + p.add_latency +
-                       self.EXPERT_OVERHEAD + self.PHASE_EXIT)
-        combine = self._combine.cycles(tokens, hidden, k, memory_latency, reads=reads)
-        if hidden:           # (with H = 0 the combine unit takes no header)
-            combine += self.COMBINE_HEADER_LATENCY
-        return {"route_dispatch": route + self.PHASE_EXIT, "experts": experts,
-                "combine": combine}
-
-    def stall_free_cycles(self, **problem):
-        """Exact stall-free cycles of a run, start cycle to the first cycle ``done`` is high
-        (the sum of :meth:`phase_cycles`; arguments as there; 1 when S = 0)."""
-        if problem["tokens"] == 0:
-            return 1
-        return sum(self.phase_cycles(**problem).values())
+        return {"tokens": p.max_tokens, "hidden": p.max_hidden, "top_k": p.max_top_k,
+                "num_experts": p.max_experts, "capacity": p.max_capacity}
 
     # ---- hardware ----------------------------------------------------------------------------
     def elaborate(self, platform):
@@ -318,30 +302,32 @@ class MoELayer(wiring.Component):
         entry_layout = p.entry_layout()
         one = Const((fmt.bias << fmt.mant_bits), fmt.width)   # postscore: dispatch gate 1.0
 
-        m.submodules.locations = loc = self._locations
-        m.submodules.dispatch = disp = self._dispatch
-        m.submodules.combine = comb = self._combine
+        m.submodules.locations = loc = LocationsUnit(p.locations)
+        m.submodules.dispatch = disp = DispatchUnit(p.dispatch)
+        m.submodules.combine = comb = CombineGatherUnit(p.combine)
 
-        # ---- run-time sizes, held for the whole run ------------------------------------
-        tokens = Signal.like(self.tokens)
-        hidden = Signal.like(self.hidden)
-        k = Signal.like(self.k)
-        num_experts = Signal.like(self.num_experts)
-        capacity = Signal.like(self.capacity)
+        # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",))
+        ctl.connect(m, self)
+        running = ctl.running
+        tokens = ctl.size("tokens")
+        hidden = ctl.size("hidden")
+        top_k = ctl.size("top_k")
+        num_experts = ctl.size("num_experts")
+        capacity = ctl.size("capacity")
         affine = Signal()
         pairs = Signal(range(p.max_pairs + 1))
         beats = Signal(range(p.max_beats + 1))
         expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
-        running = Signal()
         phase = Signal(2)
         in_route = phase == PHASES["route_dispatch"]
         in_experts = phase == PHASES["experts"]
         in_combine = phase == PHASES["combine"]
-        m.d.comb += [self.phase.eq(phase), self.busy.eq(running)]
+        m.d.comb += self.phase.eq(phase)
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = memory.Memory(
-            shape=data.ArrayLayout(entry_layout, p.max_k), depth=p.max_tokens, init=[])
+            shape=data.ArrayLayout(entry_layout, p.max_top_k), depth=p.max_tokens, init=[])
         pair_w = pair_mem.write_port(granularity=1)
         pair_r = pair_mem.read_port()
 
@@ -357,16 +343,16 @@ class MoELayer(wiring.Component):
         ]
         joined = data.View(p.pair_layout(), join.r_data)
         w_token = Signal.like(self.tokens)       # where the next location goes
-        w_choice = Signal(range(p.max_k))
+        w_choice = Signal(range(p.max_top_k))
         written = Signal.like(pairs)             # pairs in the pair memory
         location = loc.location.payload.location
         m.d.comb += [
             loc.location.ready.eq(1),
             join.r_en.eq(loc.location.valid),
             pair_w.addr.eq(w_token),
-            pair_w.en.eq(Mux(loc.location.valid, Const(1, p.max_k) << w_choice, 0)),
+            pair_w.en.eq(Mux(loc.location.valid, Const(1, p.max_top_k) << w_choice, 0)),
         ]
-        for choice in range(p.max_k):
+        for choice in range(p.max_top_k):
             m.d.comb += [pair_w.data[choice].gate.eq(joined.gate),
                          pair_w.data[choice].index.eq(joined.index),
                          pair_w.data[choice].location.eq(location)]
@@ -425,7 +411,7 @@ class MoELayer(wiring.Component):
         # ---- dispatch: headers from the pair memory as soon as they are written -------------
         d_ctl = m.submodules.dispatch_header = PipelineControl(1)
         d_token = Signal.like(self.tokens)
-        d_choice = Signal(range(p.max_k))
+        d_choice = Signal(range(p.max_top_k))
         d_pairs = Signal.like(pairs)             # headers read so far
         m.d.comb += d_ctl.i_valid.eq(in_route & disp.busy & (d_pairs != written))
         with m.If(d_ctl.i_valid & d_ctl.en):
@@ -434,7 +420,7 @@ class MoELayer(wiring.Component):
                 m.d.sync += [d_token.eq(0), d_choice.eq(d_choice + 1)]
             with m.Else():
                 m.d.sync += d_token.eq(d_token + 1)
-        d_entry = (pair_r.data[0] if p.max_k == 1 else
+        d_entry = (pair_r.data[0] if p.max_top_k == 1 else
                    pair_r.data[delay(m, d_choice, 1, d_ctl.en, name="d_choice_r")])
         m.d.comb += [
             disp.header.valid.eq(d_ctl.o_valid),
@@ -455,7 +441,7 @@ class MoELayer(wiring.Component):
             comb.header.valid.eq(c_ctl.o_valid),
             c_ctl.o_ready.eq(comb.header.ready),
         ]
-        for choice in range(p.max_k):
+        for choice in range(p.max_top_k):
             word = pair_r.data[choice]
             m.d.comb += [comb.header.payload.gate[choice].eq(word.gate),
                          comb.header.payload.index[choice].eq(word.index),
@@ -473,7 +459,7 @@ class MoELayer(wiring.Component):
                                         "base": p.addr_width})
         reader = m.submodules.expert_reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
-            tag_layout=tag_layout, outstanding=p.outstanding)
+            tag_layout=tag_layout, outstanding=p.max_outstanding)
         x_loaded = Signal()
         x_addr = Signal(p.addr_width)
         x_rows = Signal(range(p.max_capacity + 1))
@@ -515,7 +501,7 @@ class MoELayer(wiring.Component):
         bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x, name="x_bias_m")
         results = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             add = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"expert_mul{lane}"] = mul
             m.submodules[f"expert_add{lane}"] = add
@@ -560,25 +546,23 @@ class MoELayer(wiring.Component):
         ]
 
         # ---- control ----------------------------------------------------------------------------
-        too_big = ((self.tokens > p.max_tokens) | (self.hidden > p.max_hidden) |
-                   (self.k > p.max_k) | (self.num_experts > p.max_experts) |
-                   (self.capacity > p.max_capacity))
-        start = self.start & ~running & ~too_big & (self.tokens != 0)
+        # The sub-units start with the layer (ctl.begin: not too big, S > 0); the combine unit
+        # reads the layer's held sizes when the route (or expert) phase ends.
         start_pairs = Signal.like(pairs)
-        m.d.comb += start_pairs.eq(self.tokens * self.k)
+        m.d.comb += start_pairs.eq(self.tokens * self.top_k)
         m.d.comb += [
-            loc.start.eq(start),
+            loc.start.eq(ctl.begin),
             loc.pairs.eq(start_pairs),
             loc.num_experts.eq(self.num_experts),
             loc.capacity.eq(self.capacity),
-            disp.start.eq(start),
-            disp.tokens.eq(start_pairs),
+            disp.start.eq(ctl.begin),
+            disp.pairs.eq(start_pairs),
             disp.hidden.eq(self.hidden),
             disp.capacity.eq(self.capacity),
             disp.num_experts.eq(self.num_experts),
             comb.tokens.eq(tokens),
             comb.hidden.eq(hidden),
-            comb.k.eq(k),
+            comb.top_k.eq(top_k),
             comb.capacity.eq(capacity),
             comb.num_experts.eq(num_experts),
         ]
@@ -587,31 +571,25 @@ class MoELayer(wiring.Component):
         experts_done = (in_experts & (work_out == work_in) & ~x_loaded & ~reader.busy &
                         ~x_ctl.busy & ~x_skid.o.valid)
         to_combine = (route_done & ~run_experts) | experts_done
-        m.d.comb += comb.start.eq(to_combine)
+        finished = in_combine & comb.done
+        m.d.comb += [comb.start.eq(to_combine), ctl.finished.eq(finished)]
         with m.If(route_done & run_experts):
             m.d.sync += phase.eq(PHASES["experts"])
         with m.If(to_combine):
             m.d.sync += phase.eq(PHASES["combine"])
-        with m.If(in_combine & comb.done):
-            m.d.sync += [phase.eq(PHASES["idle"]), running.eq(0), self.done.eq(1)]
+        with m.If(finished):
+            m.d.sync += phase.eq(PHASES["idle"])
 
-        with m.If(self.start & ~running):
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), hidden.eq(self.hidden), k.eq(self.k),
-                num_experts.eq(self.num_experts), capacity.eq(self.capacity),
                 affine.eq(self.affine), pairs.eq(start_pairs),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 expert_span.eq(self.capacity * self.hidden),
                 w_token.eq(0), w_choice.eq(0), written.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
                 params_in.eq(0), d_token.eq(0), d_choice.eq(0), d_pairs.eq(0), c_token.eq(0),
-                x_loaded.eq(0), x_offset.eq(0),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+                x_loaded.eq(0), x_offset.eq(0), self.dropped.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(self.tokens == 0):
-                m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += [running.eq(1), phase.eq(PHASES["route_dispatch"])]
+        with m.If(ctl.begin):
+            m.d.sync += phase.eq(PHASES["route_dispatch"])
         return m

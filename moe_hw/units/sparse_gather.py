@@ -3,7 +3,7 @@
 For every slot s in order, ``expert_input[s, :] = input[batch_index[s], :]``: the rows of the
 token-major ``input`` [S, H] gathered into expert-major slot order (``part_sizes`` then splits
 the result per expert; an expert with no slots simply has no rows). Elements are moved, never
-changed, so any element width works.
+changed: the ``format`` only sets the element width (32 bits for fp32, 16 for fp16 and bf16).
 
 Streams and ports (payload fields are listed least significant first):
 
@@ -12,7 +12,7 @@ Streams and ports (payload fields are listed least significant first):
     ``index_width`` bits; any bit pattern is safe).
 ``read_request`` (out), ``read_response`` (in)
     A memory read port into ``input`` (element addresses, row ``r`` at ``r*H``), as
-    :class:`~moe_hw.units.row_reader.RowReader`: requests ``{addr, enable}``, in-order
+    :class:`~moe_hw.blocks.row_reader.RowReader`: requests ``{addr, enable}``, in-order
     responses ``{data}`` with any latency.
 ``data`` (out)
     ``ceil(H / lanes)`` beats per slot, in slot order: ``data`` (``lanes`` elements, lane 0
@@ -20,24 +20,24 @@ Streams and ports (payload fields are listed least significant first):
     ``lanes``; the disabled lanes carry whatever the memory returned for them, zeros for a
     skipped row) and ``last`` (a row's last beat).
 ``start``, ``slots``, ``tokens``, ``hidden`` (in)
-    Run-time problem size, sampled when ``start`` is high while idle: ``slots`` (the number of
-    headers, n), ``tokens`` (S, the rows of ``input``), ``hidden`` (H).
-``busy``, ``done``, ``dropped``, ``error`` (out)
+    Run-time problem size, sampled when ``start`` is high while idle (the shared
+    :class:`~moe_hw.blocks.run_control.RunControl`): ``slots`` (the number of headers, n),
+    ``tokens`` (S, the rows of ``input``), ``hidden`` (H).
+``busy``, ``done``, ``error``, ``dropped`` (out)
     ``done`` rises when the last beat has left and stays high until the next start.
     ``dropped`` counts the slots whose ``batch_index`` is outside ``[0, tokens)``: such a slot
     reads nothing and its row comes out as all-zero bits (the row count and order of the
-    output never change), and ``error`` is set. ``error`` is also set, and nothing done, when a
-    run-time size exceeds its generation-time maximum.
+    output never change), and ``error`` is set. ``error`` is also set, and nothing done, when
+    a run-time size exceeds its generation-time maximum.
 
 Zero-element problems (``slots`` or ``hidden`` zero) finish at once: ``done`` one cycle after
 start, nothing read, nothing out.
 
 Throughput: one beat per cycle when nothing stalls (one-beat rows included); a stall anywhere
 costs only the cycles it lasts. Stall-free, with a memory that answers a request taken at the
-end of cycle u from cycle u + L, a run takes exactly ``slots * ceil(H / lanes) +
-overhead(L)`` cycles from the start cycle to the cycle ``done`` is first seen (see
-:meth:`SparseGatherUnit.overhead`; L counts as 1 when no slot is in range, as nothing waits
-for the memory then).
+end of cycle u from cycle u + L, a run takes exactly :meth:`SparseGatherParams.cycles` =
+``slots * ceil(H / lanes) + overhead(L)`` cycles from the start cycle to the cycle ``done`` is
+first seen (L counts as 1 when no slot is in range, as nothing waits for the memory then).
 
 Pipeline: the header stage checks the range and forms the row address ``index*H`` (one
 multiplier); the row reader issues the row's reads and realigns the responses.
@@ -50,38 +50,52 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..params import LANES, ParameterError, check_choice, check_int, resolve_params
-from ..stream import PipelineControl
+from ..arith.params import FORMAT_NAMES
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
+from ..blocks.run_control import RunControl, run_ports
+from ..formats import float_format
+from ..params import LANES, UnitParams, param, resolve_params
+from ..stream import PipelineControl
 
-__all__ = ["SparseGatherParams", "SparseGatherUnit", "ELEMENT_WIDTHS"]
+__all__ = ["SparseGatherParams", "SparseGatherUnit", "WIDTH_FORMATS"]
 
-#: Element widths the unit moves (int8 / fp16 / bf16 / fp32 / 64-bit data).
-ELEMENT_WIDTHS = (8, 16, 32, 64)
+#: The old ``width`` parameter (bits per element) -> the ``format`` that replaces it.
+WIDTH_FORMATS = {32: "fp32", 16: "fp16"}
 
 
 @dataclass(frozen=True)
-class SparseGatherParams:
-    """Generation-time parameters of :class:`SparseGatherUnit`."""
+class SparseGatherParams(UnitParams):
+    """Generation-time parameters of :class:`SparseGatherUnit`.
 
-    width: int = 32             # bits per element
-    lanes: int = 4
-    max_slots: int = 4096       # n, the headers of one run
-    max_tokens: int = 4096      # S, the rows of input
-    max_hidden: int = 4096
-    index_width: int = 32
-    outstanding: int = 16       # beats in flight; full rate needs memory latency <= this - 1
+    The old ``width`` (bits per element) is accepted for ``format``: 32 means fp32, 16 fp16
+    (the element width is all the unit uses of the format)."""
+
+    ALIASES = {"width": "format"}
+
+    format: str = param("fp32", choices=FORMAT_NAMES, doc="sets the element width")
+    lanes: int = param(4, choices=LANES)
+    max_slots: int = param(4096, minimum=1, maximum=1 << 30, doc="n, the headers of one run")
+    max_tokens: int = param(4096, minimum=1, maximum=1 << 30, doc="S, the rows of input")
+    max_hidden: int = param(4096, minimum=1, maximum=1 << 30)
+    index_width: int = param(32, minimum=2, maximum=64)
+    max_outstanding: int = param(16, minimum=4, maximum=4096,
+                                 doc="beats in flight; full rate needs memory latency <= this - 1")
+
+    #: Cycles of the header stage (range check, row address).
+    HEADER_LATENCY = 1
 
     def __post_init__(self):
-        check_choice("width", self.width, ELEMENT_WIDTHS)
-        check_choice("lanes", self.lanes, LANES)
-        for name in ("max_slots", "max_tokens", "max_hidden"):
-            check_int(name, getattr(self, name), minimum=1, maximum=1 << 30)
-        check_int("index_width", self.index_width, minimum=2, maximum=64)
-        if self.max_tokens > 1 << (self.index_width - 1):
-            raise ParameterError(f"Index width must hold max_tokens ({self.max_tokens}) as a "
-                                 f"signed value, not {self.index_width}")
-        check_int("outstanding", self.outstanding, minimum=4, maximum=4096)
+        # The alias ``width`` arrives here as ``format`` with its old value: convert it.
+        if not isinstance(self.format, str) and self.format in WIDTH_FORMATS:
+            object.__setattr__(self, "format", WIDTH_FORMATS[self.format])
+        super().__post_init__()
+
+    def check(self):
+        self.check_signed_fits("index_width", "max_tokens")
+
+    @property
+    def fmt(self):
+        return float_format(self.format)
 
     @property
     def max_beats(self):
@@ -90,38 +104,6 @@ class SparseGatherParams:
     @property
     def addr_width(self):
         return max(1, ceil_log2(self.max_tokens * self.max_hidden))
-
-    def header_layout(self):
-        return data.StructLayout({"index": signed(self.index_width)})
-
-    def data_layout(self):
-        return data.StructLayout({"data": data.ArrayLayout(self.width, self.lanes),
-                                  "enable": self.lanes, "last": 1})
-
-
-class SparseGatherUnit(wiring.Component):
-    """Row gather by ``batch_index`` on a memory read port, one beat per cycle. See the module
-    docstring for the protocol."""
-
-    HEADER_LATENCY = 1
-
-    def __init__(self, params=None, **kwargs):
-        params = resolve_params(SparseGatherParams, params, kwargs)
-        self.params = p = params
-        super().__init__({
-            "header": In(stream.Signature(p.header_layout())),
-            "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
-            "read_response": In(stream.Signature(response_layout(p.lanes, p.width))),
-            "data": Out(stream.Signature(p.data_layout())),
-            "start": In(1),
-            "slots": In(range(p.max_slots + 1)),
-            "tokens": In(range(p.max_tokens + 1)),
-            "hidden": In(range(p.max_hidden + 1)),
-            "busy": Out(1),
-            "done": Out(1),
-            "dropped": Out(range(p.max_slots + 1)),
-            "error": Out(1),
-        })
 
     def overhead(self, memory_latency=1):
         """Stall-free cycles beyond one per output beat, for a memory that answers a request
@@ -135,23 +117,55 @@ class SparseGatherUnit(wiring.Component):
         the memory, so it costs what it would with a one-cycle memory."""
         if slots == 0 or hidden == 0:
             return 1
-        return (slots * -(-hidden // self.params.lanes) +
-                self.overhead(memory_latency if reads else 1))
+        return slots * -(-hidden // self.lanes) + self.overhead(memory_latency if reads else 1)
+
+    def header_layout(self):
+        return data.StructLayout({"index": signed(self.index_width)})
+
+    def data_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.fmt.width, self.lanes),
+                                  "enable": self.lanes, "last": 1})
+
+
+class SparseGatherUnit(wiring.Component):
+    """Row gather by ``batch_index`` on a memory read port, one beat per cycle. See the module
+    docstring for the protocol."""
+
+    def __init__(self, params=None, **kwargs):
+        params = resolve_params(SparseGatherParams, params, kwargs)
+        self.params = p = params
+        super().__init__({
+            "header": In(stream.Signature(p.header_layout())),
+            "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
+            "read_response": In(stream.Signature(response_layout(p.lanes, p.fmt.width))),
+            "data": Out(stream.Signature(p.data_layout())),
+            **run_ports(self.sizes),
+            "dropped": Out(range(p.max_slots + 1)),
+        })
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"slots": p.max_slots, "tokens": p.max_tokens, "hidden": p.max_hidden}
 
     def elaborate(self, platform):
         m = Module()
         p = self.params
         lanes_log2 = ceil_log2(p.lanes)
 
-        tokens = Signal.like(self.tokens)
-        hidden = Signal.like(self.hidden)
+        # ---- run control: start, held sizes, done / error ---------------------------------
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("slots", "hidden"))
+        ctl.connect(m, self)
+        running = ctl.running
+        tokens = ctl.size("tokens")
+        hidden = ctl.size("hidden")
         beats = Signal(range(p.max_beats + 1))
-        running = Signal()
         headers_left = Signal.like(self.slots)
 
         reader = m.submodules.reader = RowReader(
-            lanes=p.lanes, width=p.width, addr_width=p.addr_width, max_count=p.max_beats,
-            outstanding=p.outstanding)
+            lanes=p.lanes, width=p.fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
+            outstanding=p.max_outstanding)
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         m.d.comb += [
@@ -163,58 +177,45 @@ class SparseGatherUnit(wiring.Component):
         ]
 
         # ---- header stage: range check and row address ---------------------------------
-        ctl = m.submodules.header_ctl = PipelineControl(self.HEADER_LATENCY)
+        hdr = m.submodules.header_ctl = PipelineControl(p.HEADER_LATENCY)
         header_open = running & (headers_left != 0)
         m.d.comb += [
-            ctl.i_valid.eq(self.header.valid & header_open),
-            self.header.ready.eq(ctl.en & header_open),
+            hdr.i_valid.eq(self.header.valid & header_open),
+            self.header.ready.eq(hdr.en & header_open),
         ]
         index = self.header.payload.index
         in_range = (index >= 0) & (index < tokens)
         row_bits = max(1, bits_for(p.max_tokens - 1))
         base = Signal(p.addr_width)
         skip = Signal()
-        with m.If(ctl.en):
+        with m.If(hdr.en):
             m.d.sync += [base.eq(index.as_unsigned()[:row_bits] * hidden), skip.eq(~in_range)]
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += headers_left.eq(headers_left - 1)
 
         cmd = reader.command
         m.d.comb += [
-            cmd.valid.eq(ctl.o_valid),
-            ctl.o_ready.eq(cmd.ready),
+            cmd.valid.eq(hdr.o_valid),
+            hdr.o_ready.eq(cmd.ready),
             cmd.payload.addr.eq(base),
             cmd.payload.count.eq(beats),
             cmd.payload.tail.eq(1),
             cmd.payload.skip.eq(skip),
         ]
-        with m.If(cmd.valid & cmd.ready & skip):
-            m.d.sync += [self.dropped.eq(self.dropped + 1), self.error.eq(1)]
+        dropping = cmd.valid & cmd.ready & skip   # a batch_index outside [0, S): an error
+        m.d.comb += ctl.fault.eq(dropping)
+        with m.If(dropping):
+            m.d.sync += self.dropped.eq(self.dropped + 1)
 
-        # ---- control ---------------------------------------------------------------------
-        too_big = ((self.slots > p.max_slots) | (self.tokens > p.max_tokens) |
-                   (self.hidden > p.max_hidden))
-        empty = (self.slots == 0) | (self.hidden == 0)
+        # ---- control -----------------------------------------------------------------------
         last_en = Signal(p.lanes)
         m.d.comb += reader.last_enable.eq(last_en)
-        start = self.start & ~running
-        finished = running & (headers_left == 0) & ~ctl.busy & ~reader.busy
-        m.d.comb += self.busy.eq(running)
-        with m.If(start):
+        m.d.comb += ctl.finished.eq(running & (headers_left == 0) & ~hdr.busy & ~reader.busy)
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), hidden.eq(self.hidden),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.slots),
-                self.done.eq(0), self.error.eq(0), self.dropped.eq(0),
+                self.dropped.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(empty):
-                m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += running.eq(1)
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
         return m
-

@@ -11,9 +11,9 @@ Three passes:
 
 1. **count** (the gate matrix streamed in once): every routed gate increments its expert's
    counter. Lane ``l`` of a beat owns experts ``l, l + lanes, ...``, so each lane has its own
-   :class:`~moe_hw.units.counter_bank.CounterBank` and a whole beat is counted per cycle.
+   :class:`~moe_hw.blocks.counter_bank.CounterBank` and a whole beat is counted per cycle.
 2. **offsets** (one expert per cycle): each counter is read out into the
-   :class:`~moe_hw.units.prefix_sum.PrefixSum`, whose output is both the ``part_sizes`` beat
+   :class:`~moe_hw.blocks.prefix_sum.PrefixSum`, whose output is both the ``part_sizes`` beat
    and the expert's offset, written to an offset memory (depth ``max_experts``).
 3. **place** (the gate matrix streamed in a second time): the counters are cleared and count
    again; a beat's routed gates leave one per cycle, lowest lane first, each as a write of
@@ -37,7 +37,8 @@ Streams and ports (payload fields are listed least significant first):
     ascending): ``addr`` (the slot), ``token`` (``batch_index[addr]``) and ``gate``
     (``nonzero_gates[addr]``, the gate's bits unchanged).
 ``start``, ``tokens``, ``num_experts`` (in)
-    Run-time S and E, sampled when ``start`` is high while idle.
+    Run-time S and E, sampled when ``start`` is high while idle (the shared
+    :class:`~moe_hw.blocks.run_control.RunControl`).
 ``busy``, ``done``, ``error``, ``nonzeros`` (out)
     ``done`` rises when the last beat of both output streams has left and stays high until the
     next start. ``nonzeros`` is the number of routed gates (final once ``part_sizes`` has
@@ -52,7 +53,7 @@ Streams and ports (payload fields are listed least significant first):
     not have; the unit keeps no copy to compare the two in full).
 
 A run with E = 0 finishes at once (``done`` one cycle after start). Otherwise, stall-free, a
-run takes exactly (:meth:`SparseIndexUnit.stall_free_cycles`)::
+run takes exactly (:meth:`SparseIndexParams.stall_free_cycles`)::
 
     S*B + E + place_cycles + PASSES_OVERHEAD      (S >= 1)
     E + OFFSETS_OVERHEAD                          (S == 0)
@@ -75,11 +76,13 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..formats import float_format
-from ..params import LANES, check_choice, check_int, resolve_params
-from ..stream import PipelineControl, SkidBuffer
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.counter_bank import CounterBank
 from ..blocks.prefix_sum import PrefixSum
+from ..blocks.run_control import RunControl, run_ports
+from ..formats import float_format
+from ..params import LANES, UnitParams, param, resolve_params
+from ..stream import PipelineControl, SkidBuffer
 
 __all__ = ["SparseIndexParams", "SparseIndexUnit", "gate_class", "place_cycles"]
 
@@ -87,23 +90,39 @@ COUNT, OFFSETS, PLACE = 0, 1, 2       # the passes
 
 
 @dataclass(frozen=True)
-class SparseIndexParams:
+class SparseIndexParams(FloatDatapathParams, UnitParams):
     """Generation-time parameters of :class:`SparseIndexUnit`."""
 
-    format: str = "fp32"
-    lanes: int = 4          # gates per beat
-    max_tokens: int = 4096
-    max_experts: int = 64
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES, doc="gates per beat")
+    max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
+    max_experts: int = param(64, minimum=1, maximum=1 << 16)
 
-    def __post_init__(self):
-        float_format(self.format)
-        check_choice("lanes", self.lanes, LANES)
-        check_int("max_tokens", self.max_tokens, minimum=1, maximum=1 << 24)
-        check_int("max_experts", self.max_experts, minimum=1, maximum=1 << 16)
+    PASSES_OVERHEAD = 8
+    """Stall-free cycles beyond the passes' own for S >= 1: the start cycle; between pass 2 and
+    pass 3, the counter bank stage, the prefix sum's register and the offset memory's write
+    (pass 3 starts once every offset is written); pass 3's beat register; and after the last
+    routed gate, the counter bank stage, the write skid buffer and the done register."""
+    OFFSETS_OVERHEAD = 5
+    """The same for S == 0 (no rows, so no pass 1 or 3): the start cycle, the counter bank
+    stage, the prefix sum's register, the part_sizes skid buffer and the done register."""
+
+    def stall_free_cycles(self, tokens, num_experts, place_cycles):
+        """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
+        (exact; 1 when E = 0 or a size exceeds its maximum). ``place_cycles`` is pass 3's:
+        the sum over the beats of ``max(1, routed gates in the beat)`` (see
+        :func:`place_cycles`)."""
+        if num_experts == 0 or tokens > self.max_tokens or num_experts > self.max_experts:
+            return 1
+        if tokens == 0:
+            return num_experts + self.OFFSETS_OVERHEAD
+        return (tokens * -(-num_experts // self.lanes) + num_experts + place_cycles +
+                self.PASSES_OVERHEAD)
 
     @property
-    def fmt(self):
-        return float_format(self.format)
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        return {"tokens": self.max_tokens, "num_experts": self.max_experts}
 
     @property
     def max_beats_per_row(self):
@@ -147,15 +166,6 @@ class SparseIndexUnit(wiring.Component):
     """Counting sort of the gate matrix's nonzeros by expert: ``part_sizes``, offsets and the
     slot of every nonzero. See the module docstring for the protocol and the cycle count."""
 
-    PASSES_OVERHEAD = 8
-    """Stall-free cycles beyond the passes' own for S >= 1: the start cycle; between pass 2 and
-    pass 3, the counter bank stage, the prefix sum's register and the offset memory's write
-    (pass 3 starts once every offset is written); pass 3's beat register; and after the last
-    routed gate, the counter bank stage, the write skid buffer and the done register."""
-    OFFSETS_OVERHEAD = 5
-    """The same for S == 0 (no rows, so no pass 1 or 3): the start cycle, the counter bank
-    stage, the prefix sum's register, the part_sizes skid buffer and the done register."""
-
     def __init__(self, params=None, **kwargs):
         params = resolve_params(SparseIndexParams, params, kwargs)
         self.params = p = params
@@ -163,26 +173,9 @@ class SparseIndexUnit(wiring.Component):
             "rows": In(stream.Signature(p.row_layout())),
             "part_sizes": Out(stream.Signature(p.part_sizes_layout())),
             "write": Out(stream.Signature(p.write_layout())),
-            "start": In(1),
-            "tokens": In(range(p.max_tokens + 1)),
-            "num_experts": In(range(p.max_experts + 1)),
-            "busy": Out(1),
-            "done": Out(1),
-            "error": Out(1),
+            **run_ports(p.sizes),
             "nonzeros": Out(p.slot_width),
         })
-
-    @classmethod
-    def stall_free_cycles(cls, tokens, num_experts, lanes, place_cycles):
-        """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact). ``place_cycles`` is pass 3's: the sum over the beats of ``max(1, routed
-        gates in the beat)`` (see :func:`place_cycles`)."""
-        if num_experts == 0:
-            return 1
-        if tokens == 0:
-            return num_experts + cls.OFFSETS_OVERHEAD
-        return (tokens * -(-num_experts // lanes) + num_experts + place_cycles +
-                cls.PASSES_OVERHEAD)
 
     def elaborate(self, platform):
         m = Module()
@@ -190,10 +183,16 @@ class SparseIndexUnit(wiring.Component):
         fmt = p.fmt
         lanes_log2 = ceil_log2(p.lanes)
 
-        running = Signal()
+        # ---- run control: start, held sizes, done / error ---------------------------------
+        # ``error`` also reports the unit's own faults (a negative gate, or a slot outside
+        # [0, nonzeros)), through the run control's ``fault`` input.
+        ctl = m.submodules.control = RunControl(p.sizes, empty_when_zero=("num_experts",))
+        ctl.connect(m, self)
+        faults = []
+        running = ctl.running
+        tokens = ctl.size("tokens")
+        num_experts = ctl.size("num_experts")
         phase = Signal(range(3))
-        tokens = Signal.like(self.tokens)
-        num_experts = Signal.like(self.num_experts)
         beats_per_row = Signal(range(p.max_beats_per_row + 1))
         rows_left = Signal.like(self.tokens)
         beat = Signal(range(p.max_beats_per_row))      # beat of the current input row
@@ -207,7 +206,7 @@ class SparseIndexUnit(wiring.Component):
             bank = CounterBank(p.max_beats_per_row, p.count_width)
             m.submodules[f"bank{lane}"] = bank
             banks.append(bank)
-        m.submodules.ctl = ctl = PipelineControl(CounterBank.latency)
+        m.submodules.ctl = pipe = PipelineControl(CounterBank.latency)
         m.submodules.prefix = prefix = PrefixSum(p.count_width, p.slot_width)
         m.submodules.offsets = offsets = memory.Memory(shape=p.slot_width,
                                                        depth=p.max_experts, init=[])
@@ -233,8 +232,7 @@ class SparseIndexUnit(wiring.Component):
             m.d.sync += beat.eq(Mux(last_beat, 0, beat + 1))
             with m.If(last_beat):
                 m.d.sync += [rows_left.eq(rows_left - 1), token.eq(token + 1)]
-            with m.If(Cat(*negative).any()):
-                m.d.sync += self.error.eq(1)
+        faults.append(row_take & Cat(*negative).any())
 
         # ---- pass 3's beat register: its routed lanes leave one per cycle -------------------
         cur_loaded = Signal()
@@ -249,7 +247,7 @@ class SparseIndexUnit(wiring.Component):
         lane_sel = Signal(range(p.lanes))
         m.d.comb += lane_sel.eq(cur_lane)
         single = (cur_pending & (cur_pending - 1)) == 0
-        emit = cur_loaded & ctl.en
+        emit = cur_loaded & pipe.en
         cur_free = ~cur_loaded | (emit & single)
         with m.If(emit):
             m.d.sync += cur_pending.eq(cur_pending & (cur_pending - 1))
@@ -264,16 +262,16 @@ class SparseIndexUnit(wiring.Component):
                                           running & (phase == OFFSETS),
                                           running & (phase == PLACE))
         m.d.comb += [
-            ctl.i_valid.eq(Mux(in_count, self.rows.valid,
-                               Mux(in_offsets, reads_left != 0, in_place & cur_loaded))),
-            self.rows.ready.eq((in_count & ctl.en) |
+            pipe.i_valid.eq(Mux(in_count, self.rows.valid,
+                                Mux(in_offsets, reads_left != 0, in_place & cur_loaded))),
+            self.rows.ready.eq((in_count & pipe.en) |
                                (in_place & (rows_left != 0) & cur_free)),
         ]
         place_real = cur_pending.any()
         for lane, bank in enumerate(banks):
             m.d.comb += [
-                bank.en.eq(ctl.en),
-                bank.valid.eq(ctl.i_valid & (~in_place | (lane_sel == lane))),
+                bank.en.eq(pipe.en),
+                bank.valid.eq(pipe.i_valid & (~in_place | (lane_sel == lane))),
                 bank.index.eq(Mux(in_count, beat,
                                   Mux(in_offsets, read_expert >> lanes_log2, cur_beat))),
                 bank.increment.eq(Mux(in_count, routed[lane],
@@ -281,9 +279,9 @@ class SparseIndexUnit(wiring.Component):
             ]
         m.d.comb += [
             offset_read.addr.eq(Cat(lane_sel, cur_beat)),
-            offset_read.en.eq(ctl.en),
+            offset_read.en.eq(pipe.en),
         ]
-        with m.If(in_offsets & ctl.en & (reads_left != 0)):
+        with m.If(in_offsets & pipe.en & (reads_left != 0)):
             m.d.sync += [reads_left.eq(reads_left - 1), read_expert.eq(read_expert + 1)]
 
         stage_phase = Signal.like(phase)
@@ -291,7 +289,7 @@ class SparseIndexUnit(wiring.Component):
         stage_real = Signal()
         stage_token = Signal.like(token)
         stage_gate = Signal(fmt.width)
-        with m.If(ctl.en):
+        with m.If(pipe.en):
             m.d.sync += [
                 stage_phase.eq(phase),
                 stage_lane.eq(Mux(in_offsets, read_expert[:lanes_log2], lane_sel)),
@@ -302,12 +300,12 @@ class SparseIndexUnit(wiring.Component):
         value = Signal(p.count_width)
         m.d.comb += value.eq(Cat(*(bank.value for bank in banks))
                              .word_select(stage_lane, p.count_width))
-        m.d.comb += ctl.o_ready.eq(Mux(stage_phase == OFFSETS, prefix.i.ready,
-                                       Mux(stage_phase == PLACE, write_skid.i.ready, 1)))
+        m.d.comb += pipe.o_ready.eq(Mux(stage_phase == OFFSETS, prefix.i.ready,
+                                        Mux(stage_phase == PLACE, write_skid.i.ready, 1)))
 
         # ---- pass 2: counts -> prefix sum -> part_sizes and the offset memory ----------------
         m.d.comb += [
-            prefix.i.valid.eq(ctl.o_valid & (stage_phase == OFFSETS)),
+            prefix.i.valid.eq(pipe.o_valid & (stage_phase == OFFSETS)),
             prefix.i.payload.value.eq(value),
             part_skid.i.valid.eq(prefix.o.valid),
             prefix.o.ready.eq(part_skid.i.ready),
@@ -327,7 +325,7 @@ class SparseIndexUnit(wiring.Component):
         m.d.comb += slot.eq(offset_read.data + value)
         outside = stage_real & (slot >= prefix.total)
         m.d.comb += [
-            write_skid.i.valid.eq(ctl.o_valid & (stage_phase == PLACE)),
+            write_skid.i.valid.eq(pipe.o_valid & (stage_phase == PLACE)),
             write_skid.i.payload.write.eq(stage_real & ~outside),
             write_skid.i.payload.beat.addr.eq(slot),
             write_skid.i.payload.beat.token.eq(stage_token),
@@ -336,41 +334,28 @@ class SparseIndexUnit(wiring.Component):
             self.write.payload.eq(write_skid.o.payload.beat),
             write_skid.o.ready.eq(self.write.ready | ~write_skid.o.payload.write),
         ]
-        with m.If(write_skid.i.valid & write_skid.i.ready & outside):
-            m.d.sync += self.error.eq(1)
+        faults.append(write_skid.i.valid & write_skid.i.ready & outside)
+        m.d.comb += ctl.fault.eq(Cat(*faults).any())
 
         # ---- control ----------------------------------------------------------------------------
-        too_big = (self.tokens > p.max_tokens) | (self.num_experts > p.max_experts)
-        start = self.start & ~running
         offsets_done = in_offsets & (offsets_written == num_experts)
-        finished = (in_place & (rows_left == 0) & ~cur_loaded & ~ctl.busy &
-                    ~write_skid.o.valid & ~part_skid.o.valid)
         m.d.comb += [
-            self.busy.eq(running),
-            prefix.clear.eq(start),
-            *(bank.clear.eq(start | offsets_done) for bank in banks),
+            ctl.finished.eq(in_place & (rows_left == 0) & ~cur_loaded & ~pipe.busy &
+                            ~write_skid.o.valid & ~part_skid.o.valid),
+            prefix.clear.eq(ctl.accept),
+            *(bank.clear.eq(ctl.accept | offsets_done) for bank in banks),
         ]
         with m.If(in_count & row_take & last_beat & (rows_left == 1)):
             m.d.sync += phase.eq(OFFSETS)
         with m.If(offsets_done):
             m.d.sync += [phase.eq(PLACE), rows_left.eq(tokens), beat.eq(0), token.eq(0)]
-        with m.If(start):
+        with m.If(ctl.accept):
             m.d.sync += [
-                tokens.eq(self.tokens), num_experts.eq(self.num_experts),
                 beats_per_row.eq((self.num_experts + (p.lanes - 1)) >> lanes_log2),
                 rows_left.eq(self.tokens), beat.eq(0), token.eq(0),
                 reads_left.eq(self.num_experts), read_expert.eq(0), offsets_written.eq(0),
                 phase.eq(Mux(self.tokens == 0, OFFSETS, COUNT)),
-                self.done.eq(0), self.error.eq(0),
             ]
-            with m.If(too_big):
-                m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(self.num_experts == 0):
-                m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += running.eq(1)
-        with m.If(finished):
-            m.d.sync += [running.eq(0), self.done.eq(1)]
         return m
 
 

