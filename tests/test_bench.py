@@ -22,7 +22,10 @@ def test_bench_units_prints_a_row_for_every_unit():
     result = subprocess.run([sys.executable, "-m", "moe_hw.bench", "units", *TINY,
                              "--sim", "icarus"], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    rows = [line.split() for line in result.stdout.splitlines()]
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("---"))
+    end = lines.index("", start)
+    rows = [line.split() for line in lines[start + 1:end]]      # the table's rows
     for name in units():
         mine = [row for row in rows if row and row[0] == name]
         assert mine, f"no row for {name}:\n{result.stdout}"

@@ -94,8 +94,8 @@ class Unit:
         """``params`` from ``settings`` (name -> value) on top of ``base``; unknown names are
         an error listing the known ones; old names are accepted with a deprecation warning."""
         names = [f.name for f in dataclasses.fields(self.params)]
-        values = dict(base or {})
-        for name, value in (settings or {}).items():
+        values = {}
+        for name, value in [*(base or {}).items(), *(settings or {}).items()]:
             name = canonical_name(name, self.params)
             if name not in names:
                 raise ParameterError(f"unit {self.name} has no parameter {name!r}; its "

@@ -256,7 +256,6 @@ class CombineGatherUnit(wiring.Component):
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
-        hidden = ctl.size("hidden")
         k_last = Signal(range(p.max_top_k))      # the last pass, max(top_k, 1) - 1
         k_zero = Signal()                        # top_k == 0: one pass, every pair invalid
         beats = Signal(range(p.max_beats + 1))

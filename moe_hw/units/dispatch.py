@@ -153,7 +153,6 @@ class DispatchUnit(wiring.Component):
         ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=self.sizes)
         ctl.connect(m, self)
         running = ctl.running
-        hidden = ctl.size("hidden")
         beats = Signal(range(-(-p.max_hidden // p.lanes) + 1))  # data beats per pair
         last_enable = Signal(p.lanes)                              # lane enables of the last beat
         headers_left = Signal.like(self.pairs)
