@@ -105,10 +105,13 @@ def test_combine_gather_cycle_formula():
     overhead = PARAMS.overhead(MEMORY_LATENCY)
     assert overhead == (1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + PARAMS.mul_latency
                         + PARAMS.add_latency + 1 + 1)
-    # 37 tokens x 8 beats = 296 items: 59 full windows and one of 1 item.
-    assert PARAMS.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 1) + overhead
-    # Whole windows only: exactly the ideal.
-    assert PARAMS.cycles(40, 4, 2, MEMORY_LATENCY) == 2 * 40 + overhead
+    # 37 tokens x 8 beats = 296 items: whole windows and a last, short one, whose second
+    # pass waits for its partial sums: loop - (296 % loop) more cycles.
+    assert 296 % loop
+    assert PARAMS.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 296 % loop) + overhead
+    # Whole windows only (one beat per token): exactly the ideal.
+    whole = 4 * loop
+    assert PARAMS.cycles(whole, 4, 2, MEMORY_LATENCY) == 2 * whole + overhead
     assert PARAMS.cycles(0, 4, 2) == PARAMS.cycles(4, 0, 2) == 1
     # top_k = 0 is one pass of dropped pairs; a run that reads nothing waits for no memory.
     assert PARAMS.cycles(40, 4, 0, MEMORY_LATENCY) == 40 + overhead
