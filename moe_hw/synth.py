@@ -40,8 +40,14 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
     target = find_target(target)
     unit, point = unit_or_point(name)
     settings = dict(settings or {})
-    params = unit.make_params(settings, base=point.params if point else None)
-    shown = {**(point.params if point else {}), **settings}
+    base = dict(point.params if point else {})
+    # The multiplier is built for the device: registered MULT18X18D blocks on ECP5 (the
+    # inferred `*` leaves the DSP registers unused), unless --set dsp=... says otherwise.
+    if target.name.startswith("ecp5") and "dsp" in {f.name for f in
+                                                    dataclasses.fields(unit.params)}:
+        base.setdefault("dsp", "ecp5")
+    params = unit.make_params(settings, base=base)
+    shown = {**base, **settings}
     description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])
     return synthesize(unit.name, lambda: unit.build(params), target, description=description,
                       params=dataclasses.asdict(params), seeds=seeds, freq=freq,

@@ -100,14 +100,18 @@ def test_combine_gather_cases(sim, name, stall):
 def test_combine_gather_cycle_formula():
     """The documented count, worked by hand for the window schedule: K*S*B read beats, plus
     the last window's wait for its partial sums when it is shorter than add_stages + 1."""
-    loop = PARAMS.add_latency + 1                    # 5 for fp32
+    loop = PARAMS.add_latency + 1
     assert PARAMS.window_items == loop
     overhead = PARAMS.overhead(MEMORY_LATENCY)
-    assert overhead == 1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + 4 + 4 + 1 + 1
-    # 37 tokens x 8 beats = 296 items: 59 full windows and one of 1 item.
-    assert PARAMS.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 1) + overhead
-    # Whole windows only: exactly the ideal.
-    assert PARAMS.cycles(40, 4, 2, MEMORY_LATENCY) == 2 * 40 + overhead
+    assert overhead == (1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + PARAMS.mul_latency
+                        + PARAMS.add_latency + 1 + 1)
+    # 37 tokens x 8 beats = 296 items: whole windows and a last, short one, whose second
+    # pass waits for its partial sums: loop - (296 % loop) more cycles.
+    assert 296 % loop
+    assert PARAMS.cycles(37, 29, 2, MEMORY_LATENCY) == 2 * 296 + (loop - 296 % loop) + overhead
+    # Whole windows only (one beat per token): exactly the ideal.
+    whole = 4 * loop
+    assert PARAMS.cycles(whole, 4, 2, MEMORY_LATENCY) == 2 * whole + overhead
     assert PARAMS.cycles(0, 4, 2) == PARAMS.cycles(4, 0, 2) == 1
     # top_k = 0 is one pass of dropped pairs; a run that reads nothing waits for no memory.
     assert PARAMS.cycles(40, 4, 0, MEMORY_LATENCY) == 40 + overhead
@@ -346,7 +350,7 @@ def test_combine_gather_host_errors():
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
     (dict(format="fp64"), "format must be fp32, fp16 or bf16, not 'fp64'"),
     (dict(max_top_k=0), "max_top_k must be an integer between 1 and 16, not 0"),
-    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 16, not 0"),
     (dict(window=0), "window must be an integer between 1 and 256, not 0"),
     (dict(max_outstanding=3), "max_outstanding must be an integer between 4 and 4096, not 3"),
     (dict(index_width=8, max_capacity=4096), "index_width must hold max_capacity"),

@@ -5,6 +5,8 @@ against golden.sparse_combine with a scoreboard over the read and write logs; ad
 orders for the read-modify-write hazard with exact cycle counts; parameter and input errors;
 a reset in the middle of a run (Amaranth simulator)."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -142,20 +144,23 @@ def test_hazard_cost_is_exact():
     a hazard-free order (k = 1: every token once) runs at one beat per cycle; the memory's
     read latency moves only the constant and the hazard window. Closed-form counts."""
     rng = np.random.default_rng(7)
+    # H up to lanes * window: a row as long as the hazard window never waits.
+    params = dataclasses.replace(PARAMS, max_hidden=PARAMS.lanes * PARAMS.hazard_window(7))
     for latency in (LATENCY, 1, 7):
-        window = PARAMS.hazard_window(latency)
-        for hidden in (4, 9, 4 * window):
+        window = params.hazard_window(latency)
+        for hidden in (4, 9, params.lanes * window):
             slots = 6
             inputs = {"batch_index": np.full(slots, 1),
                       "nonzero_gates": rng.uniform(0.1, 1, slots).astype(np.float32),
                       "expert_out": rng.standard_normal((slots, hidden)).astype(np.float32)}
             beats = -(-hidden // PARAMS.lanes)
-            outcome = check(inputs, {"tokens": 3, "memory_latency": latency})
-            assert outcome.cycles == (PARAMS.cycles(slots, hidden, latency) +
+            outcome = check(inputs, {"tokens": 3, "memory_latency": latency}, params=params)
+            assert outcome.cycles == (params.cycles(slots, hidden, latency) +
                                       (slots - 1) * max(0, window - beats)), (hidden, latency)
         gates, expert_out = gate_case("duet_toy")
-        outcome = check({"gates": gates, "expert_out": expert_out}, {"memory_latency": latency})
-        assert outcome.cycles == 21 * 4 + PARAMS.overhead(latency)
+        outcome = check({"gates": gates, "expert_out": expert_out}, {"memory_latency": latency},
+                        params=params)
+        assert outcome.cycles == 21 * 4 + params.overhead(latency)
 
 
 @pytest.mark.parametrize("stall", STALLS)

@@ -118,7 +118,7 @@ def test_cycle_formula_whole_groups_and_latencies():
     for latency in (1, LATENCY, 6):
         for tokens, hidden in ((2 * g, 16), (3 * g, 9), (g, 1)):
             prob = problem(latency * 100 + hidden, tokens=tokens, hidden=hidden, experts=4,
-                           capacity=2 * tokens)
+                           capacity=min(2 * tokens, PARAMS.max_capacity))
             outcome = check(prob, memory_latency=latency)
             assert outcome.cycles == (tokens * -(-hidden // PARAMS.lanes) +
                                       PARAMS.overhead(latency)), (tokens, hidden, latency)
@@ -126,7 +126,8 @@ def test_cycle_formula_whole_groups_and_latencies():
 
 @pytest.mark.parametrize("stall", STALLS)
 def test_backward_gate_fp16_one_lane(stall):
-    """Another format and interleave (fp16: G = 3) and no adder tree (one lane)."""
+    """Another format (its own adder depth, hence interleave G) and no adder tree (one
+    lane)."""
     params = DispatchBackwardGateParams(format="fp16", lanes=1, max_tokens=32, max_top_k=2,
                                         max_hidden=16, max_capacity=16, max_experts=4)
     for tokens, hidden, k in ((11, 5, 2), (7, 1, 1), (10, 16, 2)):
@@ -213,7 +214,7 @@ def test_backward_gate_input_errors():
 
 @pytest.mark.parametrize("settings,message", [
     (dict(lanes=3), "lanes must be 1, 2, 4, 8 or 16, not 3"),
-    (dict(add_stages=0), "add_stages must be an integer between 1 and 8, not 0"),
+    (dict(add_stages=0), "add_stages must be an integer between 1 and 16, not 0"),
     (dict(max_outstanding=12), "max_outstanding must be a power of two, not 12"),
     (dict(max_top_k=0), "max_top_k must be an integer between 1 and"),
     (dict(index_width=8, max_capacity=4096), "index_width must hold max_capacity"),

@@ -3,12 +3,18 @@ emitted Verilog under cocotb (the shared cases are in ``float_block_cases.py``).
 
 import numpy as np
 import pytest
+from amaranth.back import verilog
 
+from moe_hw.arith.ecp5_dsp import MULT18X18D_SIM
 from moe_hw.arith.fmul import DEFAULT_MULTIPLIER_STAGES, FloatMultiplier, FloatMultiplierCore
-from moe_hw.arith.vectors import bits_equal, float_test_vectors, reference_mul
+from moe_hw.arith.vectors import (bits_equal, float_test_vectors, reference_mul,
+                                  simulate_core_verilog)
+from moe_hw.params import ParameterError
 from moe_hw.formats import FORMATS, from_bits, to_bits
 from moe_hw.host.fmul import UNIT
+from moe_hw.host.unit import run
 
+from conftest import STALLS, simulator_params
 from float_block_cases import FORMAT_NAMES, FloatBlockCases
 
 
@@ -63,3 +69,41 @@ class TestFmul(FloatBlockCases):
             (min_normal | 3, half, top_sub_bit | 2),          # tie -> even, rounds up
             ((1 << m) * 2, half, min_normal),                 # 2 min normal * 0.5: normal
         ]
+
+
+@pytest.mark.parametrize("stages", [0, 1, 4, 6, None, 16])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_ecp5_dsp_variant(fmt, stages):
+    # MULT18X18D instances whose registers are pipeline registers, in Icarus with the
+    # behavioural model, at depths where the DSP registers are off, partly and fully on.
+    if simulate_core_verilog.unavailable():
+        pytest.skip(simulate_core_verilog.unavailable())
+    core = FloatMultiplierCore(fmt, stages, dsp="ecp5")
+    assert "MULT18X18D" in verilog.convert(core, name="fmul_core")
+    a, b = float_test_vectors(fmt, 1500, seed=20 + core.latency)
+    got = simulate_core_verilog(FloatMultiplierCore(fmt, stages, dsp="ecp5"), a, b,
+                                output="product", sources=[MULT18X18D_SIM],
+                                enable_probability=0.7, seed=core.latency)
+    want = reference_mul(a, b, fmt)
+    assert len(got) == len(want)
+    assert bits_equal(got, want, FORMATS[fmt]).all(), TestFmul().describe(a, b, got, want, fmt)
+
+
+@pytest.mark.parametrize("cls", [FloatMultiplierCore, FloatMultiplier])
+def test_dsp_choice(cls):
+    with pytest.raises(ParameterError, match=r"^dsp must be generic or ecp5, not 'xilinx'$"):
+        cls("fp32", dsp="xilinx")
+    assert "MULT18X18D" in verilog.convert(cls("bf16", 2, dsp="ecp5"), name="fmul")
+    assert "MULT18X18D" not in verilog.convert(cls("bf16", 2), name="fmul")
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+def test_ecp5_dsp_unit_on_the_simulators(sim, stall):
+    # The fmul unit built with registered MULT18X18D blocks, through the same driver as
+    # every unit: the DSP model is simulated with the emitted Verilog.
+    a, b = float_test_vectors("fp32", 1500, seed=40)
+    inputs = {"a": from_bits(a, "fp32"), "b": from_bits(b, "fp32")}
+    outcome = run(UNIT, inputs, {"dsp": "ecp5"}, sim=sim, stall=stall, seed=41)
+    assert outcome.passed, outcome.problems
+    assert outcome.params.dsp == "ecp5"

@@ -122,7 +122,7 @@ def test_bad_target_is_one_line(capsys):
 
 @pytest.mark.parametrize("setting, message", [
     ("format=fp8", "format must be fp32, fp16 or bf16, not 'fp8'"),
-    ("lanes=4", "unit fmul has no parameter 'lanes'; its parameters are format, mul_stages"),
+    ("lanes=4", "unit fmul has no parameter 'lanes'; its parameters are format, mul_stages, dsp"),
     ("format", "--set takes NAME=VALUE, not 'format'"),
 ])
 def test_bad_set_is_one_line(capsys, setting, message):

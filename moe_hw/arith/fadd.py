@@ -3,18 +3,26 @@
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages,
-                         normalise, round_and_pack, shift_right_sticky, unpack)
+                         leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
+                         shift_bits, shift_left_step, shift_right_sticky_step, unpack)
 
 __all__ = ["FloatAdderCore", "FloatAdder", "DEFAULT_ADDER_STAGES"]
 
-#: Default pipeline depth per format: align + add | normalise | round, and for fp32 one more
-#: register after the operand swap, ahead of the 27-bit alignment shifter and adder.
-DEFAULT_ADDER_STAGES = {"fp32": 4, "fp16": 3, "bf16": 3}
+#: Default pipeline depth per format: every register boundary of :class:`FloatAdderCore`
+#: gets one register, so that no stage has more than a few LUT levels and a carry chain
+#: (250 MHz or more on ECP5-85 speed 8).
+DEFAULT_ADDER_STAGES = {"fp32": 11, "fp16": 11, "bf16": 11}
 
-# Register boundaries in the order they receive a register as ``stages`` grows; registers
-# beyond the fourth all go after the add.
-_BOUNDARY_PRIORITY = ("sum", "normalised", "rounded", "operands")
-_EXTRA_BOUNDARY = "sum"
+# Register boundaries in pipeline order, and the order in which they receive a register as
+# ``stages`` grows: each new register cuts the longest remaining combinational path.
+# Registers beyond the last all go on the output.
+_BOUNDARIES = ("compared", "operands", "align_coarse", "aligned", "sum", "zero_groups",
+               "zeros", "normalise_coarse", "normalised", "round_prepared", "rounded")
+_BOUNDARY_PRIORITY = ("sum", "normalised", "rounded", "operands", "aligned", "zeros",
+                      "round_prepared", "compared", "align_coarse", "normalise_coarse",
+                      "zero_groups")
+_EXTRA_BOUNDARY = "rounded"
+assert sorted(_BOUNDARIES) == sorted(_BOUNDARY_PRIORITY)
 
 
 class FloatAdderCore(FloatCore):
@@ -30,18 +38,26 @@ class FloatAdderCore(FloatCore):
     (``x + -x = +0``, ``+0 + -0 = +0``, ``-0 + -0 = -0``). ``Inf - Inf`` and any NaN operand
     give the canonical quiet NaN. Bit-exact against NumPy / ml_dtypes.
 
-    Datapath: the operands are ordered by magnitude (comparing their bit patterns without the
-    sign), the smaller significand is shifted right by the exponent difference keeping guard,
-    round and sticky bits, the two are added or subtracted, the sum is normalised (leading-zero
-    count, left shift, stopping at the subnormal range) and rounded.
+    Datapath, with a register boundary (named) after each step:
 
-    Register placement, filled in this order as ``stages`` grows:
+    1. ``compared``: unpack; compare the magnitudes (bit patterns without the sign) byte by
+       byte and take both exponent differences;
+    2. ``operands``: combine the byte compares and swap, so that x has the larger magnitude;
+       saturate the alignment distance;
+    3. ``align_coarse``, ``aligned``: shift the smaller significand right by the distance in
+       two steps, keeping guard, round and sticky bits; mark where normalisation must stop
+       (the subnormal range);
+    4. ``sum``: add or subtract (one carry chain);
+    5. ``zero_groups``, ``zeros``: count leading zeros (per group of four bits, then the
+       groups), limited so that the exponent stays at 1 or above;
+    6. ``normalise_coarse``, ``normalised``: the normalising left shift in two steps;
+    7. ``round_prepared``: decide the rounding (round to nearest, ties to even);
+    8. ``rounded``: the increment and packing: a registered output.
 
-    1. after alignment and the add (``sum``);
-    2. after normalisation (``normalised``);
-    3. after rounding and packing: a registered output (``rounded``);
-    4. after unpacking and ordering the operands (``operands``);
-    5. and beyond: more registers after the add (``sum``).
+    Registers are given to the boundaries in the order ``sum``, ``normalised``, ``rounded``,
+    ``operands``, ``aligned``, ``zeros``, ``round_prepared``, ``compared``,
+    ``align_coarse``, ``normalise_coarse``, ``zero_groups`` as ``stages`` grows (default: all
+    eleven); any beyond eleven go on the output.
     """
 
     result_name = "sum"
@@ -51,58 +67,146 @@ class FloatAdderCore(FloatCore):
     def elaborate(self, platform):
         m = Module()
         fmt = self._fmt
-        mant_bits = fmt.mant_bits
+        mant_bits, exp_bits = fmt.mant_bits, fmt.exp_bits
         regs = StageRegisters(m, self.en, allocate_stages(
             self._stages, _BOUNDARY_PRIORITY, _EXTRA_BOUNDARY))
 
-        a = unpack(m, fmt, self.a, name="a")
-        b = unpack(m, fmt, self.b, name="b")
-        # x is the operand of larger magnitude: it gives the result its sign and exponent.
-        swap = b.magnitude > a.magnitude
+        # Raw exponent fields: a subnormal has exponent 0 and its fraction shifted left by
+        # one, so the exponent differences are plain subtractions of the fields. The
+        # normalising shift below stops at exponent 1 all the same.
+        a = unpack(m, fmt, self.a, name="a", raw_exponent=True)
+        b = unpack(m, fmt, self.b, name="b", raw_exponent=True)
         subtract = a.sign ^ b.sign
-        cancel = subtract & (a.magnitude == b.magnitude)     # exactly zero: +0 under RNE
+        # Three bits below the significands (guard, round, sticky) are enough for a correctly
+        # rounded sum; past mant_bits + 4 the smaller operand is all sticky, and so it is
+        # for any shift that does not fit the shift amount's bits: saturate them. Both
+        # distances here, the one that applies chosen after the register.
+        ext_width = mant_bits + 4
+        shift_width = ext_width.bit_length()
+        shifts = {}
+        for key, (x, y) in (("ab", (a, b)), ("ba", (b, a))):
+            distance = Signal(exp_bits, name=f"distance_{key}")
+            shifts[key] = Signal(shift_width, name=f"align_shift_{key}")
+            m.d.comb += [
+                distance.eq(x.exponent - y.exponent),
+                shifts[key].eq(distance[:shift_width]
+                               | distance[shift_width:].any().replicate(shift_width)),
+            ]
+        # x is the operand of larger magnitude: it gives the result its sign and exponent.
+        # The magnitudes (bit patterns without the sign) are compared in bytes here (short
+        # carry chains) and the bytes combined after the register.
+        chunks = range(0, fmt.width - 1, 8)
+        greater = Cat(b.magnitude[i:i + 8] > a.magnitude[i:i + 8] for i in chunks)
+        equal = Cat(b.magnitude[i:i + 8] == a.magnitude[i:i + 8] for i in chunks)
+        cmp = regs.boundary(
+            "compared",
+            greater=greater, equal=equal,
+            subtract=subtract,
+            sign_a=a.sign, sign_b=b.sign,
+            exponent_a=a.exponent, exponent_b=b.exponent,
+            significand_a=a.significand, significand_b=b.significand,
+            shift_ab=shifts["ab"], shift_ba=shifts["ba"],
+            # The class flags are combined after the register (fewer LUT levels here).
+            exp_ones_a=a.exp_ones, frac_zero_a=a.frac_zero,
+            exp_ones_b=b.exp_ones, frac_zero_b=b.frac_zero,
+        )
+        inf_a, inf_b = cmp.exp_ones_a & cmp.frac_zero_a, cmp.exp_ones_b & cmp.frac_zero_b
+        nan = ((cmp.exp_ones_a & ~cmp.frac_zero_a) | (cmp.exp_ones_b & ~cmp.frac_zero_b)
+               | (inf_a & inf_b & cmp.subtract))
+
+        swap = Signal(name="swap")
+        cancel = Signal(name="cancel")                     # exactly zero: +0 under RNE
+        greater_so_far = Const(0)
+        for i in range(len(cmp.greater)):                   # from the low byte up
+            greater_so_far = cmp.greater[i] | (cmp.equal[i] & greater_so_far)
+        m.d.comb += [
+            swap.eq(greater_so_far),
+            cancel.eq(cmp.subtract & cmp.equal.all()),
+        ]
+        shift = Signal(shift_width, name="align_shift")
+        m.d.comb += shift.eq(Mux(swap, cmp.shift_ba, cmp.shift_ab))
+        exponent_x = Mux(swap, cmp.exponent_b, cmp.exponent_a)
         ops = regs.boundary(
             "operands",
-            sign=Mux(cancel, 0, Mux(swap, b.sign, a.sign)),
-            subtract=subtract,
-            exponent_x=Mux(swap, b.exponent, a.exponent),
-            significand_x=Mux(swap, b.significand, a.significand),
-            significand_y=Mux(swap, a.significand, b.significand),
-            distance=Mux(swap, b.exponent - a.exponent, a.exponent - b.exponent)[:fmt.exp_bits],
-            nan=a.nan | b.nan | (a.inf & b.inf & subtract),
-            inf=a.inf | b.inf,
+            sign=Mux(cancel, 0, Mux(swap, cmp.sign_b, cmp.sign_a)),
+            subtract=cmp.subtract,
+            exponent_x=exponent_x,
+            significand_x=Mux(swap, cmp.significand_b, cmp.significand_a),
+            significand_y=Mux(swap, cmp.significand_a, cmp.significand_b),
+            shift=shift, nan=nan, inf=inf_a | inf_b,
         )
 
-        # Three bits below the significands (guard, round, sticky) are enough for a correctly
-        # rounded sum; past mant_bits + 4 the smaller operand is all sticky.
-        ext_width = mant_bits + 4
-        max_shift = ext_width
-        shift = Signal(range(max_shift + 1), name="align_shift")
-        m.d.comb += shift.eq(Mux(ops.distance > max_shift, max_shift, ops.distance))
-        x_ext = Cat(Const(0, 3), ops.significand_x)
-        y_aligned = shift_right_sticky(m, Cat(Const(0, 3), ops.significand_y), shift,
-                                       name="y_aligned")
-        # |x| >= |y|, so the difference is never negative.
-        total = Signal(ext_width + 1, name="total")
-        m.d.comb += total.eq(Mux(ops.subtract, x_ext - y_aligned, x_ext + y_aligned))
-        # total has its binary point after its top bit when the exponent is exponent_x + 1.
-        exponent = Signal(signed(fmt.exp_bits + 2), name="sum_exponent")
-        m.d.comb += exponent.eq(ops.exponent_x + 1)
-        added = regs.boundary(
-            "sum",
-            sign=ops.sign, nan=ops.nan, inf=ops.inf, exponent=exponent, significand=total,
-        )
+        coarse_bits, fine_bits = shift_bits((1 << shift_width) - 1)
+        y, sticky = shift_right_sticky_step(m, Cat(Const(0, 3), ops.significand_y), Const(0),
+                                            ops.shift, coarse_bits, name="align")
+        passing = dict(sign=ops.sign, nan=ops.nan, inf=ops.inf, exponent_x=ops.exponent_x)
+        coarse = regs.boundary("align_coarse", **passing, subtract=ops.subtract,
+                               significand_x=ops.significand_x, shift=ops.shift,
+                               y=y, sticky=sticky)
+        y, sticky = shift_right_sticky_step(m, coarse.y, coarse.sticky, coarse.shift, fine_bits,
+                                            name="align")
+        # Inverted here for a subtraction (see "sum"), to keep the LUT out of the adder stage.
+        y_aligned = Signal(ext_width, name="y_aligned")
+        m.d.comb += y_aligned.eq(Cat(y[0] | sticky, y[1:])
+                                 ^ coarse.subtract.replicate(ext_width))
+        # The sum has sum_width bits and its binary point after the top bit at exponent
+        # exponent_x + 1. Normalising may shift it left by at most exponent_x (down to exponent
+        # 1): a one at bit sum_width - 1 - exponent_x stops the leading-zero count there.
+        sum_width = ext_width + 1
+        stop = Signal(sum_width, name="normalise_stop")
+        m.d.comb += stop.eq(Const(1 << (sum_width - 1), sum_width) >> coarse.exponent_x)
+        passing = dict(sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
+                       exponent_x=coarse.exponent_x)
+        aligned = regs.boundary("aligned", **passing, subtract=coarse.subtract, stop=stop,
+                                significand_x=coarse.significand_x, y=y_aligned)
 
-        norm_exponent, norm_significand = normalise(m, added.exponent, added.significand,
-                                                    name="normalise")
-        norm = regs.boundary(
-            "normalised",
-            sign=added.sign, nan=added.nan, inf=added.inf, exponent=norm_exponent,
-            significand=norm_significand,
-        )
+        # One carry chain for both: x - y is x + ~y + 1, the + 1 entering as a carry from a
+        # bit below. |x| >= |y|, so the difference is never negative and its carry out (bit
+        # ext_width, always set) is dropped.
+        x_ext = Cat(Const(0, 3), aligned.significand_x)
+        sub = aligned.subtract
+        raw = Signal(ext_width + 2, name="sum_raw")
+        m.d.comb += raw.eq(Cat(sub, x_ext) + Cat(sub, aligned.y))
+        total = Signal(sum_width, name="total")
+        m.d.comb += total.eq(Cat(raw[1:ext_width + 1], raw[ext_width + 1] & ~sub))
+        passing = dict(sign=aligned.sign, nan=aligned.nan, inf=aligned.inf,
+                       exponent_x=aligned.exponent_x)
+        added = regs.boundary("sum", **passing, stop=aligned.stop, significand=total)
 
-        packed = round_and_pack(m, fmt, norm.sign, norm.exponent, norm.significand,
-                                nan=norm.nan, inf=norm.inf)
+        zero_any, zero_counts = leading_zeros_groups(m, added.significand | added.stop,
+                                                     name="normalise_zeros")
+        passing = dict(sign=added.sign, nan=added.nan, inf=added.inf,
+                       exponent_x=added.exponent_x)
+        grouped = regs.boundary("zero_groups", **passing, significand=added.significand,
+                                any=zero_any, counts=zero_counts)
+        zeros = leading_zeros_combine(m, grouped.any, grouped.counts, sum_width,
+                                      name="normalise_zeros")
+        passing = dict(sign=grouped.sign, nan=grouped.nan, inf=grouped.inf,
+                       exponent_x=grouped.exponent_x)
+        counted = regs.boundary("zeros", **passing, significand=grouped.significand,
+                                zeros=zeros)
+
+        coarse_bits, fine_bits = shift_bits(sum_width)
+        shifted = shift_left_step(m, counted.significand, counted.zeros, coarse_bits,
+                                  name="normalise")
+        passing = dict(sign=counted.sign, nan=counted.nan, inf=counted.inf,
+                       exponent_x=counted.exponent_x)
+        coarse = regs.boundary("normalise_coarse", **passing, significand=shifted,
+                               zeros=counted.zeros)
+        shifted = shift_left_step(m, coarse.significand, coarse.zeros, fine_bits,
+                                  name="normalise")
+        # At least 1: the count stops at the subnormal range.
+        exponent = Signal(signed(exp_bits + 2), name="normalised_exponent")
+        m.d.comb += exponent.eq(coarse.exponent_x + 1 - coarse.zeros)
+        norm = regs.boundary("normalised", sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
+                             exponent=exponent, significand=shifted)
+
+        prep = round_prepare(m, fmt, norm.exponent, norm.significand, Const(0))
+        prepared = regs.boundary("round_prepared", sign=norm.sign, nan=norm.nan, inf=norm.inf,
+                                 magnitude=prep.magnitude, round_up=prep.round_up,
+                                 overflow=prep.overflow)
+        packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up,
+                            prepared.overflow, nan=prepared.nan, inf=prepared.inf)
         out = regs.boundary("rounded", sum=packed)
         m.d.comb += self.sum.eq(out.sum)
         return m

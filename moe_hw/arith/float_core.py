@@ -21,7 +21,7 @@ Conventions shared by the helpers:
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -33,8 +33,8 @@ from ..stream.pipeline import PipelineControl, delay
 __all__ = [
     "FloatCore", "FloatStreamUnit", "operand_layout", "result_layout",
     "pipeline_depth", "allocate_stages", "StageRegisters",
-    "unpack", "leading_zeros", "normalise", "compress", "shift_right_sticky",
-    "round_and_pack",
+    "unpack", "leading_zeros", "leading_zeros_groups", "leading_zeros_combine",
+    "shift_right_sticky_step", "shift_left_step", "shift_bits", "round_prepare", "round_pack",
 ]
 
 
@@ -106,7 +106,8 @@ class FloatStreamUnit(wiring.Component):
 
     core_class = None
 
-    def __init__(self, format, stages=None):
+    def __init__(self, format, stages=None, **core_options):
+        self._core_options = core_options   # more keyword arguments of the core (``dsp``)
         self._fmt = float_format(format)
         self._stages = (self.core_class.default_stages[self._fmt.name] if stages is None
                         else pipeline_depth(stages, self.core_class.stages_name))
@@ -129,7 +130,8 @@ class FloatStreamUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.core = core = self.core_class(self._fmt, self._stages)
+        m.submodules.core = core = self.core_class(self._fmt, self._stages,
+                                                   **self._core_options)
         m.submodules.control = control = PipelineControl(self._stages)
         result = self.core_class.result_name
         m.d.comb += [
@@ -165,46 +167,69 @@ class StageRegisters:
         self._en = en
         self._counts = dict(counts)
 
+    def count(self, name):
+        """How many registers boundary ``name`` has."""
+        return self._counts[name]
+
     def boundary(self, name, **values):
         """The ``values`` as seen after boundary ``name`` (unchanged if it has no register)."""
-        count = self._counts[name]
+        count = self.count(name)
         return SimpleNamespace(**{
             key: delay(self._m, value, count, self._en, name=f"{name}_{key}")
             for key, value in values.items()
         })
 
 
-def unpack(m, fmt, bits, *, name):
+def unpack(m, fmt, bits, *, name, raw_exponent=False):
     """Split a raw bit pattern into sign, biased exponent, significand and class flags.
 
     Subnormals get exponent 1 and no hidden bit (see the module docstring); zero is a
-    subnormal with significand 0 as far as the arithmetic goes, and is also flagged.
+    subnormal with significand 0 as far as the arithmetic goes, and is also flagged. With
+    ``raw_exponent`` the exponent is the field itself (no mux in front of exponent
+    arithmetic) and a subnormal's significand is its fraction shifted left by one instead:
+    ``value = significand * 2**(exponent - bias - mant_bits)`` holds either way.
+
+    Besides the flags ``zero``, ``subnormal``, ``inf`` and ``nan``, the parts they are made
+    of (``exp_zero``, ``exp_ones``, ``frac_zero``) are returned, so that a pipeline can
+    register those and combine them a stage later.
     """
     frac = bits[:fmt.mant_bits]
     exp_field = bits[fmt.mant_bits:fmt.mant_bits + fmt.exp_bits]
-    exp_zero = exp_field == 0
-    exp_ones = exp_field == fmt.exp_max
 
     out = SimpleNamespace(
         sign=Signal(name=f"{name}_sign"),
         exponent=Signal(fmt.exp_bits, name=f"{name}_exponent"),
         significand=Signal(fmt.mant_bits + 1, name=f"{name}_significand"),
         magnitude=Signal(fmt.width - 1, name=f"{name}_magnitude"),
+        exp_zero=Signal(name=f"{name}_exp_zero"),
+        exp_ones=Signal(name=f"{name}_exp_ones"),
+        frac_zero=Signal(name=f"{name}_frac_zero"),
         zero=Signal(name=f"{name}_zero"),
         subnormal=Signal(name=f"{name}_subnormal"),
         inf=Signal(name=f"{name}_inf"),
         nan=Signal(name=f"{name}_nan"),
     )
     m.d.comb += [
+        out.exp_zero.eq(exp_field == 0),
+        out.exp_ones.eq(exp_field == fmt.exp_max),
+        out.frac_zero.eq(frac == 0),
         out.sign.eq(bits[fmt.width - 1]),
-        out.exponent.eq(Mux(exp_zero, 1, exp_field)),
-        out.significand.eq(Cat(frac, ~exp_zero)),
         out.magnitude.eq(bits[:fmt.width - 1]),
-        out.zero.eq(exp_zero & (frac == 0)),
-        out.subnormal.eq(exp_zero & (frac != 0)),
-        out.inf.eq(exp_ones & (frac == 0)),
-        out.nan.eq(exp_ones & (frac != 0)),
+        out.zero.eq(out.exp_zero & out.frac_zero),
+        out.subnormal.eq(out.exp_zero & ~out.frac_zero),
+        out.inf.eq(out.exp_ones & out.frac_zero),
+        out.nan.eq(out.exp_ones & ~out.frac_zero),
     ]
+    if raw_exponent:
+        m.d.comb += [
+            out.exponent.eq(exp_field),
+            out.significand.eq(Mux(out.exp_zero, frac << 1, Cat(frac, 1))),
+        ]
+    else:
+        m.d.comb += [
+            out.exponent.eq(Mux(out.exp_zero, 1, exp_field)),
+            out.significand.eq(Cat(frac, ~out.exp_zero)),
+        ]
     return out
 
 
@@ -218,106 +243,133 @@ def _leading_zeros_pow2(value):
     return hi_any | lo_any, Cat(Mux(hi_any, hi_count, lo_count), ~hi_any)
 
 
-def leading_zeros(m, value, *, name):
-    """The number of leading zeros of ``value`` (``len(value)`` when it is zero)."""
+_ZERO_GROUP = 4                 # bits per group in the first step of a leading-zero count
+
+
+def leading_zeros_groups(m, value, *, name):
+    """First step of a leading-zero count that can be split by a register: for each group of
+    four bits, whether it has a one (``any``, one bit per group) and its own leading zeros
+    (``counts``, two bits per group). Finish with :func:`leading_zeros_combine`."""
     width = len(value)
-    # Pad below the LSB with a single one, then zeros, to a power of two: the padded word is
-    # never zero and its leading-zero count is exactly the answer, zero input included.
-    padded_width = 1 << ceil_log2(width + 1)
-    padded = Cat(Const(0, padded_width - width - 1), Const(1, 1), value)
+    groups = 1 << ceil_log2(-(-(width + 1) // _ZERO_GROUP))
+    # Pad below the LSB with a single one, then zeros: the padded word is never zero and its
+    # leading-zero count is exactly the answer, zero input included.
+    padded = Cat(Const(0, groups * _ZERO_GROUP - width - 1), Const(1, 1), value)
+    any_ = Signal(groups, name=f"{name}_any")
+    counts = Signal(2 * groups, name=f"{name}_counts")
+    for group in range(groups):
+        chunk = padded[group * _ZERO_GROUP:(group + 1) * _ZERO_GROUP]
+        chunk_any, chunk_count = _leading_zeros_pow2(chunk)
+        m.d.comb += [any_[group].eq(chunk_any), counts[2 * group:2 * group + 2].eq(chunk_count)]
+    return any_, counts
+
+
+def leading_zeros_combine(m, any_, counts, width, *, name):
+    """Second step: the leading zeros of the ``width``-bit value given its groups."""
+    def tree(low, high):
+        if high - low == 1:
+            return any_[low], counts[2 * low:2 * low + 2]
+        middle = (low + high) // 2
+        high_any, high_count = tree(middle, high)
+        low_any, low_count = tree(low, middle)
+        return high_any | low_any, Cat(Mux(high_any, high_count, low_count), ~high_any)
+
     count = Signal(range(width + 1), name=name)
-    m.d.comb += count.eq(_leading_zeros_pow2(padded)[1])
+    m.d.comb += count.eq(tree(0, len(any_))[1])
     return count
 
 
-def normalise(m, exponent, significand, *, name):
-    """Shift ``significand`` left until its top bit is set, but not below exponent 1.
-
-    Returns ``(exponent, significand)`` with the same value. If ``exponent`` would drop below
-    1 the shift stops there and the result is a subnormal (exponent 1, top bit clear); an
-    exponent already below 1 is left for :func:`round_and_pack` to denormalise.
-    """
-    width = len(significand)
-    zeros = leading_zeros(m, significand, name=f"{name}_zeros")
-    room = Signal(range(width + 1), name=f"{name}_room")  # min(exponent - 1, width), >= 0
-    m.d.comb += room.eq(Mux(exponent < 1, 0, Mux(exponent > width, width, exponent - 1)))
-    shift = Signal(range(width + 1), name=f"{name}_shift")
-    m.d.comb += shift.eq(Mux(zeros < room, zeros, room))
-
-    out_exponent = Signal(signed(len(exponent) + 1), name=f"{name}_exponent")
-    out_significand = Signal(width, name=f"{name}_significand")
-    m.d.comb += [
-        out_exponent.eq(exponent - shift),
-        out_significand.eq((significand << shift)[:width]),
-    ]
-    return out_exponent, out_significand
+def leading_zeros(m, value, *, name):
+    """The number of leading zeros of ``value`` (``len(value)`` when it is zero)."""
+    any_, counts = leading_zeros_groups(m, value, name=f"{name}_groups")
+    return leading_zeros_combine(m, any_, counts, len(value), name=name)
 
 
-def compress(m, significand, width, *, name):
-    """Keep the top ``width - 1`` bits of ``significand``; the last bit ORs all the rest."""
-    if len(significand) <= width:
-        return Cat(Const(0, width - len(significand)), significand)
-    drop = len(significand) - (width - 1)
-    out = Signal(width, name=name)
-    m.d.comb += out.eq(Cat(significand[:drop].any(), significand[drop:]))
-    return out
+def shift_right_sticky_step(m, value, sticky, amount, bits, *, name):
+    """One step of a pipelined right shift: ``value >> (amount & mask)`` for the ``bits`` of
+    ``amount`` (indices), with every bit shifted out ORed into ``sticky``.
 
-
-def shift_right_sticky(m, value, amount, *, name):
-    """``value >> amount`` with the shifted-out bits ORed into the result's lowest bit.
-
-    ``amount`` must not exceed ``len(value)``.
+    Returns ``(value, sticky)``, both plain signals so a :class:`StageRegisters` boundary can
+    follow. Applying the steps for every bit of ``amount`` in any order gives the full shift;
+    the sticky bit is kept apart until :func:`round_prepare` folds it in.
     """
     width = len(value)
-    wide = Signal(2 * width, name=f"{name}_wide")
-    m.d.comb += wide.eq(Cat(Const(0, width), value) >> amount)
-    out = Signal(width, name=name)
-    m.d.comb += out.eq(Cat(wide[width] | wide[:width].any(), wide[width + 1:]))
+    for bit in bits:
+        distance = 1 << bit
+        lost = value[:min(distance, width)].any()
+        shifted = Signal(width, name=f"{name}_{bit}")
+        new_sticky = Signal(name=f"{name}_{bit}_sticky")
+        m.d.comb += [
+            shifted.eq(Mux(amount[bit], value >> distance, value)),
+            new_sticky.eq(sticky | (amount[bit] & lost)),
+        ]
+        value, sticky = shifted, new_sticky
+    return value, sticky
+
+
+def shift_left_step(m, value, amount, bits, *, name):
+    """One step of a pipelined left shift: ``value << (amount & mask)`` for the ``bits`` of
+    ``amount`` (indices), keeping the width of ``value``."""
+    width = len(value)
+    for bit in bits:
+        shifted = Signal(width, name=f"{name}_{bit}")
+        m.d.comb += shifted.eq(Mux(amount[bit], (value << (1 << bit))[:width], value))
+        value = shifted
+    return value
+
+
+def shift_bits(max_shift, coarse=2):
+    """The bits of a shift amount up to ``max_shift`` split into a coarse step (the top
+    ``coarse`` bits, but at most all but one) and a fine step (the rest)."""
+    bits = list(range(max(1, int(max_shift).bit_length())))[::-1]
+    fine = max(len(bits) - coarse, 1)
+    return bits[:len(bits) - fine], bits[len(bits) - fine:]
+
+
+def round_prepare(m, fmt, exponent, significand, sticky, *, name="round"):
+    """The first half of rounding to nearest, ties to even: which way to round, and the
+    unrounded exponent field and fraction side by side.
+
+    ``significand`` (at least ``mant_bits + 2`` bits, binary point after its top bit) must be
+    normalised (top bit set) unless it is a subnormal already on the format's grid, i.e.
+    ``exponent`` is 1 (or below, with the significand already shifted right into place);
+    ``sticky`` is the OR of anything shifted out below it. Returns ``magnitude`` (exponent
+    field and fraction, before the increment), ``round_up`` and ``overflow`` (a normal result
+    at or past ``exp_max``: Inf).
+    """
+    mant_bits = fmt.mant_bits
+    assert len(significand) >= mant_bits + 2
+    kept = significand[-(mant_bits + 1):]                  # hidden bit and fraction
+    guard = significand[-(mant_bits + 2)]
+    rest = significand[:-(mant_bits + 2)].any() | sticky
+    normal = kept[mant_bits]
+    out = SimpleNamespace(
+        magnitude=Signal(fmt.width - 1, name=f"{name}_magnitude"),
+        round_up=Signal(name=f"{name}_up"),
+        overflow=Signal(name=f"{name}_overflow"),
+    )
+    # For a normal result the exponent is in 1..exp_max-1 here (overflow aside); a subnormal
+    # or zero packs with exponent field 0.
+    m.d.comb += [
+        out.magnitude.eq(Cat(kept[:mant_bits], Mux(normal, exponent[:fmt.exp_bits], 0))),
+        out.round_up.eq(guard & (rest | kept[0])),
+        out.overflow.eq(normal & (exponent >= fmt.exp_max)),
+    ]
     return out
 
 
-def round_and_pack(m, fmt, sign, exponent, significand, *, nan, inf, name="round"):
-    """Round an unrounded result to nearest, ties to even, and pack it into ``fmt``'s bits.
+def round_pack(m, fmt, sign, magnitude, round_up, overflow, *, nan, inf, name="round"):
+    """The second half of rounding: the increment, and packing with the special cases.
 
-    ``significand`` (at least ``mant_bits + 2`` bits) must be normalised (top bit set) unless
-    ``exponent <= 1``: the subnormal range has a fixed grid, so leading zeros do no harm
-    there. Handles gradual
-    underflow (``exponent < 1`` is shifted right into the subnormal range, collecting a sticky
-    bit), a carry that rounds into the next binade (subnormal into the smallest normal,
-    largest finite into Inf) and overflow to Inf. A zero significand packs to a zero of the
-    given sign. ``nan`` selects the canonical quiet NaN, ``inf`` an Inf of sign ``sign``.
+    Exponent field and fraction are incremented together: a carry out of the fraction bumps
+    the exponent, which turns the largest subnormal into the smallest normal and the largest
+    finite number into Inf, both correctly. ``nan`` selects the canonical quiet NaN,
+    ``inf`` or ``overflow`` an Inf of sign ``sign``; a zero magnitude packs to a signed zero.
     """
-    mant_bits = fmt.mant_bits
-    width = len(significand)
-    assert width >= mant_bits + 2
-
-    # Gradual underflow: shifting by more than mant_bits + 2 leaves nothing but sticky.
-    max_shift = mant_bits + 2
-    underflow_shift = Signal(range(max_shift + 1), name=f"{name}_underflow_shift")
-    m.d.comb += underflow_shift.eq(
-        Mux(exponent < 1 - max_shift, max_shift, Mux(exponent < 1, 1 - exponent, 0)))
-    # One extra sticky bit at the bottom so the shifted-out bits are not lost.
-    aligned = shift_right_sticky(m, Cat(Const(0, 1), significand), underflow_shift,
-                                 name=f"{name}_aligned")
-
-    kept = aligned[-(mant_bits + 1):]                      # hidden bit and fraction
-    guard = aligned[-(mant_bits + 2)]
-    sticky = aligned[:-(mant_bits + 2)].any()
-    round_up = guard & (sticky | kept[0])
-
-    normal = kept[mant_bits]
-    # For a normal result exponent is in 1..exp_max-1 here (overflow is handled below); a
-    # subnormal or zero packs with exponent field 0.
-    exp_field = Mux(normal, exponent[:fmt.exp_bits], 0)
-    # Exponent and fraction side by side: a carry out of the fraction bumps the exponent,
-    # which turns the largest subnormal into the smallest normal and the largest finite
-    # number into Inf, both correctly.
-    magnitude = Signal(fmt.width - 1, name=f"{name}_magnitude")
-    m.d.comb += magnitude.eq(Cat(kept[:mant_bits], exp_field) + round_up)
-
-    overflow = normal & (exponent >= fmt.exp_max)
-    inf_bits = Const(fmt.exp_max << mant_bits, fmt.width - 1)
+    rounded = Signal(fmt.width - 1, name=f"{name}_rounded")
+    m.d.comb += rounded.eq(magnitude + round_up)
+    inf_bits = Const(fmt.exp_max << fmt.mant_bits, fmt.width - 1)
     packed = Signal(fmt.width, name=f"{name}_packed")
     m.d.comb += packed.eq(Mux(nan, fmt.quiet_nan,
-                              Cat(Mux(inf | overflow, inf_bits, magnitude), sign)))
+                              Cat(Mux(inf | overflow, inf_bits, rounded), sign)))
     return packed

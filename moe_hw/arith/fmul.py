@@ -1,20 +1,37 @@
 """IEEE-754 multiplier: round to nearest even, subnormals in and out, bit-exact against NumPy."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
-from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages, compress,
-                         normalise, round_and_pack, unpack)
+from ..params import check_choice
+from .ecp5_dsp import mult18x18d
+from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages,
+                         leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
+                         shift_bits, shift_left_step, shift_right_sticky_step, unpack)
 
-__all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES"]
+__all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES", "DSP_TARGETS"]
 
-#: Default pipeline depth per format: unpack + multiply | normalise | round, and for fp32 one
-#: more register in front of the multiplier, whose 24x24 product spans several DSP tiles.
-DEFAULT_MULTIPLIER_STAGES = {"fp32": 4, "fp16": 3, "bf16": 3}
+#: Default pipeline depth per format: every register boundary of
+#: :class:`FloatMultiplierCore` gets one register, so that no stage has more than a few LUT
+#: levels and a carry chain (250 MHz or more on ECP5-85 speed 8 with ``dsp="ecp5"``).
+DEFAULT_MULTIPLIER_STAGES = {"fp32": 12, "fp16": 12, "bf16": 12}
 
-# Register boundaries in the order they receive a register as ``stages`` grows; registers
-# beyond the fourth all go after the multiplier (for DSP output pipelining and retiming).
-_BOUNDARY_PRIORITY = ("product", "normalised", "rounded", "operands")
-_EXTRA_BOUNDARY = "product"
+#: The ``dsp`` choices: ``"generic"`` (a plain ``*``, for simulation and any target) and
+#: ``"ecp5"`` (MULT18X18D instances with their input and output registers on).
+DSP_TARGETS = ("generic", "ecp5")
+
+# Register boundaries in pipeline order, and the order in which they receive a register as
+# ``stages`` grows: each new register cuts the longest remaining combinational path.
+# Registers beyond the last all go on the output.
+_BOUNDARIES = ("unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs", "mul_partial",
+               "product", "product_normalised", "denormalise_coarse", "denormalised",
+               "round_prepared", "rounded")
+_BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",
+                      "product_normalised", "zeros", "product", "round_prepared",
+                      "denormalise_coarse", "unpacked", "x_coarse", "mul_partial")
+_EXTRA_BOUNDARY = "rounded"
+assert sorted(_BOUNDARIES) == sorted(_BOUNDARY_PRIORITY)
+
+_DSP_WIDTH = 18                 # MULT18X18D: unsigned operands of up to 18 bits
 
 
 class FloatMultiplierCore(FloatCore):
@@ -29,59 +46,232 @@ class FloatMultiplierCore(FloatCore):
     flush to zero); overflow to Inf; ``0 * Inf`` and any NaN operand give the canonical quiet
     NaN. Bit-exact against NumPy / ml_dtypes.
 
-    Register placement, filled in this order as ``stages`` grows:
+    ``dsp`` selects how the significands are multiplied: ``"generic"`` (default) is a plain
+    ``*``; ``"ecp5"`` instantiates MULT18X18D blocks (four for fp32, as 18+6 by 18+6 bits,
+    one otherwise) whose input and output registers are the ``mul_inputs`` and
+    ``mul_outputs`` registers below, with their clock enable on ``en``. Simulating it needs
+    :data:`~moe_hw.arith.ecp5_dsp.MULT18X18D_SIM`.
 
-    1. after unpack and the significand multiply (``product``);
-    2. after normalisation (``normalised``);
-    3. after rounding and packing: a registered output (``rounded``);
-    4. before the multiplier, after unpacking the operands (``operands``);
-    5. and beyond: more registers after the multiply (``product``).
+    Datapath, with a register boundary (named) after each step:
+
+    1. ``unpacked``: unpack; the operand with a zero exponent field (a subnormal or zero), if
+       any, becomes x, the one that is normalised (if both are subnormal the product is far
+       below the subnormal range whatever is done, so one normaliser is enough);
+    2. ``zeros``, ``x_coarse``, ``mul_inputs``: count the leading zeros of x and shift it
+       left in two steps, so that both significands have their hidden bit set (x's exponent
+       may go below 1);
+    3. ``mul_outputs``, ``mul_partial``, ``product``: the significand product (for fp32 on
+       ECP5: four partial products, then two registered additions; otherwise a plain product
+       with registers after it, for tools that retime them into the multiplier);
+    4. ``product_normalised``: the product of two significands in [1, 2) needs at most a
+       one-bit shift; bits below the guard bits fold into a sticky bit;
+    5. ``denormalise_coarse``, ``denormalised``: a result below the normal range is shifted
+       right into the subnormal grid in two steps, keeping the sticky bit;
+    6. ``round_prepared``: decide the rounding (round to nearest, ties to even);
+    7. ``rounded``: the increment and packing: a registered output.
+
+    Registers are given to the boundaries in the order ``mul_outputs``, ``denormalised``,
+    ``rounded``, ``mul_inputs``, ``product_normalised``, ``zeros``, ``product``,
+    ``round_prepared``, ``denormalise_coarse``, ``unpacked``, ``x_coarse``, ``mul_partial``
+    as ``stages`` grows (default: all twelve); any beyond twelve go on the output.
     """
 
     result_name = "product"
     stages_name = "mul_stages"
     default_stages = DEFAULT_MULTIPLIER_STAGES
 
+    def __init__(self, format, stages=None, *, dsp="generic"):
+        self._dsp = check_choice("dsp", dsp, DSP_TARGETS)
+        super().__init__(format, stages)
+
+    @property
+    def dsp(self):
+        return self._dsp
+
     def elaborate(self, platform):
         m = Module()
         fmt = self._fmt
-        mant_bits = fmt.mant_bits
+        mant_bits, exp_bits = fmt.mant_bits, fmt.exp_bits
+        sig_bits = mant_bits + 1
         regs = StageRegisters(m, self.en, allocate_stages(
             self._stages, _BOUNDARY_PRIORITY, _EXTRA_BOUNDARY))
 
         a = unpack(m, fmt, self.a, name="a")
         b = unpack(m, fmt, self.b, name="b")
+        swap = b.exp_zero
+        # The first step of x's leading-zero count, on both fractions (straight from the
+        # input bits) with a zero hidden bit; a normal x has a hidden one and no zeros.
+        groups_a = leading_zeros_groups(m, Cat(a.significand[:mant_bits], Const(0, 1)),
+                                        name="a_zeros")
+        groups_b = leading_zeros_groups(m, Cat(b.significand[:mant_bits], Const(0, 1)),
+                                        name="b_zeros")
+        hidden_x = Mux(swap, 0, ~a.exp_zero)
+        top_group = len(groups_a[0]) - 1
+        zero_any = Signal.like(groups_a[0], name="x_zeros_any")
+        zero_counts = Signal.like(groups_a[1], name="x_zeros_counts")
+        m.d.comb += [
+            zero_any.eq(Mux(swap, groups_b[0], groups_a[0]) | (hidden_x << top_group)),
+            zero_counts.eq(Mux(swap, groups_b[1], groups_a[1])
+                           & ~(hidden_x.replicate(2) << (2 * top_group))),
+        ]
         ops = regs.boundary(
-            "operands",
+            "unpacked",
             sign=a.sign ^ b.sign,
-            exponent_a=a.exponent, exponent_b=b.exponent,
-            significand_a=a.significand, significand_b=b.significand,
-            nan=a.nan | b.nan | (a.inf & b.zero) | (a.zero & b.inf),
-            inf=a.inf | b.inf,
+            # The class flags are combined after the register (fewer LUT levels here).
+            exp_zero_a=a.exp_zero, exp_ones_a=a.exp_ones, frac_zero_a=a.frac_zero,
+            exp_zero_b=b.exp_zero, exp_ones_b=b.exp_ones, frac_zero_b=b.frac_zero,
+            zero_any=zero_any, zero_counts=zero_counts,
+            exponent_x=Mux(swap, b.exponent, a.exponent),
+            exponent_y=Mux(swap, a.exponent, b.exponent),
+            significand_x=Mux(swap, b.significand, a.significand),
+            significand_y=Mux(swap, a.significand, b.significand),
         )
 
-        # The product of the significands has 2 * mant_bits + 2 bits with the binary point
-        # after its top bit when the exponent is ea + eb - bias + 1.
-        exponent = Signal(signed(fmt.exp_bits + 3), name="product_exponent")
-        m.d.comb += exponent.eq(ops.exponent_a + ops.exponent_b - (fmt.bias - 1))
-        prod = regs.boundary(
-            "product",
-            sign=ops.sign, nan=ops.nan, inf=ops.inf, exponent=exponent,
-            significand=ops.significand_a * ops.significand_b,
-        )
+        # The product of the significands has 2 * sig_bits bits with the binary point after
+        # its top bit when the exponent is ex + ey - bias + 1.
+        exp_shape = signed(exp_bits + 3)
+        exponent_sum = Signal(exp_shape, name="exponent_sum")
+        m.d.comb += exponent_sum.eq(ops.exponent_x + ops.exponent_y - (fmt.bias - 1))
+        zeros = leading_zeros_combine(m, ops.zero_any, ops.zero_counts, sig_bits,
+                                      name="x_zeros")
+        inf_a, inf_b = ops.exp_ones_a & ops.frac_zero_a, ops.exp_ones_b & ops.frac_zero_b
+        zero_a, zero_b = ops.exp_zero_a & ops.frac_zero_a, ops.exp_zero_b & ops.frac_zero_b
+        nan = ((ops.exp_ones_a & ~ops.frac_zero_a) | (ops.exp_ones_b & ~ops.frac_zero_b)
+               | (inf_a & zero_b) | (zero_a & inf_b))
+        passing = dict(sign=ops.sign, nan=nan, inf=inf_a | inf_b)
+        counted = regs.boundary("zeros", **passing, exponent=exponent_sum, zeros=zeros,
+                                significand_x=ops.significand_x,
+                                significand_y=ops.significand_y)
 
-        # A subnormal operand leaves leading zeros; everything below the guard bit folds into
-        # a sticky bit so only mant_bits + 4 bits go on to rounding.
-        norm_exponent, norm_significand = normalise(m, prod.exponent, prod.significand,
-                                                    name="normalise")
+        # A zero x has sig_bits leading zeros and shifts out to zero: the product is zero.
+        # The fine step is a single bit: the DSP inputs are a long route away.
+        shift_amount_bits = len(range(sig_bits + 1))
+        coarse_bits, fine_bits = shift_bits(sig_bits, coarse=shift_amount_bits - 1)
+        x_shifted = shift_left_step(m, counted.significand_x, counted.zeros, coarse_bits,
+                                    name="x_normalised")
+        exponent = Signal(exp_shape, name="product_exponent")
+        m.d.comb += exponent.eq(counted.exponent - counted.zeros)
+        passing = dict(sign=counted.sign, nan=counted.nan, inf=counted.inf)
+        coarse = regs.boundary("x_coarse", **passing, exponent=exponent, zeros=counted.zeros,
+                               significand_x=x_shifted, significand_y=counted.significand_y)
+        x_normalised = shift_left_step(m, coarse.significand_x, coarse.zeros, fine_bits,
+                                       name="x_normalised")
+        passing = dict(sign=coarse.sign, nan=coarse.nan, inf=coarse.inf)
+        # With dsp="ecp5" the significands are registered inside the DSP blocks instead.
+        factors = (dict(x=x_normalised, y=coarse.significand_y) if self._dsp == "generic"
+                   else {})
+        mul_in = regs.boundary("mul_inputs", **passing, exponent=coarse.exponent, **factors)
+
+        # While the multiplier works: the exponent and the underflow shift for either
+        # position of the product's leading one (bit 2 * sig_bits - 1, or the one below).
+        max_shift = mant_bits + 2       # past this, everything is sticky
+        round_width = mant_bits + 4     # hidden bit, fraction, guard and two more
+
+        # Shift right by target - e (clamped) to bring the exponent to 1, the subnormal grid,
+        # for target 1 (leading one at the top) and 2 (one below), spread over the stages
+        # while the multiplier works: the differences (parallel carry chains), then after
+        # mul_outputs the compares, after mul_partial the clamped shifts.
+        e = mul_in.exponent
+        exponent_low = Signal(exp_shape, name="exponent_low")
+        m.d.comb += exponent_low.eq(e - 1)
+        exponents = dict(exponent_high=e, exponent_low=exponent_low)
+        for key, target in (("high", 1), ("low", 2)):
+            difference = Signal(exp_shape, name=f"underflow_{key}")
+            m.d.comb += difference.eq(target - e)
+            exponents[f"difference_{key}"] = difference
+        keys = ("sign", "nan", "inf", "exponent_high", "exponent_low")
+
+        def compares(stage):
+            out = {}
+            for key in ("high", "low"):
+                difference = getattr(stage, f"difference_{key}")
+                out.update({f"difference_{key}": difference,
+                            f"saturate_{key}": difference > max_shift,
+                            f"underflow_{key}": difference > 0})
+            return out
+
+        def shifts(stage):
+            out = {}
+            for key in ("high", "low"):
+                out[f"shift_{key}"] = Mux(
+                    getattr(stage, f"saturate_{key}"), max_shift,
+                    Mux(getattr(stage, f"underflow_{key}"),
+                        getattr(stage, f"difference_{key}")[:len(range(max_shift + 1))], 0))
+            return out
+
+        def carry(stage, step=None):
+            return {key: getattr(stage, key) for key in keys} | step(stage)
+
+        ahead = dict(sign=mul_in.sign, nan=mul_in.nan, inf=mul_in.inf, **exponents)
+        if self._dsp == "generic":
+            mul_out = regs.boundary("mul_outputs", **ahead, product=mul_in.x * mul_in.y)
+            partial = regs.boundary("mul_partial", **carry(mul_out, compares),
+                                    product=mul_out.product)
+            prod = regs.boundary("product", **carry(partial, shifts), product=partial.product)
+        else:
+            assert regs.count("mul_inputs") <= 1 and regs.count("mul_outputs") <= 1
+            dsp = dict(en=self.en, reg_inputs=regs.count("mul_inputs") > 0,
+                       reg_outputs=regs.count("mul_outputs") > 0)
+            x, y = x_normalised, coarse.significand_y
+            # The DSP blocks' output registers are mul_outputs for the product.
+            mul_out = regs.boundary("mul_outputs", **ahead)
+            if sig_bits <= _DSP_WIDTH:
+                product = mult18x18d(m, x, y, **dsp, name="mult")[:2 * sig_bits]
+                partial = regs.boundary("mul_partial", **carry(mul_out, compares),
+                                        product=product)
+                prod = regs.boundary("product", **carry(partial, shifts),
+                                     product=partial.product)
+            else:
+                # x = xh * 2**18 + xl, y likewise: four partial products, one block each.
+                low, high = _DSP_WIDTH, sig_bits - _DSP_WIDTH
+                xl, xh, yl, yh = x[:low], x[low:], y[:low], y[low:]
+                ll = mult18x18d(m, xl, yl, **dsp, name="mult_ll")[:2 * low]
+                lh = mult18x18d(m, xl, yh, **dsp, name="mult_lh")[:low + high]
+                hl = mult18x18d(m, xh, yl, **dsp, name="mult_hl")[:low + high]
+                hh = mult18x18d(m, xh, yh, **dsp, name="mult_hh")[:2 * high]
+                cross = Signal(low + high + 1, name="mult_cross")
+                m.d.comb += cross.eq(lh + hl)
+                partial = regs.boundary("mul_partial", **carry(mul_out, compares),
+                                        ll=ll, hh=hh, cross=cross)
+                # ll and hh << 36 do not overlap: one carry chain from bit 18 up.
+                product = Signal(2 * sig_bits, name="mult_product")
+                m.d.comb += product.eq(Cat(partial.ll, partial.hh) + (partial.cross << low))
+                prod = regs.boundary("product", **carry(partial, shifts), product=product)
+
+        # Both significands were in [1, 2) (or x is zero): the leading one is at the top bit
+        # or the one below it.
+        top = prod.product[-1]
+        normalised = Signal(2 * sig_bits, name="product_normalised")
+        m.d.comb += normalised.eq(Mux(top, prod.product, prod.product << 1))
+        drop = 2 * sig_bits - round_width
+        passing = dict(sign=prod.sign, nan=prod.nan, inf=prod.inf)
         norm = regs.boundary(
-            "normalised",
-            sign=prod.sign, nan=prod.nan, inf=prod.inf, exponent=norm_exponent,
-            significand=compress(m, norm_significand, mant_bits + 4, name="normalise_sticky"),
+            "product_normalised", **passing,
+            exponent=Mux(top, prod.exponent_high, prod.exponent_low),
+            shift=Mux(top, prod.shift_high, prod.shift_low),
+            significand=normalised[drop:], sticky=normalised[:drop].any(),
         )
 
-        packed = round_and_pack(m, fmt, norm.sign, norm.exponent, norm.significand,
-                                nan=norm.nan, inf=norm.inf)
+        # Gradual underflow: one zero bit below so that the guard bits shifted out are kept.
+        coarse_bits, fine_bits = shift_bits(max_shift)
+        shifted, sticky = shift_right_sticky_step(m, Cat(Const(0, 1), norm.significand),
+                                                  norm.sticky, norm.shift, coarse_bits,
+                                                  name="denormalise")
+        passing = dict(sign=norm.sign, nan=norm.nan, inf=norm.inf, exponent=norm.exponent)
+        coarse = regs.boundary("denormalise_coarse", **passing, shift=norm.shift,
+                               significand=shifted, sticky=sticky)
+        shifted, sticky = shift_right_sticky_step(m, coarse.significand, coarse.sticky,
+                                                  coarse.shift, fine_bits, name="denormalise")
+        passing = dict(sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
+                       exponent=coarse.exponent)
+        denorm = regs.boundary("denormalised", **passing, significand=shifted, sticky=sticky)
+
+        prep = round_prepare(m, fmt, denorm.exponent, denorm.significand, denorm.sticky)
+        prepared = regs.boundary("round_prepared", sign=denorm.sign, nan=denorm.nan,
+                                 inf=denorm.inf, magnitude=prep.magnitude,
+                                 round_up=prep.round_up, overflow=prep.overflow)
+        packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up,
+                            prepared.overflow, nan=prepared.nan, inf=prepared.inf)
         out = regs.boundary("rounded", product=packed)
         m.d.comb += self.product.eq(out.product)
         return m
@@ -93,7 +283,11 @@ class FloatMultiplier(FloatStreamUnit):
     Input payload ``{a, b}`` (``a`` in the low bits), output payload ``{product}``. Latency
     ``stages`` cycles (default :data:`DEFAULT_MULTIPLIER_STAGES`), one result per cycle; the
     pipeline stalls only when its output holds a result the consumer has not taken, and
-    ``o.valid`` never depends on ``o.ready``. Arithmetic as :class:`FloatMultiplierCore`.
+    ``o.valid`` never depends on ``o.ready``. Arithmetic (and ``dsp``) as
+    :class:`FloatMultiplierCore`.
     """
 
     core_class = FloatMultiplierCore
+
+    def __init__(self, format, stages=None, *, dsp="generic"):
+        super().__init__(format, stages, dsp=check_choice("dsp", dsp, DSP_TARGETS))

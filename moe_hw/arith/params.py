@@ -2,7 +2,7 @@
 depths of their multipliers and adders (None: the block's default for the format)."""
 
 from .fadd import DEFAULT_ADDER_STAGES
-from .fmul import DEFAULT_MULTIPLIER_STAGES
+from .fmul import DEFAULT_MULTIPLIER_STAGES, DSP_TARGETS
 from ..formats import FORMATS, float_format
 
 __all__ = ["FloatDatapathParams", "FORMAT_NAMES"]
@@ -30,24 +30,33 @@ class FloatDatapathParams:
         return DEFAULT_ADDER_STAGES[self.format] if stages is None else stages
 
 
-def _float_unit_params(name, stages_name, doc):
-    """The parameter class of a float stream unit: ``format`` and its depth."""
+def dsp_param():
+    """The ``dsp`` parameter of every unit with a multiplier."""
+    from ..params import param
+    return param("generic", choices=DSP_TARGETS,
+                 doc="multiplier: generic (a plain *) or ecp5 (registered MULT18X18D)")
+
+
+def _float_unit_params(name, stages_name, doc, extra=()):
+    """The parameter class of a float stream unit: ``format``, its depth, and ``extra``
+    fields."""
     from dataclasses import make_dataclass
 
     from ..params import UnitParams, param
     return make_dataclass(
         name, [("format", str, param("fp32", choices=FORMAT_NAMES)),
                (stages_name, "int | None", param(None, minimum=0, maximum=16, optional=True,
-                                                 doc=doc))],
+                                                 doc=doc)), *extra],
         bases=(FloatDatapathParams, UnitParams), frozen=True,
         namespace={"ALIASES": {"stages": stages_name},
                    "__doc__": f"Generation-time parameters of the {name[:4].lower()} unit."})
 
 
 #: Parameters of the ``fmul`` unit: ``format``, ``mul_stages``.
-FmulParams = _float_unit_params("FmulParams", "mul_stages",
-                                "None: the default depth for the format")
+FmulParams = _float_unit_params(
+    "FmulParams", "mul_stages", "None: the default depth for the format",
+    extra=[("dsp", str, dsp_param())])
 #: Parameters of the ``fadd`` unit: ``format``, ``add_stages``.
 FaddParams = _float_unit_params("FaddParams", "add_stages",
                                 "None: the default depth for the format")
-__all__ += ["FmulParams", "FaddParams"]
+__all__ += ["FmulParams", "FaddParams", "dsp_param"]

@@ -11,7 +11,8 @@ import numpy as np
 from ..formats import bits_equal, float_format, from_bits, is_nan_bits, to_bits
 
 __all__ = ["special_values", "float_test_vectors", "reference_mul", "reference_add",
-           "bits_equal", "is_nan_bits", "simulate_core", "simulate_stream"]
+           "bits_equal", "is_nan_bits", "simulate_core", "simulate_core_verilog",
+           "simulate_stream"]
 
 
 def _bits(fmt, exponent, fraction, sign=0):
@@ -281,3 +282,96 @@ def simulate_stream(unit, a_bits, b_bits, *, output, valid_probability=1.0,
     sim.add_testbench(consumer)
     sim.run()
     return np.array(results, dtype=np.uint64), cycles
+
+
+_VERILOG_BENCH = """
+module bench;
+    reg clk = 0, rst = 1, en = 0;
+    reg [{msb}:0] a = 0, b = 0;
+    wire [{msb}:0] result;
+    reg [{msb}:0] va [0:{last}];
+    reg [{msb}:0] vb [0:{last}];
+    reg ve [0:{cycles_last}];
+    integer f, i, c, taken;
+    core dut(.clk(clk), .rst(rst), .en(en), .a(a), .b(b), .{output}(result));
+    always #5 clk = ~clk;
+    initial begin
+        $readmemh("a.hex", va); $readmemh("b.hex", vb); $readmemh("en.hex", ve);
+        f = $fopen("result.hex", "w");
+        repeat (2) @(posedge clk);
+        @(negedge clk) rst = 0;
+        i = 0; taken = 0;
+        for (c = 0; taken < {count}; c = c + 1) begin
+            a = va[i]; b = vb[i]; en = ve[c];
+            #4;     // just before the rising edge: the result for the operands presented
+                    // latency enabled edges ago
+            if (en) begin
+                if (i >= {latency}) begin $fwrite(f, "%h\\n", result); taken = taken + 1; end
+                i = i + 1;
+            end
+            @(negedge clk);
+        end
+        $fclose(f);
+        $finish;
+    end
+endmodule
+"""
+
+
+def simulate_core_verilog(core, a_bits, b_bits, *, output, enable_probability=1.0, seed=0,
+                          sources=()):
+    """:func:`simulate_core` on the core's emitted Verilog, in Icarus Verilog.
+
+    ``sources`` are more Verilog texts to compile with it (for example the simulation model
+    of a vendor cell the core instantiates). Needs ``iverilog`` and ``vvp`` on the path.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from amaranth.back import verilog
+
+    iverilog, vvp = shutil.which("iverilog"), shutil.which("vvp")
+    if iverilog is None or vvp is None:
+        raise FileNotFoundError(_icarus_missing())
+    fmt = core.format
+    a_bits = np.asarray(a_bits, dtype=np.uint64)
+    b_bits = np.asarray(b_bits, dtype=np.uint64)
+    count, latency, digits = len(a_bits), core.latency, fmt.width // 4
+    rng = np.random.default_rng(seed)
+    enables = (rng.random(int((count + latency) / max(enable_probability, 0.1)) * 2 + 16)
+               < enable_probability).astype(int)
+    enables[-(count + latency + 8):] = 1         # enough enabled cycles to drain
+    pad = np.zeros(latency + 1, dtype=np.uint64)
+    with tempfile.TemporaryDirectory(prefix="moe_hw_core_") as tmp:
+        tmp = Path(tmp)
+        for name, values in (("a", np.concatenate([a_bits, pad])),
+                             ("b", np.concatenate([b_bits, pad]))):
+            (tmp / f"{name}.hex").write_text(
+                "".join(f"{int(v):0{digits}x}\n" for v in values))
+        (tmp / "en.hex").write_text("".join(f"{v}\n" for v in enables))
+        files = ["bench.v", "core.v"]
+        (tmp / "core.v").write_text(verilog.convert(core, name="core"))
+        for index, text in enumerate(sources):
+            files.append(f"source{index}.v")
+            (tmp / files[-1]).write_text(text)
+        (tmp / "bench.v").write_text(_VERILOG_BENCH.format(
+            msb=fmt.width - 1, last=count + latency, cycles_last=len(enables) - 1,
+            count=count, latency=latency, output=output))
+        subprocess.run([iverilog, "-g2012", "-o", "bench.vvp", *files], cwd=tmp, check=True,
+                       capture_output=True)
+        subprocess.run([vvp, "-n", "bench.vvp"], cwd=tmp, check=True, capture_output=True)
+        text = (tmp / "result.hex").read_text()
+    return np.array([int(line, 16) for line in text.split()], dtype=np.uint64)
+
+
+def _icarus_missing():
+    """Why :func:`simulate_core_verilog` cannot run here, or ``None``."""
+    import shutil
+    if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        return "Icarus Verilog (iverilog, vvp) is not installed (apt-get install iverilog)"
+    return None
+
+
+simulate_core_verilog.unavailable = _icarus_missing

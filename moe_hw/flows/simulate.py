@@ -122,8 +122,11 @@ def _design(component, key, top):
         return _DESIGNS[key, top]
     if callable(component) and not hasattr(component, "elaborate"):
         component = component()
-    design = (emit_verilog(component, top), port_manifest(component),
-              getattr(component, "latency", None))
+    text = emit_verilog(component, top)
+    if "MULT18X18D " in text:       # dsp="ecp5": add the DSP block's simulation model
+        from ..arith.ecp5_dsp import MULT18X18D_SIM
+        text += "\n" + MULT18X18D_SIM
+    design = (text, port_manifest(component), getattr(component, "latency", None))
     if key is not None:
         _DESIGNS[key, top] = design
     return design

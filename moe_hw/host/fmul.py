@@ -21,5 +21,8 @@ class Fmul(FloatBinop):
     numpy = staticmethod(np.multiply)
     stages_name = "mul_stages"
 
+    def build(self, params):
+        return FloatMultiplier(params.format, params.mul_stages, dsp=params.dsp)
+
 
 UNIT = Fmul()

@@ -84,7 +84,7 @@ from amaranth.utils import ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import RunControl, run_ports
 from ..blocks.slot_address import SlotAddress
@@ -110,11 +110,12 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     max_experts: int = param(64, minimum=1, maximum=1 << 30)
     max_top_k: int = param(2, minimum=1, maximum=16)
     index_width: int = param(32, minimum=2, maximum=64)
-    mul_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
     # The partial sum loops through the adder; a combinational adder would close it without
     # a register.
-    add_stages: int | None = param(None, minimum=1, maximum=8, optional=True,
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
     window: int | None = param(None, minimum=1, maximum=256, optional=True,
                                doc="items per window; None: add_stages + 1 (full rate)")
@@ -377,7 +378,7 @@ class CombineGatherUnit(wiring.Component):
             m.d.sync += item.eq(Mux(beat.payload.last & tag.end_pass, 0, item + 1))
         products = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(tag.gate), mul.b.eq(beat.payload.data[lane]), mul.en.eq(en_m)]
             products.append(mul.product)

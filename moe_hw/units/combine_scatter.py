@@ -90,7 +90,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
@@ -114,9 +114,10 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
     index_width: int = param(32, minimum=2, maximum=64, doc="the header's token field")
     max_outstanding: int = param(32, minimum=2, maximum=1024, power_of_two=True,
                                  doc="beats between issue and write (the hazard tracker)")
-    mul_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
-    add_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+    dsp: str = dsp_param()
+    add_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
 
     def check(self):
@@ -346,7 +347,7 @@ class CombineScatterUnit(wiring.Component):
         })
         products = Signal(product_layout)
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(cur_gate), mul.b.eq(self.data.payload.data[lane]),
                          mul.en.eq(always), products.product[lane].eq(mul.product)]

@@ -50,7 +50,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..arith.fmul import FloatMultiplierCore
-from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, header_slot_stage
@@ -73,8 +73,9 @@ class DispatchParams(FloatDatapathParams, UnitParams):
     max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
     max_experts: int = param(64, minimum=1, maximum=1 << 30)
     index_width: int = param(32, minimum=2, maximum=64)
-    mul_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
 
     def check(self):
         self.check_signed_fits("index_width", "max_capacity", "max_experts")
@@ -197,7 +198,7 @@ class DispatchUnit(wiring.Component):
         en_m = mul_ctl.en
         products = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.stages)
+            mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(cur_gate), mul.b.eq(self.data.payload.data[lane]),
                          mul.en.eq(en_m)]

@@ -78,7 +78,7 @@ from amaranth.utils import ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import RunControl, run_ports
 from ..blocks.slot_address import header_slot_stage
@@ -105,11 +105,12 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
     index_width: int = param(32, minimum=2, maximum=64)
     max_outstanding: int = param(16, minimum=2, maximum=1024, power_of_two=True,
                                  doc="issued items waiting for read data")
-    mul_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
+    dsp: str = dsp_param()
     # The accumulation interleaves add_stages pairs; a combinational adder would close a
     # combinational loop through its own output.
-    add_stages: int | None = param(None, minimum=1, maximum=8, optional=True,
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
 
     def check(self):
@@ -383,7 +384,7 @@ class DispatchBackwardGateUnit(wiring.Component):
         m_result = delay(m, head.result, p.mul_latency, en_m, name="m_result")
         products = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(self.input_data.payload.data[lane]),
                          mul.b.eq(self.grad_data.payload.data[lane]), mul.en.eq(en_m)]

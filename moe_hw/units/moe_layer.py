@@ -115,7 +115,7 @@ from amaranth.utils import ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
-from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
@@ -142,9 +142,10 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     max_capacity: int = param(1024, minimum=1, maximum=1 << 30, doc="C")
     max_top_k: int = param(2, minimum=1, maximum=16, doc="k")
     index_width: int = param(32, minimum=2, maximum=64, doc="the pair stream's index field")
-    mul_stages: int | None = param(None, minimum=0, maximum=8, optional=True,
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
-    add_stages: int | None = param(None, minimum=1, maximum=8, optional=True,
+    dsp: str = dsp_param()
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="read beats in flight; full rate needs memory latency "
@@ -196,7 +197,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         return DispatchParams(format=self.format, lanes=self.lanes, max_pairs=self.max_pairs,
                               max_hidden=self.max_hidden, max_capacity=self.max_capacity,
                               max_experts=self.max_experts, index_width=self.index_width,
-                              mul_stages=self.mul_stages)
+                              mul_stages=self.mul_stages, dsp=self.dsp)
 
     @property
     def combine(self):
@@ -205,7 +206,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
                                    max_capacity=self.max_capacity,
                                    max_experts=self.max_experts, max_top_k=self.max_top_k,
                                    index_width=self.index_width, mul_stages=self.mul_stages,
-                                   add_stages=self.add_stages,
+                                   dsp=self.dsp, add_stages=self.add_stages,
                                    max_outstanding=self.max_outstanding)
 
     # ---- exact stall-free timing ---------------------------------------------------------
@@ -500,7 +501,7 @@ class MoELayer(wiring.Component):
         bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x, name="x_bias_m")
         results = []
         for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency)
+            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             add = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"expert_mul{lane}"] = mul
             m.submodules[f"expert_add{lane}"] = add
