@@ -7,7 +7,7 @@ from . import golden
 from .formats import FORMATS, format_of_dtype
 from .golden.testing import random_floats
 
-__all__ = ["exact_gates", "routed_problem", "topk_gates", "layer_gates", "softmax_gates", "gather_problem", "backward_gate_problem"]
+__all__ = ["exact_gates", "routed_locations", "routed_problem", "topk_gates", "layer_gates", "softmax_gates", "gather_problem", "backward_gate_problem"]
 
 
 def exact_gates(rng, shape, format):
@@ -15,6 +15,16 @@ def exact_gates(rng, shape, format):
     fmt = FORMATS[format]
     precision = fmt.mant_bits + 1
     return (rng.integers(1, 1 << precision, shape) / (1 << precision)).astype(fmt.dtype)
+
+
+def routed_locations(rng, indices, experts, location_range=None):
+    """Locations for ``indices`` [k, S]: from the routing counters
+    (``golden.compute_locations``, indices clipped into ``[0, experts)``), or, with
+    ``location_range``, uniform in it (possibly out of range: hostile headers)."""
+    if location_range is not None:
+        return rng.integers(*location_range, np.shape(indices))
+    return golden.compute_locations(np.clip(indices, 0, max(experts - 1, 0)),
+                                    num_experts=max(experts, 1)).astype(np.int64)
 
 
 def routed_problem(*, tokens, hidden, experts, top_k=1, format="fp32", capacity=None,
@@ -107,11 +117,7 @@ def gather_problem(seed, *, tokens, hidden, experts, capacity=None, k=1, dtype=n
         indices = rng.integers(*index_range, (k, tokens))
     if capacity is None:
         capacity = golden.capacity_from_factor(1.0, tokens, max(experts, 1), k=k)
-    if location_range is None:
-        locations = golden.compute_locations(np.clip(indices, 0, max(experts - 1, 0)),
-                                             num_experts=max(experts, 1)).astype(np.int64)
-    else:
-        locations = rng.integers(*location_range, (k, tokens))
+    locations = routed_locations(rng, indices, experts, location_range)
     gates = random_floats(rng, (k, tokens), dtype, specials=specials)
     buffer = random_floats(rng, (experts * capacity, hidden), dtype, specials=specials)
     return {"gates": gates, "indices": indices.astype(np.int64), "locations": locations,

@@ -95,6 +95,19 @@ class FloatBlockCases:
         return self.seed_base + sum((names.index(k) + 1 if isinstance(k, str) else k) * 10 ** i
                                     for i, k in enumerate(keys))
 
+    # ---- the reference ---------------------------------------------------------------------
+    @pytest.mark.parametrize("fmt", FORMAT_NAMES)
+    def test_reference_is_correctly_rounded(self, fmt):
+        # float64 holds a product exactly, and a sum to more than twice the precision plus
+        # two bits of every format: rounding it once to the format is the correctly rounded
+        # result, and NumPy's native arithmetic must agree.
+        a, b = float_test_vectors(fmt, 5000, seed=11)
+        with np.errstate(all="ignore"):     # signalling NaNs raise "invalid" when cast
+            x = from_bits(a, fmt).astype(np.float64)
+            y = from_bits(b, fmt).astype(np.float64)
+            exact = to_bits(self.unit.numpy(x, y).astype(FORMATS[fmt].dtype), fmt)
+        assert bits_equal(self.reference(a, b, fmt), exact, FORMATS[fmt]).all()
+
     # ---- Amaranth simulator ------------------------------------------------------------------
     @pytest.mark.parametrize("fmt", FORMAT_NAMES)
     def test_special_pairs(self, fmt):

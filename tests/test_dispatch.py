@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from moe_hw import golden
 from moe_hw.golden.testing import random_floats
+from moe_hw.problems import routed_locations
 from moe_hw.host.checks import HostError
 from moe_hw.host.dispatch import UNIT
 from moe_hw.host.unit import run
@@ -31,11 +31,7 @@ def problem(seed, *, tokens, hidden, experts, capacity, k=1, dtype=np.float32, s
         indices = rng.integers(0, max(experts, 1), (k, tokens))
     else:
         indices = rng.integers(*index_range, (k, tokens))
-    if location_range is None:
-        locations = golden.compute_locations(np.clip(indices, 0, max(experts - 1, 0)),
-                                             num_experts=max(experts, 1)).astype(np.int64)
-    else:
-        locations = rng.integers(*location_range, (k, tokens))
+    locations = routed_locations(rng, indices, experts, location_range)
     gates = random_floats(rng, (k, tokens), dtype, specials=specials)
     data = random_floats(rng, (tokens, hidden), dtype, specials=specials)
     return dict(gates=gates, indices=indices, locations=locations, input=data,

@@ -11,9 +11,9 @@ import pytest
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from moe_hw import golden
 from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
+from moe_hw.problems import routed_locations
 from moe_hw.host.checks import HostError
 from moe_hw.host.dispatch_backward_gate import UNIT, float64_error
 from moe_hw.host.unit import BenchShape, run
@@ -40,11 +40,7 @@ def problem(seed, *, tokens, hidden, experts, capacity, k=1, dtype=np.float32, s
         indices = rng.choice(allowed, (k, tokens))
     else:
         indices = rng.integers(0, max(experts, 1), (k, tokens))
-    if location_range is None:
-        locations = golden.compute_locations(np.clip(indices, 0, max(experts - 1, 0)),
-                                             num_experts=max(experts, 1)).astype(np.int64)
-    else:
-        locations = rng.integers(*location_range, (k, tokens))
+    locations = routed_locations(rng, indices, experts, location_range)
     return dict(input=random_floats(rng, (tokens, hidden), dtype, specials=specials),
                 indices=indices, locations=locations,
                 grad_dispatch=random_floats(rng, (experts * capacity, hidden), dtype,

@@ -5,23 +5,12 @@ import numpy as np
 import pytest
 
 from moe_hw.arith.fadd import DEFAULT_ADDER_STAGES, FloatAdder, FloatAdderCore
-from moe_hw.arith.vectors import bits_equal, float_test_vectors, reference_add
-from moe_hw.formats import FORMATS, from_bits, to_bits
+from moe_hw.arith.vectors import bits_equal, reference_add
+from moe_hw.formats import FORMATS, to_bits
 from moe_hw.host.fadd import UNIT
 
 from float_block_cases import FORMAT_NAMES, FloatBlockCases
 
-
-@pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_reference_is_correctly_rounded(fmt):
-    # float64 has more than twice the precision plus two bits of every format, so rounding
-    # the float64 sum once more is the correctly rounded sum; NumPy's own must agree.
-    a, b = float_test_vectors(fmt, 5000, seed=11)
-    with np.errstate(all="ignore"):         # signalling NaNs raise "invalid" when cast
-        x = from_bits(a, fmt).astype(np.float64)
-        y = from_bits(b, fmt).astype(np.float64)
-        exact = to_bits((x + y).astype(FORMATS[fmt].dtype), fmt)
-    assert bits_equal(reference_add(a, b, fmt), exact, FORMATS[fmt]).all()
 
 
 class TestFadd(FloatBlockCases):
