@@ -16,6 +16,7 @@ checked bit for bit against the golden model unless --no-check is given.
 import argparse
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +67,12 @@ def main(argv=None):
         unit, point = unit_or_point(args.unit)
         settings = parse_sets(args.set)
         if args.inputs is not None:
-            with np.load(args.inputs) as npz:
-                inputs = {key: npz[key] for key in npz.files}
+            try:
+                with np.load(args.inputs) as npz:
+                    inputs = {key: npz[key] for key in npz.files}
+            except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+                raise HostError(f"--in {args.inputs} is not a readable .npz file: "
+                                f"{error}") from None
         elif point is not None:
             inputs, runtime = unit.point_inputs(point.problem, args.seed)
             settings = {**runtime, **settings}

@@ -163,3 +163,13 @@ def test_gen_parameter_errors_are_one_line(tmp_path, args, message):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_run_bad_input_file_is_one_line(tmp_path):
+    bad = tmp_path / "x.npz"
+    bad.write_text("not an npz")
+    result = subprocess.run([sys.executable, "-m", "moe_hw.run", "dispatch", "--in", str(bad)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a readable .npz file" in lines[0], result.stderr
