@@ -3,7 +3,7 @@ run (each error names the argument and the value), and of a run's results after 
 
 import numpy as np
 
-from ..formats import bits_equal, format_of_dtype, to_bits
+from ..formats import FORMATS, bits_equal, format_of_dtype, to_bits
 from ..golden._common import check_count, float_array, routing_arrays, same_dtype
 
 __all__ = ["MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "need", "runtime_int", "check_maxima",
@@ -27,7 +27,6 @@ def format_of(array):
 
 def check_dtype(params_format, **arrays):
     """Every array has the dtype of the unit's ``format``."""
-    from ..formats import FORMATS
     fmt = FORMATS[params_format]
     for name, array in arrays.items():
         if np.asarray(array).dtype != fmt.dtype:

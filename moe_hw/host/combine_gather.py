@@ -18,10 +18,9 @@ from ..blocks.row_reader import row_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import float_array, routing_arrays, same_dtype, slot_rows
 from ..units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
-from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_bits,
-                     format_of, need, runtime_int)
-from .checks import memory_latency
 from ..problems import gather_problem
+from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_bits,
+                     format_of, memory_latency, need, runtime_int)
 from .row_gather import RowGather
 
 __all__ = ["UNIT", "CombineGather"]

@@ -167,20 +167,16 @@ class Dispatch(Unit):
                 f"{params.format}")
 
     def point_inputs(self, problem, seed=0):
-        return self._inputs(routed_problem(
+        return self.inputs_of(routed_problem(
             tokens=problem["tokens"], hidden=problem["hidden"],
             experts=problem["num_experts"], top_k=problem.get("top_k", 1),
             capacity=problem["capacity"], seed=seed))
 
     def bench_problems(self, shape, seed=0):
-        inputs, settings = self._inputs(routed_problem(
+        inputs, settings = self.inputs_of(routed_problem(
             tokens=shape.tokens, hidden=shape.hidden, experts=shape.experts,
             top_k=shape.top_k, format=shape.format, seed=seed))
         return {"": (inputs, {**settings, "lanes": shape.lanes})}
-
-    def _inputs(self, problem):
-        return ({name: problem[name] for name in self.inputs},
-                {name: problem[name] for name in self.runtime})
 
 
 UNIT = Dispatch()

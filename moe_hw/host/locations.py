@@ -98,13 +98,10 @@ class Locations(Unit):
                 f"C={problem['capacity']}")
 
     def bench_problems(self, shape, seed=0):
-        return {"": self._inputs(routed_problem(
+        return {"": self.inputs_of(routed_problem(
             tokens=shape.tokens, hidden=0, experts=shape.experts, top_k=shape.top_k,
             seed=seed))}
 
-    def _inputs(self, problem):
-        return ({"indices": problem["indices"]},
-                {name: problem[name] for name in self.runtime})
 
 
 def stimulus(indices, *, num_experts, capacity, params, pairs=None):

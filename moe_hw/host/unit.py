@@ -149,6 +149,12 @@ class Unit:
         raise NotImplementedError
 
     # ---- shared helpers ----------------------------------------------------------------
+    def inputs_of(self, problem):
+        """``(inputs, run-time values)`` for :func:`run` from a problem dict of the golden
+        model's arguments (one of :mod:`moe_hw.problems`)."""
+        return ({name: problem[name] for name in self.inputs},
+                {name: problem[name] for name in self.runtime})
+
     def simulate(self, params, stimulus, settings, *, sim="verilator", stall=0.0, seed=0,
                  progress=None):
         """Drive the bench with ``stimulus`` and ``settings`` as given, with no checks (how a
