@@ -3,21 +3,17 @@
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from ..params import check_choice
-from .ecp5_dsp import mult18x18d
 from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_stages,
                          leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
                          shift_bits, shift_left_step, shift_right_sticky_step, unpack)
+from .product import DSP_TARGETS, DSP_WIDTH, dsp_tiles
 
-__all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES", "DSP_TARGETS"]
+__all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES"]
 
 #: Default pipeline depth per format: every register boundary of
 #: :class:`FloatMultiplierCore` gets one register, so that no stage has more than a few LUT
 #: levels and a carry chain (250 MHz or more on ECP5-85 speed 8 with ``dsp="ecp5"``).
 DEFAULT_MULTIPLIER_STAGES = {"fp32": 12, "fp16": 12, "bf16": 12}
-
-#: The ``dsp`` choices: ``"generic"`` (a plain ``*``, for simulation and any target) and
-#: ``"ecp5"`` (MULT18X18D instances with their input and output registers on).
-DSP_TARGETS = ("generic", "ecp5")
 
 # Register boundaries in pipeline order, and the order in which they receive a register as
 # ``stages`` grows: each new register cuts the longest remaining combinational path.
@@ -30,8 +26,6 @@ _BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",
                       "denormalise_coarse", "unpacked", "x_coarse", "mul_partial")
 _EXTRA_BOUNDARY = "rounded"
 assert sorted(_BOUNDARIES) == sorted(_BOUNDARY_PRIORITY)
-
-_DSP_WIDTH = 18                 # MULT18X18D: unsigned operands of up to 18 bits
 
 
 class FloatMultiplierCore(FloatCore):
@@ -215,21 +209,19 @@ class FloatMultiplierCore(FloatCore):
             x, y = x_normalised, coarse.significand_y
             # The DSP blocks' output registers are mul_outputs for the product.
             mul_out = regs.boundary("mul_outputs", **ahead)
-            if sig_bits <= _DSP_WIDTH:
-                product = mult18x18d(m, x, y, **dsp, name="mult")[:2 * sig_bits]
+            tiles = dsp_tiles(m, x, y, **dsp, name="mult")
+            if len(tiles) == 1:
+                product = tiles[0][1]
                 partial = regs.boundary("mul_partial", **carry(mul_out, compares),
                                         product=product)
                 prod = regs.boundary("product", **carry(partial, shifts),
                                      product=partial.product)
             else:
                 # x = xh * 2**18 + xl, y likewise: four partial products, one block each.
-                low, high = _DSP_WIDTH, sig_bits - _DSP_WIDTH
-                xl, xh, yl, yh = x[:low], x[low:], y[:low], y[low:]
-                ll = mult18x18d(m, xl, yl, **dsp, name="mult_ll")[:2 * low]
-                lh = mult18x18d(m, xl, yh, **dsp, name="mult_lh")[:low + high]
-                hl = mult18x18d(m, xh, yl, **dsp, name="mult_hl")[:low + high]
-                hh = mult18x18d(m, xh, yh, **dsp, name="mult_hh")[:2 * high]
-                cross = Signal(low + high + 1, name="mult_cross")
+                assert [shift for shift, _ in tiles] == [0, DSP_WIDTH, DSP_WIDTH, 2 * DSP_WIDTH]
+                (_, ll), (_, lh), (_, hl), (_, hh) = tiles
+                low = DSP_WIDTH
+                cross = Signal(len(lh) + 1, name="mult_cross")
                 m.d.comb += cross.eq(lh + hl)
                 partial = regs.boundary("mul_partial", **carry(mul_out, compares),
                                         ll=ll, hh=hh, cross=cross)

@@ -2,7 +2,8 @@
 depths of their multipliers and adders (None: the block's default for the format)."""
 
 from .fadd import DEFAULT_ADDER_STAGES
-from .fmul import DEFAULT_MULTIPLIER_STAGES, DSP_TARGETS
+from .fmul import DEFAULT_MULTIPLIER_STAGES
+from .product import DSP_TARGETS
 from ..formats import FORMATS, float_format
 
 __all__ = ["FloatDatapathParams", "FORMAT_NAMES"]

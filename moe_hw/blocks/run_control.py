@@ -4,23 +4,40 @@
 A unit puts :func:`run_ports` into its signature (so its ports keep their names:
 ``start``, one port per size, ``busy``, ``done``, ``error``), instantiates
 :class:`RunControl` and wires it with :meth:`RunControl.connect`. The protocol, the same for
-every unit:
+every unit, counted in cycles from the start cycle (cycle 0):
 
-* The sizes are sampled in the cycle ``start`` is high while the unit is idle (``accept``).
-* A size above its generation-time maximum sets ``error`` and ``done`` one cycle later: the
-  run does nothing (``too_big``).
-* A size whose zero means "nothing to do" (``empty_when_zero``) sets ``done`` one cycle later
-  without reading or writing anything (``empty``); the unit may add its own empty conditions.
-* Otherwise ``running`` (= ``busy``) rises; the unit raises ``finished`` when its last output
-  has left, and ``done`` rises one cycle later and stays high until the next start.
-* The held sizes are ``size[name]`` (registers loaded at ``accept``).
+* Cycle 0 (``accept``: ``start`` high while idle): the sizes are sampled into ``size[name]``
+  and the checks of each size are registered (``> maximum``; ``== 0`` for the names in
+  ``empty_when_zero``; the unit's ``empty_also``). The unit may load its own run registers
+  from the ports in this cycle.
+* Cycle 1 (``decide``): ``too_big`` and ``empty`` are valid. A size above its
+  generation-time maximum sets ``error`` and ``done`` (visible in cycle 2): the run does
+  nothing. An empty run sets ``done`` without reading or writing anything.
+* Otherwise the unit prepares for ``setup`` cycles (cycles 1 .. setup, from the held sizes:
+  for example a pipelined product), ``begin`` pulses in cycle ``setup`` and ``running``
+  (= ``busy``) is high from cycle ``setup + 1`` (:attr:`RunControl.start_latency`). The unit
+  raises ``finished`` when its last output has left, and ``done`` rises one cycle later and
+  stays high until the next start.
+
+Every decision is taken from registers (the held sizes and the registered checks), never
+from the ports in the start cycle: the start-to-done path is then two short stages, not one
+long one. An empty or too-big run therefore takes :data:`EMPTY_CYCLES` cycles from start to
+``done``.
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["run_ports", "RunControl"]
+__all__ = ["run_ports", "RunControl", "EMPTY_CYCLES", "START_LATENCY"]
+
+#: Cycles from the start cycle to the first ``running`` cycle with the default ``setup`` of
+#: 1: the start cycle and the decide cycle (:attr:`RunControl.start_latency` in general).
+START_LATENCY = 2
+
+#: Cycles from the start cycle to the cycle ``done`` is first seen, for a run that does
+#: nothing (too big or empty).
+EMPTY_CYCLES = 2
 
 
 def run_ports(sizes):
@@ -34,29 +51,39 @@ class RunControl(wiring.Component):
     """Start latch, size checks and done/error for a unit; see the module docstring.
 
     ``sizes``: ``{name: maximum}``. ``empty_when_zero``: the names whose zero makes the run
-    empty. Inputs for a unit's own rules: ``empty_also`` joins the empty condition (e.g.
-    ``k == 0``); ``fault`` (a pulse while running) sets ``error``, which then holds until the
-    next start (e.g. a hostile value found in the data).
+    empty. ``setup``: the cycles from ``decide`` to ``begin`` plus one (at least 1). Inputs
+    for a unit's own rules: ``empty_also`` (sampled at ``accept``) joins the empty condition
+    (e.g. ``k == 0``); ``fault`` (a pulse while running) sets ``error``, which then holds
+    until the next start (e.g. a hostile value found in the data).
 
-    Outputs for the unit: ``accept`` (start taken this cycle), ``begin`` (``accept`` and the
-    run will go: not too big, not empty), ``running``, ``too_big``, ``empty`` (combinational,
-    for the ``accept`` cycle), and the held ``size_<name>``.
+    Outputs for the unit: ``accept`` (start taken this cycle), ``decide`` (the cycle after),
+    ``too_big`` and ``empty`` (valid in the ``decide`` cycle), ``begin`` (the run will go:
+    not too big, not empty; ``setup`` cycles after ``accept``), ``running``, and the held
+    ``size_<name>`` (from the cycle after ``accept``).
     """
 
-    def __init__(self, sizes, *, empty_when_zero=()):
+    def __init__(self, sizes, *, empty_when_zero=(), setup=1):
         self.sizes = dict(sizes)
         self.empty_when_zero = tuple(empty_when_zero)
+        if not isinstance(setup, int) or setup < 1:
+            raise ValueError(f"setup must be an integer of at least 1, not {setup!r}")
+        self.setup = setup
         for name in self.empty_when_zero:
             if name not in self.sizes:
                 raise ValueError(f"empty_when_zero names {name!r}, which is not a size")
         members = {"start": In(1), "finished": In(1), "empty_also": In(1), "fault": In(1),
-                   "accept": Out(1), "begin": Out(1), "running": Out(1),
+                   "accept": Out(1), "decide": Out(1), "begin": Out(1), "running": Out(1),
                    "too_big": Out(1), "empty": Out(1),
                    "busy": Out(1), "done": Out(1), "error": Out(1)}
         for name, maximum in self.sizes.items():
             members[name] = In(range(maximum + 1))
             members[f"size_{name}"] = Out(range(maximum + 1))
         super().__init__(members)
+
+    @property
+    def start_latency(self):
+        """Cycles from the start cycle to the first ``running`` cycle."""
+        return self.setup + 1
 
     def size(self, name):
         """The held run-time size ``name``."""
@@ -71,29 +98,45 @@ class RunControl(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         running = Signal()
-        too_big = 0
-        for name, maximum in self.sizes.items():
-            too_big = too_big | (getattr(self, name) > maximum)
-        empty = self.empty_also
-        for name in self.empty_when_zero:
-            empty = empty | (getattr(self, name) == 0)
+        deciding = Signal()
+        preparing = Signal()
+        too_big = [getattr(self, name) > maximum for name, maximum in self.sizes.items()]
+        empty = [getattr(self, name) == 0 for name in self.empty_when_zero]
+        too_big_flags = Signal(len(too_big))
+        empty_flags = Signal(len(empty) + 1)
         m.d.comb += [
-            self.accept.eq(self.start & ~running),
-            self.too_big.eq(too_big),
-            self.empty.eq(empty),
-            self.begin.eq(self.accept & ~too_big & ~empty),
+            self.accept.eq(self.start & ~deciding & ~preparing & ~running),
+            self.decide.eq(deciding),
+            self.too_big.eq(too_big_flags.any()),
+            self.empty.eq(empty_flags.any()),
             self.running.eq(running),
-            self.busy.eq(running),
+            self.busy.eq(deciding | preparing | running),
         ]
+        go = deciding & ~self.too_big & ~self.empty
+        m.d.sync += deciding.eq(self.accept)
         with m.If(self.accept):
             m.d.sync += [self.size(name).eq(getattr(self, name)) for name in self.sizes]
-            m.d.sync += [self.done.eq(0), self.error.eq(0)]
-            with m.If(too_big):
+            m.d.sync += [self.done.eq(0), self.error.eq(0),
+                         too_big_flags.eq(Cat(*too_big)),
+                         empty_flags.eq(Cat(*empty, self.empty_also))]
+        with m.If(deciding):
+            with m.If(self.too_big):
                 m.d.sync += [self.error.eq(1), self.done.eq(1)]
-            with m.Elif(empty):
+            with m.Elif(self.empty):
                 m.d.sync += self.done.eq(1)
-            with m.Else():
-                m.d.sync += running.eq(1)
+        if self.setup == 1:
+            m.d.comb += self.begin.eq(go)
+        else:
+            left = Signal(range(self.setup), name="setup_left")
+            with m.If(go):
+                m.d.sync += [preparing.eq(1), left.eq(self.setup - 2)]
+            with m.If(preparing):
+                m.d.sync += left.eq(left - 1)
+                with m.If(left == 0):
+                    m.d.sync += preparing.eq(0)
+            m.d.comb += self.begin.eq(preparing & (left == 0))
+        with m.If(self.begin):
+            m.d.sync += running.eq(1)
         with m.If(self.fault & running):
             m.d.sync += self.error.eq(1)
         with m.If(self.finished):

@@ -11,8 +11,8 @@ Ports (a pure pipeline: every register loads when ``en`` is high):
 ``capacity``, ``num_experts``, ``hidden`` (in)
     The run-time sizes, held for the run.
 ``offset`` (in)
-    Added to the row address in the second stage: present it one enabled cycle after its
-    ``index`` and ``location`` (for example a beat's element offset).
+    Added to the row address: present it with its ``index`` and ``location`` (for example a
+    beat's element offset).
 ``in_range`` (out)
     ``0 <= index < num_experts and 0 <= location < capacity``, ``latency`` enabled cycles
     after the header was presented.
@@ -20,8 +20,11 @@ Ports (a pure pipeline: every register loads when ``en`` is high):
     ``(index*capacity + location)*hidden + offset``, aligned with ``in_range``. Out-of-range
     pairs get an address too (from the low bits of the fields); the caller must not use it.
 
-Latency: 2 (stage 1: mask and ``slot = index*C + location``; stage 2: ``slot*H + offset``).
-One pair per enabled cycle.
+Latency (:func:`slot_latency`): ``index*C`` on registered DSP blocks
+(:func:`~moe_hw.arith.product.pipelined_product`, 2 stages for operands of up to 18 bits),
+``+ location`` (1), ``slot*H`` likewise (2), ``+ offset`` (1): 6 at the default maxima, no
+stage longer than one carry chain. One pair per enabled cycle. ``dsp`` chooses the
+multiplier blocks as for the float multiplier (``"ecp5"``: MULT18X18D with registers on).
 """
 
 from types import SimpleNamespace
@@ -31,25 +34,40 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..params import check_int
+from ..arith.product import DSP_TARGETS, pipelined_product, product_latency
+from ..params import check_choice, check_int
 from ..stream import PipelineControl, delay
 
-__all__ = ["SlotAddress", "header_slot_stage"]
+__all__ = ["SlotAddress", "header_slot_stage", "slot_latency", "slot_widths"]
+
+
+def slot_widths(max_experts, max_capacity, max_hidden):
+    """The operand widths of the two products: ``(index, capacity, slot, hidden)``."""
+    return (max(1, bits_for(max_experts - 1)), bits_for(max_capacity),
+            max(1, ceil_log2(max_experts * max_capacity)), bits_for(max_hidden))
+
+
+def slot_latency(params):
+    """The latency of the :class:`SlotAddress` of a unit with parameters ``params`` (fields
+    ``max_experts``, ``max_capacity``, ``max_hidden``)."""
+    index, capacity, slot, hidden = slot_widths(params.max_experts, params.max_capacity,
+                                                params.max_hidden)
+    return product_latency(index, capacity) + 1 + product_latency(slot, hidden) + 1
 
 
 class SlotAddress(wiring.Component):
-    """``(index*C + location)*H + offset`` and the bounds mask, two stages. See the module
-    docstring for the ports."""
-
-    latency = 2
+    """``(index*C + location)*H + offset`` and the bounds mask, :attr:`latency` stages. See
+    the module docstring for the ports."""
 
     def __init__(self, *, index_width, max_experts, max_capacity, max_hidden, addr_width,
-                 offset_width=0):
+                 offset_width=0, dsp="generic"):
         self.index_width = check_int("index_width", index_width, minimum=2, maximum=64)
         self.max_experts = check_int("max_experts", max_experts, minimum=1)
         self.max_capacity = check_int("max_capacity", max_capacity, minimum=1)
         self.max_hidden = check_int("max_hidden", max_hidden, minimum=1)
         self.addr_width = check_int("addr_width", addr_width, minimum=1)
+        self.dsp = check_choice("dsp", dsp, DSP_TARGETS)
+        self.latency = slot_latency(self)
         members = {
             "en": In(1),
             "index": In(signed(index_width)),
@@ -78,28 +96,43 @@ class SlotAddress(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        in_range = ((self.index >= 0) & (self.index < self.num_experts) &
-                    (self.location >= 0) & (self.location < self.capacity))
-        slot = Signal(max(1, ceil_log2(self.max_experts * self.max_capacity)))
-        index_bits = max(1, bits_for(self.max_experts - 1))
+        en = self.en
+        index_bits, _, slot_bits, _ = slot_widths(self.max_experts, self.max_capacity,
+                                                  self.max_hidden)
         location_bits = max(1, bits_for(self.max_capacity - 1))
-        with m.If(self.en):
-            m.d.sync += slot.eq(self.index.as_unsigned()[:index_bits] * self.capacity +
-                                self.location.as_unsigned()[:location_bits])
+        in_range = Signal()
+        with m.If(en):
+            m.d.sync += in_range.eq((self.index >= 0) & (self.index < self.num_experts) &
+                                    (self.location >= 0) & (self.location < self.capacity))
+        # index*C on registered DSP blocks, then + location.
+        index_c = pipelined_product(m, self.index.as_unsigned()[:index_bits], self.capacity,
+                                    en=en, dsp=self.dsp, name="index_c")
+        first = product_latency(index_bits, len(self.capacity))
+        location = delay(m, self.location.as_unsigned()[:location_bits], first, en,
+                         name="location")
+        slot = Signal(slot_bits)
+        with m.If(en):
+            m.d.sync += slot.eq(index_c + location)
+        # slot*H likewise, then + offset.
+        row = pipelined_product(m, slot, self.hidden, en=en, dsp=self.dsp, name="slot_h")
         address = Signal(self.addr_width)
-        row = slot * self.hidden
-        with m.If(self.en):
-            m.d.sync += address.eq(row + self.offset if hasattr(self, "offset") else row)
+        if hasattr(self, "offset"):
+            offset = delay(m, self.offset, self.latency - 1, en, name="offset")
+            with m.If(en):
+                m.d.sync += address.eq(row + offset)
+        else:
+            with m.If(en):
+                m.d.sync += address.eq(row)
         m.d.comb += [
             self.address.eq(address),
-            self.in_range.eq(delay(m, in_range, 2, self.en, name="in_range")),
+            self.in_range.eq(delay(m, in_range, self.latency - 1, en, name="in_range")),
         ]
         return m
 
 
 def header_slot_stage(m, header, control, params, *, open, addr_width):
     """The header stream of a unit that addresses the expert buffer, through the slot
-    address: a :class:`~moe_hw.stream.PipelineControl` of ``SlotAddress.latency`` stages
+    address: a :class:`~moe_hw.stream.PipelineControl` of :func:`slot_latency` stages
     (submodule ``header_ctl``) and the :class:`SlotAddress` (submodule ``slot_address``).
 
     ``header`` is the unit's input stream (payload fields ``index`` and ``location``),
@@ -108,14 +141,15 @@ def header_slot_stage(m, header, control, params, *, open, addr_width):
     Returns ``ctl`` (the pipeline control: ``o_valid``, ``o_ready``, ``en``, ``busy``),
     ``address`` and ``in_range``, aligned with ``ctl.o_valid``.
     """
-    ctl = m.submodules.header_ctl = PipelineControl(SlotAddress.latency)
+    ctl = m.submodules.header_ctl = PipelineControl(slot_latency(params))
     m.d.comb += [
         ctl.i_valid.eq(header.valid & open),
         header.ready.eq(ctl.en & open),
     ]
     slot_address = m.submodules.slot_address = SlotAddress(
         index_width=params.index_width, max_experts=params.max_experts,
-        max_capacity=params.max_capacity, max_hidden=params.max_hidden, addr_width=addr_width)
+        max_capacity=params.max_capacity, max_hidden=params.max_hidden, addr_width=addr_width,
+        dsp=getattr(params, "dsp", "generic"))
     address, in_range = slot_address.follow(m, control, en=ctl.en,
                                             index=header.payload.index,
                                             location=header.payload.location)

@@ -8,6 +8,7 @@ npz inputs: ``gates``, ``indices``, ``locations`` ([S] or [k, S]), ``input`` [S,
 import numpy as np
 
 from .. import golden
+from ..blocks.run_control import EMPTY_CYCLES
 from ..problems import routed_problem
 from ..formats import FORMATS, from_bits, to_bits
 from ..units.dispatch import DispatchParams, DispatchUnit
@@ -158,7 +159,7 @@ class Dispatch(Unit):
 
     def cycles(self, problem, params):
         if not self._feed(problem):
-            return 1
+            return EMPTY_CYCLES
         return self.ideal_cycles(problem, params) + params.overhead
 
     def describe(self, problem, params):

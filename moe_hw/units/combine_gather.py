@@ -86,8 +86,8 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
-from ..blocks.run_control import RunControl, run_ports
-from ..blocks.slot_address import SlotAddress
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
+from ..blocks.slot_address import SlotAddress, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
@@ -122,9 +122,10 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
 
-    #: Cycles of the command pipeline: ring read, then the slot address (mask and slot,
-    #: address).
-    COMMAND_LATENCY = 1 + SlotAddress.latency
+    @property
+    def command_latency(self):
+        """Cycles of the command pipeline: ring read, then the slot address."""
+        return 1 + slot_latency(self)
 
     def check(self):
         self.check_signed_fits("index_width", "max_capacity", "max_experts")
@@ -150,10 +151,11 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     # ---- stall-free timing -----------------------------------------------------------
     def overhead(self, memory_latency=1):
         """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
-        request taken at the end of cycle u from cycle u + ``memory_latency``: start, header
+        request taken at the end of cycle u from cycle u + ``memory_latency``: run control
+        (start, decide), header
         ring write, command pipeline, row reader (command register, memory, skid buffer),
         multiplier, adder, output skid buffer, done register."""
-        return (1 + 1 + self.COMMAND_LATENCY + 1 + memory_latency + 1 + self.mul_latency +
+        return (START_LATENCY + 1 + self.command_latency + 1 + memory_latency + 1 + self.mul_latency +
                 self.add_latency + 1 + 1)
 
     def schedule_cycles(self, tokens, hidden, top_k):
@@ -173,7 +175,7 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
         ``reads``: whether any pair is valid; a run that reads nothing never waits for the
         memory, so it costs what it would with a one-cycle memory."""
         if tokens == 0 or hidden == 0:
-            return 1
+            return EMPTY_CYCLES
         return (self.schedule_cycles(tokens, hidden, top_k) +
                 self.overhead(memory_latency if reads else 1))
 
@@ -297,7 +299,7 @@ class CombineGatherUnit(wiring.Component):
         next_beat = Mux(tail, 0, cur_beat + pass_left)
         remaining_next = remaining - win_len
 
-        cmd_ctl = m.submodules.cmd_ctl = PipelineControl(p.COMMAND_LATENCY)
+        cmd_ctl = m.submodules.cmd_ctl = PipelineControl(p.command_latency)
         m.d.comb += cmd_ctl.i_valid.eq(gen_active & (cur_tok < headers_in))
         en_c = cmd_ctl.en
         gen = cmd_ctl.i_valid & en_c
@@ -329,17 +331,18 @@ class CombineGatherUnit(wiring.Component):
             gate = header.gate[s1["pass_k"]]
             index = header.index[s1["pass_k"]]
             location = header.location[s1["pass_k"]]
-        s2 = {name: delay(m, value, 1, en_c, name=f"{name}_s2") for name, value in s1.items()}
-        s2["gate"] = delay(m, gate, 1, en_c, name="gate_s2")
-        # The beat's element offset joins the row address in the slot address's second stage.
-        offset = Signal(len(s2["beat"]) + lanes_log2)
-        m.d.comb += offset.eq(s2["beat"] << lanes_log2)
+        # The beat's element offset joins the row address at the slot address's last stage.
+        offset = Signal(len(s1["beat"]) + lanes_log2)
+        m.d.comb += offset.eq(s1["beat"] << lanes_log2)
         slot_address = m.submodules.slot_address = SlotAddress(
             index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
-            max_hidden=p.max_hidden, addr_width=p.addr_width, offset_width=len(offset))
+            max_hidden=p.max_hidden, addr_width=p.addr_width, offset_width=len(offset),
+            dsp=p.dsp)
         base, in_range = slot_address.follow(m, ctl, en=en_c, index=index, location=location)
         m.d.comb += slot_address.offset.eq(offset)
-        s3 = {name: delay(m, value, 1, en_c, name=f"{name}_s3") for name, value in s2.items()}
+        s3 = {name: delay(m, value, slot_address.latency, en_c, name=f"{name}_s3")
+              for name, value in s1.items()}
+        s3["gate"] = delay(m, gate, slot_address.latency, en_c, name="gate_s3")
         # top_k == 0 is held for the run: every pair is invalid.
         s3["valid"] = in_range & ~k_zero
 

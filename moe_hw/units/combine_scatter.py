@@ -92,7 +92,7 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
-from ..blocks.run_control import RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
@@ -156,9 +156,9 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
         join, adder, write skid buffer (the write is taken), tracker update."""
         return self.join_delay(read_latency) + self.add_latency + 2
 
-    #: Cycles from the start cycle to the first data beat's cycle: start register, header
-    #: stage, current-slot register.
-    LEAD = 3
+    #: Cycles from the start cycle to the first data beat's cycle: run control (start,
+    #: decide), header stage, current-slot register.
+    LEAD = START_LATENCY + 2
 
     def overhead(self, read_latency):
         """Stall-free cycles beyond one per data beat when the last slot is not dropped: the
@@ -171,7 +171,7 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
         """Exact stall-free cycles of a run of ``slots`` slots without hazards or a dropped
         last slot: ``slots * ceil(H / lanes) + overhead``; 1 for a zero-element run."""
         if slots == 0 or hidden == 0:
-            return 1
+            return EMPTY_CYCLES
         return slots * -(-hidden // self.lanes) + self.overhead(read_latency)
 
     def replay_cycles(self, tokens_in_order, hidden, read_latency):
@@ -182,7 +182,7 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
         ``hazard_window + 1`` cycles after its last issued beat (``done`` is seen then), or 2
         cycles after its last discarded one, whichever is later."""
         if not tokens_in_order or hidden == 0:
-            return 1
+            return EMPTY_CYCLES
         beats = -(-hidden // self.lanes)
         window = self.hazard_window(read_latency)
         issued = {}          # (token, beat) -> issue cycle of its latest beat
@@ -397,8 +397,9 @@ class CombineScatterUnit(wiring.Component):
                 headers_left.eq(self.slots), slots_left.eq(self.slots),
                 self.dropped.eq(0),
             ]
-            # Every slot fails the mask when there is no token, but none carries data when
-            # H is zero.
-            with m.If(~ctl.too_big & (self.hidden != 0) & (self.tokens == 0)):
-                m.d.sync += self.dropped.eq(self.slots)
+        # Every slot fails the mask when there is no token, but none carries data when H is
+        # zero.
+        with m.If(ctl.decide & ~ctl.too_big & (ctl.size("hidden") != 0) &
+                  (ctl.size("tokens") == 0)):
+            m.d.sync += self.dropped.eq(ctl.size("slots"))
         return m

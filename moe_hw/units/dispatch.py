@@ -37,7 +37,7 @@ pairs takes exactly ``pairs * ceil(H / lanes) + overhead`` cycles from the start
 the cycle ``done`` is first seen (see :attr:`DispatchUnit.overhead`).
 
 Pipeline: the shared :class:`~moe_hw.blocks.slot_address.SlotAddress` checks the mask and
-forms ``(index*C + location)*H`` in two stages; the current-pair register walks ``addr`` from
+forms ``(index*C + location)*H`` on registered DSP blocks; the current-pair register walks ``addr`` from
 there in steps of ``lanes``; ``lanes`` float multipliers form ``gate * element``; a skid
 buffer drives ``write`` so that ``write.ready`` has no combinational path to the inputs.
 """
@@ -52,8 +52,9 @@ from amaranth.utils import ceil_log2
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
-from ..blocks.run_control import RunControl, run_ports
-from ..blocks.slot_address import SlotAddress, header_slot_stage
+from ..blocks.row_beats import row_beats
+from ..blocks.run_control import START_LATENCY, RunControl, run_ports
+from ..blocks.slot_address import header_slot_stage, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
@@ -86,9 +87,10 @@ class DispatchParams(FloatDatapathParams, UnitParams):
 
     @property
     def overhead(self):
-        """Stall-free cycles beyond one per data beat: start, slot address, current-pair
-        register, multiplier, skid buffer, done register."""
-        return 1 + SlotAddress.latency + 1 + self.stages + 1 + 1
+        """Stall-free cycles beyond one per data beat: run control (start, decide), slot
+        address, header skid
+        buffer, current-pair register, multiplier, skid buffer, done register."""
+        return START_LATENCY + slot_latency(self) + 1 + 1 + self.stages + 1 + 1
 
     @property
     def addr_width(self):
@@ -163,7 +165,19 @@ class DispatchUnit(wiring.Component):
                                   addr_width=p.addr_width)
         header_ctl, base, h_valid = stage.ctl, stage.address, stage.in_range
         en_h = header_ctl.en
-        h_gate = delay(m, self.header.payload.gate, SlotAddress.latency, en_h, name="h_gate")
+        h_gate = delay(m, self.header.payload.gate, stage.ctl.latency, en_h, name="h_gate")
+        # A skid buffer between the header pipeline and the current pair: the pipeline's
+        # enable then depends on registers only, not on the data stream.
+        h_skid = m.submodules.header_skid = SkidBuffer(data.StructLayout({
+            "gate": p.fmt.width, "valid": 1, "base": p.addr_width}))
+        m.d.comb += [
+            h_skid.i.valid.eq(header_ctl.o_valid),
+            header_ctl.o_ready.eq(h_skid.i.ready),
+            h_skid.i.payload.gate.eq(h_gate),
+            h_skid.i.payload.valid.eq(h_valid),
+            h_skid.i.payload.base.eq(base),
+        ]
+        pair = h_skid.o.payload
 
         # ---- current pair: walks the addresses of its beats ------------------------------
         mul_ctl = m.submodules.mul_ctl = PipelineControl(p.stages)
@@ -171,22 +185,21 @@ class DispatchUnit(wiring.Component):
         cur_valid = Signal()
         cur_gate = Signal(p.fmt.width)
         cur_addr = Signal(p.addr_width)
-        beat = Signal.like(beats)
-        last_beat = beat == beats - 1
         m.d.comb += self.data.ready.eq(running & cur_loaded & mul_ctl.en)
         beat_take = self.data.valid & self.data.ready
+        header_take = Signal()
+        _, last_beat = row_beats(m, beats, start=header_take, step=beat_take)
         cur_free = ~cur_loaded | (beat_take & last_beat)
-        m.d.comb += header_ctl.o_ready.eq(cur_free)
-        header_take = header_ctl.o_valid & cur_free
+        m.d.comb += [h_skid.o.ready.eq(cur_free), header_take.eq(h_skid.o.valid & cur_free)]
 
         with m.If(beat_take):
-            m.d.sync += [beat.eq(beat + 1), cur_addr.eq(cur_addr + p.lanes)]
+            m.d.sync += cur_addr.eq(cur_addr + p.lanes)
             with m.If(last_beat):
                 m.d.sync += [cur_loaded.eq(0), pairs_left.eq(pairs_left - 1)]
         with m.If(header_take):
-            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(h_valid), cur_gate.eq(h_gate),
-                         cur_addr.eq(base), beat.eq(0)]
-            with m.If(~h_valid):
+            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(pair.valid), cur_gate.eq(pair.gate),
+                         cur_addr.eq(pair.base)]
+            with m.If(~pair.valid):
                 m.d.sync += self.dropped.eq(self.dropped + 1)
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += headers_left.eq(headers_left - 1)
@@ -234,9 +247,9 @@ class DispatchUnit(wiring.Component):
                 headers_left.eq(self.pairs), pairs_left.eq(self.pairs),
                 self.dropped.eq(0),
             ]
-            # Every pair fails the mask when there is no slot, but none carries data when
-            # H is zero.
-            with m.If(~ctl.too_big & (self.hidden != 0) &
-                      ((self.capacity == 0) | (self.num_experts == 0))):
-                m.d.sync += self.dropped.eq(self.pairs)
+        # Every pair fails the mask when there is no slot, but none carries data when H is
+        # zero.
+        with m.If(ctl.decide & ~ctl.too_big & (ctl.size("hidden") != 0) &
+                  ((ctl.size("capacity") == 0) | (ctl.size("num_experts") == 0))):
+            m.d.sync += self.dropped.eq(ctl.size("pairs"))
         return m

@@ -80,7 +80,7 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
-from ..blocks.run_control import RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..blocks.slot_address import header_slot_stage
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
@@ -154,7 +154,7 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
 
     #: Cycles from the start cycle to the first item's issue: start register, two header
     #: stages.
-    LEAD = 3
+    LEAD = START_LATENCY + 2
 
     def join_delay(self, read_latency, reads=True):
         """Stall-free cycles from an item's issue to its join with its read data. Joins are
@@ -181,7 +181,7 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
                  + max(levels*add_latency + 1, G - r) + 2
         """
         if pairs == 0:
-            return 1
+            return EMPTY_CYCLES
         g = self.interleave
         beats = max(1, -(-hidden // self.lanes))
         groups = -(-pairs // g)

@@ -52,7 +52,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from ..blocks.counter_bank import CounterBank
-from ..blocks.run_control import RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer
 
@@ -68,8 +68,9 @@ class LocationsParams(UnitParams):
     max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
     index_width: int = param(32, minimum=2, maximum=64)
 
-    OVERHEAD = 4
-    """Stall-free cycles beyond one per pair and one per expert: the start cycle, the counter
+    OVERHEAD = START_LATENCY + 3
+    """Stall-free cycles beyond one per pair and one per expert: the run control's start and
+    decide cycles, the counter
     bank stage, the output skid buffer and the done register."""
 
     def check(self):
@@ -81,11 +82,11 @@ class LocationsParams(UnitParams):
 
     def stall_free_cycles(self, pairs, num_experts):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact): ``pairs + num_experts + OVERHEAD``, or 1 for an empty run (no pairs, no
+        (exact): ``pairs + num_experts + OVERHEAD``, or ``EMPTY_CYCLES`` (2) for an empty run (no pairs, no
         experts) and for a run whose sizes exceed the maxima."""
         if pairs + num_experts == 0 or pairs > self.max_pairs or \
                 num_experts > self.max_experts:
-            return 1
+            return EMPTY_CYCLES
         return pairs + num_experts + self.OVERHEAD
 
     @property

@@ -117,7 +117,7 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
-from ..blocks.run_control import RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
@@ -220,7 +220,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         ``rows``: the filled rows ``sum over e of min(count[e], C)``; ``reads``: whether any
         pair is valid (a combine that reads nothing never waits for the memory)."""
         if tokens == 0:
-            return {"route_dispatch": 1, "experts": 0, "combine": 0}
+            return {"route_dispatch": EMPTY_CYCLES, "experts": 0, "combine": 0}
         pairs = top_k * tokens
         beats = -(-hidden // self.lanes)
         route = self.locations.stall_free_cycles(pairs, num_experts)
@@ -240,7 +240,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         """Exact stall-free cycles of a run, start cycle to the first cycle ``done`` is high:
         the sum of :meth:`phase_cycles` (arguments as there; 1 when S = 0)."""
         if problem["tokens"] == 0:
-            return 1
+            return EMPTY_CYCLES
         return sum(self.phase_cycles(**problem).values())
 
     # ---- payload layouts -----------------------------------------------------------------
@@ -552,14 +552,14 @@ class MoELayer(wiring.Component):
         m.d.comb += start_pairs.eq(self.tokens * self.top_k)
         m.d.comb += [
             loc.start.eq(ctl.begin),
-            loc.pairs.eq(start_pairs),
-            loc.num_experts.eq(self.num_experts),
-            loc.capacity.eq(self.capacity),
+            loc.pairs.eq(pairs),
+            loc.num_experts.eq(num_experts),
+            loc.capacity.eq(capacity),
             disp.start.eq(ctl.begin),
-            disp.pairs.eq(start_pairs),
-            disp.hidden.eq(self.hidden),
-            disp.capacity.eq(self.capacity),
-            disp.num_experts.eq(self.num_experts),
+            disp.pairs.eq(pairs),
+            disp.hidden.eq(hidden),
+            disp.capacity.eq(capacity),
+            disp.num_experts.eq(num_experts),
             comb.tokens.eq(tokens),
             comb.hidden.eq(hidden),
             comb.top_k.eq(top_k),

@@ -52,7 +52,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import FORMAT_NAMES
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
-from ..blocks.run_control import RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl
@@ -107,16 +107,17 @@ class SparseGatherParams(UnitParams):
 
     def overhead(self, memory_latency=1):
         """Stall-free cycles beyond one per output beat, for a memory that answers a request
-        taken at the end of cycle u from cycle u + ``memory_latency``: start, header stage,
+        taken at the end of cycle u from cycle u + ``memory_latency``: run control (start,
+        decide), header stage,
         row reader command register, the memory, the reader's skid buffer, done register."""
-        return 1 + self.HEADER_LATENCY + 1 + memory_latency + 1 + 1
+        return START_LATENCY + self.HEADER_LATENCY + 1 + memory_latency + 1 + 1
 
     def cycles(self, slots, hidden, memory_latency=1, *, reads=True):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
         ``reads``: whether any slot is in range; a run that reads nothing never waits for
         the memory, so it costs what it would with a one-cycle memory."""
         if slots == 0 or hidden == 0:
-            return 1
+            return EMPTY_CYCLES
         return slots * -(-hidden // self.lanes) + self.overhead(memory_latency if reads else 1)
 
     def header_layout(self):

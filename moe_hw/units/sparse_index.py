@@ -79,7 +79,7 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.counter_bank import CounterBank
 from ..blocks.prefix_sum import PrefixSum
-from ..blocks.run_control import RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer
@@ -98,13 +98,14 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
     max_experts: int = param(64, minimum=1, maximum=1 << 16)
 
-    PASSES_OVERHEAD = 8
-    """Stall-free cycles beyond the passes' own for S >= 1: the start cycle; between pass 2 and
+    PASSES_OVERHEAD = START_LATENCY + 7
+    """Stall-free cycles beyond the passes' own for S >= 1: the run control's start and
+    decide cycles; between pass 2 and
     pass 3, the counter bank stage, the prefix sum's register and the offset memory's write
     (pass 3 starts once every offset is written); pass 3's beat register; and after the last
     routed gate, the counter bank stage, the write skid buffer and the done register."""
-    OFFSETS_OVERHEAD = 5
-    """The same for S == 0 (no rows, so no pass 1 or 3): the start cycle, the counter bank
+    OFFSETS_OVERHEAD = START_LATENCY + 4
+    """The same for S == 0 (no rows, so no pass 1 or 3): the start and decide cycles, the counter bank
     stage, the prefix sum's register, the part_sizes skid buffer and the done register."""
 
     def stall_free_cycles(self, tokens, num_experts, place_cycles):
@@ -113,7 +114,7 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
         the sum over the beats of ``max(1, routed gates in the beat)`` (see
         :func:`place_cycles`)."""
         if num_experts == 0 or tokens > self.max_tokens or num_experts > self.max_experts:
-            return 1
+            return EMPTY_CYCLES
         if tokens == 0:
             return num_experts + self.OFFSETS_OVERHEAD
         return (tokens * -(-num_experts // self.lanes) + num_experts + place_cycles +

@@ -1,0 +1,32 @@
+"""The beat counter of a row: which beat of the current row is in hand, and whether it is the
+row's last, as a register.
+
+A row of H elements moves in ``beats = ceil(H / lanes)`` beats. The last-beat test
+``beat == beats - 1`` is a subtraction and a compare; when it feeds a ready signal it sits in
+front of a pipeline's clock-enable fan-out. Here it is computed one beat ahead and registered,
+so that ``last`` costs a flip-flop's delay.
+
+``beats`` must hold its value for at least one cycle before the first ``start`` (it is the
+per-run beat count, loaded when the run is accepted).
+"""
+
+from amaranth.hdl import Signal
+
+__all__ = ["row_beats"]
+
+
+def row_beats(m, beats, *, start, step, name="row"):
+    """Count the beats of a row. ``start`` (a new row begins: its first beat is in hand) wins
+    over ``step`` (the beat in hand is taken; the next one of the same row is in hand) in the
+    same cycle. Returns ``(beat, last)``: the index of the beat in hand and the registered
+    "it is the row's last" flag."""
+    beat = Signal.like(beats, name=f"{name}_beat")
+    last = Signal(name=f"{name}_last")
+    one_beat = Signal(name=f"{name}_one_beat")
+    second_last = Signal.like(beats, name=f"{name}_second_last")
+    m.d.sync += [one_beat.eq(beats == 1), second_last.eq(beats - 2)]
+    with m.If(step):
+        m.d.sync += [beat.eq(beat + 1), last.eq(beat == second_last)]
+    with m.If(start):
+        m.d.sync += [beat.eq(0), last.eq(one_beat)]
+    return beat, last
