@@ -1,5 +1,7 @@
 """IEEE-754 multiplier: round to nearest even, subnormals in and out, bit-exact against NumPy."""
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from ..params import check_choice
@@ -13,17 +15,18 @@ __all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES"
 #: Default pipeline depth per format: every register boundary of
 #: :class:`FloatMultiplierCore` gets one register, so that no stage has more than a few LUT
 #: levels and a carry chain (250 MHz or more on ECP5-85 speed 8 with ``dsp="ecp5"``).
-DEFAULT_MULTIPLIER_STAGES = {"fp32": 12, "fp16": 12, "bf16": 12}
+DEFAULT_MULTIPLIER_STAGES = {"fp32": 13, "fp16": 13, "bf16": 13}
 
 # Register boundaries in pipeline order, and the order in which they receive a register as
 # ``stages`` grows: each new register cuts the longest remaining combinational path.
 # Registers beyond the last all go on the output.
-_BOUNDARIES = ("unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs", "mul_partial",
+_BOUNDARIES = ("classified", "unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs", "mul_partial",
                "product", "product_normalised", "denormalise_coarse", "denormalised",
                "round_prepared", "rounded")
 _BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",
                       "product_normalised", "zeros", "product", "round_prepared",
-                      "denormalise_coarse", "unpacked", "x_coarse", "mul_partial")
+                      "denormalise_coarse", "unpacked", "x_coarse", "mul_partial",
+                      "classified")
 _EXTRA_BOUNDARY = "rounded"
 assert sorted(_BOUNDARIES) == sorted(_BOUNDARY_PRIORITY)
 
@@ -48,7 +51,11 @@ class FloatMultiplierCore(FloatCore):
 
     Datapath, with a register boundary (named) after each step:
 
-    1. ``unpacked``: unpack; the operand with a zero exponent field (a subnormal or zero), if
+    1. ``classified``: each operand on its own: its fields, class flags and the first step
+       of its fraction's leading-zero count (a unit that gives every lane the same operand,
+       like a gate, shares this logic between lanes: the register keeps the lanes' own logic
+       behind it short);
+       ``unpacked``: the operand with a zero exponent field (a subnormal or zero), if
        any, becomes x, the one that is normalised (if both are subnormal the product is far
        below the subnormal range whatever is done, so one normaliser is enough);
     2. ``zeros``, ``x_coarse``, ``mul_inputs``: count the leading zeros of x and shift it
@@ -66,8 +73,9 @@ class FloatMultiplierCore(FloatCore):
 
     Registers are given to the boundaries in the order ``mul_outputs``, ``denormalised``,
     ``rounded``, ``mul_inputs``, ``product_normalised``, ``zeros``, ``product``,
-    ``round_prepared``, ``denormalise_coarse``, ``unpacked``, ``x_coarse``, ``mul_partial``
-    as ``stages`` grows (default: all twelve); any beyond twelve go on the output.
+    ``round_prepared``, ``denormalise_coarse``, ``unpacked``, ``x_coarse``, ``mul_partial``,
+    ``classified`` as ``stages`` grows (default: all thirteen); any beyond thirteen go on the
+    output.
     """
 
     result_name = "product"
@@ -90,15 +98,24 @@ class FloatMultiplierCore(FloatCore):
         regs = StageRegisters(m, self.en, allocate_stages(
             self._stages, _BOUNDARY_PRIORITY, _EXTRA_BOUNDARY))
 
-        a = unpack(m, fmt, self.a, name="a")
-        b = unpack(m, fmt, self.b, name="b")
+        operands = {}
+        for key, bits in (("a", self.a), ("b", self.b)):
+            op = unpack(m, fmt, bits, name=key)
+            # The first step of x's leading-zero count, on both fractions (straight from the
+            # input bits) with a zero hidden bit; a normal x has a hidden one and no zeros.
+            any_, counts = leading_zeros_groups(
+                m, Cat(op.significand[:mant_bits], Const(0, 1)), name=f"{key}_zeros")
+            operands.update({f"{key}_{name}": getattr(op, name) for name in (
+                "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
+            operands.update({f"{key}_zeros_any": any_, f"{key}_zeros_counts": counts})
+        cls = regs.boundary("classified", **operands)
+        a = SimpleNamespace(**{name: getattr(cls, f"a_{name}") for name in (
+            "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
+        b = SimpleNamespace(**{name: getattr(cls, f"b_{name}") for name in (
+            "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
+        groups_a = (cls.a_zeros_any, cls.a_zeros_counts)
+        groups_b = (cls.b_zeros_any, cls.b_zeros_counts)
         swap = b.exp_zero
-        # The first step of x's leading-zero count, on both fractions (straight from the
-        # input bits) with a zero hidden bit; a normal x has a hidden one and no zeros.
-        groups_a = leading_zeros_groups(m, Cat(a.significand[:mant_bits], Const(0, 1)),
-                                        name="a_zeros")
-        groups_b = leading_zeros_groups(m, Cat(b.significand[:mant_bits], Const(0, 1)),
-                                        name="b_zeros")
         hidden_x = Mux(swap, 0, ~a.exp_zero)
         top_group = len(groups_a[0]) - 1
         zero_any = Signal.like(groups_a[0], name="x_zeros_any")

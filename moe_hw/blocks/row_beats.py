@@ -6,8 +6,8 @@ A row of H elements moves in ``beats = ceil(H / lanes)`` beats. The last-beat te
 front of a pipeline's clock-enable fan-out. Here it is computed one beat ahead and registered,
 so that ``last`` costs a flip-flop's delay.
 
-``beats`` must hold its value for at least one cycle before the first ``start`` (it is the
-per-run beat count, loaded when the run is accepted).
+``beats`` is the per-run beat count: it must hold its value from the cycle of the first
+``start`` on, and for at least one cycle before the first ``step``.
 """
 
 from amaranth.hdl import Signal
@@ -22,11 +22,10 @@ def row_beats(m, beats, *, start, step, name="row"):
     "it is the row's last" flag."""
     beat = Signal.like(beats, name=f"{name}_beat")
     last = Signal(name=f"{name}_last")
-    one_beat = Signal(name=f"{name}_one_beat")
     second_last = Signal.like(beats, name=f"{name}_second_last")
-    m.d.sync += [one_beat.eq(beats == 1), second_last.eq(beats - 2)]
+    m.d.sync += second_last.eq(beats - 2)
     with m.If(step):
         m.d.sync += [beat.eq(beat + 1), last.eq(beat == second_last)]
     with m.If(start):
-        m.d.sync += [beat.eq(0), last.eq(one_beat)]
+        m.d.sync += [beat.eq(0), last.eq(beats == 1)]
     return beat, last

@@ -120,7 +120,7 @@ class RowReader(wiring.Component):
         cur_left = Signal(range(self.max_count + 1))    # beats still to issue
         cur_tail = Signal()
         cur_skip = Signal()
-        cur_last = cur_left == 1
+        cur_last = Signal()                             # cur_left == 1, as a register
         if self.tag_layout is not None:
             cur_tag = Signal(self.tag_layout)
 
@@ -152,12 +152,14 @@ class RowReader(wiring.Component):
             m.d.comb += entry_in.tag.eq(cur_tag)
 
         with m.If(issue):
-            m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1)]
+            m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
+                         cur_last.eq(cur_left == 2)]
             with m.If(cur_last):
                 m.d.sync += cur_loaded.eq(0)
         cmd = self.command.payload
         with m.If(self.command.valid & self.command.ready):
             m.d.sync += [cur_loaded.eq(1), cur_addr.eq(cmd.addr), cur_left.eq(cmd.count),
+                         cur_last.eq(cmd.count == 1),
                          cur_tail.eq(cmd.tail), cur_skip.eq(cmd.skip)]
             if self.tag_layout is not None:
                 m.d.sync += cur_tag.eq(cmd.tag)

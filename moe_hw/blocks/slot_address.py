@@ -30,15 +30,16 @@ multiplier blocks as for the float multiplier (``"ecp5"``: MULT18X18D with regis
 from types import SimpleNamespace
 
 from amaranth.hdl import Module, Signal, signed
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.product import DSP_TARGETS, pipelined_product, product_latency
 from ..params import check_choice, check_int
-from ..stream import PipelineControl, delay
+from ..stream import CreditPipeline, PipelineControl, delay
 
-__all__ = ["SlotAddress", "header_slot_stage", "slot_latency", "slot_widths"]
+__all__ = ["SlotAddress", "header_slot_queue", "header_slot_stage", "slot_latency",
+           "slot_widths"]
 
 
 def slot_widths(max_experts, max_capacity, max_hidden):
@@ -154,3 +155,37 @@ def header_slot_stage(m, header, control, params, *, open, addr_width):
                                             index=header.payload.index,
                                             location=header.payload.location)
     return SimpleNamespace(ctl=ctl, address=address, in_range=in_range)
+
+
+def header_slot_queue(m, header, control, params, *, open, addr_width, carry=()):
+    """The header stream of a unit that addresses the expert buffer, through the slot
+    address in a pipeline that never stalls: the :class:`SlotAddress` (submodule
+    ``slot_address``, enable constant 1) inside a :class:`~moe_hw.stream.CreditPipeline`
+    (submodule ``header_queue``), whose queue holds the addressed headers.
+
+    ``header``, ``control``, ``params`` and ``open`` are as for :func:`header_slot_stage`;
+    ``carry`` names header payload fields that travel with the address (for example the
+    gate). Returns the :class:`~moe_hw.stream.CreditPipeline`: its stream ``o`` has payload
+    fields ``address``, ``in_range`` and the ``carry`` fields; its output register holds the
+    front header until the unit takes it. Latency :func:`slot_latency` +
+    ``CreditPipeline.QUEUE_LATENCY``.
+    """
+    fields = {"address": addr_width, "in_range": 1}
+    fields.update({name: header.payload[name].shape() for name in carry})
+    queue = m.submodules.header_queue = CreditPipeline(slot_latency(params),
+                                                       data.StructLayout(fields))
+    m.d.comb += [
+        queue.i_valid.eq(header.valid & open),
+        header.ready.eq(queue.i_ready & open),
+    ]
+    slot_address = m.submodules.slot_address = SlotAddress(
+        index_width=params.index_width, max_experts=params.max_experts,
+        max_capacity=params.max_capacity, max_hidden=params.max_hidden, addr_width=addr_width,
+        dsp=getattr(params, "dsp", "generic"))
+    address, in_range = slot_address.follow(m, control, en=1, index=header.payload.index,
+                                            location=header.payload.location)
+    m.d.comb += [queue.payload.address.eq(address), queue.payload.in_range.eq(in_range)]
+    for name in carry:
+        m.d.comb += queue.payload[name].eq(delay(m, header.payload[name], queue.latency, 1,
+                                                 name=f"header_{name}"))
+    return queue

@@ -1,6 +1,8 @@
-"""Stream plumbing: skid buffers and fixed-latency pipeline control, written once and reused."""
+"""Stream plumbing: skid buffers, fixed-latency pipeline control and the free-running credit
+pipeline, written once and reused."""
 
+from .credit import CreditPipeline
 from .pipeline import PipelineControl, delay
 from .skid import SkidBuffer
 
-__all__ = ["PipelineControl", "delay", "SkidBuffer"]
+__all__ = ["CreditPipeline", "PipelineControl", "delay", "SkidBuffer"]

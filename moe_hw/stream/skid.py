@@ -31,15 +31,17 @@ class SkidBuffer(wiring.Component):
             self.o.valid.eq(main_valid),
             self.o.payload.eq(main),
         ]
-        i_take = self.i.valid & self.i.ready
-        o_take = self.o.valid & self.o.ready
-        with m.If(o_take | ~main_valid):
-            # The output register is free this cycle: fill it from the skid slot first.
-            m.d.sync += [
-                main.eq(Mux(skid_valid, skid, self.i.payload)),
-                main_valid.eq(skid_valid | i_take),
-                skid_valid.eq(0),
-            ]
-        with m.Elif(i_take):
-            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        # Written out in the smallest form (each flag a 4-input function of registers and
+        # the two handshake inputs), so that synthesis keeps it at one LUT after o.ready.
+        free = self.o.ready | ~main_valid            # the output register loads this cycle
+        with m.If(free):
+            m.d.sync += main.eq(Mux(skid_valid, skid, self.i.payload))
+        m.d.sync += [
+            main_valid.eq(skid_valid | self.i.valid | (main_valid & ~self.o.ready)),
+            skid_valid.eq(main_valid & ~self.o.ready & (skid_valid | self.i.valid)),
+        ]
+        # The skid slot follows the input while it is empty: its wide clock enable is then a
+        # register, not a function of both handshakes.
+        with m.If(~skid_valid):
+            m.d.sync += skid.eq(self.i.payload)
         return m

@@ -27,7 +27,7 @@ Streams and ports (payload fields are listed least significant first):
     exceeds its generation-time maximum; such a run does nothing.
 
 Zero-element problems (``pairs``, ``hidden``, ``capacity`` or ``num_experts`` zero) finish at
-once: ``done`` one cycle after start, no stream is read, nothing is written. ``dropped`` then
+once: ``done`` two cycles after start (the run control's decide cycle), no stream is read, nothing is written. ``dropped`` then
 reads ``pairs`` when the capacity or the expert count is zero (every pair fails the mask) and
 0 when ``hidden`` is zero (no pair carries data).
 
@@ -37,9 +37,12 @@ pairs takes exactly ``pairs * ceil(H / lanes) + overhead`` cycles from the start
 the cycle ``done`` is first seen (see :attr:`DispatchUnit.overhead`).
 
 Pipeline: the shared :class:`~moe_hw.blocks.slot_address.SlotAddress` checks the mask and
-forms ``(index*C + location)*H`` on registered DSP blocks; the current-pair register walks ``addr`` from
-there in steps of ``lanes``; ``lanes`` float multipliers form ``gate * element``; a skid
-buffer drives ``write`` so that ``write.ready`` has no combinational path to the inputs.
+forms ``(index*C + location)*H`` on registered DSP blocks; a skid buffer hands the pair to
+the current-pair register, which walks ``addr`` from there in steps of ``lanes``; ``lanes``
+float multipliers form ``gate * element`` in a pipeline that never stalls
+(:class:`~moe_hw.stream.CreditPipeline`: a beat enters only when the output queue has room
+for it), and the queue drives ``write``, so that ``write.ready`` reaches no clock enable of
+the datapath and has no combinational path to the inputs.
 """
 
 from dataclasses import dataclass
@@ -54,9 +57,9 @@ from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
 from ..blocks.row_beats import row_beats
 from ..blocks.run_control import START_LATENCY, RunControl, run_ports
-from ..blocks.slot_address import header_slot_stage, slot_latency
+from ..blocks.slot_address import header_slot_queue, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, delay
 
 __all__ = ["DispatchParams", "DispatchUnit"]
 
@@ -88,9 +91,10 @@ class DispatchParams(FloatDatapathParams, UnitParams):
     @property
     def overhead(self):
         """Stall-free cycles beyond one per data beat: run control (start, decide), slot
-        address, header skid
-        buffer, current-pair register, multiplier, skid buffer, done register."""
-        return START_LATENCY + slot_latency(self) + 1 + 1 + self.stages + 1 + 1
+        address, header queue (its output is the current pair), operand register,
+        multiplier, output queue, its idle register, done register."""
+        return (START_LATENCY + slot_latency(self) + CreditPipeline.QUEUE_LATENCY + 1 + self.stages +
+                CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     @property
     def addr_width(self):
@@ -138,8 +142,9 @@ class DispatchUnit(wiring.Component):
 
     @property
     def latency(self):
-        """Cycles from a data beat entering to its write leaving (multiplier + skid buffer)."""
-        return self.params.stages + 1
+        """Cycles from a data beat entering to its write leaving (operand register,
+        multiplier, output queue)."""
+        return 1 + self.params.stages + CreditPipeline.QUEUE_LATENCY
 
     @property
     def overhead(self):
@@ -160,86 +165,75 @@ class DispatchUnit(wiring.Component):
         headers_left = Signal.like(self.pairs)
         pairs_left = Signal.like(self.pairs)
 
-        # ---- header pipeline: mask and slot address -----------------------------------------
-        stage = header_slot_stage(m, self.header, ctl, p, open=running & (headers_left != 0),
-                                  addr_width=p.addr_width)
-        header_ctl, base, h_valid = stage.ctl, stage.address, stage.in_range
-        en_h = header_ctl.en
-        h_gate = delay(m, self.header.payload.gate, stage.ctl.latency, en_h, name="h_gate")
-        # A skid buffer between the header pipeline and the current pair: the pipeline's
-        # enable then depends on registers only, not on the data stream.
-        h_skid = m.submodules.header_skid = SkidBuffer(data.StructLayout({
-            "gate": p.fmt.width, "valid": 1, "base": p.addr_width}))
-        m.d.comb += [
-            h_skid.i.valid.eq(header_ctl.o_valid),
-            header_ctl.o_ready.eq(h_skid.i.ready),
-            h_skid.i.payload.gate.eq(h_gate),
-            h_skid.i.payload.valid.eq(h_valid),
-            h_skid.i.payload.base.eq(base),
-        ]
-        pair = h_skid.o.payload
+        # ---- header pipeline: mask and slot address, then a queue -------------------------
+        # The queue's output register is the current pair, popped when its last beat is
+        # taken.
+        h_queue = header_slot_queue(m, self.header, ctl, p, open=running & (headers_left != 0),
+                                    addr_width=p.addr_width, carry=("gate",))
+        h_out = h_queue.o
+        with m.If(h_queue.take):
+            m.d.sync += headers_left.eq(headers_left - 1)
 
         # ---- current pair: walks the addresses of its beats ------------------------------
-        mul_ctl = m.submodules.mul_ctl = PipelineControl(p.stages)
-        cur_loaded = Signal()
-        cur_valid = Signal()
-        cur_gate = Signal(p.fmt.width)
-        cur_addr = Signal(p.addr_width)
-        m.d.comb += self.data.ready.eq(running & cur_loaded & mul_ctl.en)
-        beat_take = self.data.valid & self.data.ready
-        header_take = Signal()
-        _, last_beat = row_beats(m, beats, start=header_take, step=beat_take)
-        cur_free = ~cur_loaded | (beat_take & last_beat)
-        m.d.comb += [h_skid.o.ready.eq(cur_free), header_take.eq(h_skid.o.valid & cur_free)]
-
+        # The multipliers never stall: a beat enters only when the output queue has room.
+        out_layout = data.StructLayout({"beat": p.write_layout(), "write": 1})
+        mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout)
+        pair = h_out.payload
+        offset = Signal(p.addr_width)           # the beat's element offset in its row
+        # (A pair is in the queue only while the run is on.)
+        m.d.comb += [
+            mul_ctl.i_valid.eq(self.data.valid & h_out.valid),
+            self.data.ready.eq(h_out.valid & mul_ctl.i_ready),
+        ]
+        beat_take = mul_ctl.take
+        pair_done = Signal()
+        _, last_beat = row_beats(m, beats, start=ctl.begin | pair_done, step=beat_take)
+        m.d.comb += [pair_done.eq(beat_take & last_beat), h_out.ready.eq(pair_done)]
         with m.If(beat_take):
-            m.d.sync += cur_addr.eq(cur_addr + p.lanes)
-            with m.If(last_beat):
-                m.d.sync += [cur_loaded.eq(0), pairs_left.eq(pairs_left - 1)]
-        with m.If(header_take):
-            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(pair.valid), cur_gate.eq(pair.gate),
-                         cur_addr.eq(pair.base)]
-            with m.If(~pair.valid):
-                m.d.sync += self.dropped.eq(self.dropped + 1)
-        with m.If(self.header.valid & self.header.ready):
-            m.d.sync += headers_left.eq(headers_left - 1)
+            m.d.sync += offset.eq(Mux(last_beat, 0, offset + p.lanes))
+        # The pair's bookkeeping, a cycle later (off the handshake path).
+        done_pair = delay(m, pair_done, 1, 1, name="done_pair")
+        done_dropped = delay(m, pair_done & ~pair.in_range, 1, 1, name="done_dropped")
+        with m.If(done_pair):
+            m.d.sync += pairs_left.eq(pairs_left - 1)
+        with m.If(done_dropped):
+            m.d.sync += self.dropped.eq(self.dropped + 1)
+        with m.If(ctl.begin):
+            m.d.sync += offset.eq(0)
 
         # ---- gate multiply ---------------------------------------------------------------
         # Beats of dropped pairs travel the pipeline too, as items that write nothing, so
         # that the run's cycle count does not depend on which pairs are dropped.
-        m.d.comb += mul_ctl.i_valid.eq(self.data.valid & running & cur_loaded)
-        en_m = mul_ctl.en
-        products = []
+        # The operands are registered first, next to each lane's multiplier.
+        gate = delay(m, pair.gate, 1, 1, name="lane_gate")
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(cur_gate), mul.b.eq(self.data.payload.data[lane]),
-                         mul.en.eq(en_m)]
-            products.append(mul.product)
+            m.d.comb += [mul.a.eq(gate),
+                         mul.b.eq(delay(m, self.data.payload.data[lane], 1, 1,
+                                        name=f"lane_data{lane}")),
+                         mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
         enable = Mux(last_beat, last_enable, Const((1 << p.lanes) - 1, p.lanes))
-        w_addr = delay(m, cur_addr, p.stages, en_m, name="w_addr")
-        w_enable = delay(m, enable, p.stages, en_m, name="w_enable")
-        w_write = delay(m, cur_valid, p.stages, en_m, name="w_write")
-
-        # Items that write nothing go through the skid buffer too and vanish at its output.
-        skid = m.submodules.skid = SkidBuffer(data.StructLayout({
-            "beat": p.write_layout(), "write": 1}))
+        latency = mul_ctl.latency
         m.d.comb += [
-            skid.i.valid.eq(mul_ctl.o_valid),
-            mul_ctl.o_ready.eq(skid.i.ready),
-            skid.i.payload.write.eq(w_write),
-            skid.i.payload.beat.addr.eq(w_addr),
-            skid.i.payload.beat.enable.eq(w_enable),
-            self.write.valid.eq(skid.o.valid & skid.o.payload.write),
-            self.write.payload.eq(skid.o.payload.beat),
-            skid.o.ready.eq(self.write.ready | ~skid.o.payload.write),
+            mul_ctl.payload.beat.addr.eq(delay(m, pair.address + offset, latency, 1,
+                                               name="w_addr")),
+            mul_ctl.payload.beat.enable.eq(delay(m, enable, latency, 1, name="w_enable")),
+            mul_ctl.payload.write.eq(delay(m, pair.in_range, latency, 1, name="w_write")),
         ]
-        for lane, product in enumerate(products):
-            m.d.comb += skid.i.payload.beat.data[lane].eq(product)
+
+        # Items that write nothing leave the queue too and vanish at its output.
+        out = mul_ctl.o
+        m.d.comb += [
+            self.write.valid.eq(out.valid & out.payload.write),
+            self.write.payload.eq(out.payload.beat),
+            out.ready.eq(self.write.ready | ~out.payload.write),
+        ]
 
         # ---- control -----------------------------------------------------------------------
-        m.d.comb += ctl.finished.eq(running & (pairs_left == 0) & ~mul_ctl.busy &
-                                    ~skid.o.valid)
+        pairs_done = Signal()           # registered: pairs_left is loaded at accept
+        m.d.sync += pairs_done.eq(pairs_left == 0)
+        m.d.comb += ctl.finished.eq(running & pairs_done & ~mul_ctl.busy)
         with m.If(ctl.accept):
             m.d.sync += [
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
@@ -248,8 +242,11 @@ class DispatchUnit(wiring.Component):
                 self.dropped.eq(0),
             ]
         # Every pair fails the mask when there is no slot, but none carries data when H is
-        # zero.
-        with m.If(ctl.decide & ~ctl.too_big & (ctl.size("hidden") != 0) &
-                  ((ctl.size("capacity") == 0) | (ctl.size("num_experts") == 0))):
+        # zero (registered at accept, used in the decide cycle).
+        no_slot = Signal()
+        with m.If(ctl.accept):
+            m.d.sync += no_slot.eq((self.hidden != 0) &
+                                   ((self.capacity == 0) | (self.num_experts == 0)))
+        with m.If(ctl.decide & ~ctl.too_big & no_slot):
             m.d.sync += self.dropped.eq(ctl.size("pairs"))
         return m
