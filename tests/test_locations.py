@@ -92,7 +92,7 @@ def test_locations_experts_zero_routes_nothing():
 def test_locations_runtime_size_error_flag():
     # num_experts above max_experts reaches the hardware only through the raw bench.
     res = simulate_raw([0, 1, 2], num_experts=PARAMS.max_experts + 1, capacity=4, params=PARAMS)
-    assert res["error"] == 1 and res["cycles"] == 1
+    assert res["error"] == 1 and res["cycles"] == EMPTY_CYCLES
     assert res["pairs_taken"] == 0 and res["location"].size == 0 and res["counts"].size == 0
 
 
@@ -176,12 +176,13 @@ def run_counter_bank(count, requests, p_stall, seed, clear_at=()):
     values = []
 
     async def bench(ctx):
-        sent, in_stage = 0, None
+        sent = 0
+        stages = [None] * CounterBank.latency      # the request in each stage, last one last
         for cycle in range(20 * len(requests) + 50):
             en = not rng.random() < p_stall
             offer = sent < len(requests) and not rng.random() < p_stall
-            # A clear waits for the stage to empty, and the request after it for the clear.
-            clear = sent in clear_at and in_stage is None
+            # A clear waits for the pipeline to empty, and the request after it for the clear.
+            clear = sent in clear_at and stages == [None] * len(stages)
             offer &= sent not in clear_at or clear
             ctx.set(dut.en, en)
             ctx.set(dut.valid, offer)
@@ -189,15 +190,15 @@ def run_counter_bank(count, requests, p_stall, seed, clear_at=()):
             if offer:
                 ctx.set(dut.index, requests[sent][0])
                 ctx.set(dut.increment, requests[sent][1])
-            if in_stage is not None and en:
-                values.append(ctx.get(dut.value))   # the item leaves the stage now
+            if stages[-1] is not None and en:
+                values.append(ctx.get(dut.value))   # the item leaves the last stage now
             await ctx.tick()
             if en:
-                in_stage = sent if offer else None
+                stages = [sent if offer else None] + stages[:-1]
                 sent += offer
-            if sent == len(requests) and in_stage is None:
+            if sent == len(requests) and stages == [None] * len(stages):
                 break
-        assert sent == len(requests) and in_stage is None
+        assert sent == len(requests) and stages == [None] * len(stages)
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
@@ -217,7 +218,7 @@ def counter_bank_model(count, requests, clear_at=()):
 
 
 @pytest.mark.parametrize("p_stall", [0.0, 0.3, 0.6])
-@pytest.mark.parametrize("count", [1, 3, 8])
+@pytest.mark.parametrize("count", [1, 3, 8, 64])
 def test_counter_bank_random(count, p_stall):
     rng = np.random.default_rng(count)
     # Few counters and long runs of one index: many back-to-back hits on one counter.
@@ -239,7 +240,7 @@ def test_counter_bank_parameters():
         CounterBank(0, 8)
     with pytest.raises(ParameterError, match="width must be an integer, not 2.5"):
         CounterBank(4, 2.5)
-    assert CounterBank.latency == 1
+    assert CounterBank.latency == 2
 
 
 # ---- reset in the middle of a run --------------------------------------------------------------

@@ -30,18 +30,25 @@ Streams and ports (payload fields are listed least significant first):
     the next start. ``dropped`` counts the routed pairs whose location is >= ``capacity``
     (those dispatch's mask will drop; out-of-range pairs, location -1, are not in it).
     ``error`` is set when a run-time size exceeds its generation-time maximum; such a run
-    reads and writes nothing and is done one cycle after start.
+    reads and writes nothing and is done ``EMPTY_CYCLES`` (2) cycles after start.
 
-A run with no pairs and no experts finishes at once (``done`` one cycle after start). Every
+A run with no pairs and no experts finishes at once (``done`` ``EMPTY_CYCLES`` (2) cycles
+after start). Every
 other run, stall-free, takes exactly ``pairs + num_experts + OVERHEAD`` cycles from the start
 cycle to the cycle ``done`` is first seen (:meth:`LocationsParams.stall_free_cycles`):
 one pair (and then one read-out) enters the counter bank every cycle, and a stall anywhere
 costs only the cycles it lasts.
 
-Pipeline: the pair's index is range-checked and, in the same cycle, addresses the
+``OVERHEAD = START_LATENCY + 4 = 6``.
+
+Pipeline (one global stall, :class:`~moe_hw.stream.PipelineControl`): the pair's index is
+range-checked and enters the two-stage
 :class:`~moe_hw.blocks.counter_bank.CounterBank` (an increment for a routed pair, a plain read
-for a read-out); one cycle later the counter's value becomes the location (or the count); a
-skid buffer on each output stream cuts the ready paths.
+for a read-out; for a read-out the index is the expert number); two cycles later the
+counter's value becomes the location (or the count); a skid buffer on each output stream cuts
+the ready paths. The issue decision
+(pairs or read-outs, the last of each) comes from flags registered one take ahead, and
+``dropped`` is counted from the location skid buffer's output register.
 """
 
 from dataclasses import dataclass
@@ -54,7 +61,7 @@ from amaranth.utils import bits_for
 from ..blocks.counter_bank import CounterBank
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer
+from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["LocationsParams", "LocationsUnit"]
 
@@ -68,10 +75,10 @@ class LocationsParams(UnitParams):
     max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
     index_width: int = param(32, minimum=2, maximum=64)
 
-    OVERHEAD = START_LATENCY + 3
+    OVERHEAD = START_LATENCY + 4
     """Stall-free cycles beyond one per pair and one per expert: the run control's start and
-    decide cycles, the counter
-    bank stage, the output skid buffer and the done register."""
+    decide cycles, the counter bank's two stages, the output skid buffer and the done
+    register."""
 
     def check(self):
         self.check_signed_fits("index_width", "max_experts")
@@ -148,12 +155,8 @@ class LocationsUnit(wiring.Component):
         ctl = m.submodules.control = RunControl(p.sizes)
         ctl.connect(m, self)
         m.d.comb += ctl.empty_also.eq((self.pairs == 0) & (self.num_experts == 0))
-        running = ctl.running
         num_experts = ctl.size("num_experts")
         capacity = ctl.size("capacity")
-        pairs_left = Signal.like(self.pairs)
-        readouts_left = Signal.like(self.num_experts)
-        readout_index = Signal(range(p.max_experts))
 
         m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width)
         m.submodules.ctl = pipe = PipelineControl(bank.latency)
@@ -161,32 +164,47 @@ class LocationsUnit(wiring.Component):
         m.submodules.count_skid = count_skid = SkidBuffer(p.count_layout())
 
         # ---- issue: a pair, or after the last pair a read-out ---------------------------------
+        # The phase flags and the "this is the last one" flags are registers, computed one
+        # take ahead, so that the issue decision costs a flip-flop's delay.
+        pairs_phase = Signal()             # issuing pairs
+        readout_phase = Signal()           # issuing read-outs
+        pairs_left = Signal.like(self.pairs)
+        last_pair = Signal()               # pairs_left == 1
+        readout_index = Signal(range(p.max_experts))
+        readouts_left = Signal.like(self.num_experts)
+        last_readout = Signal()            # readouts_left == 1
+        has_experts = Signal()             # num_experts != 0
+        issue_valid = Mux(pairs_phase, self.index.valid, readout_phase)
+        take = issue_valid & pipe.en
+        m.d.comb += self.index.ready.eq(pairs_phase & pipe.en)
+        with m.If(take & pairs_phase):
+            m.d.sync += [pairs_left.eq(pairs_left - 1), last_pair.eq(pairs_left == 2)]
+            with m.If(last_pair):
+                m.d.sync += [pairs_phase.eq(0), readout_phase.eq(has_experts)]
+        with m.If(take & ~pairs_phase):
+            m.d.sync += [readout_index.eq(readout_index + 1),
+                         readouts_left.eq(readouts_left - 1),
+                         last_readout.eq(readouts_left == 2)]
+            with m.If(last_readout):
+                m.d.sync += readout_phase.eq(0)
+
+        # ---- the request: the bank registers it, the rest of it follows in step -----------
         index = self.index.payload.index
-        in_range = (index >= 0) & (index < num_experts)
-        issue_pair = running & (pairs_left != 0)
-        issue_readout = running & (pairs_left == 0) & (readouts_left != 0)
+        ew = len(num_experts)
+        # 0 <= index < num_experts, as a zero test of the high bits and a narrow compare.
+        in_range = (index.as_unsigned()[ew:] == 0) & (index.as_unsigned()[:ew] < num_experts)
         m.d.comb += [
-            pipe.i_valid.eq(Mux(issue_pair, self.index.valid, issue_readout)),
-            self.index.ready.eq(issue_pair & pipe.en),
+            pipe.i_valid.eq(issue_valid),
             bank.en.eq(pipe.en),
-            bank.valid.eq(pipe.i_valid),
+            bank.valid.eq(issue_valid),
             # An out-of-range index may alias a counter here; it only reads it.
-            bank.index.eq(Mux(issue_pair, index.as_unsigned(), readout_index)),
-            bank.increment.eq(issue_pair & in_range),
+            bank.index.eq(Mux(pairs_phase, index.as_unsigned(), readout_index)),
+            bank.increment.eq(pairs_phase & in_range),
         ]
-        take = pipe.i_valid & pipe.en
-        with m.If(take):
-            with m.If(issue_pair):
-                m.d.sync += pairs_left.eq(pairs_left - 1)
-            with m.Else():
-                m.d.sync += [readouts_left.eq(readouts_left - 1),
-                             readout_index.eq(readout_index + 1)]
 
         # ---- the counter's value: a location or a count --------------------------------------
-        stage_readout = Signal()
-        stage_in_range = Signal()
-        with m.If(pipe.en):
-            m.d.sync += [stage_readout.eq(~issue_pair), stage_in_range.eq(in_range)]
+        stage_readout = delay(m, ~pairs_phase, bank.latency, pipe.en, name="stage_readout")
+        stage_in_range = delay(m, in_range, bank.latency, pipe.en, name="stage_in_range")
         location = Mux(stage_in_range, bank.value, -1)
         m.d.comb += [
             pipe.o_ready.eq(Mux(stage_readout, count_skid.i.ready, location_skid.i.ready)),
@@ -197,17 +215,28 @@ class LocationsUnit(wiring.Component):
         ]
         wiring.connect(m, location_skid.o, wiring.flipped(self.location))
         wiring.connect(m, count_skid.o, wiring.flipped(self.counts))
-        with m.If(location_skid.i.valid & location_skid.i.ready & stage_in_range &
-                  (bank.value >= capacity)):
+        # Counted as the location leaves (from the skid buffer's register): it is final before
+        # ``done``, which waits for the skid buffer to empty.
+        leaving = self.location.payload.location
+        with m.If(self.location.valid & self.location.ready & (leaving >= 0) &
+                  (leaving.as_unsigned() >= capacity)):
             m.d.sync += self.dropped.eq(self.dropped + 1)
 
         # ---- control ----------------------------------------------------------------------------
         m.d.comb += [
-            ctl.finished.eq(running & (pairs_left == 0) & (readouts_left == 0) & ~pipe.busy &
-                            ~location_skid.o.valid & ~count_skid.o.valid),
-            bank.clear.eq(ctl.accept),
+            ctl.finished.eq(ctl.running & ~pairs_phase & ~readout_phase &
+                            ~pipe.busy & ~location_skid.o.valid & ~count_skid.o.valid),
+            # No request is in flight in the decide cycle; the first enters after ``begin``.
+            bank.clear.eq(ctl.decide),
         ]
         with m.If(ctl.accept):
-            m.d.sync += [pairs_left.eq(self.pairs), readouts_left.eq(self.num_experts),
-                         readout_index.eq(0), self.dropped.eq(0)]
+            m.d.sync += [pairs_left.eq(self.pairs), last_pair.eq(self.pairs == 1),
+                         has_experts.eq(self.num_experts != 0),
+                         readouts_left.eq(self.num_experts),
+                         last_readout.eq(self.num_experts == 1),
+                         readout_index.eq(0), self.dropped.eq(0),
+                         pairs_phase.eq(0), readout_phase.eq(0)]
+        with m.If(ctl.begin):
+            m.d.sync += [pairs_phase.eq(pairs_left != 0),
+                         readout_phase.eq((pairs_left == 0) & has_experts)]
         return m

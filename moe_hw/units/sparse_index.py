@@ -20,6 +20,13 @@ Three passes:
    slot ``offset[e] + rank`` with ``rank`` the counter's value before its increment. A beat
    with no routed gate still takes one cycle.
 
+Pipeline (one global stall, :class:`~moe_hw.stream.PipelineControl`, behind a skid buffer
+that gives the issue logic a registered ready): the request (bank row, per-lane increments,
+lane) enters the two-stage counter banks; a lane-select stage registers the lane's count and
+its offset; a slot stage registers ``offset + rank`` and whether it reaches ``nonzeros``
+(from ``nonzeros - offset``, computed in the stage before). The row's last beat and the
+phase changes come from flags registered one take ahead.
+
 The state is O(E) (counters and offsets); the gate matrix itself is read twice, as a DMA
 would re-read it from memory, instead of being buffered (which would need O(S*k) storage).
 
@@ -43,7 +50,7 @@ Streams and ports (payload fields are listed least significant first):
     ``done`` rises when the last beat of both output streams has left and stays high until the
     next start. ``nonzeros`` is the number of routed gates (final once ``part_sizes`` has
     ended). ``error`` is set when a run-time size exceeds its generation-time maximum (such a
-    run reads and writes nothing and is done one cycle after start); or when a gate of an
+    run reads and writes nothing and is done ``EMPTY_CYCLES`` (2) cycles after start); or when a gate of an
     in-range lane is negative, i.e. < 0 as the golden model rejects it: sign bit set, not
     +-0.0 and not a NaN (a NaN with the sign bit set is routed like any NaN). A negative gate
     does not stop the run: it is treated as routed (nonzero), every beat of both passes is
@@ -52,7 +59,7 @@ Streams and ports (payload fields are listed least significant first):
     outside ``[0, nonzeros)`` (the second copy of the matrix has a routed gate the first did
     not have; the unit keeps no copy to compare the two in full).
 
-A run with E = 0 finishes at once (``done`` one cycle after start). Otherwise, stall-free, a
+A run with E = 0 finishes at once (``done`` ``EMPTY_CYCLES`` (2) cycles after start). Otherwise, stall-free, a
 run takes exactly (:meth:`SparseIndexParams.stall_free_cycles`)::
 
     S*B + E + place_cycles + PASSES_OVERHEAD      (S >= 1)
@@ -71,7 +78,7 @@ stall anywhere costs only the cycles it lasts.
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -82,7 +89,8 @@ from ..blocks.prefix_sum import PrefixSum
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer
+from ..blocks.row_beats import row_beats
+from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["SparseIndexParams", "SparseIndexUnit", "gate_class", "place_cycles"]
 
@@ -98,19 +106,23 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
     max_experts: int = param(64, minimum=1, maximum=1 << 16)
 
-    PASSES_OVERHEAD = START_LATENCY + 7
-    """Stall-free cycles beyond the passes' own for S >= 1: the run control's start and
-    decide cycles; between pass 2 and
-    pass 3, the counter bank stage, the prefix sum's register and the offset memory's write
-    (pass 3 starts once every offset is written); pass 3's beat register; and after the last
-    routed gate, the counter bank stage, the write skid buffer and the done register."""
-    OFFSETS_OVERHEAD = START_LATENCY + 4
-    """The same for S == 0 (no rows, so no pass 1 or 3): the start and decide cycles, the counter bank
-    stage, the prefix sum's register, the part_sizes skid buffer and the done register."""
+    PASSES_OVERHEAD = START_LATENCY + 16
+    """Stall-free cycles beyond the passes' own for S >= 1 (18): the run control's start and
+    decide cycles and its second setup cycle (3); between pass 2 and pass 3, the request skid
+    buffer, the counter banks' two stages, the lane-select and slot stages, the prefix sum's
+    register and the offset memory's write (7: pass 3 starts once every offset is written);
+    pass 3's beat register (1); and after the last routed gate, the request skid buffer, the
+    banks' two stages, the lane-select and slot stages, the write skid buffer and the done
+    register (7). Pass 2 follows pass 1 without a gap (the banks forward in order)."""
+    OFFSETS_OVERHEAD = START_LATENCY + 9
+    """The same for S == 0 (no rows, so no pass 1 or 3; 11): the start, decide and second
+    setup cycles, the request skid buffer, the counter banks' two stages, the lane-select and
+    slot stages, the prefix sum's register, the part_sizes skid buffer and the done
+    register."""
 
     def stall_free_cycles(self, tokens, num_experts, place_cycles):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact; 1 when E = 0 or a size exceeds its maximum). ``place_cycles`` is pass 3's:
+        (exact; ``EMPTY_CYCLES`` (2) when E = 0 or a size exceeds its maximum). ``place_cycles`` is pass 3's:
         the sum over the beats of ``max(1, routed gates in the beat)`` (see
         :func:`place_cycles`)."""
         if num_experts == 0 or tokens > self.max_tokens or num_experts > self.max_experts:
@@ -183,57 +195,78 @@ class SparseIndexUnit(wiring.Component):
         p = self.params
         fmt = p.fmt
         lanes_log2 = ceil_log2(p.lanes)
+        all_lanes = (1 << p.lanes) - 1
 
         # ---- run control: start, held sizes, done / error ---------------------------------
         # ``error`` also reports the unit's own faults (a negative gate, or a slot outside
-        # [0, nonzeros)), through the run control's ``fault`` input.
-        ctl = m.submodules.control = RunControl(p.sizes, empty_when_zero=("num_experts",))
+        # [0, nonzeros)), through the run control's ``fault`` input. Two setup cycles: the
+        # row's beat counter takes its per-run constants from registers loaded at accept.
+        ctl = m.submodules.control = RunControl(p.sizes, empty_when_zero=("num_experts",),
+                                                setup=2)
         ctl.connect(m, self)
-        faults = []
-        running = ctl.running
         tokens = ctl.size("tokens")
-        num_experts = ctl.size("num_experts")
-        phase = Signal(range(3))
-        beats_per_row = Signal(range(p.max_beats_per_row + 1))
-        rows_left = Signal.like(self.tokens)
-        beat = Signal(range(p.max_beats_per_row))      # beat of the current input row
-        token = Signal(range(p.max_tokens))            # the current input row
-        reads_left = Signal.like(self.num_experts)     # pass 2: counters still to read
-        read_expert = Signal(range(p.max_experts))
-        offsets_written = Signal.like(self.num_experts)
 
+        # The passes as registered flags (each implies ``running``).
+        count_phase = Signal()
+        offsets_phase = Signal()
+        place_phase = Signal()
+        tokens_zero = Signal()
+        tokens_one = Signal()
+
+        m.submodules.ctl = pipe = PipelineControl(CounterBank.latency + 2)
         banks = []
         for lane in range(p.lanes):
             bank = CounterBank(p.max_beats_per_row, p.count_width)
             m.submodules[f"bank{lane}"] = bank
             banks.append(bank)
-        m.submodules.ctl = pipe = PipelineControl(CounterBank.latency)
         m.submodules.prefix = prefix = PrefixSum(p.count_width, p.slot_width)
         m.submodules.offsets = offsets = memory.Memory(shape=p.slot_width,
                                                        depth=p.max_experts, init=[])
         offset_write = offsets.write_port()
         offset_read = offsets.read_port(domain="sync")
+        # The requests for the banks pass a skid buffer: the issue logic (the row stream's
+        # ready, pass 3's beat register) sees its registered ready, not the pipeline's stall.
+        m.submodules.issue = issue = SkidBuffer(data.StructLayout({
+            "index": range(p.max_beats_per_row), "increment": p.lanes,
+            "lane": range(p.lanes), "offsets": 1, "place": 1, "real": 1,
+            "token": range(p.max_tokens), "gate": fmt.width}))
+        issue_ready = issue.i.ready
         m.submodules.part_skid = part_skid = SkidBuffer(p.part_sizes_layout())
         m.submodules.write_skid = write_skid = SkidBuffer(data.StructLayout({
             "beat": p.write_layout(), "write": 1}))
 
-        # ---- the input beat: which lanes are routed, which are negative ---------------------
+        # ---- the input rows: beat and row counters, flags registered one take ahead ----------
+        beats_per_row = Signal(range(p.max_beats_per_row + 1))
+        last_mask = Signal(p.lanes)                    # the lanes below E in a row's last beat
+        rows_left = Signal.like(self.tokens)
+        rows_pending = Signal()                        # rows_left != 0
+        last_row = Signal()                            # rows_left == 1
+        token = Signal(range(p.max_tokens))            # the current input row
+        row_take = self.rows.valid & self.rows.ready
+        row_start = Signal()
+        beat, last_beat = row_beats(m, beats_per_row, start=row_start,
+                                    step=row_take, name="row")
+        row_end = row_take & last_beat
+        with m.If(row_end):
+            m.d.sync += [rows_left.eq(rows_left - 1), last_row.eq(rows_left == 2),
+                         token.eq(token + 1)]
+            with m.If(last_row):
+                m.d.sync += rows_pending.eq(0)
+
         gates = self.rows.payload.gates
+        lanes_in_range = Mux(last_beat, last_mask, all_lanes)
         routed, negative = [], []
         for lane in range(p.lanes):
-            expert = Cat(Const(lane, lanes_log2), beat)
-            in_range = expert < num_experts
             is_routed, is_negative = gate_class(gates[lane], fmt)
-            routed.append(in_range & is_routed)
-            negative.append(in_range & is_negative)
+            routed.append(lanes_in_range[lane] & is_routed)
+            negative.append(lanes_in_range[lane] & is_negative)
         routed = Cat(*routed)
-        row_take = self.rows.valid & self.rows.ready
-        last_beat = beat == beats_per_row - 1
-        with m.If(row_take):
-            m.d.sync += beat.eq(Mux(last_beat, 0, beat + 1))
-            with m.If(last_beat):
-                m.d.sync += [rows_left.eq(rows_left - 1), token.eq(token + 1)]
-        faults.append(row_take & Cat(*negative).any())
+        # A negative gate in a taken beat: the flag and the take are registered, the fault
+        # is raised the cycle after (the run is still running then).
+        negative_seen = Signal()
+        took = Signal()
+        m.d.sync += [negative_seen.eq(Cat(*negative).any()), took.eq(row_take)]
+        faults = [took & negative_seen]
 
         # ---- pass 3's beat register: its routed lanes leave one per cycle -------------------
         cur_loaded = Signal()
@@ -241,73 +274,115 @@ class SparseIndexUnit(wiring.Component):
         cur_gates = Signal(data.ArrayLayout(fmt.width, p.lanes))
         cur_beat = Signal.like(beat)
         cur_token = Signal.like(token)
-        # The lowest pending lane (lane 0 when none is pending: the beat leaves as a bubble).
+        # The lowest pending lane, one-hot and as a number (lane 0 when none is pending: the
+        # beat leaves as a bubble).
+        lowest = Cat(*(cur_pending[lane] & ~cur_pending[:lane].any() if lane else cur_pending[0]
+                       for lane in range(p.lanes)))
+        lane_sel = Signal(range(p.lanes))
         cur_lane = Const(0, range(p.lanes))
         for lane in reversed(range(p.lanes)):
             cur_lane = Mux(cur_pending[lane], lane, cur_lane)
-        lane_sel = Signal(range(p.lanes))
         m.d.comb += lane_sel.eq(cur_lane)
-        single = (cur_pending & (cur_pending - 1)) == 0
-        emit = cur_loaded & pipe.en
+        rest = cur_pending & ~lowest                   # pending after the lowest leaves
+        single = ~rest.any()
+        emit = cur_loaded & issue_ready
         cur_free = ~cur_loaded | (emit & single)
         with m.If(emit):
-            m.d.sync += cur_pending.eq(cur_pending & (cur_pending - 1))
+            m.d.sync += cur_pending.eq(rest)
         with m.If(cur_free):
-            m.d.sync += cur_loaded.eq(0)
-            with m.If((phase == PLACE) & row_take):
-                m.d.sync += [cur_loaded.eq(1), cur_pending.eq(routed), cur_gates.eq(gates),
-                             cur_beat.eq(beat), cur_token.eq(token)]
+            # The beat's data load whenever the register is free (a short enable for a wide
+            # register); only ``cur_loaded`` and ``cur_pending`` depend on the take.
+            m.d.sync += [cur_loaded.eq(0), cur_gates.eq(gates), cur_beat.eq(beat),
+                         cur_token.eq(token)]
+            with m.If(place_phase & row_take):
+                m.d.sync += [cur_loaded.eq(1), cur_pending.eq(routed)]
 
-        # ---- the counter bank stage, shared by the three passes -----------------------------
-        in_count, in_offsets, in_place = (running & (phase == COUNT),
-                                          running & (phase == OFFSETS),
-                                          running & (phase == PLACE))
+        # ---- pass 2's counter read-out ----------------------------------------------------------
+        reads_pending = Signal()
+        reads_left = Signal.like(self.num_experts)
+        last_read = Signal()                           # reads_left == 1
+        read_expert = Signal(range(p.max_experts))
+        with m.If(offsets_phase & reads_pending & issue_ready):
+            m.d.sync += [read_expert.eq(read_expert + 1), reads_left.eq(reads_left - 1),
+                         last_read.eq(reads_left == 2)]
+            with m.If(last_read):
+                m.d.sync += reads_pending.eq(0)
+
+        # ---- the counter banks, shared by the three passes ------------------------------------
+        issue_valid = ((count_phase & self.rows.valid) | (offsets_phase & reads_pending) |
+                       cur_loaded)
         m.d.comb += [
-            pipe.i_valid.eq(Mux(in_count, self.rows.valid,
-                                Mux(in_offsets, reads_left != 0, in_place & cur_loaded))),
-            self.rows.ready.eq((in_count & pipe.en) |
-                               (in_place & (rows_left != 0) & cur_free)),
+            issue.i.valid.eq(issue_valid),
+            self.rows.ready.eq((count_phase & issue_ready) |
+                               (place_phase & rows_pending & cur_free)),
+            issue.i.payload.index.eq(Mux(count_phase, beat,
+                                         Mux(offsets_phase, read_expert >> lanes_log2,
+                                             cur_beat))),
+            issue.i.payload.increment.eq(Mux(count_phase, routed, Mux(cur_loaded, lowest, 0))),
+            issue.i.payload.lane.eq(Mux(offsets_phase, read_expert[:lanes_log2], lane_sel)),
+            issue.i.payload.offsets.eq(offsets_phase),
+            issue.i.payload.place.eq(place_phase),
+            issue.i.payload.real.eq(cur_pending.any()),
+            issue.i.payload.token.eq(cur_token),
+            issue.i.payload.gate.eq(cur_gates[lane_sel]),
         ]
-        place_real = cur_pending.any()
+        request = issue.o.payload
+        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en)]
         for lane, bank in enumerate(banks):
             m.d.comb += [
                 bank.en.eq(pipe.en),
-                bank.valid.eq(pipe.i_valid & (~in_place | (lane_sel == lane))),
-                bank.index.eq(Mux(in_count, beat,
-                                  Mux(in_offsets, read_expert >> lanes_log2, cur_beat))),
-                bank.increment.eq(Mux(in_count, routed[lane],
-                                      in_place & place_real & (lane_sel == lane))),
+                bank.valid.eq(issue.o.valid),
+                bank.index.eq(request.index),
+                bank.increment.eq(request.increment[lane]),
             ]
+        # The offset memory is read in step with the banks' first stage.
         m.d.comb += [
-            offset_read.addr.eq(Cat(lane_sel, cur_beat)),
+            offset_read.addr.eq(delay(m, Cat(request.lane, request.index), 1, pipe.en,
+                                      name="offset_addr")),
             offset_read.en.eq(pipe.en),
         ]
-        with m.If(in_offsets & pipe.en & (reads_left != 0)):
-            m.d.sync += [reads_left.eq(reads_left - 1), read_expert.eq(read_expert + 1)]
 
-        stage_phase = Signal.like(phase)
-        stage_lane = Signal(range(p.lanes))
-        stage_real = Signal()
-        stage_token = Signal.like(token)
-        stage_gate = Signal(fmt.width)
-        with m.If(pipe.en):
-            m.d.sync += [
-                stage_phase.eq(phase),
-                stage_lane.eq(Mux(in_offsets, read_expert[:lanes_log2], lane_sel)),
-                stage_real.eq(place_real),
-                stage_token.eq(cur_token),
-                stage_gate.eq(cur_gates[lane_sel]),
-            ]
+        # The rest of the request follows the banks' two stages.
+        def follow(value, name):
+            return delay(m, value, CounterBank.latency, pipe.en, name=name)
+        bank_offsets = follow(request.offsets, "bank_offsets")
+        bank_place = follow(request.place, "bank_place")
+        bank_lane = follow(request.lane, "bank_lane")
+        bank_real = follow(request.real, "bank_real")
+        bank_token = follow(request.token, "bank_token")
+        bank_gate = follow(request.gate, "bank_gate")
+
+        # ---- after the banks: the lane's count and offset, then the slot ----------------------
         value = Signal(p.count_width)
         m.d.comb += value.eq(Cat(*(bank.value for bank in banks))
-                             .word_select(stage_lane, p.count_width))
-        m.d.comb += pipe.o_ready.eq(Mux(stage_phase == OFFSETS, prefix.i.ready,
-                                        Mux(stage_phase == PLACE, write_skid.i.ready, 1)))
+                             .word_select(bank_lane, p.count_width))
+        s_value = delay(m, value, 2, pipe.en, name="value")
+        s_offsets = delay(m, bank_offsets, 2, pipe.en, name="s_offsets")
+        s_place = delay(m, bank_place, 2, pipe.en, name="s_place")
+        bank_real_v = delay(m, bank_real, 1, pipe.en, name="v_real")
+        s_real = delay(m, bank_real_v, 1, pipe.en, name="s_real")
+        s_token = delay(m, bank_token, 2, pipe.en, name="s_token")
+        s_gate = delay(m, bank_gate, 2, pipe.en, name="s_gate")
+        v_value = Signal.like(value)
+        v_offset = Signal.like(offset_read.data)
+        v_room = Signal(signed(p.slot_width + 2))     # nonzeros - offset: the ranks that fit
+        s_slot = Signal(p.slot_width + 1)
+        s_outside = Signal()                           # slot >= nonzeros
+        with m.If(pipe.en):
+            m.d.sync += [v_value.eq(value), v_offset.eq(offset_read.data),
+                         v_room.eq(prefix.total - offset_read.data),
+                         s_slot.eq(v_offset + v_value),
+                         s_outside.eq(bank_real_v & (v_value >= v_room))]
+        m.d.comb += pipe.o_ready.eq(Mux(s_offsets, prefix.i.ready,
+                                        Mux(s_place, write_skid.i.ready, 1)))
 
         # ---- pass 2: counts -> prefix sum -> part_sizes and the offset memory ----------------
+        offsets_written = Signal.like(self.num_experts)
+        offsets_left = Signal.like(self.num_experts)
+        offsets_complete = Signal()                    # every offset is written
         m.d.comb += [
-            prefix.i.valid.eq(pipe.o_valid & (stage_phase == OFFSETS)),
-            prefix.i.payload.value.eq(value),
+            prefix.i.valid.eq(pipe.o_valid & s_offsets),
+            prefix.i.payload.value.eq(s_value),
             part_skid.i.valid.eq(prefix.o.valid),
             prefix.o.ready.eq(part_skid.i.ready),
             part_skid.i.payload.part_size.eq(prefix.o.payload.value),
@@ -319,18 +394,19 @@ class SparseIndexUnit(wiring.Component):
         ]
         wiring.connect(m, part_skid.o, wiring.flipped(self.part_sizes))
         with m.If(offset_write.en):
-            m.d.sync += offsets_written.eq(offsets_written + 1)
+            m.d.sync += [offsets_written.eq(offsets_written + 1),
+                         offsets_left.eq(offsets_left - 1)]
+            with m.If(offsets_left == 1):
+                m.d.sync += offsets_complete.eq(1)
 
         # ---- pass 3: slot = offset + rank -> write ----------------------------------------------
-        slot = Signal(p.slot_width + 1)
-        m.d.comb += slot.eq(offset_read.data + value)
-        outside = stage_real & (slot >= prefix.total)
+        outside = s_outside
         m.d.comb += [
-            write_skid.i.valid.eq(pipe.o_valid & (stage_phase == PLACE)),
-            write_skid.i.payload.write.eq(stage_real & ~outside),
-            write_skid.i.payload.beat.addr.eq(slot),
-            write_skid.i.payload.beat.token.eq(stage_token),
-            write_skid.i.payload.beat.gate.eq(stage_gate),
+            write_skid.i.valid.eq(pipe.o_valid & s_place),
+            write_skid.i.payload.write.eq(s_real & ~outside),
+            write_skid.i.payload.beat.addr.eq(s_slot),
+            write_skid.i.payload.beat.token.eq(s_token),
+            write_skid.i.payload.beat.gate.eq(s_gate),
             self.write.valid.eq(write_skid.o.valid & write_skid.o.payload.write),
             self.write.payload.eq(write_skid.o.payload.beat),
             write_skid.o.ready.eq(self.write.ready | ~write_skid.o.payload.write),
@@ -339,23 +415,39 @@ class SparseIndexUnit(wiring.Component):
         m.d.comb += ctl.fault.eq(Cat(*faults).any())
 
         # ---- control ----------------------------------------------------------------------------
-        offsets_done = in_offsets & (offsets_written == num_experts)
+        offsets_done = offsets_phase & offsets_complete
         m.d.comb += [
-            ctl.finished.eq(in_place & (rows_left == 0) & ~cur_loaded & ~pipe.busy &
+            ctl.finished.eq(place_phase & ~rows_pending & ~cur_loaded & ~issue.o.valid &
+                            ~pipe.busy &
                             ~write_skid.o.valid & ~part_skid.o.valid),
-            prefix.clear.eq(ctl.accept),
-            *(bank.clear.eq(ctl.accept | offsets_done) for bank in banks),
+            # No request is in flight in the decide cycle, nor when pass 3 begins.
+            prefix.clear.eq(ctl.decide),
+            *(bank.clear.eq(ctl.decide | offsets_done) for bank in banks),
+            row_start.eq(ctl.begin | offsets_done | row_end),
         ]
-        with m.If(in_count & row_take & last_beat & (rows_left == 1)):
-            m.d.sync += phase.eq(OFFSETS)
+        with m.If(count_phase & row_end & last_row):
+            m.d.sync += [count_phase.eq(0), offsets_phase.eq(1)]
         with m.If(offsets_done):
-            m.d.sync += [phase.eq(PLACE), rows_left.eq(tokens), beat.eq(0), token.eq(0)]
+            m.d.sync += [offsets_phase.eq(0), place_phase.eq(1), offsets_complete.eq(0),
+                         rows_left.eq(tokens), rows_pending.eq(~tokens_zero),
+                         last_row.eq(tokens_one), token.eq(0)]
+        with m.If(ctl.finished):
+            m.d.sync += place_phase.eq(0)
+        with m.If(ctl.begin):
+            m.d.sync += [count_phase.eq(~tokens_zero), offsets_phase.eq(tokens_zero),
+                         rows_pending.eq(~tokens_zero)]
         with m.If(ctl.accept):
             m.d.sync += [
                 beats_per_row.eq((self.num_experts + (p.lanes - 1)) >> lanes_log2),
-                rows_left.eq(self.tokens), beat.eq(0), token.eq(0),
-                reads_left.eq(self.num_experts), read_expert.eq(0), offsets_written.eq(0),
-                phase.eq(Mux(self.tokens == 0, OFFSETS, COUNT)),
+                last_mask.eq(Cat(*((self.num_experts - 1)[:lanes_log2] >= lane
+                                   for lane in range(p.lanes)))),
+                tokens_zero.eq(self.tokens == 0), tokens_one.eq(self.tokens == 1),
+                rows_left.eq(self.tokens), last_row.eq(self.tokens == 1), token.eq(0),
+                reads_left.eq(self.num_experts), last_read.eq(self.num_experts == 1),
+                reads_pending.eq(1), read_expert.eq(0),
+                offsets_written.eq(0), offsets_left.eq(self.num_experts),
+                offsets_complete.eq(0),
+                count_phase.eq(0), offsets_phase.eq(0), place_phase.eq(0),
             ]
         return m
 
