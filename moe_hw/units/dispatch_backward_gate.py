@@ -57,13 +57,19 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
 run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
 ``ceil(P / G) * G * B + G`` items at one per cycle, and takes exactly
 ``DispatchBackwardGateParams.cycles(P, H, read_latency)`` cycles from the start cycle to the cycle
-``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``.
-The ideal is ``P * B``; the excess (a partial last group's padding, the flush round, the
+``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``
+(``overhead(L) = lead + G - 1 + max(2, 1 + L) + mul_latency + levels * add_latency + 3``,
+``lead = setup + 1 + slot_latency + 1``: 11 + 10 + (1 + L) + 12 + 22 + 3 = L + 59 at the
+defaults with L >= 1). The ideal is ``P * B``; the excess (a partial last group's padding, the flush round, the
 pipeline) is fixed per run. Full rate needs ``max_outstanding >= read_latency + 2``.
 
-Pipeline: header stages (the shared :class:`~moe_hw.blocks.slot_address.SlotAddress`: mask
-and ``slot = index*C + location``, then ``slot*H``); issue
-(two read requests into skid buffers, a descriptor into a FIFO of ``max_outstanding``); join
+Pipeline: run setup (P = tokens * top_k on a pipelined product of the held sizes, in the
+run control's setup cycles); header stages (the shared
+:class:`~moe_hw.blocks.slot_address.SlotAddress`: mask and ``slot = index*C + location``,
+then ``slot*H``) and a skid buffer (the pair's ``i*H`` is counted as it enters); issue (the
+group's pairs in a G-entry distributed-RAM table, read one item ahead into a register; a
+per-round beat offset; the last-beat flag registered; two read requests into skid buffers, a descriptor into a FIFO of
+``max_outstanding``); join
 (the descriptor with both responses); ``lanes`` multipliers; ``lanes`` accumulating adders;
 the adder tree; a skid buffer drives ``grad_gate``.
 """
@@ -74,14 +80,17 @@ from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2
+from amaranth.lib.memory import Memory
+from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.product import pipelined_product, product_latency
+from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import last_enable_of
-from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
-from ..blocks.slot_address import header_slot_stage
+from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
+from ..blocks.slot_address import header_slot_stage, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
@@ -152,9 +161,23 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
 
     # ---- exact stall-free timing ----------------------------------------------------------
 
-    #: Cycles from the start cycle to the first item's issue: start register, two header
-    #: stages.
-    LEAD = START_LATENCY + 2
+    @property
+    def setup(self):
+        """The run control's setup cycles: the decide cycle, then P = tokens * top_k on a
+        pipelined product of the held sizes."""
+        return 1 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
+
+    @property
+    def header_latency(self):
+        """Cycles of the header pipeline: the slot address, then the pair skid buffer."""
+        return slot_latency(self) + 1
+
+    @property
+    def lead(self):
+        """Cycles from the start cycle to the first item's issue: the start cycle, the setup
+        cycles, the header pipeline (``setup + 1 + header_latency``; 11 at the default
+        maxima)."""
+        return self.setup + 1 + self.header_latency
 
     def join_delay(self, read_latency, reads=True):
         """Stall-free cycles from an item's issue to its join with its read data. Joins are
@@ -165,19 +188,19 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
 
     def cycles(self, pairs, hidden, read_latency, *, reads=True):
         """Exact stall-free cycles of a run of ``pairs`` pairs, from the start cycle to the
-        cycle ``done`` is first seen (1 when there are no pairs). ``reads``: whether any pair
+        cycle ``done`` is first seen (``EMPTY_CYCLES`` when there are no pairs). ``reads``: whether any pair
         reads (it is valid and H > 0).
 
         With G = :attr:`interleave`, B = ``max(1, ceil(H / lanes))``, ``groups =
         ceil(pairs / G)`` and r = ``pairs - (groups - 1) * G`` real pairs in the last group,
-        the items issue one per cycle from cycle ``LEAD``: ``groups * G * B`` group items,
+        the items issue one per cycle from cycle ``lead``: ``groups * G * B`` group items,
         then the G flush items. The last pair's partials leave the adders when flush item
         ``r - 1`` enters them (issue + join delay + multiplier); the tree and the output
         skid buffer follow (``levels * add_latency + 1``) unless the remaining ``G - r``
         flush items take longer to clear the multiplier; then the ``finished`` cycle and the
         done register::
 
-            LEAD + groups*G*B + (r - 1) + join_delay + mul_latency
+            lead + groups*G*B + (r - 1) + join_delay + mul_latency
                  + max(levels*add_latency + 1, G - r) + 2
         """
         if pairs == 0:
@@ -186,14 +209,14 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
         beats = max(1, -(-hidden // self.lanes))
         groups = -(-pairs // g)
         last_members = pairs - (groups - 1) * g
-        return (self.LEAD + groups * g * beats + last_members - 1 +
+        return (self.lead + groups * g * beats + last_members - 1 +
                 self.join_delay(read_latency, reads) + self.mul_latency +
                 max(self.tree_levels * self.add_latency + 1, g - last_members) + 2)
 
     def overhead(self, read_latency):
         """Stall-free cycles beyond ``pairs * B`` when ``pairs`` is a multiple of G (whole
         groups) and some pair reads: :meth:`cycles` with r = G."""
-        return (self.LEAD + self.interleave - 1 + self.join_delay(read_latency) +
+        return (self.lead + self.interleave - 1 + self.join_delay(read_latency) +
                 self.mul_latency + self.tree_levels * self.add_latency + 1 + 2)
 
 
@@ -236,107 +259,152 @@ class DispatchBackwardGateUnit(wiring.Component):
         all_lanes = (1 << p.lanes) - 1
 
         # ---- run control: start, held sizes, done / error; no pairs is an empty run --------
-        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "top_k"))
+        # The setup cycles form P = tokens * top_k from the held sizes on a pipelined product.
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "top_k"),
+                                                setup=p.setup)
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
         hidden = ctl.size("hidden")
+        pairs = pipelined_product(m, tokens, ctl.size("top_k"), en=1, dsp=p.dsp,
+                                  name="pairs")[:bits_for(p.max_pairs)]
         beats = Signal(range(max_beats + 1))
         last_enable = Signal(p.lanes)
-        pairs = Signal(range(p.max_pairs + 1))
+        has_data = Signal()                      # H > 0: a valid pair reads
         headers_left = Signal.like(pairs)
+        headers_open = Signal()                  # headers_left != 0, as a register
 
         # ---- header pipeline: mask and slot, then the grad_dispatch row address ---------------
-        stage = header_slot_stage(m, self.header, ctl, p, open=running & (headers_left != 0),
+        stage = header_slot_stage(m, self.header, ctl, p, open=running & headers_open,
                                   addr_width=p.grad_addr_width)
-        header_ctl, h_grad_base, h_valid = stage.ctl, stage.address, stage.in_range
+        header_ctl = stage.ctl
         with m.If(self.header.valid & self.header.ready):
-            m.d.sync += headers_left.eq(headers_left - 1)
+            m.d.sync += [headers_left.eq(headers_left - 1), headers_open.eq(headers_left != 1)]
+
+        # A skid buffer between the header pipeline and the issue sequencer (the sequencer's
+        # ready does not reach the pipeline's enable); the pair's input row address i*H is
+        # counted as a header enters it.
+        pair_layout = data.StructLayout({"grad": p.grad_addr_width, "input": p.input_addr_width,
+                                         "in_range": 1})
+        pair_skid = m.submodules.pair_skid = SkidBuffer(pair_layout)
+        token = Signal(range(p.max_tokens))      # the input row of the next header's pair
+        last_token = Signal.like(token)          # tokens - 1
+        input_base = Signal(p.input_addr_width)  # token * H
+        m.d.sync += last_token.eq(tokens - 1)
+        m.d.comb += [
+            pair_skid.i.valid.eq(header_ctl.o_valid),
+            header_ctl.o_ready.eq(pair_skid.i.ready),
+            pair_skid.i.payload.grad.eq(stage.address),
+            pair_skid.i.payload.input.eq(input_base),
+            pair_skid.i.payload.in_range.eq(stage.in_range),
+        ]
+        with m.If(pair_skid.i.valid & pair_skid.i.ready):
+            with m.If(~stage.in_range):
+                m.d.sync += self.dropped.eq(self.dropped + 1)
+            with m.If(token == last_token):
+                m.d.sync += [token.eq(0), input_base.eq(0)]
+            with m.Else():
+                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden)]
+        h = pair_skid.o.payload
 
         # ---- issue sequencer: groups of G pairs, beats round-robin over the group ------------
         issuing = Signal()                       # items left to issue in this run
         flushing = Signal()                      # the final round of G dummy items
         pairs_left = Signal.like(pairs)          # pairs whose header is still to be taken
+        more_pairs = Signal()                    # pairs_left != 0
+        last_pair = Signal()                     # pairs_left == 1
         member = Signal(range(group))            # position in the group
-        beat = Signal(range(max_beats))
-        beat_offset = Signal(max(p.input_addr_width, p.grad_addr_width))
-        token = Signal(range(p.max_tokens))      # the input row of the next header's pair
-        input_base = Signal(p.input_addr_width)  # token * H
-        table_grad = [Signal(p.grad_addr_width, name=f"grad_base{g}") for g in range(group)]
-        table_input = [Signal(p.input_addr_width, name=f"input_base{g}") for g in range(group)]
-        table_live = Signal(group)               # a valid pair (reads, contributes)
-        table_real = Signal(group)               # a pair at all (not a padding dummy)
+        next_member = Signal(range(group))       # the member after it
+        last_member = Signal()                   # member == G - 1
+        first_beat = Signal()                    # the round of beat 0 (takes the headers)
+        beat_offset = Signal(max(p.input_addr_width, p.grad_addr_width))   # beat * lanes
+        # The group's pairs, one entry per member, written on beat 0: the row addresses,
+        # whether the pair reads, whether it is a pair at all. The entry of the next member is
+        # read one item ahead into ``ahead`` (distributed RAM, read at a register), so that an
+        # item's fields are registers. Written at an item's issue, an entry is next read at
+        # the issue of the item G - 1 later: at least a cycle later when G >= 2.
+        entry_layout = data.StructLayout({"grad": p.grad_addr_width,
+                                          "input": p.input_addr_width,
+                                          "live": 1, "real": 1})
+        ahead = Signal(entry_layout)
+        if group > 1:
+            table = m.submodules.group_table = Memory(shape=entry_layout, depth=group, init=[])
+            table_read = table.read_port(domain="comb")
+            table_write = table.write_port()
+            m.d.comb += table_read.addr.eq(next_member)
 
-        first_beat = beat == 0
-        last_beat = beat == beats - 1
-        last_member = member == group - 1
-        need_header = issuing & ~flushing & first_beat & (pairs_left != 0)
-
-        def member_select(table):
-            value = table[0]
-            for g in range(1, group):
-                value = Mux(member == g, table[g], value)
-            return value
+        issue = Signal()
+        step = issue & last_member               # a round of the group ends
+        # The beat of the round in hand, and its registered "last beat of the rows" flag.
+        new_round = Signal()
+        _, last_beat = row_beats(m, beats, start=new_round, step=step, name="round")
+        m.d.comb += new_round.eq(ctl.begin | (step & last_beat))
+        need_header = first_beat & ~flushing & more_pairs
 
         live = Signal()
         real = Signal()
-        grad_base = Signal(p.grad_addr_width)
-        row_base = Signal(p.input_addr_width)
+        grad_addr = Signal(p.grad_addr_width)
+        input_addr = Signal(p.input_addr_width)
         m.d.comb += [
-            live.eq(Mux(first_beat, need_header & h_valid,
-                        (table_live >> member)[0]) & ~flushing),
-            real.eq(Mux(first_beat, need_header, (table_real >> member)[0]) & ~flushing),
-            grad_base.eq(Mux(first_beat, h_grad_base, member_select(table_grad))),
-            row_base.eq(Mux(first_beat, input_base, member_select(table_input))),
+            live.eq(Mux(first_beat, need_header & h.in_range, ahead.live)),
+            real.eq(Mux(first_beat, need_header, ahead.real)),
+            # beat_offset is 0 on beat 0.
+            grad_addr.eq(Mux(first_beat, h.grad, ahead.grad + beat_offset)),
+            input_addr.eq(Mux(first_beat, h.input, ahead.input + beat_offset)),
         ]
+        reads = Signal()
         enable = Signal(p.lanes)
-        m.d.comb += enable.eq(Mux(live, Mux(last_beat, last_enable, all_lanes), 0))
-        reads = enable.any()
+        m.d.comb += [
+            reads.eq(live & has_data),
+            enable.eq(Mux(reads, Mux(last_beat, last_enable, all_lanes), 0)),
+        ]
 
         input_skid = m.submodules.input_skid = SkidBuffer(p.read_layout(p.input_addr_width))
         grad_skid = m.submodules.grad_skid = SkidBuffer(p.read_layout(p.grad_addr_width))
         outstanding = Signal(range(depth + 1))
         join = Signal()
-        issue = Signal()
         m.d.comb += issue.eq(issuing & (outstanding != depth) &
-                             (~need_header | header_ctl.o_valid) &
+                             (~need_header | pair_skid.o.valid) &
                              (~reads | (input_skid.i.ready & grad_skid.i.ready)))
         take_header = issue & need_header
-        m.d.comb += header_ctl.o_ready.eq(take_header)
+        m.d.comb += pair_skid.o.ready.eq(take_header)
         # The group just issued was the last: no header is left once this item's is taken.
-        no_pairs_after = (pairs_left == 0) | ((pairs_left == 1) & take_header)
+        no_pairs_after = ~more_pairs | (take_header & last_pair)
 
-        with m.If(take_header):
-            m.d.sync += pairs_left.eq(pairs_left - 1)
-            with m.If(~h_valid):
-                m.d.sync += self.dropped.eq(self.dropped + 1)
-            with m.If(token == tokens - 1):
-                m.d.sync += [token.eq(0), input_base.eq(0)]
-            with m.Else():
-                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden)]
-        with m.If(issue & first_beat):
-            for g in range(group):
-                with m.If(member == g):
-                    m.d.sync += [table_grad[g].eq(h_grad_base), table_input[g].eq(input_base),
-                                 table_live[g].eq(live), table_real[g].eq(real)]
+        item = Signal(entry_layout)              # the item's pair, as the table keeps it
+        m.d.comb += [item.grad.eq(Mux(first_beat, h.grad, ahead.grad)),
+                     item.input.eq(Mux(first_beat, h.input, ahead.input)),
+                     item.live.eq(live), item.real.eq(real)]
+        if group > 1:
+            m.d.comb += [table_write.en.eq(issue & first_beat), table_write.addr.eq(member),
+                         table_write.data.eq(item)]
         with m.If(issue):
-            m.d.sync += member.eq(Mux(last_member, 0, member + 1))
+            # G = 1: the next item is the same pair's next beat.
+            m.d.sync += ahead.eq(table_read.data if group > 1 else item)
+        with m.If(take_header):
+            m.d.sync += [pairs_left.eq(pairs_left - 1), more_pairs.eq(~last_pair),
+                         last_pair.eq(pairs_left == 2)]
+        with m.If(issue):
+            if group > 1:
+                m.d.sync += [member.eq(next_member),
+                             next_member.eq(Mux(next_member == group - 1, 0, next_member + 1)),
+                             last_member.eq(next_member == group - 1)]
             with m.If(last_member):
                 with m.If(flushing):
                     m.d.sync += [issuing.eq(0), flushing.eq(0)]
                 with m.Elif(last_beat):
-                    m.d.sync += [beat.eq(0), beat_offset.eq(0)]
+                    m.d.sync += [first_beat.eq(1), beat_offset.eq(0)]
                     with m.If(no_pairs_after):
                         m.d.sync += flushing.eq(1)
                 with m.Else():
-                    m.d.sync += [beat.eq(beat + 1), beat_offset.eq(beat_offset + p.lanes)]
+                    m.d.sync += [first_beat.eq(0), beat_offset.eq(beat_offset + p.lanes)]
 
         m.d.comb += [
             input_skid.i.valid.eq(issue & reads),
-            input_skid.i.payload.addr.eq(row_base + beat_offset),
+            input_skid.i.payload.addr.eq(input_addr),
             input_skid.i.payload.enable.eq(enable),
             grad_skid.i.valid.eq(issue & reads),
-            grad_skid.i.payload.addr.eq(grad_base + beat_offset),
+            grad_skid.i.payload.addr.eq(grad_addr),
             grad_skid.i.payload.enable.eq(enable),
         ]
         wiring.connect(m, wiring.flipped(self.input_read), input_skid.o)
@@ -438,12 +506,16 @@ class DispatchBackwardGateUnit(wiring.Component):
             m.d.sync += [
                 beats.eq(Mux(self.hidden == 0, 1, (self.hidden + (p.lanes - 1)) >> lanes_log2)),
                 last_enable.eq(Mux(self.hidden == 0, 0, last_enable_of(self.hidden, p.lanes))),
-                pairs.eq(self.tokens * self.top_k),
-                headers_left.eq(self.tokens * self.top_k),
-                pairs_left.eq(self.tokens * self.top_k),
-                member.eq(0), beat.eq(0), beat_offset.eq(0), token.eq(0), input_base.eq(0),
-                flushing.eq(0), self.dropped.eq(0),
+                has_data.eq(self.hidden != 0),
+                token.eq(0), input_base.eq(0), self.dropped.eq(0),
             ]
         with m.If(ctl.begin):
-            m.d.sync += issuing.eq(1)
+            # P > 0 here (an empty run never begins).
+            m.d.sync += [
+                headers_left.eq(pairs), headers_open.eq(1),
+                pairs_left.eq(pairs), more_pairs.eq(1), last_pair.eq(pairs == 1),
+                member.eq(0), next_member.eq(1 % group), last_member.eq(group == 1),
+                first_beat.eq(1), beat_offset.eq(0),
+                flushing.eq(0), issuing.eq(1),
+            ]
         return m

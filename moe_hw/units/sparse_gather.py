@@ -37,10 +37,14 @@ Throughput: one beat per cycle when nothing stalls (one-beat rows included); a s
 costs only the cycles it lasts. Stall-free, with a memory that answers a request taken at the
 end of cycle u from cycle u + L, a run takes exactly :meth:`SparseGatherParams.cycles` =
 ``slots * ceil(H / lanes) + overhead(L)`` cycles from the start cycle to the cycle ``done`` is
-first seen (L counts as 1 when no slot is in range, as nothing waits for the memory then).
+first seen, with ``overhead(L) = START_LATENCY + header_latency + L + 4`` (= L + 8 at the
+default maxima; L counts as 1 when no slot is in range, as nothing waits for the memory then).
 
-Pipeline: the header stage checks the range and forms the row address ``index*H`` (one
-multiplier); the row reader issues the row's reads and realigns the responses.
+Pipeline: the header stage checks the range and forms the row address ``index*H`` on a
+registered multiplier (:func:`~moe_hw.arith.product.pipelined_product`, ``dsp`` chooses its
+blocks; :attr:`SparseGatherParams.header_latency` stages, 2 for operands of up to 18 bits);
+a skid buffer passes the row commands to the row reader, which issues the row's reads and
+realigns the responses.
 """
 
 from dataclasses import dataclass
@@ -50,12 +54,13 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.params import FORMAT_NAMES
+from ..arith.params import FORMAT_NAMES, dsp_param
+from ..arith.product import pipelined_product, product_latency
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl
+from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["SparseGatherParams", "SparseGatherUnit", "WIDTH_FORMATS"]
 
@@ -80,9 +85,7 @@ class SparseGatherParams(UnitParams):
     index_width: int = param(32, minimum=2, maximum=64)
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
-
-    #: Cycles of the header stage (range check, row address).
-    HEADER_LATENCY = 1
+    dsp: str = dsp_param()
 
     def __post_init__(self):
         # The alias ``width`` arrives here as ``format`` with its old value: convert it.
@@ -98,6 +101,17 @@ class SparseGatherParams(UnitParams):
         return float_format(self.format)
 
     @property
+    def row_bits(self):
+        """Bits of an in-range ``batch_index`` (a row of ``input``)."""
+        return max(1, bits_for(self.max_tokens - 1))
+
+    @property
+    def header_latency(self):
+        """Cycles of the header stage: the range check and the row address ``index*H`` on a
+        pipelined product."""
+        return product_latency(self.row_bits, bits_for(self.max_hidden))
+
+    @property
     def max_beats(self):
         return -(-self.max_hidden // self.lanes)
 
@@ -108,9 +122,10 @@ class SparseGatherParams(UnitParams):
     def overhead(self, memory_latency=1):
         """Stall-free cycles beyond one per output beat, for a memory that answers a request
         taken at the end of cycle u from cycle u + ``memory_latency``: run control (start,
-        decide), header stage,
-        row reader command register, the memory, the reader's skid buffer, done register."""
-        return START_LATENCY + self.HEADER_LATENCY + 1 + memory_latency + 1 + 1
+        decide), header stage (:attr:`header_latency`), command skid buffer, row reader
+        command register, the
+        memory, the reader's skid buffer, done register."""
+        return START_LATENCY + self.header_latency + 1 + 1 + memory_latency + 1 + 1
 
     def cycles(self, slots, hidden, memory_latency=1, *, reads=True):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
@@ -178,32 +193,37 @@ class SparseGatherUnit(wiring.Component):
         ]
 
         # ---- header stage: range check and row address ---------------------------------
-        hdr = m.submodules.header_ctl = PipelineControl(p.HEADER_LATENCY)
-        header_open = running & (headers_left != 0)
+        hdr = m.submodules.header_ctl = PipelineControl(p.header_latency)
+        # Registered "a header is still to come": no count compare on the ready path.
+        headers_open = Signal()
+        header_open = running & headers_open
         m.d.comb += [
             hdr.i_valid.eq(self.header.valid & header_open),
             self.header.ready.eq(hdr.en & header_open),
         ]
         index = self.header.payload.index
         in_range = (index >= 0) & (index < tokens)
-        row_bits = max(1, bits_for(p.max_tokens - 1))
-        base = Signal(p.addr_width)
-        skip = Signal()
-        with m.If(hdr.en):
-            m.d.sync += [base.eq(index.as_unsigned()[:row_bits] * hidden), skip.eq(~in_range)]
+        # index*H on registered DSP blocks; an out-of-range index's address is never used.
+        base = pipelined_product(m, index.as_unsigned()[:p.row_bits], hidden, en=hdr.en,
+                                 dsp=p.dsp, name="row_base")[:p.addr_width]
+        skip = delay(m, ~in_range, p.header_latency, hdr.en, name="skip")
         with m.If(self.header.valid & self.header.ready):
-            m.d.sync += headers_left.eq(headers_left - 1)
+            m.d.sync += [headers_left.eq(headers_left - 1), headers_open.eq(headers_left != 1)]
 
-        cmd = reader.command
+        # A skid buffer between the header stage and the reader: the reader's command ready
+        # (its beat count and the read port's ready) does not reach the header stage's enable.
+        cmd_skid = m.submodules.command_skid = SkidBuffer(reader.command.payload.shape())
         m.d.comb += [
-            cmd.valid.eq(hdr.o_valid),
-            hdr.o_ready.eq(cmd.ready),
-            cmd.payload.addr.eq(base),
-            cmd.payload.count.eq(beats),
-            cmd.payload.tail.eq(1),
-            cmd.payload.skip.eq(skip),
+            cmd_skid.i.valid.eq(hdr.o_valid),
+            hdr.o_ready.eq(cmd_skid.i.ready),
+            cmd_skid.i.payload.addr.eq(base),
+            cmd_skid.i.payload.count.eq(beats),
+            cmd_skid.i.payload.tail.eq(1),
+            cmd_skid.i.payload.skip.eq(skip),
         ]
-        dropping = cmd.valid & cmd.ready & skip   # a batch_index outside [0, S): an error
+        wiring.connect(m, cmd_skid.o, reader.command)
+        # A batch_index outside [0, S) is an error (counted as it enters the skid buffer).
+        dropping = cmd_skid.i.valid & cmd_skid.i.ready & skip
         m.d.comb += ctl.fault.eq(dropping)
         with m.If(dropping):
             m.d.sync += self.dropped.eq(self.dropped + 1)
@@ -211,12 +231,14 @@ class SparseGatherUnit(wiring.Component):
         # ---- control -----------------------------------------------------------------------
         last_en = Signal(p.lanes)
         m.d.comb += reader.last_enable.eq(last_en)
-        m.d.comb += ctl.finished.eq(running & (headers_left == 0) & ~hdr.busy & ~reader.busy)
+        m.d.comb += ctl.finished.eq(running & ~headers_open & ~hdr.busy & ~cmd_skid.o.valid &
+                                    ~reader.busy)
         with m.If(ctl.accept):
             m.d.sync += [
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.slots),
+                headers_open.eq(self.slots != 0),
                 self.dropped.eq(0),
             ]
         return m
