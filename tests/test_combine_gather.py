@@ -12,6 +12,7 @@ from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from moe_hw.blocks.run_control import EMPTY_CYCLES
+from moe_hw.blocks.slot_address import slot_latency
 from moe_hw import golden
 from moe_hw.formats import from_bits, to_bits
 from moe_hw.golden._common import slot_rows
@@ -104,8 +105,10 @@ def test_combine_gather_cycle_formula():
     loop = PARAMS.add_latency + 1
     assert PARAMS.window_items == loop
     overhead = PARAMS.overhead(MEMORY_LATENCY)
-    assert overhead == (1 + 1 + 3 + 1 + MEMORY_LATENCY + 1 + PARAMS.mul_latency
-                        + PARAMS.add_latency + 1 + 1)
+    # start and decide, ring write, ring read and slot address, reader command, memory,
+    # reader skid buffer, multiplier, adder, output skid buffer, done register
+    assert overhead == (2 + 1 + 1 + slot_latency(PARAMS) + 1 + MEMORY_LATENCY + 1
+                        + PARAMS.mul_latency + PARAMS.add_latency + 1 + 1)
     # 37 tokens x 8 beats = 296 items: whole windows and a last, short one, whose second
     # pass waits for its partial sums: loop - (296 % loop) more cycles.
     assert 296 % loop
@@ -113,7 +116,7 @@ def test_combine_gather_cycle_formula():
     # Whole windows only (one beat per token): exactly the ideal.
     whole = 4 * loop
     assert PARAMS.cycles(whole, 4, 2, MEMORY_LATENCY) == 2 * whole + overhead
-    assert PARAMS.cycles(0, 4, 2) == PARAMS.cycles(4, 0, 2) == 1
+    assert PARAMS.cycles(0, 4, 2) == PARAMS.cycles(4, 0, 2) == EMPTY_CYCLES
     # top_k = 0 is one pass of dropped pairs; a run that reads nothing waits for no memory.
     assert PARAMS.cycles(40, 4, 0, MEMORY_LATENCY) == 40 + overhead
     assert PARAMS.cycles(40, 4, 0, MEMORY_LATENCY, reads=False) == 40 + PARAMS.overhead(1)
