@@ -45,8 +45,8 @@ Streams and ports (payload fields are listed least significant first):
     and discarded, nothing is read or written for them. ``error`` is set when a run-time size
     exceeds its maximum; such a run does nothing.
 
-Zero-element problems (``slots``, ``tokens`` or ``hidden`` zero) finish at once: ``done`` one
-cycle after start, no stream is read, nothing is read or written. ``dropped`` then reads
+Zero-element problems (``slots``, ``tokens`` or ``hidden`` zero) finish at once: ``done`` is seen
+``EMPTY_CYCLES`` (2) cycles after start, no stream is read, nothing is read or written. ``dropped`` then reads
 ``slots`` when ``tokens`` is zero and ``hidden`` is not (every slot fails the mask), else 0.
 
 Read-modify-write hazard: a slot's beat at address A reads ``out`` at A, adds, and writes A
@@ -71,11 +71,12 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   ``n * ceil(H / lanes) + overhead(read_latency)`` cycles from the start cycle to the cycle
   ``done`` is first seen (``CombineScatterParams.cycles``; the last slot not dropped),
   provided ``max_outstanding >= hazard_window(read_latency)``. ``overhead = lead +
-  hazard_window``; ``lead = START_LATENCY + (run_setup - 1) + header_stages + 2`` (7 at the
-  default parameters: start and decide, the 3 header stages, the header skid buffer, the
-  current-slot register) and ``hazard_window = max(mul_latency + 2, 1 + read_latency) +
-  add_latency + 2`` (join: the product through the multiplier and the FIFO, or the read
-  round trip; the adder; the write skid buffer and the write being taken);
+  hazard_window``; ``lead = START_LATENCY + (run_setup - 1) + header_stages + 2`` (8 at the
+  default parameters: start and decide, the 4 header stages, the header skid buffer, the
+  current-slot register) and ``hazard_window = max(1 + mul_latency + 2, 1 + read_latency) +
+  add_latency + 3`` (join: the product through the operand register, the multiplier and the
+  FIFO, or the read round trip; the adder; the write FIFO and the write being taken). At the
+  default parameters and read latency 2: ``hazard_window = 29``, ``overhead = 37``;
 - a hazard: a beat at the address of a beat issued in cycle c issues no earlier than
   ``c + hazard_window``. So a slot that repeats the previous slot's token (same token on
   back-to-back slots) costs ``max(0, hazard_window - ceil(H / lanes))`` cycles, one whose
@@ -83,15 +84,17 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   its first flow at full rate again. ``CombineScatterParams.replay_cycles`` gives the exact
   count of any slot order (dropped slots included).
 
-Pipeline: header pipeline (``header_stages``, 3 at the default parameters: the mask; the
-token history compare; the slot's in-flight limit; the row address ``token*H`` alongside on
-registered DSP blocks), a header skid buffer (the header pipeline's enable depends on
-registers only); the current-slot register walks ``addr``; issue (read request into a skid
-buffer, in-flight count, ``lanes`` multipliers ``gate * element``, free-running); the
-products wait in a FIFO (``max_outstanding`` deep, never full: at most ``max_outstanding``
-beats are in flight) for the read data; ``lanes`` adders form ``old + product``; a skid
-buffer drives ``write``. The issue decision (``data.ready``) is an AND of registers: the
-in-flight room is a register, updated from the next count and the next slot's limit.
+Pipeline: header pipeline (``header_stages``, 4 at the default parameters: the mask; the
+token history compare; the slot's in-flight limit; its thermometer; the row address
+``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
+enable depends on registers only); the current-slot register walks ``addr``; issue (read
+request into a skid buffer, in-flight count; an operand register and ``lanes`` multipliers
+``gate * element``, free-running); the products wait in a FIFO (``max_outstanding`` deep,
+never full: at most ``max_outstanding`` beats are in flight) for the read data; ``lanes``
+adders form ``old + product``, free-running too, into a write FIFO (``max_outstanding``
+deep, never full for the same reason) that drives ``write``. The issue decision
+(``data.ready``) is a function of registers only; no stall enable fans out to the
+arithmetic pipelines.
 """
 
 import operator
@@ -165,9 +168,9 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
 
     def join_delay(self, read_latency):
         """Cycles from a beat's issue to its read data and product meeting at the adder:
-        the product path (multiplier, FIFO) or the read path (request skid buffer, memory),
-        whichever is longer."""
-        return max(self.mul_latency + _FIFO_LATENCY, 1 + read_latency)
+        the product path (operand register, multiplier, FIFO) or the read path (request
+        skid buffer, memory), whichever is longer."""
+        return max(1 + self.mul_latency + _FIFO_LATENCY, 1 + read_latency)
 
     def hazard_window(self, read_latency):
         """Cycles from a beat's issue to the earliest issue of a beat at the same address:
@@ -487,16 +490,21 @@ class CombineScatterUnit(wiring.Component):
             "enable": p.lanes,
         })
         products = Signal(product_layout)
+        # An operand register in front of the multipliers: their unpacking logic then starts
+        # from registers placed beside them, not from the data port.
+        op_gate = delay(m, cur_gate, 1, always, name="op_gate")
+        op_data = delay(m, self.data.payload.data, 1, always, name="op_data")
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(cur_gate), mul.b.eq(self.data.payload.data[lane]),
+            m.d.comb += [mul.a.eq(op_gate), mul.b.eq(op_data[lane]),
                          mul.en.eq(always), products.product[lane].eq(mul.product)]
+        product_delay = 1 + p.mul_latency
         m.d.comb += [
-            products.addr.eq(delay(m, cur_addr, p.mul_latency, always, name="m_addr")),
-            products.enable.eq(delay(m, enable, p.mul_latency, always, name="m_enable")),
+            products.addr.eq(delay(m, cur_addr, product_delay, always, name="m_addr")),
+            products.enable.eq(delay(m, enable, product_delay, always, name="m_enable")),
         ]
-        m_valid = delay(m, issue, p.mul_latency, always, name="m_valid")
+        m_valid = delay(m, issue, product_delay, always, name="m_valid")
 
         fifo = m.submodules.product_fifo = SyncFIFOBuffered(width=product_layout.size,
                                                             depth=depth)
