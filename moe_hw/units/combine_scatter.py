@@ -45,16 +45,24 @@ Streams and ports (payload fields are listed least significant first):
     and discarded, nothing is read or written for them. ``error`` is set when a run-time size
     exceeds its maximum; such a run does nothing.
 
-Zero-element problems (``slots``, ``tokens`` or ``hidden`` zero) finish at once: ``done`` one
-cycle after start, no stream is read, nothing is read or written. ``dropped`` then reads
+Zero-element problems (``slots``, ``tokens`` or ``hidden`` zero) finish at once: ``done`` is seen
+``EMPTY_CYCLES`` (2) cycles after start, no stream is read, nothing is read or written. ``dropped`` then reads
 ``slots`` when ``tokens`` is zero and ``hidden`` is not (every slot fails the mask), else 0.
 
 Read-modify-write hazard: a slot's beat at address A reads ``out`` at A, adds, and writes A
 back ``hazard_window`` cycles later. If a later slot has the same token, its beat at A must
-not read A until that write has been taken. An in-flight tracker holds the address of every
-beat between its issue (read request) and its write being taken (at most ``max_outstanding``
-beats, retired in order); a beat is issued only when no tracked address equals its own. Only a
-true conflict (same token, same beat) stalls, for exactly as long as it must.
+not read A until that write has been taken. The unit counts the beats between their issue
+(read request) and their write being taken (at most ``max_outstanding``; writes are taken in
+issue order) and issues a beat only when the beat of the same address before it has been
+taken. It finds that beat without comparing addresses: slots that are not dropped issue
+``ceil(H / lanes)`` beats each, in slot order, so if a slot's token was last seen on the j-th
+such slot before it, every beat of the slot has its predecessor exactly
+``j * ceil(H / lanes)`` beats earlier, which has been taken exactly when fewer beats than
+that are in flight. The header pipeline finds j in a history of the tokens of the last
+``max_outstanding - 1`` slots (a farther one is always taken: the in-flight count never
+reaches ``max_outstanding``) and hands the slot its in-flight limit ``min(j *
+ceil(H / lanes), max_outstanding)``. Only a true conflict (same token, same beat) stalls, for
+exactly as long as it must.
 
 Throughput and exact cycle counts (no stalls from the streams or the memory; memory read
 latency ``read_latency``: a request taken in cycle c is answered from cycle c + latency):
@@ -62,10 +70,13 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
 - no hazard: one data beat per cycle; a run of n slots takes exactly
   ``n * ceil(H / lanes) + overhead(read_latency)`` cycles from the start cycle to the cycle
   ``done`` is first seen (``CombineScatterParams.cycles``; the last slot not dropped),
-  provided ``max_outstanding >= hazard_window(read_latency)``. ``overhead = 3 +
-  hazard_window`` and ``hazard_window = max(mul_latency + 2, 1 + read_latency) + add_latency + 2``
-  (join: the product through the multiplier and the FIFO, or the read round trip; the
-  adder; the write skid buffer and the write being taken);
+  provided ``max_outstanding >= hazard_window(read_latency)``. ``overhead = lead +
+  hazard_window``; ``lead = START_LATENCY + (run_setup - 1) + header_stages + 2`` (8 at the
+  default parameters: start and decide, the 4 header stages, the header skid buffer, the
+  current-slot register) and ``hazard_window = max(1 + mul_latency + 2, 1 + read_latency) +
+  add_latency + 3`` (join: the product through the operand register, the multiplier and the
+  FIFO, or the read round trip; the adder; the write FIFO and the write being taken). At the
+  default parameters and read latency 2: ``hazard_window = 29``, ``overhead = 37``;
 - a hazard: a beat at the address of a beat issued in cycle c issues no earlier than
   ``c + hazard_window``. So a slot that repeats the previous slot's token (same token on
   back-to-back slots) costs ``max(0, hazard_window - ceil(H / lanes))`` cycles, one whose
@@ -73,14 +84,22 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   its first flow at full rate again. ``CombineScatterParams.replay_cycles`` gives the exact
   count of any slot order (dropped slots included).
 
-Pipeline: header stage (mask, ``token*H``); the current-slot register walks ``addr``; issue
-(read request into a skid buffer, tracker entry, ``lanes`` multipliers ``gate * element``,
-free-running); the products wait in a FIFO (``max_outstanding`` deep, never full: at most
-``max_outstanding`` beats are in flight) for the read data; ``lanes`` adders form
-``old + product``; a skid buffer drives ``write``.
+Pipeline: header pipeline (``header_stages``, 4 at the default parameters: the mask; the
+token history compare; the slot's in-flight limit; its thermometer; the row address
+``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
+enable depends on registers only); the current-slot register walks ``addr``; issue (read
+request into a skid buffer, in-flight count; an operand register and ``lanes`` multipliers
+``gate * element``, free-running); the products wait in a FIFO (``max_outstanding`` deep,
+never full: at most ``max_outstanding`` beats are in flight) for the read data; ``lanes``
+adders form ``old + product``, free-running too, into a write FIFO (``max_outstanding``
+deep, never full for the same reason) that drives ``write``. The issue decision
+(``data.ready``) is a function of registers only; no stall enable fans out to the
+arithmetic pipelines.
 """
 
+import operator
 from dataclasses import dataclass
+from functools import reduce
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
@@ -91,6 +110,8 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.product import pipelined_product, product_latency
+from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
@@ -147,25 +168,57 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
 
     def join_delay(self, read_latency):
         """Cycles from a beat's issue to its read data and product meeting at the adder:
-        the product path (multiplier, FIFO) or the read path (request skid buffer, memory),
-        whichever is longer."""
-        return max(self.mul_latency + _FIFO_LATENCY, 1 + read_latency)
+        the product path (operand register, multiplier, FIFO) or the read path (request
+        skid buffer, memory), whichever is longer."""
+        return max(1 + self.mul_latency + _FIFO_LATENCY, 1 + read_latency)
 
     def hazard_window(self, read_latency):
         """Cycles from a beat's issue to the earliest issue of a beat at the same address:
-        join, adder, write skid buffer (the write is taken), tracker update."""
-        return self.join_delay(read_latency) + self.add_latency + 2
+        join, adder, write FIFO (the write is taken), in-flight count update."""
+        return self.join_delay(read_latency) + self.add_latency + _FIFO_LATENCY + 1
 
-    #: Cycles from the start cycle to the first data beat's cycle: run control (start,
-    #: decide), header stage, current-slot register.
-    LEAD = START_LATENCY + 2
+    @property
+    def token_bits(self):
+        """The bits of an in-range token (the row address and the hazard history)."""
+        return max(1, bits_for(self.max_tokens - 1))
+
+    @property
+    def base_latency(self):
+        """Stages of the row address ``token * H`` (a registered DSP product)."""
+        return product_latency(self.token_bits, bits_for(self.max_hidden))
+
+    @property
+    def header_stages(self):
+        """Stages of the header pipeline: the mask, the token history compare, the slot's
+        in-flight limit, its thermometer (4), or the row address product if that is
+        longer."""
+        return max(4, self.base_latency)
+
+    @property
+    def limit_stages(self):
+        """Stages of the in-flight limit table ``min(j * beats, max_outstanding)`` (a
+        registered shift-and-add tree per ``j``, then the saturation)."""
+        return _limit_stages(self.max_outstanding)
+
+    @property
+    def run_setup(self):
+        """The run control's ``setup``: the limit table, computed from ``beats`` (held from
+        the decide cycle on), must be ready when the first header reaches it."""
+        return max(1, self.limit_stages - 2)
+
+    @property
+    def lead(self):
+        """Cycles from the start cycle to the first data beat's cycle: run control (start,
+        decide, ``run_setup - 1`` more), the header pipeline, the header skid buffer, the
+        current-slot register."""
+        return START_LATENCY + (self.run_setup - 1) + self.header_stages + 2
 
     def overhead(self, read_latency):
         """Stall-free cycles beyond one per data beat when the last slot is not dropped: the
         lead-in, then from the last beat's issue cycle t: its write is taken in cycle
         ``t + hazard_window - 1``, ``finished`` is high in the next cycle and ``done`` in the
         one after."""
-        return self.LEAD + self.hazard_window(read_latency)
+        return self.lead + self.hazard_window(read_latency)
 
     def cycles(self, slots, hidden, read_latency):
         """Exact stall-free cycles of a run of ``slots`` slots without hazards or a dropped
@@ -198,12 +251,41 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
                     issued[(token, beat)] = cycle
                     end = max(end, cycle + window + 1)
                 cycle += 1
-        return self.LEAD + end
+        return self.lead + end
+
+
+def _limit_stages(depth):
+    most_terms = max(bin(j).count("1") for j in range(1, max(depth, 2)))
+    return max(1, ceil_log2(most_terms))
+
+
+def _limit_table(m, beats, depth, stages):
+    """``{j: min(j * beats, depth)}`` for ``j`` in ``1 .. depth - 1``, registers that follow
+    ``beats`` ``stages`` cycles later (:func:`_limit_stages`). ``j * beats`` is the sum of
+    ``beats`` shifted by the set bits of ``j``, one registered adder level per stage (no
+    multiplier blocks); below ``depth`` it fits ``bits_for(depth)`` bits, so the sums are
+    taken modulo that."""
+    width = bits_for(depth)
+    table = {}
+    for j in range(1, depth):
+        small = delay(m, beats < -(-depth // j), stages - 1, Const(1), name=f"limit_small{j}")
+        terms = [(beats << k)[:width] for k in range(width) if (j >> k) & 1]
+        for level in range(stages - 1):
+            summed = []
+            for i in range(0, len(terms), 2):
+                total = Signal(width, name=f"limit_sum{j}_{level}_{i // 2}")
+                m.d.sync += total.eq(sum(terms[i:i + 2])[:width])
+                summed.append(total)
+            terms = summed
+        entry = Signal(width, name=f"limit_of{j}")
+        m.d.sync += entry.eq(Mux(small, sum(terms)[:width], depth))
+        table[j] = entry
+    return table
 
 
 class CombineScatterUnit(wiring.Component):
-    """Streaming scatter-add combine with an in-flight address tracker for the
-    read-modify-write hazard. See the module docstring for the protocol and timing."""
+    """Streaming scatter-add combine with an in-flight tracker for the read-modify-write
+    hazard. See the module docstring for the protocol and timing."""
 
     def __init__(self, params=None, **kwargs):
         params = resolve_params(CombineScatterParams, params, kwargs)
@@ -236,79 +318,160 @@ class CombineScatterUnit(wiring.Component):
         lanes_log2 = ceil_log2(p.lanes)
         width = p.fmt.width
         depth = p.max_outstanding
+        token_bits = p.token_bits
 
         # ---- run control: start, held sizes, done / error ---------------------------------
-        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=self.sizes)
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=self.sizes,
+                                                setup=p.run_setup)
         ctl.connect(m, self)
         running = ctl.running
-        tokens = ctl.size("tokens")
-        hidden = ctl.size("hidden")
         beats = Signal(range(-(-p.max_hidden // p.lanes) + 1))
         last_enable = Signal(p.lanes)
         headers_left = Signal.like(self.slots)
         slots_left = Signal.like(self.slots)
 
-        # ---- header stage: mask and row address --------------------------------------------
+        # ---- in-flight limits by distance --------------------------------------------------
+        # Every slot that is not dropped issues ``beats`` beats, in slot order, and writes
+        # retire in issue order. So if a slot's token was last seen on the j-th slot before
+        # it that is not dropped, that slot's beat b (the same address as this slot's beat b)
+        # was issued exactly j * beats beats earlier, and it has retired exactly when fewer
+        # than j * beats beats are in flight. ``limit_of[j] = min(j * beats, depth)``: the
+        # tracker's capacity bounds the in-flight count anyway. A register of the held
+        # ``beats``.
+        limit_width = bits_for(depth)
+        limit_of = _limit_table(m, beats, depth, p.limit_stages)
+
+        # ---- header pipeline: mask, history, limit; row address alongside --------------------
         header = self.header.payload
-        header_ctl = m.submodules.header_ctl = PipelineControl(1)
-        header_open = running & (headers_left != 0)
+        header_ctl = m.submodules.header_ctl = PipelineControl(p.header_stages)
+        header_open = Signal()      # running, headers left: a register
         m.d.comb += [
             header_ctl.i_valid.eq(self.header.valid & header_open),
             self.header.ready.eq(header_ctl.en & header_open),
         ]
         en_h = header_ctl.en
-        in_range = (header.token >= 0) & (header.token < tokens)
-        token_bits = max(1, bits_for(p.max_tokens - 1))
-        base = Signal(p.addr_width)
-        with m.If(en_h):
-            m.d.sync += base.eq(header.token.as_unsigned()[:token_bits] * hidden)
-        h_gate = delay(m, header.gate, 1, en_h, name="h_gate")
-        h_valid = delay(m, in_range, 1, en_h, name="h_in_range")
         with m.If(self.header.valid & self.header.ready):
             m.d.sync += headers_left.eq(headers_left - 1)
-
-        # ---- in-flight tracker: addresses of beats between issue and write taken ----------
-        track_addr = [Signal(p.addr_width, name=f"track_addr{i}") for i in range(depth)]
-        track_valid = Signal(depth)
-        track_head = Signal(range(depth))       # next entry to fill (issue)
-        track_tail = Signal(range(depth))       # oldest entry (retired when its write is taken)
-        inflight = Signal(range(depth + 1))
+            with m.If(headers_left == 1):
+                m.d.sync += header_open.eq(0)
+        with m.If(ctl.begin):           # a run that begins has a slot
+            m.d.sync += header_open.eq(1)
+        # Stage 1: the mask.
+        token = header.token.as_unsigned()[:token_bits]
+        h1_token = delay(m, token, 1, en_h, name="h1_token")
+        h1_in_range = delay(m, (header.token >= 0) & (header.token < ctl.size("tokens")), 1,
+                            en_h, name="h1_in_range")
+        h1_valid = delay(m, header_ctl.i_valid, 1, en_h, name="h1_valid")
+        with m.If(en_h & h1_valid & ~h1_in_range):
+            m.d.sync += self.dropped.eq(self.dropped + 1)
+        # Stage 2: which of the last ``depth - 1`` slots that are not dropped had this token.
+        # ``history[i]`` is the token of the (i + 1)-th latest one; a repeat clears the
+        # older entry, so that at most one entry matches any token.
+        history = [Signal(token_bits, name=f"history{i}") for i in range(depth - 1)]
+        history_valid = Signal(depth - 1)
+        matches = Signal(depth - 1)
+        m.d.comb += matches.eq(Cat(*[history_valid[i] & (history[i] == h1_token)
+                                     for i in range(depth - 1)]))
+        seen = delay(m, matches, 1, en_h, name="h2_seen")
+        with m.If(en_h & h1_valid & h1_in_range):
+            m.d.sync += [history[0].eq(h1_token),
+                         history_valid.eq(Cat(Const(1, 1), history_valid & ~matches))]
+            m.d.sync += [history[i].eq(history[i - 1]) for i in range(1, depth - 1)]
+        with m.If(ctl.accept):
+            m.d.sync += history_valid.eq(0)
+        # Stage 3: the slot's in-flight limit (``seen`` is one-hot or zero).
+        limit_seen = Signal(limit_width)
+        m.d.comb += limit_seen.eq(
+            reduce(operator.or_, [Mux(seen[i], limit_of[i + 1], 0) for i in range(depth - 1)]))
+        h_limit = Signal(limit_width)
+        with m.If(en_h):
+            m.d.sync += h_limit.eq(Mux(seen.any(), limit_seen, depth))
+        # Stage 4: the limit as a thermometer, ``below[k] = k < limit``: the issue stage
+        # then tests the in-flight count (one-hot) against it without an adder.
+        h_below = Signal(depth)
+        with m.If(en_h):
+            m.d.sync += h_below.eq(Cat(*[h_limit > k for k in range(depth)]))
+        h_below = delay(m, h_below, p.header_stages - 4, en_h, name="h_below")
+        # The row address token * H on registered DSP blocks, alongside.
+        product = pipelined_product(m, token, ctl.size("hidden"), en=en_h, dsp=p.dsp,
+                                    name="base")
+        h_base = delay(m, product[:p.addr_width], p.header_stages - p.base_latency, en_h,
+                       name="h_base")
+        h_gate = delay(m, header.gate, p.header_stages, en_h, name="h_gate")
+        h_in_range = delay(m, h1_in_range, p.header_stages - 1, en_h, name="h_in_range")
+        # A skid buffer between the header pipeline and the current slot: the pipeline's
+        # enable then depends on registers only, not on the data stream.
+        h_skid = m.submodules.header_skid = SkidBuffer(data.StructLayout({
+            "gate": width, "valid": 1, "base": p.addr_width, "below": depth}))
+        m.d.comb += [
+            h_skid.i.valid.eq(header_ctl.o_valid),
+            header_ctl.o_ready.eq(h_skid.i.ready),
+            h_skid.i.payload.gate.eq(h_gate),
+            h_skid.i.payload.valid.eq(h_in_range),
+            h_skid.i.payload.base.eq(h_base),
+            h_skid.i.payload.below.eq(h_below),
+        ]
+        slot = h_skid.o.payload
 
         # ---- current slot: walks the addresses of its beats ----------------------------------
         cur_loaded = Signal()
         cur_valid = Signal()
         cur_gate = Signal(width)
         cur_addr = Signal(p.addr_width)
-        beat = Signal.like(beats)
-        last_beat = beat == beats - 1
-        enable = Signal(p.lanes)
-        m.d.comb += enable.eq(Mux(last_beat, last_enable, (1 << p.lanes) - 1))
-
-        conflict = Signal()
-        m.d.comb += conflict.eq(Cat(*[track_valid[i] & (track_addr[i] == cur_addr)
-                                      for i in range(depth)]).any())
+        cur_below = Signal(depth)               # the slot's limit, k < limit
+        room = Signal()                         # in-flight beats < the slot's limit
         read_skid = m.submodules.read_skid = SkidBuffer(p.read_layout())
-        can_issue = read_skid.i.ready & (inflight != depth) & ~conflict
-        # A dropped slot's beats are taken and discarded at full rate.
-        m.d.comb += self.data.ready.eq(running & cur_loaded & (~cur_valid | can_issue))
+        # Every term is a register. A dropped slot's beats are taken and discarded at full
+        # rate.
+        m.d.comb += self.data.ready.eq(running & cur_loaded &
+                                       (~cur_valid | (read_skid.i.ready & room)))
         beat_take = self.data.valid & self.data.ready
         issue = Signal()
         m.d.comb += issue.eq(beat_take & cur_valid)
+        load = Signal()
+        _, last_beat = row_beats(m, beats, start=load, step=beat_take)
         cur_free = ~cur_loaded | (beat_take & last_beat)
-        m.d.comb += header_ctl.o_ready.eq(cur_free)
-        header_take = header_ctl.o_valid & cur_free
+        m.d.comb += [h_skid.o.ready.eq(cur_free), load.eq(h_skid.o.valid & cur_free)]
+        enable = Signal(p.lanes)
+        m.d.comb += enable.eq(Mux(last_beat, last_enable, (1 << p.lanes) - 1))
 
         with m.If(beat_take):
-            m.d.sync += [beat.eq(beat + 1), cur_addr.eq(cur_addr + p.lanes)]
+            m.d.sync += cur_addr.eq(cur_addr + p.lanes)
             with m.If(last_beat):
                 m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1)]
-        with m.If(header_take):
-            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(h_valid), cur_gate.eq(h_gate),
-                         cur_addr.eq(base), beat.eq(0)]
-            with m.If(~h_valid):
-                m.d.sync += self.dropped.eq(self.dropped + 1)
+        with m.If(load):
+            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid), cur_gate.eq(slot.gate),
+                         cur_addr.eq(slot.base), cur_below.eq(slot.below)]
 
-        # ---- issue: read request, tracker entry, gate multiply ------------------------------
+        # ---- in-flight count and the room flag ------------------------------------------------
+        # ``inflight`` is one-hot (bit n: n beats between issue and write taken). ``room`` =
+        # inflight < the slot's limit is split across a register: each cycle registers, for
+        # the slot of the next cycle (the loaded one or the current one), whether
+        # ``inflight + d`` is below its limit for d = -1, 0, 1 (an AND-OR of registers); the
+        # next cycle picks one by the registered count change.
+        retire = self.write.valid & self.write.ready
+        inflight = Signal(depth + 1, init=1)
+        grows = Signal()
+        shrinks = Signal()
+        m.d.sync += [grows.eq(issue & ~retire), shrinks.eq(retire & ~issue)]
+        with m.If(issue & ~retire):
+            m.d.sync += inflight.eq(inflight << 1)
+        with m.Elif(retire & ~issue):
+            m.d.sync += inflight.eq(inflight >> 1)
+
+        def below_after(below, d):
+            # inflight + d < limit, the thermometer ``below`` read at the one-hot count + d.
+            terms = [inflight[n] & below[n + d] for n in range(depth + 1) if 0 <= n + d < depth]
+            return reduce(operator.or_, terms, Const(0))
+
+        room_if = {}
+        for d in (-1, 0, 1):
+            room_if[d] = Signal(name=f"room_if_{'less' if d < 0 else 'more' if d else 'same'}")
+            m.d.sync += room_if[d].eq(Mux(load, below_after(slot.below, d),
+                                          below_after(cur_below, d)))
+        m.d.comb += room.eq(Mux(grows, room_if[1], Mux(shrinks, room_if[-1], room_if[0])))
+
+        # ---- issue: read request, gate multiply ---------------------------------------------
         m.d.comb += [
             read_skid.i.valid.eq(issue),
             read_skid.i.payload.addr.eq(cur_addr),
@@ -317,25 +480,6 @@ class CombineScatterUnit(wiring.Component):
             self.read.payload.eq(read_skid.o.payload),
             read_skid.o.ready.eq(self.read.ready),
         ]
-        retire = self.write.valid & self.write.ready
-        set_mask = Signal(depth)
-        clear_mask = Signal(depth)
-        m.d.comb += [
-            set_mask.eq(Mux(issue, Const(1, depth) << track_head, 0)),
-            clear_mask.eq(Mux(retire, Const(1, depth) << track_tail, 0)),
-        ]
-        m.d.sync += track_valid.eq((track_valid & ~clear_mask) | set_mask)
-        for i in range(depth):
-            with m.If(set_mask[i]):
-                m.d.sync += track_addr[i].eq(cur_addr)
-        with m.If(issue):
-            m.d.sync += track_head.eq(track_head + 1)      # depth is a power of two: wraps
-        with m.If(retire):
-            m.d.sync += track_tail.eq(track_tail + 1)
-        with m.If(issue & ~retire):
-            m.d.sync += inflight.eq(inflight + 1)
-        with m.Elif(retire & ~issue):
-            m.d.sync += inflight.eq(inflight - 1)
 
         # The multipliers run freely: the FIFO behind them always has room, since it and the
         # pipeline hold at most ``depth`` beats between them.
@@ -346,16 +490,21 @@ class CombineScatterUnit(wiring.Component):
             "enable": p.lanes,
         })
         products = Signal(product_layout)
+        # An operand register in front of the multipliers: their unpacking logic then starts
+        # from registers placed beside them, not from the data port.
+        op_gate = delay(m, cur_gate, 1, always, name="op_gate")
+        op_data = delay(m, self.data.payload.data, 1, always, name="op_data")
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(cur_gate), mul.b.eq(self.data.payload.data[lane]),
+            m.d.comb += [mul.a.eq(op_gate), mul.b.eq(op_data[lane]),
                          mul.en.eq(always), products.product[lane].eq(mul.product)]
+        product_delay = 1 + p.mul_latency
         m.d.comb += [
-            products.addr.eq(delay(m, cur_addr, p.mul_latency, always, name="m_addr")),
-            products.enable.eq(delay(m, enable, p.mul_latency, always, name="m_enable")),
+            products.addr.eq(delay(m, cur_addr, product_delay, always, name="m_addr")),
+            products.enable.eq(delay(m, enable, product_delay, always, name="m_enable")),
         ]
-        m_valid = delay(m, issue, p.mul_latency, always, name="m_valid")
+        m_valid = delay(m, issue, product_delay, always, name="m_valid")
 
         fifo = m.submodules.product_fifo = SyncFIFOBuffered(width=product_layout.size,
                                                             depth=depth)
@@ -363,43 +512,47 @@ class CombineScatterUnit(wiring.Component):
         head = data.View(product_layout, fifo.r_data)
 
         # ---- join the read data with the product, add ---------------------------------------
-        add_ctl = m.submodules.add_ctl = PipelineControl(p.add_latency)
+        # The adders run freely too, into a FIFO that always has room: the adders and the
+        # FIFO hold at most ``depth`` beats between them (a beat counts as in flight until
+        # its write is taken). No stall enable fans out to the adder pipelines.
+        join = Signal()
         m.d.comb += [
-            add_ctl.i_valid.eq(fifo.r_rdy & self.read_data.valid),
-            fifo.r_en.eq(add_ctl.en & self.read_data.valid),
-            self.read_data.ready.eq(add_ctl.en & fifo.r_rdy),
+            join.eq(fifo.r_rdy & self.read_data.valid),
+            fifo.r_en.eq(join),
+            self.read_data.ready.eq(fifo.r_rdy),
         ]
-        write_skid = m.submodules.write_skid = SkidBuffer(p.write_layout())
+        write_fifo = m.submodules.write_fifo = SyncFIFOBuffered(
+            width=p.write_layout().size, depth=depth)
+        sums = Signal(p.write_layout())
         for lane in range(p.lanes):
             add = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"add{lane}"] = add
             m.d.comb += [add.a.eq(self.read_data.payload.data[lane]),
-                         add.b.eq(head.product[lane]), add.en.eq(add_ctl.en),
-                         write_skid.i.payload.data[lane].eq(add.sum)]
+                         add.b.eq(head.product[lane]), add.en.eq(always),
+                         sums.data[lane].eq(add.sum)]
         m.d.comb += [
-            write_skid.i.payload.addr.eq(delay(m, head.addr, p.add_latency, add_ctl.en,
-                                               name="a_addr")),
-            write_skid.i.payload.enable.eq(delay(m, head.enable, p.add_latency, add_ctl.en,
-                                                 name="a_enable")),
-            write_skid.i.valid.eq(add_ctl.o_valid),
-            add_ctl.o_ready.eq(write_skid.i.ready),
-            self.write.valid.eq(write_skid.o.valid),
-            self.write.payload.eq(write_skid.o.payload),
-            write_skid.o.ready.eq(self.write.ready),
+            sums.addr.eq(delay(m, head.addr, p.add_latency, always, name="a_addr")),
+            sums.enable.eq(delay(m, head.enable, p.add_latency, always, name="a_enable")),
+            write_fifo.w_en.eq(delay(m, join, p.add_latency, always, name="a_valid")),
+            write_fifo.w_data.eq(sums),
+            self.write.valid.eq(write_fifo.r_rdy),
+            self.write.payload.eq(write_fifo.r_data),
+            write_fifo.r_en.eq(self.write.ready),
         ]
 
         # ---- control ---------------------------------------------------------------------------
-        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & (inflight == 0))
+        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & inflight[0])
+        # Every slot fails the mask when there is no token, but none carries data when H is
+        # zero (registered in the start cycle, used in the decide cycle).
+        all_dropped = Signal()
         with m.If(ctl.accept):
             m.d.sync += [
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_enable.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.slots), slots_left.eq(self.slots),
+                all_dropped.eq((self.hidden != 0) & (self.tokens == 0)),
                 self.dropped.eq(0),
             ]
-        # Every slot fails the mask when there is no token, but none carries data when H is
-        # zero.
-        with m.If(ctl.decide & ~ctl.too_big & (ctl.size("hidden") != 0) &
-                  (ctl.size("tokens") == 0)):
+        with m.If(ctl.decide & ~ctl.too_big & all_dropped):
             m.d.sync += self.dropped.eq(ctl.size("slots"))
         return m
