@@ -2,13 +2,15 @@
 path and resources, and its Fmax as a ratio to a reference adder in the same run.
 
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
-                           [--freq MHZ] [--json FILE] [--timeout S] [--work DIR]
+                           [--freq MHZ] [--json FILE] [--timeout S] [--work DIR] [--check]
 
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40). Every port
 of the unit is registered, behind four pins (moe_hw/flows/out_of_context.py). The tools are
 YoWASP's Yosys and nextpnr from PyPI; the first run of each compiles it (about a minute).
 Progress goes to stderr, the table to stdout. A design that does not fit or fails to place
-and route ends in one line naming it and the tool's error, with exit status 1.
+and route ends in one line naming it and the tool's error, with exit status 1. ``--check``
+holds the design to the project's timing bar (250 MHz and 0.70 x the reference adder) and
+exits with status 2 below it.
 """
 
 import argparse
@@ -23,9 +25,23 @@ from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, TARGETS, SynthError, f
                           synthesize, target as find_target)
 from .registry import unit_or_point
 
-__all__ = ["main", "synth"]
+__all__ = ["main", "synth", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
 
 PROG = "python -m moe_hw.synth"
+
+#: The timing bar every unit is held to (``--check``): Fmax and the ratio to the reference
+#: adder in the same run.
+BAR_MHZ = 250.0
+BAR_RATIO = 0.70
+
+
+def meets_bar(report):
+    """One line: whether the report's design meets :data:`BAR_MHZ` and :data:`BAR_RATIO`."""
+    fmax = report.design.fmax_mhz
+    ratio = fmax / report.reference.fmax_mhz
+    ok = fmax >= BAR_MHZ and ratio >= BAR_RATIO
+    return (f"{'meets' if ok else 'below'} the bar: {report.design.description} "
+            f"{fmax:.1f} MHz (>= {BAR_MHZ:g}), ratio {ratio:.2f} (>= {BAR_RATIO:.2f})")
 
 
 def _progress(text):
@@ -74,6 +90,10 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds each tool run (Yosys, one nextpnr seed) may take "
                              f"(default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit with status 2 unless the design meets the timing bar: "
+                             f"Fmax >= {BAR_MHZ:g} MHz and >= {BAR_RATIO:.2f} x the "
+                             f"reference adder")
     parser.add_argument("--work", type=Path, default=None, metavar="DIR",
                         help="keep the RTLIL, netlists, logs and nextpnr reports in DIR")
     args = parser.parse_args(argv)
@@ -89,6 +109,10 @@ def main(argv=None):
             args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
             _progress(f"wrote {args.json}")
         _progress(f"done in {time.perf_counter() - start:.0f} s")
+        if args.check:
+            verdict = meets_bar(report)
+            print(verdict)
+            return 0 if verdict.startswith("meets") else 2
         return 0
 
     try:

@@ -105,9 +105,10 @@ def test_combine_gather_cycle_formula():
     loop = PARAMS.add_latency + 1
     assert PARAMS.window_items == loop
     overhead = PARAMS.overhead(MEMORY_LATENCY)
-    # start and decide, ring write, ring read and slot address, reader command, memory,
-    # reader skid buffer, multiplier, adder, output skid buffer, done register
-    assert overhead == (2 + 1 + 1 + slot_latency(PARAMS) + 1 + MEMORY_LATENCY + 1
+    # start, decide and setup (tokens * beats), ring write, ring read and slot address,
+    # reader command, memory, reader skid buffer, multiplier, adder, output skid buffer, done
+    assert PARAMS.setup == 4
+    assert overhead == (PARAMS.setup + 1 + 1 + 1 + slot_latency(PARAMS) + 1 + MEMORY_LATENCY + 1
                         + PARAMS.mul_latency + PARAMS.add_latency + 1 + 1)
     # 37 tokens x 8 beats = 296 items: whole windows and a last, short one, whose second
     # pass waits for its partial sums: loop - (296 % loop) more cycles.

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from moe_hw.blocks.run_control import EMPTY_CYCLES
+from moe_hw.blocks.slot_address import slot_latency
 from moe_hw import golden
 from moe_hw.formats import to_bits
 from moe_hw.host import combine_gather
@@ -115,7 +116,10 @@ def test_dispatch_backward_data_edge_sizes():
     check(variant(prob, gates=gates[:, :2], indices=indices[:, :2], locations=locations[:, :2],
                   buffer=grad[:, :3]), "verilator", 0.0)
     assert DispatchBackwardDataUnit.SUM_START == "first"
-    assert PARAMS.overhead(2) == 1 + 1 + 3 + 1 + 2 + 1 + PARAMS.mul_latency + PARAMS.add_latency + 2
+    # start and setup, ring write, ring read and slot address, reader command, memory,
+    # reader skid buffer, multiplier, adder, output skid buffer and done
+    assert PARAMS.overhead(2) == (PARAMS.setup + 1 + 1 + 1 + slot_latency(PARAMS) + 1 + 2 + 1
+                                  + PARAMS.mul_latency + PARAMS.add_latency + 2)
 
 
 def test_dispatch_backward_data_host_errors():

@@ -179,9 +179,11 @@ def test_moe_layer_status_pysim():
         ctx.set(dut.write.ready, 1)
         ctx.set(dut.read_request.ready, 1)
         await start(ctx, 5)                       # S = 5 > max_tokens
+        await ctx.tick()                          # the run control's decide cycle
         assert ctx.get(dut.done) and ctx.get(dut.error) and not ctx.get(dut.busy)
         assert not any(ctx.get(s) for s in inputs + outputs)
         await start(ctx, 0)                       # S = 0
+        await ctx.tick()
         assert ctx.get(dut.done) and not ctx.get(dut.error) and not ctx.get(dut.busy)
         await start(ctx, 3)
         for _ in range(6):

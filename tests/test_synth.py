@@ -223,3 +223,18 @@ def test_report_parses_per_clock():
     ice40 = report_resources(TARGETS["ice40-up5k"], {"utilization": {}},
                              {"SB_DFFESR": 56, "SB_DFF": 1, "SB_LUT4": 9})
     assert ice40["ff"] == {"used": 57, "available": None}
+
+
+def test_timing_bar_verdict():
+    """--check's verdict: both the absolute Fmax and the ratio to the reference count."""
+    from types import SimpleNamespace
+
+    from moe_hw.synth import meets_bar
+
+    def report(fmax, reference):
+        return SimpleNamespace(design=SimpleNamespace(fmax_mhz=fmax, description="d"),
+                               reference=SimpleNamespace(fmax_mhz=reference))
+
+    assert meets_bar(report(260.0, 354.0)).startswith("meets")
+    assert meets_bar(report(249.9, 354.0)).startswith("below")      # under 250 MHz
+    assert meets_bar(report(251.0, 400.0)).startswith("below")      # ratio 0.63

@@ -80,13 +80,14 @@ from dataclasses import dataclass
 from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2
+from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.product import pipelined_product, product_latency
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
-from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
@@ -141,6 +142,12 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
         return 1 << ceil_log2(2 * self.window_items)
 
     @property
+    def setup(self):
+        """The run control's setup cycles: the held sizes (1), ``ceil(H / lanes)`` (1), then
+        ``tokens * beats`` on a pipelined product, from which the first window is sized."""
+        return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_beats))
+
+    @property
     def max_beats(self):
         return -(-self.max_hidden // self.lanes)
 
@@ -152,10 +159,9 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     def overhead(self, memory_latency=1):
         """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
         request taken at the end of cycle u from cycle u + ``memory_latency``: run control
-        (start, decide), header
-        ring write, command pipeline, row reader (command register, memory, skid buffer),
+        (start, then :attr:`setup` cycles), header ring write, command pipeline, row reader (command register, memory, skid buffer),
         multiplier, adder, output skid buffer, done register."""
-        return (START_LATENCY + 1 + self.command_latency + 1 + memory_latency + 1 + self.mul_latency +
+        return (self.setup + 1 + 1 + self.command_latency + 1 + memory_latency + 1 + self.mul_latency +
                 self.add_latency + 1 + 1)
 
     def schedule_cycles(self, tokens, hidden, top_k):
@@ -254,7 +260,8 @@ class CombineGatherUnit(wiring.Component):
         max_items = p.max_tokens * p.max_beats
 
         # ---- run control: start, held sizes, done / error ---------------------------------
-        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "hidden"))
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "hidden"),
+                                                setup=p.setup)
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
@@ -443,8 +450,13 @@ class CombineGatherUnit(wiring.Component):
 
         # ---- control -----------------------------------------------------------------------
         beats_in = (self.hidden + (p.lanes - 1)) >> lanes_log2
+        # The items (tokens * beats) during the run control's setup, from the held sizes: a
+        # pipelined product, read when the run begins.
+        held_beats = Signal.like(beats)
+        m.d.sync += held_beats.eq((ctl.size("hidden") + (p.lanes - 1)) >> lanes_log2)
         items_in = Signal(range(max_items + 1))
-        m.d.comb += items_in.eq(self.tokens * beats_in)
+        m.d.comb += items_in.eq(pipelined_product(m, ctl.size("tokens"), held_beats, en=1,
+                                                  dsp=p.dsp, name="items"))
         m.d.comb += ctl.finished.eq(running & ~gen_active & ~cmd_ctl.busy & ~reader.busy &
                                     ~mul_ctl.busy & ~add_ctl.busy & ~skid.o.valid)
         with m.If(ctl.accept):
@@ -452,11 +464,13 @@ class CombineGatherUnit(wiring.Component):
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_in.eq(0), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
-                cur_beat.eq(0), pass_k.eq(0), remaining.eq(items_in),
-                win_len.eq(Mux(items_in < window, items_in, window)),
-                pass_left.eq(Mux(items_in < window, items_in, window)),
+                cur_beat.eq(0), pass_k.eq(0),
                 item.eq(0), pending.eq(0), self.dropped.eq(0),
             ]
         with m.If(ctl.begin):
-            m.d.sync += gen_active.eq(1)
+            m.d.sync += [
+                gen_active.eq(1), remaining.eq(items_in),
+                win_len.eq(Mux(items_in < window, items_in, window)),
+                pass_left.eq(Mux(items_in < window, items_in, window)),
+            ]
         return m

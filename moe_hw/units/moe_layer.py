@@ -83,17 +83,19 @@ that answers a request taken at the end of cycle u from cycle u + L;
 P = k*S pairs, B = ceil(H / lanes) beats per row and R = ``sum over e of min(count[e], C)``
 filled rows::
 
-    route_dispatch = max(ROUTE_LATENCY + P*B + dispatch.overhead,       (when H, C, E > 0)
-                         locations.stall_free_cycles(P, E)) + PHASE_EXIT
+    route_dispatch = SUB_UNIT_START + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
+                                          locations.stall_free_cycles(P, E)) + PHASE_EXIT
     experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + PHASE_EXIT
                      (0 when the phase is skipped: identity experts, H = 0 or R = 0)
-    combine        = combine.cycles(S, H, k, L) + COMBINE_HEADER_LATENCY   (H > 0)
-                     combine.cycles(S, H, k, L) = 1                        (H = 0)
-    total          = route_dispatch + experts + combine          (1 when S = 0)
+    combine        = combine.cycles(S, H, k, L) + combine_header_latency   (H > 0)
+                     combine.cycles(S, H, k, L) = 2                        (H = 0)
+    total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with ROUTE_LATENCY = 4, EXPERT_OVERHEAD = 4, COMBINE_HEADER_LATENCY = 1, PHASE_EXIT = 1, and
-``dispatch.overhead`` (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.
-stall_free_cycles`` (P + E + 4, :meth:`~moe_hw.units.locations.LocationsParams.
+with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 5, EXPERT_OVERHEAD = 4,
+combine_header_latency = max(0, 1 - (combine.setup - 1)) (0 at the defaults: the combine
+unit's setup hides the pair-memory read), PHASE_EXIT = 1, and ``dispatch.overhead``
+(:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.
+stall_free_cycles`` (P + E + OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.
 stall_free_cycles`) and ``combine.cycles`` (the combine-gather unit's K*S*B plus its windows'
 and pipeline's overhead, :meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the
 sub-units' own documented counts. Route and dispatch overlap completely: the dispatch unit
@@ -117,7 +119,7 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
-from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
@@ -153,13 +155,23 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
 
     #: Stall-free cycles by which the dispatch unit's first header comes later than it would
     #: from a header stream valid at once: the pair's trip through the location generator
-    #: (counter bank, output register), its write into the pair memory, the pair-memory read.
-    ROUTE_LATENCY = 4
+    #: (the counter bank's two stages, output register), its write into the pair memory, the
+    #: pair-memory read.
+    ROUTE_LATENCY = 5
+    #: The layer's own decide cycle: the sub-units start at the layer's ``begin``, one cycle
+    #: after its start cycle.
+    SUB_UNIT_START = START_LATENCY - 1
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
     #: command register, the row reader's issue and output registers, the write skid buffer.
     EXPERT_OVERHEAD = 4
     #: The pair-memory read in front of the combine unit's header stream.
-    COMBINE_HEADER_LATENCY = 1
+    PAIR_READ_LATENCY = 1
+
+    @property
+    def combine_header_latency(self):
+        """Cycles the combine phase waits for its first header beyond the combine unit's own
+        count: the pair-memory read, less what the unit's setup cycles already hide."""
+        return max(0, self.PAIR_READ_LATENCY - (self.combine.setup - 1))
     #: The cycle from a phase's last event (its units done) to the next phase (or ``done``).
     PHASE_EXIT = 1
 
@@ -232,8 +244,9 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
                        self.EXPERT_OVERHEAD + self.PHASE_EXIT)
         combine = self.combine.cycles(tokens, hidden, top_k, memory_latency, reads=reads)
         if hidden:           # (with H = 0 the combine unit takes no header)
-            combine += self.COMBINE_HEADER_LATENCY
-        return {"route_dispatch": route + self.PHASE_EXIT, "experts": experts,
+            combine += self.combine_header_latency
+        return {"route_dispatch": self.SUB_UNIT_START + route + self.PHASE_EXIT,
+                "experts": experts,
                 "combine": combine}
 
     def cycles(self, **problem):

@@ -1,0 +1,74 @@
+"""The timing table of README.md: every unit at its default parameters, and dispatch at lanes
+1, 8 and 16, through ``python -m moe_hw.synth`` on one target, against the timing bar.
+
+    python benchmarks/timing_table.py [--target ecp5-85k] [--seeds 3] [--json FILE]
+
+Prints a Markdown table (Fmax, ratio to the reference adder, LUT4, FF, DSP, distributed RAM,
+critical path) and, for dispatch, the throughput at Fmax (lanes x 4 B x Fmax). Long: about a
+minute per design and seed on one core.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from moe_hw.flows.synth import SynthError
+from moe_hw.registry import units
+from moe_hw.synth import BAR_MHZ, BAR_RATIO, synth
+
+
+def designs():
+    """(label, unit name, settings) for every row of the table."""
+    rows = [(name, name, {}) for name in units()]
+    rows += [(f"dispatch lanes={lanes}", "dispatch", {"lanes": lanes}) for lanes in (1, 8, 16)]
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="ecp5-85k")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds per tool run (default 1800)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="a row label to run (repeatable; default: every row)")
+    args = parser.parse_args(argv)
+    rows, records = [], []
+    for label, name, settings in designs():
+        if args.only and label not in args.only:
+            continue
+        print(f"[timing] {label} ...", file=sys.stderr, flush=True)
+        try:
+            report = synth(name, args.target, settings, seeds=args.seeds, timeout=args.timeout)
+        except SynthError as error:
+            rows.append(f"| {label} | failed: {error} | | | | | | |")
+            continue
+        design = report.design
+        ratio = design.fmax_mhz / report.reference.fmax_mhz
+        path = next(iter(design.clocks.values())).critical_path
+        used = {key: value["used"] for key, value in design.resources.items()}
+        ok = design.fmax_mhz >= BAR_MHZ and ratio >= BAR_RATIO
+        extra = ""
+        if name == "dispatch":
+            lanes = settings.get("lanes", 4)
+            extra = f" ({lanes * 4 * design.fmax_mhz / 1000:.1f} GB/s at Fmax)"
+        rows.append(f"| {label} | {design.fmax_mhz:.1f}{extra} | {ratio:.2f} | "
+                    f"{'yes' if ok else 'no'} | {used['lut4']} | {used['ff']} | {used['dsp']} | "
+                    f"{used['dram']} | `{path.start}` -> `{path.end}` |")
+        records.append(report.to_json())
+        print(rows[-1], flush=True)
+    print(f"\n{args.target}, best of {args.seeds} seeds; the bar: {BAR_MHZ:g} MHz and "
+          f"{BAR_RATIO:.2f} x the reference adder\n")
+    print("| design | Fmax MHz | ratio | meets the bar | LUT4 | FF | DSP | DRAM | critical path |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
