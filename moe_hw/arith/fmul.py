@@ -20,7 +20,8 @@ DEFAULT_MULTIPLIER_STAGES = {"fp32": 13, "fp16": 13, "bf16": 13}
 # Register boundaries in pipeline order, and the order in which they receive a register as
 # ``stages`` grows: each new register cuts the longest remaining combinational path.
 # Registers beyond the last all go on the output.
-_BOUNDARIES = ("classified", "unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs", "mul_partial",
+_BOUNDARIES = ("classified", "unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs",
+               "mul_partial",
                "product", "product_normalised", "denormalise_coarse", "denormalised",
                "round_prepared", "rounded")
 _BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",

@@ -7,7 +7,8 @@ from the consumer's ``ready``: the net's routing alone is longer than a clock pe
 :class:`CreditPipeline` never stalls its pipeline. The datapath's registers load every
 cycle (``en`` is constant 1; bubbles travel as invalid items) and every item that leaves it is
 written into a queue (a ring in distributed RAM, first-word fall-through, whose write
-enable is a register: the credits guarantee room), which feeds a :class:`~moe_hw.stream.SkidBuffer`: the queue's read enable
+enable is a register: the credits guarantee room), which feeds a
+:class:`~moe_hw.stream.SkidBuffer`: the queue's read enable
 is the skid buffer's registered ``ready``, so the consumer's ``ready`` reaches only the skid
 buffer's output register. An
 item may enter only when the queue is sure to have room for it when it arrives: the block

@@ -41,7 +41,7 @@ Streams and ports (payload fields are listed least significant first):
     ``dropped`` counts the (k, i) pairs that fail the mask. ``error`` is set, and nothing done,
     when a run-time size exceeds its generation-time maximum.
 
-Zero-element problems (``tokens`` or ``hidden`` zero) finish at once: ``done`` one cycle after
+Zero-element problems (``tokens`` or ``hidden`` zero) finish at once: ``done`` two cycles after
 start, no header taken, nothing read or out. (Zero capacity or experts is not empty: every
 pair is dropped and every output is START's sum of +0.0 terms, which is +0.0.)
 
@@ -70,7 +70,8 @@ anywhere costs only the cycles it lasts.
 
 Pipeline: header ring (the headers of the current and next windows, replayed once per pass)
 -> pass scheduler -> ring read | the shared :class:`~moe_hw.blocks.slot_address.SlotAddress`
-(mask and ``slot = index*C + location`` | ``addr = slot*H + beat*lanes``) -> row reader -> ``lanes`` float multipliers (gate * element, +0.0 for an
+(mask and ``slot = index*C + location`` | ``addr = slot*H + beat*lanes``) -> row reader ->
+``lanes`` float multipliers (gate * element, +0.0 for an
 invalid pair) -> ``lanes`` float adders (with the partial sum, or START on the first pass) ->
 accumulator (passes before the last) or skid buffer -> ``data``.
 """
@@ -159,10 +160,11 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     def overhead(self, memory_latency=1):
         """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
         request taken at the end of cycle u from cycle u + ``memory_latency``: run control
-        (start, then :attr:`setup` cycles), header ring write, command pipeline, row reader (command register, memory, skid buffer),
-        multiplier, adder, output skid buffer, done register."""
-        return (self.setup + 1 + 1 + self.command_latency + 1 + memory_latency + 1 + self.mul_latency +
-                self.add_latency + 1 + 1)
+        (start, then :attr:`setup` cycles), header ring write, command pipeline, row reader
+        (command register, memory, skid buffer), multiplier, adder, output skid buffer,
+        done register."""
+        return (self.setup + 1 + 1 + self.command_latency + 1 + memory_latency + 1 +
+                self.mul_latency + self.add_latency + 1 + 1)
 
     def schedule_cycles(self, tokens, hidden, top_k):
         """Stall-free cycles the schedule needs at one read beat per cycle: K*S*B plus, for a

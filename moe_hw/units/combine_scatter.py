@@ -46,7 +46,8 @@ Streams and ports (payload fields are listed least significant first):
     exceeds its maximum; such a run does nothing.
 
 Zero-element problems (``slots``, ``tokens`` or ``hidden`` zero) finish at once: ``done`` is seen
-``EMPTY_CYCLES`` (2) cycles after start, no stream is read, nothing is read or written. ``dropped`` then reads
+``EMPTY_CYCLES`` (2) cycles after start, no stream is read, nothing is read or written.
+``dropped`` then reads
 ``slots`` when ``tokens`` is zero and ``hidden`` is not (every slot fails the mask), else 0.
 
 Read-modify-write hazard: a slot's beat at address A reads ``out`` at A, adds, and writes A

@@ -27,7 +27,8 @@ Streams and ports (payload fields are listed least significant first):
     exceeds its generation-time maximum; such a run does nothing.
 
 Zero-element problems (``pairs``, ``hidden``, ``capacity`` or ``num_experts`` zero) finish at
-once: ``done`` two cycles after start (the run control's decide cycle), no stream is read, nothing is written. ``dropped`` then
+once: ``done`` two cycles after start (the run control's decide cycle), no stream is read,
+nothing is written. ``dropped`` then
 reads ``pairs`` when the capacity or the expert count is zero (every pair fails the mask) and
 0 when ``hidden`` is zero (no pair carries data).
 
@@ -93,7 +94,8 @@ class DispatchParams(FloatDatapathParams, UnitParams):
         """Stall-free cycles beyond one per data beat: run control (start, decide), slot
         address, header queue (its output is the current pair), operand register,
         multiplier, output queue, its idle register, done register."""
-        return (START_LATENCY + slot_latency(self) + CreditPipeline.QUEUE_LATENCY + 1 + self.stages +
+        return (START_LATENCY + slot_latency(self) + CreditPipeline.QUEUE_LATENCY + 1 +
+                self.stages +
                 CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     @property

@@ -33,7 +33,7 @@ Streams and ports (payload fields are listed least significant first):
     for them). ``error`` is set when a run-time size exceeds its maximum; such a run does
     nothing.
 
-A problem without pairs (``tokens`` or ``top_k`` zero) finishes at once: ``done`` one cycle
+A problem without pairs (``tokens`` or ``top_k`` zero) finishes at once: ``done`` two cycles
 after start, no stream is read. With ``hidden``, ``capacity`` or ``num_experts`` zero every
 pair still gets its +0.0 result (an empty sum, or a dropped pair), and nothing is read.
 
@@ -60,7 +60,8 @@ run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
 ``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``
 (``overhead(L) = lead + G - 1 + max(2, 1 + L) + mul_latency + levels * add_latency + 3``,
 ``lead = setup + 1 + slot_latency + 1``: 11 + 10 + (1 + L) + 12 + 22 + 3 = L + 59 at the
-defaults with L >= 1). The ideal is ``P * B``; the excess (a partial last group's padding, the flush round, the
+defaults with L >= 1). The ideal is ``P * B``; the excess (a partial last group's padding, the
+flush round, the
 pipeline) is fixed per run. Full rate needs ``max_outstanding >= read_latency + 2``.
 
 Pipeline: run setup (P = tokens * top_k on a pipelined product of the held sizes, in the
@@ -68,7 +69,8 @@ run control's setup cycles); header stages (the shared
 :class:`~moe_hw.blocks.slot_address.SlotAddress`: mask and ``slot = index*C + location``,
 then ``slot*H``) and a skid buffer (the pair's ``i*H`` is counted as it enters); issue (the
 group's pairs in a G-entry distributed-RAM table, read one item ahead into a register; a
-per-round beat offset; the last-beat flag registered; two read requests into skid buffers, a descriptor into a FIFO of
+per-round beat offset; the last-beat flag registered; two read requests into skid buffers, a
+descriptor into a FIFO of
 ``max_outstanding``); join
 (the descriptor with both responses); ``lanes`` multipliers; ``lanes`` accumulating adders;
 the adder tree; a skid buffer drives ``grad_gate``.
@@ -188,7 +190,8 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
 
     def cycles(self, pairs, hidden, read_latency, *, reads=True):
         """Exact stall-free cycles of a run of ``pairs`` pairs, from the start cycle to the
-        cycle ``done`` is first seen (``EMPTY_CYCLES`` when there are no pairs). ``reads``: whether any pair
+        cycle ``done`` is first seen (``EMPTY_CYCLES`` when there are no pairs). ``reads``:
+        whether any pair
         reads (it is valid and H > 0).
 
         With G = :attr:`interleave`, B = ``max(1, ceil(H / lanes))``, ``groups =

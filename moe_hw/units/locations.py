@@ -89,7 +89,8 @@ class LocationsParams(UnitParams):
 
     def stall_free_cycles(self, pairs, num_experts):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact): ``pairs + num_experts + OVERHEAD``, or ``EMPTY_CYCLES`` (2) for an empty run (no pairs, no
+        (exact): ``pairs + num_experts + OVERHEAD``, or ``EMPTY_CYCLES`` (2) for an empty run (no
+        pairs, no
         experts) and for a run whose sizes exceed the maxima."""
         if pairs + num_experts == 0 or pairs > self.max_pairs or \
                 num_experts > self.max_experts:

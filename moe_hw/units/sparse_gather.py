@@ -30,7 +30,7 @@ Streams and ports (payload fields are listed least significant first):
     output never change), and ``error`` is set. ``error`` is also set, and nothing done, when
     a run-time size exceeds its generation-time maximum.
 
-Zero-element problems (``slots`` or ``hidden`` zero) finish at once: ``done`` one cycle after
+Zero-element problems (``slots`` or ``hidden`` zero) finish at once: ``done`` two cycles after
 start, nothing read, nothing out.
 
 Throughput: one beat per cycle when nothing stalls (one-beat rows included); a stall anywhere

@@ -50,7 +50,8 @@ Streams and ports (payload fields are listed least significant first):
     ``done`` rises when the last beat of both output streams has left and stays high until the
     next start. ``nonzeros`` is the number of routed gates (final once ``part_sizes`` has
     ended). ``error`` is set when a run-time size exceeds its generation-time maximum (such a
-    run reads and writes nothing and is done ``EMPTY_CYCLES`` (2) cycles after start); or when a gate of an
+    run reads and writes nothing and is done ``EMPTY_CYCLES`` (2) cycles after start); or when a
+    gate of an
     in-range lane is negative, i.e. < 0 as the golden model rejects it: sign bit set, not
     +-0.0 and not a NaN (a NaN with the sign bit set is routed like any NaN). A negative gate
     does not stop the run: it is treated as routed (nonzero), every beat of both passes is
@@ -59,7 +60,8 @@ Streams and ports (payload fields are listed least significant first):
     outside ``[0, nonzeros)`` (the second copy of the matrix has a routed gate the first did
     not have; the unit keeps no copy to compare the two in full).
 
-A run with E = 0 finishes at once (``done`` ``EMPTY_CYCLES`` (2) cycles after start). Otherwise, stall-free, a
+A run with E = 0 finishes at once (``done`` ``EMPTY_CYCLES`` (2) cycles after start). Otherwise,
+stall-free, a
 run takes exactly (:meth:`SparseIndexParams.stall_free_cycles`)::
 
     S*B + E + place_cycles + PASSES_OVERHEAD      (S >= 1)
@@ -122,7 +124,8 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
 
     def stall_free_cycles(self, tokens, num_experts, place_cycles):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact; ``EMPTY_CYCLES`` (2) when E = 0 or a size exceeds its maximum). ``place_cycles`` is pass 3's:
+        (exact; ``EMPTY_CYCLES`` (2) when E = 0 or a size exceeds its maximum). ``place_cycles``
+        is pass 3's:
         the sum over the beats of ``max(1, routed gates in the beat)`` (see
         :func:`place_cycles`)."""
         if num_experts == 0 or tokens > self.max_tokens or num_experts > self.max_experts:
