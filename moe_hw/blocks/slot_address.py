@@ -83,6 +83,15 @@ class SlotAddress(wiring.Component):
             members["offset"] = In(offset_width)
         super().__init__(members)
 
+    @classmethod
+    def for_params(cls, params, *, addr_width, offset_width=0):
+        """The generator of a unit with parameters ``params`` (``index_width``, the maxima
+        and, if the unit multiplies, ``dsp``)."""
+        return cls(index_width=params.index_width, max_experts=params.max_experts,
+                   max_capacity=params.max_capacity, max_hidden=params.max_hidden,
+                   addr_width=addr_width, offset_width=offset_width,
+                   dsp=getattr(params, "dsp", "generic"))
+
     def follow(self, m, control, *, en, index, location):
         """Drive this generator from a pipeline enable ``en``, a header's ``index`` and
         ``location``, and the held sizes of a :class:`~moe_hw.blocks.run_control.RunControl`
@@ -147,10 +156,8 @@ def header_slot_stage(m, header, control, params, *, open, addr_width):
         ctl.i_valid.eq(header.valid & open),
         header.ready.eq(ctl.en & open),
     ]
-    slot_address = m.submodules.slot_address = SlotAddress(
-        index_width=params.index_width, max_experts=params.max_experts,
-        max_capacity=params.max_capacity, max_hidden=params.max_hidden, addr_width=addr_width,
-        dsp=getattr(params, "dsp", "generic"))
+    slot_address = m.submodules.slot_address = SlotAddress.for_params(params,
+                                                                      addr_width=addr_width)
     address, in_range = slot_address.follow(m, control, en=ctl.en,
                                             index=header.payload.index,
                                             location=header.payload.location)
@@ -178,10 +185,8 @@ def header_slot_queue(m, header, control, params, *, open, addr_width, carry=())
         queue.i_valid.eq(header.valid & open),
         header.ready.eq(queue.i_ready & open),
     ]
-    slot_address = m.submodules.slot_address = SlotAddress(
-        index_width=params.index_width, max_experts=params.max_experts,
-        max_capacity=params.max_capacity, max_hidden=params.max_hidden, addr_width=addr_width,
-        dsp=getattr(params, "dsp", "generic"))
+    slot_address = m.submodules.slot_address = SlotAddress.for_params(params,
+                                                                      addr_width=addr_width)
     address, in_range = slot_address.follow(m, control, en=1, index=header.payload.index,
                                             location=header.payload.location)
     m.d.comb += [queue.payload.address.eq(address), queue.payload.in_range.eq(in_range)]

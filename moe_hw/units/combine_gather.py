@@ -343,10 +343,8 @@ class CombineGatherUnit(wiring.Component):
         # The beat's element offset joins the row address at the slot address's last stage.
         offset = Signal(len(s1["beat"]) + lanes_log2)
         m.d.comb += offset.eq(s1["beat"] << lanes_log2)
-        slot_address = m.submodules.slot_address = SlotAddress(
-            index_width=p.index_width, max_experts=p.max_experts, max_capacity=p.max_capacity,
-            max_hidden=p.max_hidden, addr_width=p.addr_width, offset_width=len(offset),
-            dsp=p.dsp)
+        slot_address = m.submodules.slot_address = SlotAddress.for_params(
+            p, addr_width=p.addr_width, offset_width=len(offset))
         base, in_range = slot_address.follow(m, ctl, en=en_c, index=index, location=location)
         m.d.comb += slot_address.offset.eq(offset)
         s3 = {name: delay(m, value, slot_address.latency, en_c, name=f"{name}_s3")
