@@ -15,4 +15,20 @@ def simulator_params(*sims):
     return params
 
 
+def simulator_cases(cases, *, icarus):
+    """pytest params ``(sim, case)``: every case on Verilator, and the cases named in
+    ``icarus`` on Icarus too. Icarus is the four-state check (an X or a Z where a value should
+    be); its runs are many times slower than Verilator's, so each unit runs there on a few
+    cases that reach its normal, masked and empty paths rather than on all of them."""
+    unknown = [name for name in icarus if name not in cases]
+    if unknown:
+        raise ValueError(f"icarus cases must be among the cases, not {unknown}")
+    params = []
+    for sim, names in (("verilator", list(cases)), ("icarus", list(icarus))):
+        reason = simulator_available(sim)
+        marks = [pytest.mark.skip(reason=f"{sim}: {reason}")] if reason else []
+        params += [pytest.param(sim, name, marks=marks, id=f"{sim}-{name}") for name in names]
+    return params
+
+
 STALLS = [pytest.param(0.0, id="no-stall"), pytest.param(0.3, id="stall")]

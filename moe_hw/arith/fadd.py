@@ -201,12 +201,11 @@ class FloatAdderCore(FloatCore):
         norm = regs.boundary("normalised", sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
                              exponent=exponent, significand=shifted)
 
-        prep = round_prepare(m, fmt, norm.exponent, norm.significand, Const(0))
-        prepared = regs.boundary("round_prepared", sign=norm.sign, nan=norm.nan, inf=norm.inf,
-                                 magnitude=prep.magnitude, round_up=prep.round_up,
-                                 overflow=prep.overflow)
-        packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up,
-                            prepared.overflow, nan=prepared.nan, inf=prepared.inf)
+        prep = round_prepare(m, fmt, norm.exponent, norm.significand, Const(0),
+                             sign=norm.sign, nan=norm.nan, inf=norm.inf)
+        prepared = regs.boundary("round_prepared", sign=prep.sign, magnitude=prep.magnitude,
+                                 round_up=prep.round_up)
+        packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up)
         out = regs.boundary("rounded", sum=packed)
         m.d.comb += self.sum.eq(out.sum)
         return m

@@ -243,32 +243,38 @@ def _leading_zeros_pow2(value):
     return hi_any | lo_any, Cat(Mux(hi_any, hi_count, lo_count), ~hi_any)
 
 
-_ZERO_GROUP = 4                 # bits per group in the first step of a leading-zero count
-
-
-def leading_zeros_groups(m, value, *, name):
+def leading_zeros_groups(m, value, *, name, group=4):
     """First step of a leading-zero count that can be split by a register: for each group of
-    four bits, whether it has a one (``any``, one bit per group) and its own leading zeros
-    (``counts``, two bits per group). Finish with :func:`leading_zeros_combine`."""
+    ``group`` bits (a power of two), whether it has a one (``any``, one bit per group) and its
+    own leading zeros (``counts``, ``log2(group)`` bits per group). Finish with
+    :func:`leading_zeros_combine`. Wider groups put more of the count before the register
+    (a group of 8 is two LUT levels) and leave a shallower tree after it."""
+    if group < 2 or group & (group - 1):
+        raise ValueError(f"group must be a power of two of at least 2, not {group}")
     width = len(value)
-    groups = 1 << ceil_log2(-(-(width + 1) // _ZERO_GROUP))
+    count_bits = ceil_log2(group)
+    groups = 1 << ceil_log2(-(-(width + 1) // group))
     # Pad below the LSB with a single one, then zeros: the padded word is never zero and its
     # leading-zero count is exactly the answer, zero input included.
-    padded = Cat(Const(0, groups * _ZERO_GROUP - width - 1), Const(1, 1), value)
+    padded = Cat(Const(0, groups * group - width - 1), Const(1, 1), value)
     any_ = Signal(groups, name=f"{name}_any")
-    counts = Signal(2 * groups, name=f"{name}_counts")
-    for group in range(groups):
-        chunk = padded[group * _ZERO_GROUP:(group + 1) * _ZERO_GROUP]
+    counts = Signal(count_bits * groups, name=f"{name}_counts")
+    for index in range(groups):
+        chunk = padded[index * group:(index + 1) * group]
         chunk_any, chunk_count = _leading_zeros_pow2(chunk)
-        m.d.comb += [any_[group].eq(chunk_any), counts[2 * group:2 * group + 2].eq(chunk_count)]
+        m.d.comb += [any_[index].eq(chunk_any),
+                     counts[count_bits * index:count_bits * (index + 1)].eq(chunk_count)]
     return any_, counts
 
 
 def leading_zeros_combine(m, any_, counts, width, *, name):
-    """Second step: the leading zeros of the ``width``-bit value given its groups."""
+    """Second step: the leading zeros of the ``width``-bit value given its groups (the group
+    size follows from ``len(counts) // len(any_)``)."""
+    count_bits = len(counts) // len(any_)
+
     def tree(low, high):
         if high - low == 1:
-            return any_[low], counts[2 * low:2 * low + 2]
+            return any_[low], counts[count_bits * low:count_bits * (low + 1)]
         middle = (low + high) // 2
         high_any, high_count = tree(middle, high)
         low_any, low_count = tree(low, middle)
@@ -326,16 +332,21 @@ def shift_bits(max_shift, coarse=2):
     return bits[:len(bits) - fine], bits[len(bits) - fine:]
 
 
-def round_prepare(m, fmt, exponent, significand, sticky, *, name="round"):
+def round_prepare(m, fmt, exponent, significand, sticky, *, sign, nan, inf, at_max=None,
+                  name="round"):
     """The first half of rounding to nearest, ties to even: which way to round, and the
-    unrounded exponent field and fraction side by side.
+    unrounded exponent field and fraction side by side, with the special cases already in.
 
     ``significand`` (at least ``mant_bits + 2`` bits, binary point after its top bit) must be
     normalised (top bit set) unless it is a subnormal already on the format's grid, i.e.
     ``exponent`` is 1 (or below, with the significand already shifted right into place);
-    ``sticky`` is the OR of anything shifted out below it. Returns ``magnitude`` (exponent
-    field and fraction, before the increment), ``round_up`` and ``overflow`` (a normal result
-    at or past ``exp_max``: Inf).
+    ``sticky`` is the OR of anything shifted out below it. Returns ``sign``, ``magnitude``
+    (exponent field and fraction, before the increment) and ``round_up``. ``nan`` selects the
+    canonical quiet NaN, ``inf`` or a normal result at or past ``exp_max`` (overflow) an Inf
+    of sign ``sign``; both with ``round_up`` low, so that :func:`round_pack` is the increment
+    alone and nothing sits between its carry chain and the register after it. ``at_max``,
+    when given, is ``exponent >= exp_max`` computed a stage earlier (the compare's carry chain
+    then stays out of this stage).
     """
     mant_bits = fmt.mant_bits
     assert len(significand) >= mant_bits + 2
@@ -344,32 +355,33 @@ def round_prepare(m, fmt, exponent, significand, sticky, *, name="round"):
     rest = significand[:-(mant_bits + 2)].any() | sticky
     normal = kept[mant_bits]
     out = SimpleNamespace(
+        sign=Signal(name=f"{name}_sign"),
         magnitude=Signal(fmt.width - 1, name=f"{name}_magnitude"),
         round_up=Signal(name=f"{name}_up"),
-        overflow=Signal(name=f"{name}_overflow"),
     )
     # For a normal result the exponent is in 1..exp_max-1 here (overflow aside); a subnormal
     # or zero packs with exponent field 0.
+    overflow = normal & (exponent >= fmt.exp_max if at_max is None else at_max)
+    inf_bits = Const(fmt.exp_max << fmt.mant_bits, fmt.width - 1)
+    nan_bits = Const(fmt.quiet_nan, fmt.width)
     m.d.comb += [
-        out.magnitude.eq(Cat(kept[:mant_bits], Mux(normal, exponent[:fmt.exp_bits], 0))),
-        out.round_up.eq(guard & (rest | kept[0])),
-        out.overflow.eq(normal & (exponent >= fmt.exp_max)),
+        out.sign.eq(Mux(nan, nan_bits[-1], sign)),
+        out.magnitude.eq(Mux(nan, nan_bits[:-1], Mux(
+            inf | overflow, inf_bits,
+            Cat(kept[:mant_bits], Mux(normal, exponent[:fmt.exp_bits], 0))))),
+        out.round_up.eq(guard & (rest | kept[0]) & ~nan & ~inf & ~overflow),
     ]
     return out
 
 
-def round_pack(m, fmt, sign, magnitude, round_up, overflow, *, nan, inf, name="round"):
-    """The second half of rounding: the increment, and packing with the special cases.
-
-    Exponent field and fraction are incremented together: a carry out of the fraction bumps
-    the exponent, which turns the largest subnormal into the smallest normal and the largest
-    finite number into Inf, both correctly. ``nan`` selects the canonical quiet NaN,
-    ``inf`` or ``overflow`` an Inf of sign ``sign``; a zero magnitude packs to a signed zero.
-    """
+def round_pack(m, fmt, sign, magnitude, round_up, *, name="round"):
+    """The second half of rounding: the increment. Exponent field and fraction are
+    incremented together: a carry out of the fraction bumps the exponent, which turns the
+    largest subnormal into the smallest normal and the largest finite number into Inf, both
+    correctly. (The special cases are in :func:`round_prepare`'s operands already; a zero
+    magnitude packs to a signed zero.)"""
     rounded = Signal(fmt.width - 1, name=f"{name}_rounded")
     m.d.comb += rounded.eq(magnitude + round_up)
-    inf_bits = Const(fmt.exp_max << fmt.mant_bits, fmt.width - 1)
     packed = Signal(fmt.width, name=f"{name}_packed")
-    m.d.comb += packed.eq(Mux(nan, fmt.quiet_nan,
-                              Cat(Mux(inf | overflow, inf_bits, rounded), sign)))
+    m.d.comb += packed.eq(Cat(rounded, sign))
     return packed

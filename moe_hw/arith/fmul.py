@@ -29,6 +29,9 @@ _BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",
                       "denormalise_coarse", "unpacked", "x_coarse", "mul_partial",
                       "classified")
 _EXTRA_BOUNDARY = "rounded"
+# Bits per group of the first step of x's leading-zero count, taken before the "classified"
+# register: groups of 8 (two LUT levels there) leave a two-level tree after "unpacked".
+_ZERO_GROUP = 8
 assert sorted(_BOUNDARIES) == sorted(_BOUNDARY_PRIORITY)
 
 
@@ -105,7 +108,8 @@ class FloatMultiplierCore(FloatCore):
             # The first step of x's leading-zero count, on both fractions (straight from the
             # input bits) with a zero hidden bit; a normal x has a hidden one and no zeros.
             any_, counts = leading_zeros_groups(
-                m, Cat(op.significand[:mant_bits], Const(0, 1)), name=f"{key}_zeros")
+                m, Cat(op.significand[:mant_bits], Const(0, 1)), name=f"{key}_zeros",
+                group=_ZERO_GROUP)
             operands.update({f"{key}_{name}": getattr(op, name) for name in (
                 "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
             operands.update({f"{key}_zeros_any": any_, f"{key}_zeros_counts": counts})
@@ -119,12 +123,13 @@ class FloatMultiplierCore(FloatCore):
         swap = b.exp_zero
         hidden_x = Mux(swap, 0, ~a.exp_zero)
         top_group = len(groups_a[0]) - 1
+        count_bits = len(groups_a[1]) // len(groups_a[0])
         zero_any = Signal.like(groups_a[0], name="x_zeros_any")
         zero_counts = Signal.like(groups_a[1], name="x_zeros_counts")
         m.d.comb += [
             zero_any.eq(Mux(swap, groups_b[0], groups_a[0]) | (hidden_x << top_group)),
             zero_counts.eq(Mux(swap, groups_b[1], groups_a[1])
-                           & ~(hidden_x.replicate(2) << (2 * top_group))),
+                           & ~(hidden_x.replicate(count_bits) << (count_bits * top_group))),
         ]
         ops = regs.boundary(
             "unpacked",
@@ -267,21 +272,24 @@ class FloatMultiplierCore(FloatCore):
         shifted, sticky = shift_right_sticky_step(m, Cat(Const(0, 1), norm.significand),
                                                   norm.sticky, norm.shift, coarse_bits,
                                                   name="denormalise")
-        passing = dict(sign=norm.sign, nan=norm.nan, inf=norm.inf, exponent=norm.exponent)
+        # Whether a normal result overflows, decided here (a compare's carry chain) for the
+        # rounding stage.
+        passing = dict(sign=norm.sign, nan=norm.nan, inf=norm.inf, exponent=norm.exponent,
+                       at_max=norm.exponent >= fmt.exp_max)
         coarse = regs.boundary("denormalise_coarse", **passing, shift=norm.shift,
                                significand=shifted, sticky=sticky)
         shifted, sticky = shift_right_sticky_step(m, coarse.significand, coarse.sticky,
                                                   coarse.shift, fine_bits, name="denormalise")
         passing = dict(sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
-                       exponent=coarse.exponent)
+                       exponent=coarse.exponent, at_max=coarse.at_max)
         denorm = regs.boundary("denormalised", **passing, significand=shifted, sticky=sticky)
 
-        prep = round_prepare(m, fmt, denorm.exponent, denorm.significand, denorm.sticky)
-        prepared = regs.boundary("round_prepared", sign=denorm.sign, nan=denorm.nan,
-                                 inf=denorm.inf, magnitude=prep.magnitude,
-                                 round_up=prep.round_up, overflow=prep.overflow)
-        packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up,
-                            prepared.overflow, nan=prepared.nan, inf=prepared.inf)
+        prep = round_prepare(m, fmt, denorm.exponent, denorm.significand, denorm.sticky,
+                             sign=denorm.sign, nan=denorm.nan, inf=denorm.inf,
+                             at_max=denorm.at_max)
+        prepared = regs.boundary("round_prepared", sign=prep.sign, magnitude=prep.magnitude,
+                                 round_up=prep.round_up)
+        packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up)
         out = regs.boundary("rounded", product=packed)
         m.d.comb += self.product.eq(out.product)
         return m

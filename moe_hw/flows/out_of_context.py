@@ -8,9 +8,13 @@ unit registers on every port and needs four pins whatever the unit:
 * ``clk`` and ``rst`` (the reset is registered once before it reaches the unit, so that it
   starts at a register too);
 * ``si``: one serial input shifted through a chain of registers, one register per input bit
-  of the unit; each input port bit is read from its own register of the chain. Every input bit
-  therefore changes independently, so no input can be treated as a constant and nothing the
-  unit computes can be optimised away;
+  of the unit; each input port bit is a register loaded from its own register of the chain.
+  Every input bit therefore changes independently, so no input can be treated as a constant
+  and nothing the unit computes can be optimised away. The port registers are apart from the
+  chain so that the placer can put each next to the logic it drives: were the chain itself
+  the port registers, each would be pulled towards its neighbours in the chain, and a path
+  from an input port (a stream's ``ready``) would measure the chain's meander across the
+  die, not the unit;
 * ``so``: every output bit is registered, then XOR-reduced through a pipelined tree of
   registers into the one output pin. Every output bit reaches the pin, so nothing the unit
   drives is dead logic either.
@@ -80,8 +84,9 @@ class OutOfContext(wiring.Component):
 
     @property
     def wrapper_registers(self):
-        # the port registers, the registered reset, the output pin's register, the XOR tree
-        total, width = self.input_bits + self.output_bits + 2, self.output_bits
+        # the input chain and the port registers, the registered reset, the output pin's
+        # register, the XOR tree
+        total, width = 2 * self.input_bits + self.output_bits + 2, self.output_bits
         while width > 1:
             width = -(-width // FOLD)
             total += width
@@ -107,8 +112,9 @@ class OutOfContext(wiring.Component):
                    for name, value, is_input in self._ports if not is_input]
 
         if inputs:
-            chain = Cat(register for register, _ in inputs)
-            m.d.sync += chain.eq(Cat(self.si, chain[:-1]))
+            chain = Signal(self.input_bits, name="si_chain", reset_less=True)
+            m.d.sync += [chain.eq(Cat(self.si, chain[:-1])),
+                         Cat(register for register, _ in inputs).eq(chain)]
             m.d.comb += [port.eq(register) for register, port in inputs]
 
         if outputs:

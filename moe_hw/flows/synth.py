@@ -542,7 +542,7 @@ def format_table(report):
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
         line(head), line(["-" * width for width in widths]), *(line(row) for row in rows),
         "ratio: Fmax over the reference adder's in this run. FF includes the wrapper's "
-        f"{report.design.wrapper_registers} port registers ({report.reference.wrapper_registers} "
+        f"{report.design.wrapper_registers} registers ({report.reference.wrapper_registers} "
         "for the reference). Critical path: from the register driving its first net to the "
         "register it ends in; in_*/out_* are the wrapper's port registers, the rest is "
         "inside the unit."])

@@ -2,7 +2,7 @@
 pipeline, written once and reused."""
 
 from .credit import CreditPipeline
-from .pipeline import PipelineControl, delay
+from .pipeline import PipelineControl, delay, replicated
 from .skid import SkidBuffer
 
-__all__ = ["CreditPipeline", "PipelineControl", "delay", "SkidBuffer"]
+__all__ = ["CreditPipeline", "PipelineControl", "delay", "replicated", "SkidBuffer"]

@@ -12,7 +12,7 @@ from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["PipelineControl", "delay"]
+__all__ = ["PipelineControl", "delay", "replicated"]
 
 
 def delay(m, value, latency, en, *, name="delayed"):
@@ -23,6 +23,22 @@ def delay(m, value, latency, en, *, name="delayed"):
             m.d.sync += reg.eq(value)
         value = reg
     return value
+
+
+def replicated(m, value, copies, *, name):
+    """``copies`` registers that each load ``value`` every cycle: one copy of a broadcast
+    value (a gate every lane multiplies by) per group of lanes, so that no single register
+    drives the logic of every lane across a wide datapath.
+
+    Yosys merges registers with the same input (``opt_merge``), which would undo the copies;
+    each copy therefore has its own reset value (the copy's number), which makes them
+    different cells. The reset value is never used: a copy is read only after a load."""
+    out = []
+    for copy in range(copies):
+        reg = Signal(len(value), name=f"{name}_{copy}", init=copy % (1 << len(value)))
+        m.d.sync += reg.eq(value)
+        out.append(reg)
+    return out
 
 
 class PipelineControl(wiring.Component):

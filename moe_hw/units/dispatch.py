@@ -60,9 +60,12 @@ from ..blocks.row_beats import row_beats
 from ..blocks.run_control import START_LATENCY, RunControl, run_ports
 from ..blocks.slot_address import header_slot_queue, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay
+from ..stream import CreditPipeline, SkidBuffer, delay, replicated
 
 __all__ = ["DispatchParams", "DispatchUnit"]
+
+#: Lanes that share one copy of the gate register.
+LANES_PER_GATE = 4
 
 
 @dataclass(frozen=True)
@@ -182,10 +185,19 @@ class DispatchUnit(wiring.Component):
         mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout)
         pair = h_out.payload
         offset = Signal(p.addr_width)           # the beat's element offset in its row
+        # The data beats enter through a skid buffer (only while the run is on, so that
+        # nothing is left in it after one): the pair's handshake starts from registers.
+        m.submodules.data_in = data_in = SkidBuffer(p.data_layout())
+        beats_in = data_in.o
+        m.d.comb += [
+            data_in.i.valid.eq(self.data.valid & running),
+            data_in.i.payload.eq(self.data.payload),
+            self.data.ready.eq(data_in.i.ready & running),
+        ]
         # (A pair is in the queue only while the run is on.)
         m.d.comb += [
-            mul_ctl.i_valid.eq(self.data.valid & h_out.valid),
-            self.data.ready.eq(h_out.valid & mul_ctl.i_ready),
+            mul_ctl.i_valid.eq(beats_in.valid & h_out.valid),
+            beats_in.ready.eq(h_out.valid & mul_ctl.i_ready),
         ]
         beat_take = mul_ctl.take
         pair_done = Signal()
@@ -207,12 +219,14 @@ class DispatchUnit(wiring.Component):
         # Beats of dropped pairs travel the pipeline too, as items that write nothing, so
         # that the run's cycle count does not depend on which pairs are dropped.
         # The operands are registered first, next to each lane's multiplier.
-        gate = delay(m, pair.gate, 1, 1, name="lane_gate")
+        # One copy of the gate register per group of lanes (the gate fans out to every
+        # lane's operand logic).
+        gates = replicated(m, pair.gate, -(-p.lanes // LANES_PER_GATE), name="lane_gate")
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(gate),
-                         mul.b.eq(delay(m, self.data.payload.data[lane], 1, 1,
+            m.d.comb += [mul.a.eq(gates[lane // LANES_PER_GATE]),
+                         mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
                                         name=f"lane_data{lane}")),
                          mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
         enable = Mux(last_beat, last_enable, Const((1 << p.lanes) - 1, p.lanes))

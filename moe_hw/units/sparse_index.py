@@ -108,9 +108,10 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
     max_experts: int = param(64, minimum=1, maximum=1 << 16)
 
-    PASSES_OVERHEAD = START_LATENCY + 16
-    """Stall-free cycles beyond the passes' own for S >= 1 (18): the run control's start and
-    decide cycles and its second setup cycle (3); between pass 2 and pass 3, the request skid
+    PASSES_OVERHEAD = START_LATENCY + 17
+    """Stall-free cycles beyond the passes' own for S >= 1 (19): the run control's start and
+    decide cycles and its second setup cycle (3); the rows' input skid buffer, where the gates
+    are classified (1; pass 3's first beat waits in it during pass 2); between pass 2 and pass 3, the request skid
     buffer, the counter banks' two stages, the lane-select and slot stages, the prefix sum's
     register and the offset memory's write (7: pass 3 starts once every offset is written);
     pass 3's beat register (1); and after the last routed gate, the request skid buffer, the
@@ -234,6 +235,18 @@ class SparseIndexUnit(wiring.Component):
             "lane": range(p.lanes), "offsets": 1, "place": 1, "real": 1,
             "token": range(p.max_tokens), "gate": fmt.width}))
         issue_ready = issue.i.ready
+        m.submodules.rows_in = rows_in = SkidBuffer(data.StructLayout({
+            "gates": data.ArrayLayout(fmt.width, p.lanes), "routed": p.lanes,
+            "negative": p.lanes}))
+        classes = [gate_class(self.rows.payload.gates[lane], fmt) for lane in range(p.lanes)]
+        m.d.comb += [
+            # Rows enter only during a run: nothing is left in the buffer after one.
+            rows_in.i.valid.eq(self.rows.valid & ctl.running),
+            self.rows.ready.eq(rows_in.i.ready & ctl.running),
+            rows_in.i.payload.gates.eq(self.rows.payload.gates),
+            rows_in.i.payload.routed.eq(Cat(*(routed for routed, _ in classes))),
+            rows_in.i.payload.negative.eq(Cat(*(negative for _, negative in classes))),
+        ]
         m.submodules.part_skid = part_skid = SkidBuffer(p.part_sizes_layout())
         m.submodules.write_skid = write_skid = SkidBuffer(data.StructLayout({
             "beat": p.write_layout(), "write": 1}))
@@ -245,7 +258,10 @@ class SparseIndexUnit(wiring.Component):
         rows_pending = Signal()                        # rows_left != 0
         last_row = Signal()                            # rows_left == 1
         token = Signal(range(p.max_tokens))            # the current input row
-        row_take = self.rows.valid & self.rows.ready
+        # The rows enter through a skid buffer that classifies each gate on the way in (its
+        # nonzero test is a 31-input OR for fp32): the beat logic below starts from registers.
+        rows = rows_in.o
+        row_take = rows.valid & rows.ready
         row_start = Signal()
         beat, last_beat = row_beats(m, beats_per_row, start=row_start,
                                     step=row_take, name="row")
@@ -256,19 +272,15 @@ class SparseIndexUnit(wiring.Component):
             with m.If(last_row):
                 m.d.sync += rows_pending.eq(0)
 
-        gates = self.rows.payload.gates
+        gates = rows.payload.gates
         lanes_in_range = Mux(last_beat, last_mask, all_lanes)
-        routed, negative = [], []
-        for lane in range(p.lanes):
-            is_routed, is_negative = gate_class(gates[lane], fmt)
-            routed.append(lanes_in_range[lane] & is_routed)
-            negative.append(lanes_in_range[lane] & is_negative)
-        routed = Cat(*routed)
+        routed = rows.payload.routed & lanes_in_range
+        negative = rows.payload.negative & lanes_in_range
         # A negative gate in a taken beat: the flag and the take are registered, the fault
         # is raised the cycle after (the run is still running then).
         negative_seen = Signal()
         took = Signal()
-        m.d.sync += [negative_seen.eq(Cat(*negative).any()), took.eq(row_take)]
+        m.d.sync += [negative_seen.eq(negative.any()), took.eq(row_take)]
         faults = [took & negative_seen]
 
         # ---- pass 3's beat register: its routed lanes leave one per cycle -------------------
@@ -312,11 +324,11 @@ class SparseIndexUnit(wiring.Component):
                 m.d.sync += reads_pending.eq(0)
 
         # ---- the counter banks, shared by the three passes ------------------------------------
-        issue_valid = ((count_phase & self.rows.valid) | (offsets_phase & reads_pending) |
+        issue_valid = ((count_phase & rows.valid) | (offsets_phase & reads_pending) |
                        cur_loaded)
         m.d.comb += [
             issue.i.valid.eq(issue_valid),
-            self.rows.ready.eq((count_phase & issue_ready) |
+            rows.ready.eq((count_phase & issue_ready) |
                                (place_phase & rows_pending & cur_free)),
             issue.i.payload.index.eq(Mux(count_phase, beat,
                                          Mux(offsets_phase, read_expert >> lanes_log2,
