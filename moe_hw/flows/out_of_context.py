@@ -14,7 +14,9 @@ unit registers on every port and needs four pins whatever the unit:
   chain so that the placer can put each next to the logic it drives: were the chain itself
   the port registers, each would be pulled towards its neighbours in the chain, and a path
   from an input port (a stream's ``ready``) would measure the chain's meander across the
-  die, not the unit;
+  die, not the unit. (A port register loads the inverse of its chain bit: loading the bit
+  itself, it would be the same cell as the next register of the chain, and Yosys would
+  merge the two);
 * ``so``: every output bit is registered, then XOR-reduced through a pipelined tree of
   registers into the one output pin. Every output bit reaches the pin, so nothing the unit
   drives is dead logic either.
@@ -114,7 +116,7 @@ class OutOfContext(wiring.Component):
         if inputs:
             chain = Signal(self.input_bits, name="si_chain", reset_less=True)
             m.d.sync += [chain.eq(Cat(self.si, chain[:-1])),
-                         Cat(register for register, _ in inputs).eq(chain)]
+                         Cat(register for register, _ in inputs).eq(~chain)]
             m.d.comb += [port.eq(register) for register, port in inputs]
 
         if outputs:

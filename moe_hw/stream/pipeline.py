@@ -25,17 +25,19 @@ def delay(m, value, latency, en, *, name="delayed"):
     return value
 
 
-def replicated(m, value, copies, *, name):
-    """``copies`` registers that each load ``value`` every cycle: one copy of a broadcast
-    value (a gate every lane multiplies by) per group of lanes, so that no single register
-    drives the logic of every lane across a wide datapath.
+def replicated(m, value, *, name):
+    """Two registers that each load ``value`` every cycle: one copy of a broadcast value (a
+    gate every lane multiplies by) for each half of a wide datapath, so that no single
+    register drives the logic of every lane.
 
-    Yosys merges registers with the same input (``opt_merge``), which would undo the copies;
-    each copy therefore has its own reset value (the copy's number), which makes them
-    different cells. The reset value is never used: a copy is read only after a load."""
+    Yosys merges registers with the same input bit by bit (``opt_merge``), which would undo
+    the copies. The two copies therefore have opposite reset values in every bit (all zeros,
+    all ones), which makes each bit of one a different cell from the same bit of the other.
+    (Two is the most this can keep apart: a bit has two values.) The reset value is never
+    used: a copy is read only after a load."""
     out = []
-    for copy in range(copies):
-        reg = Signal(len(value), name=f"{name}_{copy}", init=copy % (1 << len(value)))
+    for copy in range(2):
+        reg = Signal(len(value), name=f"{name}_{copy}", init=-copy % (1 << len(value)))
         m.d.sync += reg.eq(value)
         out.append(reg)
     return out

@@ -23,7 +23,8 @@ Streams and ports (payload fields are listed least significant first):
     (S, or k*S for top-k).
 ``busy``, ``done``, ``dropped``, ``error`` (out)
     ``done`` rises when the last write has left and stays high until the next start.
-    ``dropped`` counts the pairs that fail the mask. ``error`` is set when a run-time size
+    ``dropped`` counts the pairs that fail the mask (it restarts two cycles after start).
+    ``error`` is set when a run-time size
     exceeds its generation-time maximum; such a run does nothing.
 
 Zero-element problems (``pairs``, ``hidden``, ``capacity`` or ``num_experts`` zero) finish at
@@ -63,9 +64,6 @@ from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, SkidBuffer, delay, replicated
 
 __all__ = ["DispatchParams", "DispatchUnit"]
-
-#: Lanes that share one copy of the gate register.
-LANES_PER_GATE = 4
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,9 @@ class DispatchUnit(wiring.Component):
         ]
         beat_take = mul_ctl.take
         pair_done = Signal()
-        _, last_beat = row_beats(m, beats, start=ctl.begin | pair_done, step=beat_take)
+        # The beat walk restarts in the decide cycle (a register; no beat is taken before the
+        # run begins), not from the begin decision.
+        _, last_beat = row_beats(m, beats, start=ctl.decide | pair_done, step=beat_take)
         m.d.comb += [pair_done.eq(beat_take & last_beat), h_out.ready.eq(pair_done)]
         with m.If(beat_take):
             m.d.sync += offset.eq(Mux(last_beat, 0, offset + p.lanes))
@@ -212,20 +212,20 @@ class DispatchUnit(wiring.Component):
             m.d.sync += pairs_left.eq(pairs_left - 1)
         with m.If(done_dropped):
             m.d.sync += self.dropped.eq(self.dropped + 1)
-        with m.If(ctl.begin):
+        with m.If(ctl.decide):
             m.d.sync += offset.eq(0)
 
         # ---- gate multiply ---------------------------------------------------------------
         # Beats of dropped pairs travel the pipeline too, as items that write nothing, so
         # that the run's cycle count does not depend on which pairs are dropped.
         # The operands are registered first, next to each lane's multiplier.
-        # One copy of the gate register per group of lanes (the gate fans out to every
+        # One copy of the gate register per half of the lanes (the gate fans out to every
         # lane's operand logic).
-        gates = replicated(m, pair.gate, -(-p.lanes // LANES_PER_GATE), name="lane_gate")
+        gates = replicated(m, pair.gate, name="lane_gate")
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(gates[lane // LANES_PER_GATE]),
+            m.d.comb += [mul.a.eq(gates[2 * lane // p.lanes]),
                          mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
                                         name=f"lane_data{lane}")),
                          mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
@@ -255,7 +255,6 @@ class DispatchUnit(wiring.Component):
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_enable.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.pairs), pairs_left.eq(self.pairs),
-                self.dropped.eq(0),
             ]
         # Every pair fails the mask when there is no slot, but none carries data when H is
         # zero (registered at accept, used in the decide cycle).
@@ -263,6 +262,8 @@ class DispatchUnit(wiring.Component):
         with m.If(ctl.accept):
             m.d.sync += no_slot.eq((self.hidden != 0) &
                                    ((self.capacity == 0) | (self.num_experts == 0)))
-        with m.If(ctl.decide & ~ctl.too_big & no_slot):
-            m.d.sync += self.dropped.eq(ctl.size("pairs"))
+        # The count restarts in the decide cycle (a register), not at accept: its clock
+        # enable is then two registers, not the start handshake.
+        with m.If(ctl.decide):
+            m.d.sync += self.dropped.eq(Mux(~ctl.too_big & no_slot, ctl.size("pairs"), 0))
         return m
