@@ -25,10 +25,10 @@ from conftest import STALLS, simulator_params
 
 # 16-bit tokens (fp16 and bf16 give the same Verilog), no scales, int32 counts, 4 lanes.
 WIDE = MoeReRoutingParams(format="bf16", lanes=4, max_tokens=96, max_hidden=24, max_ranks=6,
-                          max_experts=16, count_type="int32", scales=False)
+                          max_experts=16, max_blocks=64, count_type="int32", scales=False)
 # int8 tokens with fp32 scales, int64 counts, 8 lanes.
 NARROW = MoeReRoutingParams(format="int8", lanes=8, max_tokens=96, max_hidden=24, max_ranks=6,
-                            max_experts=8, count_type="int64", scales=True)
+                            max_experts=8, max_blocks=48, count_type="int64", scales=True)
 
 # SPEC 1.5 worked example (golden test): N = 2, E = 3.
 COUNTS = np.int32([[1, 0, 2],
@@ -182,6 +182,11 @@ def test_moe_re_routing_bad_counts_raise_error(stall):
         assert_refused(res, WIDE, 2, 3, stall=stall)
     res = raw(inputs, sizes={"hidden": 0}, stall=stall)
     assert_refused(res, WIDE, 2, 3, stall=stall)
+    # More non-empty blocks than max_blocks (64): 6 x 16 blocks of one token each.
+    inputs = {"tokens": np.zeros((96, 2), ml_dtypes.bfloat16),
+              "expert_token_num_per_rank": np.ones((6, 16), np.int32)}
+    res = simulate_raw(UNIT.problem(inputs, {}), WIDE, stall=stall)
+    assert_refused(res, WIDE, 6, 16, stall=stall)
     # int64 counts on the int8 build: a negative in the upper half of the word.
     rng = np.random.default_rng(2)
     inputs = random_problem(rng, 20, 5, 2, 4, "int8", scales=True, count_dtype=np.int64)
@@ -224,6 +229,9 @@ def test_moe_re_routing_host_errors():
         attempt(params=WIDE.replace(format="fp16", max_tokens=5))
     with pytest.raises(HostError, match="num_experts = 3 exceeds the unit's max_experts of 2"):
         attempt(params=WIDE.replace(format="fp16", max_experts=2))
+    with pytest.raises(HostError, match=r"has 4 non-empty blocks, above the unit's max_blocks "
+                                        r"of 3 \(the first past it: rank 1, expert 1\)"):
+        attempt(params=WIDE.replace(format="fp16", max_blocks=3))
     with pytest.raises(HostError, match="the problem needs max_ranks >= 2, but max_ranks = 1"):
         attempt(settings={"max_ranks": 1}, params=None)
     with pytest.raises(HostError, match="tokens must have dtype int8, float16 or bfloat16, "
@@ -250,7 +258,7 @@ def test_moe_re_routing_host_errors():
     (dict(count_type="int16"), "count_type must be int32, int64, uint32 or uint64, not 'int16'"),
     (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
     (dict(max_experts=5000), "max_experts must be an integer between 1 and 4096, not 5000"),
-    (dict(max_ranks=4096, max_experts=4096), "max_ranks \\* max_experts must be at most"),
+    (dict(max_blocks=5000), "max_blocks must be an integer between 1 and 4096, not 5000"),
     (dict(scales=2), "scales must be False or True, not 2"),
 ])
 def test_moe_re_routing_parameter_errors(settings, message):
@@ -266,7 +274,7 @@ def test_moe_re_routing_defaults_and_sizing():
     assert params.max_hidden >= 7168
     problem = UNIT.problem({**worked_example(), "per_token_scales": np.ones(6, np.float32)}, {})
     assert UNIT.params_for(problem, {}) == MoeReRoutingParams(
-        format="fp16", max_tokens=6, max_hidden=3, max_ranks=2, max_experts=3)
+        format="fp16", max_tokens=6, max_hidden=3, max_ranks=2, max_experts=3, max_blocks=4)
     # The formula: A*ceil(H/lanes) + N*E + E + overhead; 4096 x 7168 bf16 at 16 lanes.
     params = MoeReRoutingParams(lanes=16)
     cycles = params.cycles(4096, 7168, 16, 16, 2)

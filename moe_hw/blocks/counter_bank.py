@@ -63,7 +63,7 @@ class CounterBank(wiring.Component):
 
     latency = 2
 
-    def __init__(self, count, width, *, amount_width=None):
+    def __init__(self, count, width, *, amount_width=None, ram_style=None):
         self.count = check_int("count", count, minimum=1, maximum=1 << 20)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.amount_width = None if amount_width is None else \
@@ -78,11 +78,17 @@ class CounterBank(wiring.Component):
         }
         if self.amount_width is not None:
             members["amount"] = In(self.amount_width)
+        # ``ram_style="distributed"`` keeps a deep bank in LUT RAM: a block RAM's output
+        # (4 ns from the clock on ECP5, no output register when inferred) would start the
+        # forwarding multiplexer and the adder.
+        self.ram_style = ram_style
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.memory = mem = memory.Memory(shape=self.width, depth=self.count, init=[])
+        m.submodules.memory = mem = memory.Memory(
+            shape=self.width, depth=self.count, init=[],
+            attrs=None if self.ram_style is None else {"ram_style": self.ram_style})
         read = mem.read_port(domain="sync")
         write = mem.write_port()
         index_bits = ceil_log2(self.count)

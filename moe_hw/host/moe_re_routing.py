@@ -122,10 +122,12 @@ class MoeReRouting(Unit):
         settings = {"format": format_of_tokens(problem["tokens"]),
                     "count_type": problem["expert_token_num_per_rank"].dtype.name,
                     "scales": problem["per_token_scales"] is not None, **settings}
+        blocks = int(np.count_nonzero(problem["expert_token_num_per_rank"]))
         params = self.sized(settings, max_tokens=max(1, problem["num_tokens"]),
                             max_hidden=max(1, problem["hidden"]),
                             max_ranks=max(1, problem["num_ranks"]),
-                            max_experts=max(1, problem["num_experts"]))
+                            max_experts=max(1, problem["num_experts"]),
+                            max_blocks=max(1, blocks))
         self.fits(problem, params)
         return params
 
@@ -145,6 +147,13 @@ class MoeReRouting(Unit):
                      hidden=(problem["hidden"], "max_hidden"),
                      num_ranks=(problem["num_ranks"], "max_ranks"),
                      num_experts=(problem["num_experts"], "max_experts"))
+        counts = problem["expert_token_num_per_rank"]
+        nonempty = np.argwhere(counts != 0)
+        if len(nonempty) > params.max_blocks:
+            r, e = nonempty[params.max_blocks]
+            raise HostError(f"expert_token_num_per_rank has {len(nonempty)} non-empty blocks, "
+                            f"above the unit's max_blocks of {params.max_blocks} (the first "
+                            f"past it: rank {r}, expert {e})")
 
     def pack(self, problem, params, *, stall, seed):
         self.fits(problem, params)

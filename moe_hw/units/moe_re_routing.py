@@ -60,7 +60,8 @@ Streams and ports (payload fields are listed least significant first):
     ``done`` rises when the last beat of every output stream has left and stays high until
     the next start. ``error``: a run-time size above its maximum (nothing is read or written;
     ``done`` :data:`EMPTY_CYCLES` (2) cycles after start), a negative count, a count above
-    ``tokens``, counts not summing to ``tokens``, or ``hidden`` = 0 with ``tokens`` > 0. The
+    ``tokens``, counts not summing to ``tokens``, more than ``max_blocks`` non-empty blocks,
+    or ``hidden`` = 0 with ``tokens`` > 0. The
     count errors are found in passes 1 and 2: every count beat is still taken and the
     ``expert_token_num`` beats still leave (their values are then meaningless), but nothing
     is moved: no token is read or written, so no write ever falls outside the A rows.
@@ -74,6 +75,10 @@ that answers a request taken at the end of cycle u from cycle u + L;
 
     A*ceil(H/lanes) + N*E + E + MOVE_OVERHEAD + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
+
+with ``MOVE_OVERHEAD`` = 20, ``COUNT_OVERHEAD`` = 9 and ``product_latency`` = 2 for operands of
+up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
+N = 0, or counts the unit refuses.
 
 Passes 1 and 2 run at one count and one expert per cycle; the move at one beat per cycle,
 tokens and blocks back to back (a block costs nothing beyond its tokens' beats; an empty
@@ -94,7 +99,7 @@ from ..blocks.prefix_sum import PrefixSum
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
-from ..params import LANES, ParameterError, UnitParams, param, resolve_params
+from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
 
 __all__ = ["MoeReRoutingParams", "MoeReRoutingUnit", "ELEMENT_FORMATS", "COUNT_TYPES"]
@@ -117,6 +122,8 @@ class MoeReRoutingParams(UnitParams):
     max_hidden: int = param(16384, minimum=1, maximum=1 << 20, doc="H")
     max_ranks: int = param(32, minimum=1, maximum=1 << 12, doc="N")
     max_experts: int = param(256, minimum=1, maximum=1 << 12, doc="E")
+    max_blocks: int = param(512, minimum=1, maximum=1 << 12,
+                            doc="non-empty (rank, expert) blocks of one run")
     count_type: str = param("int32", choices=tuple(COUNT_TYPES),
                             doc="expert_token_num_per_rank elements")
     scales: bool = param(True, choices=(False, True), doc="per-token fp32 scales move too")
@@ -138,11 +145,6 @@ class MoeReRoutingParams(UnitParams):
     buffer, the token generator's block register, the command skid buffer, the row reader's
     segment register; after the memory, the reader's skid buffer, the write skid buffer and
     the done register. Later blocks and tokens follow back to back."""
-
-    def check(self):
-        if self.max_ranks * self.max_experts > 1 << 20:
-            raise ParameterError(f"max_ranks * max_experts must be at most {1 << 20} (the "
-                                 f"block memory), not {self.max_ranks * self.max_experts}")
 
     @property
     def element_width(self):
@@ -171,10 +173,6 @@ class MoeReRoutingParams(UnitParams):
     def sum_width(self):
         """Bits of the sum of all counts: up to ``max_ranks * max_experts * max_tokens``."""
         return bits_for(self.max_ranks * self.max_experts * self.max_tokens)
-
-    @property
-    def max_blocks(self):
-        return self.max_ranks * self.max_experts
 
     @property
     def max_beats(self):
@@ -332,7 +330,8 @@ class MoeReRoutingUnit(wiring.Component):
         latency = CounterBank.latency + 1          # the bank, then its value registered
         m.submodules.bank_ctl = pipe = PipelineControl(latency)
         m.submodules.bank = bank = CounterBank(p.max_experts, p.total_width,
-                                               amount_width=p.row_width)
+                                               amount_width=p.row_width,
+                                               ram_style="distributed")
         request = issue.o.payload
         m.d.comb += [
             pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en),
@@ -355,27 +354,32 @@ class MoeReRoutingUnit(wiring.Component):
         # order.
         entry_layout = data.StructLayout({"tokens": p.row_width, "expert": expert_width,
                                           "prefix": p.row_width})
+        # Every memory of the unit is LUT RAM: an inferred block RAM has no output register
+        # and its 4 ns clock-to-output alone would take most of a 250 MHz cycle.
+        lut_ram = {"ram_style": "distributed"}
         m.submodules.blocks = blocks = memory.Memory(shape=entry_layout, depth=p.max_blocks,
-                                                     init=[])
+                                                     init=[], attrs=lut_ram)
         entry_write = blocks.write_port()
         entry_read = blocks.read_port(domain="sync")
         entries = Signal(range(p.max_blocks + 1))
+        entries_full = Signal()                    # entries == max_blocks: a further block
+        new_entry = out_count & out_nonzero        # is an error, and is not written
         m.d.comb += [
             entry_write.addr.eq(entries),
             entry_write.data.tokens.eq(out_amount),
             entry_write.data.expert.eq(out_index),
             entry_write.data.prefix.eq(out_value),
-            entry_write.en.eq(out_count & out_nonzero),
+            entry_write.en.eq(new_entry & ~entries_full),
         ]
-        with m.If(out_count & out_nonzero):
-            m.d.sync += entries.eq(entries + 1)
-        with m.If(out_count & out_bad):
+        with m.If(new_entry & ~entries_full):
+            m.d.sync += [entries.eq(entries + 1), entries_full.eq(entries == p.max_blocks - 1)]
+        with m.If((out_count & out_bad) | (new_entry & entries_full)):
             m.d.sync += bad.eq(1)
 
         # ---- pass 2: totals -> prefix sum -> offsets and expert_token_num -------------------------
         m.submodules.prefix = prefix = PrefixSum(p.total_width, p.sum_width)
         m.submodules.offsets = offsets = memory.Memory(shape=p.row_width, depth=p.max_experts,
-                                                       init=[])
+                                                       init=[], attrs=lut_ram)
         offset_write = offsets.write_port()
         offset_read = offsets.read_port(domain="sync")
         m.submodules.num_skid = num_skid = SkidBuffer(p.expert_token_num_layout())
@@ -553,7 +557,7 @@ class MoeReRoutingUnit(wiring.Component):
                 reads_left.eq(self.num_experts), last_read.eq(self.num_experts == 1),
                 reads_pending.eq(1), read_expert.eq(0),
                 offsets_written.eq(0), offsets_left.eq(self.num_experts),
-                offsets_complete.eq(0), bad.eq(0), entries.eq(0),
+                offsets_complete.eq(0), bad.eq(0), entries.eq(0), entries_full.eq(0),
                 entries_pending.eq(0), src_row.eq(0), src_elem.eq(0), beat_offset.eq(0),
                 count_phase.eq(0), offsets_phase.eq(0), move_phase.eq(0),
             ]
