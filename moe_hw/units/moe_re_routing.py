@@ -76,7 +76,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + MOVE_OVERHEAD + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``MOVE_OVERHEAD`` = 20, ``COUNT_OVERHEAD`` = 9 and ``product_latency`` = 2 for operands of
+with ``MOVE_OVERHEAD`` = 23, ``COUNT_OVERHEAD`` = 9 and ``product_latency`` = 2 for operands of
 up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
 N = 0, or counts the unit refuses.
 
@@ -87,25 +87,28 @@ block only its count's cycle in pass 1). A stall anywhere costs only the cycles 
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.hdl import Array, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.banked_memory import BankedMemory
 from ..blocks.counter_bank import CounterBank
 from ..blocks.prefix_sum import PrefixSum
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, PipelineControl, SkidBuffer, delay
 
 __all__ = ["MoeReRoutingParams", "MoeReRoutingUnit", "ELEMENT_FORMATS", "COUNT_TYPES"]
 
 #: Token formats and their element widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"int8": 8, "fp16": 16, "bf16": 16}
+#: Experts per counter bank (64 words of LUT RAM each).
+BANK_EXPERTS = 64
 #: Count types: (bits, signed).
 COUNT_TYPES = {"int32": (32, True), "int64": (64, True), "uint32": (32, False),
                "uint64": (64, False)}
@@ -137,14 +140,15 @@ class MoeReRoutingParams(UnitParams):
     bank's two stages and its value register, the prefix sum's register, the offset write
     and the check of the sum, and the done register. Pass 2's read-outs follow pass 1's
     counts without a gap (the bank forwards in order)."""
-    MOVE_OVERHEAD = START_LATENCY + 18
+    MOVE_OVERHEAD = START_LATENCY + 21
     """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-    product's latency and the memory's (20): start and decide; the end of pass 2 up to the
-    check of the sum, as above; the block pipeline (the entry read and its register, the
-    offset read and its register, the destination row; then the product); the block skid
-    buffer, the token generator's block register, the command skid buffer, the row reader's
-    segment register; after the memory, the reader's skid buffer, the write skid buffer and
-    the done register. Later blocks and tokens follow back to back."""
+    product's latency and the memory's (23): start and decide; the end of pass 2 up to the
+    check of the sum, as above; the block pipeline (the entry read, three cycles, the offset
+    read, three, the destination row; then the product) and its queue (two: the queue's
+    write and its skid buffer); the token generator's block register, the command skid
+    buffer, the row reader's segment register; after the memory, the reader's skid buffer,
+    the write skid buffer and the done register. Later blocks and tokens follow back to
+    back."""
 
     @property
     def element_width(self):
@@ -326,18 +330,32 @@ class MoeReRoutingUnit(wiring.Component):
             issue.i.payload.offsets.eq(~count_phase),
         ]
 
-        # ---- the counter bank: per-expert totals; a block's rank prefix --------------------------
-        latency = CounterBank.latency + 1          # the bank, then its value registered
+        # ---- the counter banks: per-expert totals; a block's rank prefix -------------------------
+        # One CounterBank per BANK_EXPERTS experts (LUT RAM of 64 words: a short read); every
+        # bank sees every request and increments only for its own experts.
+        latency = CounterBank.latency + 1          # the banks, then the value registered
         m.submodules.bank_ctl = pipe = PipelineControl(latency)
-        m.submodules.bank = bank = CounterBank(p.max_experts, p.total_width,
-                                               amount_width=p.row_width,
-                                               ram_style="distributed")
         request = issue.o.payload
-        m.d.comb += [
-            pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en),
-            bank.en.eq(pipe.en), bank.valid.eq(issue.o.valid), bank.index.eq(request.index),
-            bank.increment.eq(request.increment), bank.amount.eq(request.amount),
-        ]
+        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en)]
+        bank_depth = min(BANK_EXPERTS, p.max_experts)
+        bank_bits = ceil_log2(bank_depth)
+        banks = []
+        for index in range(-(-p.max_experts // bank_depth)):
+            bank = CounterBank(bank_depth, p.total_width, amount_width=p.row_width,
+                               ram_style="distributed")
+            m.submodules[f"bank{index}"] = bank
+            banks.append(bank)
+            own = (request.index >> bank_bits) == index
+            m.d.comb += [
+                bank.en.eq(pipe.en), bank.valid.eq(issue.o.valid),
+                bank.index.eq(request.index[:bank_bits]),
+                bank.increment.eq(request.increment & own), bank.amount.eq(request.amount),
+                bank.clear.eq(ctl.decide),
+            ]
+        bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, pipe.en,
+                            name="bank_select")
+        bank_value = Signal(p.total_width)
+        m.d.comb += bank_value.eq(Array(bank.value for bank in banks)[bank_select])
 
         def follow(value, name):
             return delay(m, value, latency, pipe.en, name=name)
@@ -346,7 +364,7 @@ class MoeReRoutingUnit(wiring.Component):
         out_nonzero = follow(request.nonzero, "out_nonzero")
         out_bad = follow(request.bad, "out_bad")
         out_offsets = follow(request.offsets, "out_offsets")
-        out_value = delay(m, bank.value, 1, pipe.en, name="out_value")
+        out_value = delay(m, bank_value, 1, pipe.en, name="out_value")
         out_count = pipe.o_valid & ~out_offsets
         out_read = pipe.o_valid & out_offsets
 
@@ -354,22 +372,18 @@ class MoeReRoutingUnit(wiring.Component):
         # order.
         entry_layout = data.StructLayout({"tokens": p.row_width, "expert": expert_width,
                                           "prefix": p.row_width})
-        # Every memory of the unit is LUT RAM: an inferred block RAM has no output register
-        # and its 4 ns clock-to-output alone would take most of a 250 MHz cycle.
-        lut_ram = {"ram_style": "distributed"}
-        m.submodules.blocks = blocks = memory.Memory(shape=entry_layout, depth=p.max_blocks,
-                                                     init=[], attrs=lut_ram)
-        entry_write = blocks.write_port()
-        entry_read = blocks.read_port(domain="sync")
+        # The unit's tables are LUT RAM with a pipelined read (BankedMemory): an inferred
+        # block RAM has no output register, and a deep LUT RAM read is a long path.
+        m.submodules.blocks = blocks = BankedMemory(entry_layout, p.max_blocks)
         entries = Signal(range(p.max_blocks + 1))
         entries_full = Signal()                    # entries == max_blocks: a further block
         new_entry = out_count & out_nonzero        # is an error, and is not written
         m.d.comb += [
-            entry_write.addr.eq(entries),
-            entry_write.data.tokens.eq(out_amount),
-            entry_write.data.expert.eq(out_index),
-            entry_write.data.prefix.eq(out_value),
-            entry_write.en.eq(new_entry & ~entries_full),
+            blocks.write_addr.eq(entries),
+            blocks.write_data.tokens.eq(out_amount),
+            blocks.write_data.expert.eq(out_index),
+            blocks.write_data.prefix.eq(out_value),
+            blocks.write_en.eq(new_entry & ~entries_full),
         ]
         with m.If(new_entry & ~entries_full):
             m.d.sync += [entries.eq(entries + 1), entries_full.eq(entries == p.max_blocks - 1)]
@@ -378,10 +392,7 @@ class MoeReRoutingUnit(wiring.Component):
 
         # ---- pass 2: totals -> prefix sum -> offsets and expert_token_num -------------------------
         m.submodules.prefix = prefix = PrefixSum(p.total_width, p.sum_width)
-        m.submodules.offsets = offsets = memory.Memory(shape=p.row_width, depth=p.max_experts,
-                                                       init=[], attrs=lut_ram)
-        offset_write = offsets.write_port()
-        offset_read = offsets.read_port(domain="sync")
+        m.submodules.offsets = offsets = BankedMemory(p.row_width, p.max_experts)
         m.submodules.num_skid = num_skid = SkidBuffer(p.expert_token_num_layout())
         offsets_written = Signal(expert_width)
         offsets_left = Signal.like(self.num_experts)
@@ -395,60 +406,62 @@ class MoeReRoutingUnit(wiring.Component):
             prefix.o.ready.eq(num_skid.i.ready),
             num_skid.i.payload.value.eq(Mux(cumsum_mode, prefix.o.payload.inclusive,
                                             prefix.o.payload.value)),
-            offset_write.addr.eq(offsets_written),
-            offset_write.data.eq(prefix.o.payload.exclusive),
-            offset_write.en.eq(prefix.o.valid & num_skid.i.ready),
+            offsets.write_addr.eq(offsets_written),
+            offsets.write_data.eq(prefix.o.payload.exclusive),
+            offsets.write_en.eq(prefix.o.valid & num_skid.i.ready),
         ]
         wiring.connect(m, num_skid.o, wiring.flipped(self.expert_token_num))
         m.d.sync += sum_matches.eq(prefix.total == tokens)
-        with m.If(offset_write.en):
+        with m.If(offsets.write_en):
             m.d.sync += [offsets_written.eq(offsets_written + 1),
                          offsets_left.eq(offsets_left - 1)]
             with m.If(offsets_left == 1):
                 m.d.sync += offsets_complete.eq(1)
 
         # ---- the move: entries -> destination rows and addresses -> block queue -----------------
-        # Stages: the entry read, its register; the offset read, its register; dst = offset +
-        # prefix; the product dst*H.
-        block_latency = 5 + p.product_latency
-        m.submodules.block_ctl = bpipe = PipelineControl(block_latency)
+        # Stages: the entry read (3), the offset read (3), dst = offset + prefix (1), the
+        # product dst*H.
+        read = BankedMemory.latency
+        block_latency = 2 * read + 1 + p.product_latency
+        # The block pipeline never stalls (CreditPipeline): its registers load every cycle, so
+        # no stall net fans out to the tables' banks and the product; a block enters only when
+        # the queue behind it is sure to have room.
+        block_layout = data.StructLayout({"tokens": p.row_width, "row": p.row_width,
+                                          "elem": p.addr_width})
+        m.submodules.block_pipe = bpipe = CreditPipeline(block_latency, block_layout)
+        run = Const(1)
         entries_left = Signal.like(entries)
         entries_pending = Signal()
         last_entry = Signal()
         entry_addr = Signal.like(entries)
         m.d.comb += [
             bpipe.i_valid.eq(move_phase & entries_pending),
-            entry_read.addr.eq(entry_addr),
-            entry_read.en.eq(bpipe.en),
+            blocks.read_addr.eq(entry_addr),
+            blocks.read_en.eq(run),
         ]
-        with m.If(bpipe.i_valid & bpipe.en):
+        with m.If(bpipe.take):
             m.d.sync += [entry_addr.eq(entry_addr + 1), entries_left.eq(entries_left - 1),
                          last_entry.eq(entries_left == 2)]
             with m.If(last_entry):
                 m.d.sync += entries_pending.eq(0)
-        entry = delay(m, entry_read.data, 1, bpipe.en, name="entry")          # stage 2
-        m.d.comb += [offset_read.addr.eq(entry.expert), offset_read.en.eq(bpipe.en)]
-        base = delay(m, offset_read.data, 1, bpipe.en, name="base")           # stage 4
-        entry_prefix = delay(m, entry.prefix, 2, bpipe.en, name="entry_prefix")
+        entry = blocks.read_data                                               # stage 3
+        m.d.comb += [offsets.read_addr.eq(entry.expert), offsets.read_en.eq(run)]
+        base = offsets.read_data                                               # stage 6
+        entry_prefix = delay(m, entry.prefix, read, run, name="entry_prefix")
         dst_row = Signal(p.row_width)
-        with m.If(bpipe.en):
-            m.d.sync += dst_row.eq(base + entry_prefix)                       # stage 5
-        dst_elem = pipelined_product(m, dst_row, hidden_step, en=bpipe.en, dsp=p.dsp,
+        m.d.sync += dst_row.eq(base + entry_prefix)                            # stage 7
+        dst_elem = pipelined_product(m, dst_row, hidden_step, en=run, dsp=p.dsp,
                                      name="dst_elem")[:p.addr_width]
-        block_tokens = delay(m, entry.tokens, 3 + p.product_latency, bpipe.en,
+        block_tokens = delay(m, entry.tokens, read + 1 + p.product_latency, run,
                              name="block_tokens")
-        block_row = delay(m, dst_row, p.product_latency, bpipe.en, name="block_row")
+        block_row = delay(m, dst_row, p.product_latency, run, name="block_row")
 
-        block_layout = data.StructLayout({"tokens": p.row_width, "row": p.row_width,
-                                          "elem": p.addr_width})
-        m.submodules.block_skid = block_skid = SkidBuffer(block_layout)
         m.d.comb += [
-            block_skid.i.valid.eq(bpipe.o_valid),
-            bpipe.o_ready.eq(block_skid.i.ready),
-            block_skid.i.payload.tokens.eq(block_tokens),
-            block_skid.i.payload.row.eq(block_row),
-            block_skid.i.payload.elem.eq(dst_elem),
+            bpipe.payload.tokens.eq(block_tokens),
+            bpipe.payload.row.eq(block_row),
+            bpipe.payload.elem.eq(dst_elem),
         ]
+        block_queue = bpipe.o
 
         # ---- the token generator: one token per cycle ---------------------------------------------
         reader = m.submodules.reader = RowReader(
@@ -498,9 +511,9 @@ class MoeReRoutingUnit(wiring.Component):
                          src_row.eq(src_row + 1), src_elem.eq(src_elem + hidden_step)]
             with m.If(cur_last):
                 m.d.sync += cur_loaded.eq(0)
-        load = block_skid.o.valid & (~cur_loaded | (emit & cur_last))
-        m.d.comb += block_skid.o.ready.eq(~cur_loaded | (emit & cur_last))
-        block = block_skid.o.payload
+        load = block_queue.valid & (~cur_loaded | (emit & cur_last))
+        m.d.comb += block_queue.ready.eq(~cur_loaded | (emit & cur_last))
+        block = block_queue.payload
         with m.If(load):
             m.d.sync += [cur_loaded.eq(1), cur_left.eq(block.tokens),
                          cur_last.eq(block.tokens == 1), cur_row.eq(block.row),
@@ -526,11 +539,10 @@ class MoeReRoutingUnit(wiring.Component):
         refused = bad | ~sum_matches | hidden_bad
         m.d.comb += [
             ctl.fault.eq(offsets_done & refused),
-            ctl.finished.eq(move_phase & ~entries_pending & ~bpipe.busy & ~block_skid.o.valid &
+            ctl.finished.eq(move_phase & ~entries_pending & ~bpipe.busy &
                             ~cur_loaded & ~cmd_skid.o.valid & ~reader.busy &
                             ~write_skid.o.valid & ~row_skid.o.valid & ~num_skid.o.valid),
             prefix.clear.eq(ctl.decide),
-            bank.clear.eq(ctl.decide),
             row_start.eq(ctl.begin | rank_end),
         ]
         with m.If(count_phase & rank_end & last_rank):
