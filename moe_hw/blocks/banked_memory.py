@@ -10,7 +10,8 @@ register, and a last register selects the bank's word.
 Ports:
 
 ``write_addr``, ``write_data``, ``write_en`` (in)
-    A write, at the clock edge of the cycle ``write_en`` is high.
+    A write: registered (per bank) at the clock edge of the cycle ``write_en`` is high, and
+    written into the bank at the next edge.
 ``read_addr``, ``read_en`` (in); ``read_data`` (out)
     A read: every read register loads when ``read_en`` is high; the word at ``read_addr``
     (given in a cycle with ``read_en`` high) is on ``read_data`` after :attr:`latency`
@@ -60,11 +61,18 @@ class BankedMemory(wiring.Component):
             m.submodules[f"bank{index}"] = bank
             write = bank.write_port()
             read = bank.read_port(domain="sync")
-            m.d.comb += [
-                write.addr.eq(self.write_addr[:low_bits]),
-                write.data.eq(self.write_data),
-                write.en.eq(self.write_en & ((self.write_addr >> low_bits) == index)),
+            # The write is registered per bank, the bank decoded before the register: the
+            # LUT RAM's write enable and address are flip-flops.
+            write_addr = Signal(low_bits, name=f"bank{index}_write_addr", attrs={"keep": 1})
+            write_data = Signal(self.shape, name=f"bank{index}_write_data")
+            write_en = Signal(name=f"bank{index}_write_en")
+            m.d.sync += [
+                write_addr.eq(self.write_addr[:low_bits]),
+                write_data.eq(self.write_data),
+                write_en.eq(self.write_en & ((self.write_addr >> low_bits) == index)),
             ]
+            m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
+                         write.en.eq(write_en)]
             # Stage 1: this bank's own copy of the address.
             addr = Signal(low_bits, name=f"bank{index}_addr", attrs={"keep": 1})
             with m.If(self.read_en):
