@@ -560,17 +560,24 @@ class MoeReRoutingUnit(wiring.Component):
             m.d.sync += [
                 cumsum_mode.eq(~self.expert_token_num_type), scatter_idx.eq(self.idx_type),
                 ranks_zero.eq(self.num_ranks == 0),
-                no_move.eq((self.tokens == 0) | (self.hidden == 0)),
-                hidden_bad.eq((self.tokens != 0) & (self.hidden == 0)),
-                beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
-                last_en.eq(last_enable_of(self.hidden, p.lanes)),
-                hidden_step.eq(self.hidden),
-                ranks_left.eq(self.num_ranks), last_rank.eq(self.num_ranks == 1),
-                reads_left.eq(self.num_experts), last_read.eq(self.num_experts == 1),
+                count_phase.eq(0), offsets_phase.eq(0), move_phase.eq(0),
+            ]
+        # The run registers load in the decide cycle, from the held sizes: ``accept`` (a
+        # function of the start port) then reaches only the few registers above.
+        held = {name: ctl.size(name) for name in p.sizes}
+        hidden_held = held["hidden"]
+        with m.If(ctl.decide):
+            m.d.sync += [
+                no_move.eq((held["tokens"] == 0) | (hidden_held == 0)),
+                hidden_bad.eq((held["tokens"] != 0) & (hidden_held == 0)),
+                beats.eq((hidden_held + (p.lanes - 1)) >> lanes_log2),
+                last_en.eq(last_enable_of(hidden_held, p.lanes)),
+                hidden_step.eq(hidden_held),
+                ranks_left.eq(held["num_ranks"]), last_rank.eq(held["num_ranks"] == 1),
+                reads_left.eq(held["num_experts"]), last_read.eq(held["num_experts"] == 1),
                 reads_pending.eq(1), read_expert.eq(0),
-                offsets_written.eq(0), offsets_left.eq(self.num_experts),
+                offsets_written.eq(0), offsets_left.eq(held["num_experts"]),
                 offsets_complete.eq(0), bad.eq(0), entries.eq(0), entries_full.eq(0),
                 entries_pending.eq(0), src_row.eq(0), src_elem.eq(0), beat_offset.eq(0),
-                count_phase.eq(0), offsets_phase.eq(0), move_phase.eq(0),
             ]
         return m
