@@ -16,6 +16,9 @@ Interface (a two-stage pipeline with a global stall, to be driven like
     A request: with ``increment`` high, counter ``index`` is read and incremented; with it
     low, the counter is only read (this is the read-out port: the same port, so that the bank
     is one simple-dual-port memory).
+``amount`` (in, only when built with ``amount_width``)
+    What an incrementing request adds (unsigned; re-routing adds a block's token count).
+    Without ``amount_width`` every increment adds 1.
 ``value`` (out)
     The counter's value before the request's increment, while the request is in the last
     stage: two ``en`` cycles after it entered, and for as long as ``en`` stays low after that.
@@ -60,21 +63,32 @@ class CounterBank(wiring.Component):
 
     latency = 2
 
-    def __init__(self, count, width):
+    def __init__(self, count, width, *, amount_width=None, ram_style=None):
         self.count = check_int("count", count, minimum=1, maximum=1 << 20)
         self.width = check_int("width", width, minimum=1, maximum=64)
-        super().__init__({
+        self.amount_width = None if amount_width is None else \
+            check_int("amount_width", amount_width, minimum=1, maximum=self.width)
+        members = {
             "en": In(1),
             "valid": In(1),
             "index": In(range(self.count)),
             "increment": In(1),
             "value": Out(self.width),
             "clear": In(1),
-        })
+        }
+        if self.amount_width is not None:
+            members["amount"] = In(self.amount_width)
+        # ``ram_style="distributed"`` keeps a deep bank in LUT RAM: a block RAM's output
+        # (4 ns from the clock on ECP5, no output register when inferred) would start the
+        # forwarding multiplexer and the adder.
+        self.ram_style = ram_style
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.memory = mem = memory.Memory(shape=self.width, depth=self.count, init=[])
+        m.submodules.memory = mem = memory.Memory(
+            shape=self.width, depth=self.count, init=[],
+            attrs=None if self.ram_style is None else {"ram_style": self.ram_style})
         read = mem.read_port(domain="sync")
         write = mem.write_port()
         index_bits = ceil_log2(self.count)
@@ -112,7 +126,15 @@ class CounterBank(wiring.Component):
                     Mux(was_live, read.data, Const(0, self.width)))))
         incrementing = busy & stage_inc
         new_value = Signal(self.width)
-        m.d.comb += new_value.eq(self.value + 1)
+        if self.amount_width is None:
+            m.d.comb += new_value.eq(self.value + 1)
+        else:
+            # The amount follows the request through both stages.
+            req_amount = Signal(self.amount_width)
+            stage_amount = Signal(self.amount_width)
+            with m.If(self.en):
+                m.d.sync += [req_amount.eq(self.amount), stage_amount.eq(req_amount)]
+            m.d.comb += new_value.eq(self.value + stage_amount)
         m.d.sync += [
             # Every cycle the request sits in the stage: the same word each time, because
             # ``value`` holds while ``en`` is low.

@@ -42,7 +42,7 @@ buffer register). ``response.ready`` and ``beats.valid`` do not depend combinati
 ``beats.ready``.
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -71,7 +71,9 @@ def last_enable_of(hidden, lanes):
     if lanes_log2 == 0:
         return Const(1, 1)
     remainder = hidden[:lanes_log2]
-    return Mux(remainder == 0, (1 << lanes) - 1, (Const(1, lanes + 1) << remainder) - 1)
+    # Lane l is enabled when the remainder is 0 or above l: one small compare per lane, no
+    # shifter and no carry chain between the size and the register that holds the enables.
+    return Cat(*((remainder == 0) | (remainder > lane) for lane in range(lanes)))
 
 
 class RowReader(wiring.Component):

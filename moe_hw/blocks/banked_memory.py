@@ -1,0 +1,95 @@
+"""A LUT-RAM memory with a pipelined read: deep tables that a 250 MHz stage can read.
+
+One distributed-RAM memory of a few hundred words is read through a wide multiplexer tree
+behind an address that fans out to every LUT-RAM cell: on ECP5 a 512-word read is 6 ns. Here
+the words are split into banks of ``bank_depth`` (64: four LUT-RAM rows and one 4:1
+multiplexer each) and the read takes three enabled cycles: the address is registered once per
+bank (the copies are kept apart, so each drives one bank), every bank reads its word into a
+register, and a last register selects the bank's word.
+
+Ports:
+
+``write_addr``, ``write_data``, ``write_en`` (in)
+    A write: registered (per bank) at the clock edge of the cycle ``write_en`` is high, and
+    written into the bank at the next edge.
+``read_addr``, ``read_en`` (in); ``read_data`` (out)
+    A read: every read register loads when ``read_en`` is high; the word at ``read_addr``
+    (given in a cycle with ``read_en`` high) is on ``read_data`` after :attr:`latency`
+    (3) such cycles, and holds while ``read_en`` is low. A write is seen by a read whose
+    address is registered after the write's edge.
+
+Memories: ``amaranth.lib.memory`` with ``ram_style = "distributed"`` (an inferred ECP5 block
+RAM has no output register: its 4 ns clock-to-output would fill the cycle).
+"""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..params import check_int
+
+__all__ = ["BankedMemory"]
+
+
+class BankedMemory(wiring.Component):
+    """``depth`` words of ``shape`` in LUT-RAM banks with a 3-cycle pipelined read; see the
+    module docstring."""
+
+    latency = 3
+
+    def __init__(self, shape, depth, *, bank_depth=64):
+        self.shape = shape
+        self.depth = check_int("depth", depth, minimum=1, maximum=1 << 16)
+        self.bank_depth = min(check_int("bank_depth", bank_depth, minimum=2), self.depth)
+        super().__init__({
+            "write_addr": In(range(self.depth)), "write_data": In(shape), "write_en": In(1),
+            "read_addr": In(range(self.depth)), "read_en": In(1), "read_data": Out(shape),
+        })
+
+    @property
+    def banks(self):
+        return -(-self.depth // self.bank_depth)
+
+    def elaborate(self, platform):
+        m = Module()
+        low_bits = ceil_log2(self.bank_depth)
+        words = []
+        for index in range(self.banks):
+            bank = memory.Memory(shape=self.shape, depth=self.bank_depth, init=[],
+                                 attrs={"ram_style": "distributed"})
+            m.submodules[f"bank{index}"] = bank
+            write = bank.write_port()
+            read = bank.read_port(domain="sync")
+            # The write is registered per bank, the bank decoded before the register: the
+            # LUT RAM's write enable and address are flip-flops.
+            write_addr = Signal(low_bits, name=f"bank{index}_write_addr", attrs={"keep": 1})
+            write_data = Signal(self.shape, name=f"bank{index}_write_data")
+            write_en = Signal(name=f"bank{index}_write_en")
+            m.d.sync += [
+                write_addr.eq(self.write_addr[:low_bits]),
+                write_data.eq(self.write_data),
+                write_en.eq(self.write_en & ((self.write_addr >> low_bits) == index)),
+            ]
+            m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
+                         write.en.eq(write_en)]
+            # Stage 1: this bank's own copy of the address.
+            addr = Signal(low_bits, name=f"bank{index}_addr", attrs={"keep": 1})
+            with m.If(self.read_en):
+                m.d.sync += addr.eq(self.read_addr[:low_bits])
+            # Stage 2: the bank's word (the read port's register).
+            m.d.comb += [read.addr.eq(addr), read.en.eq(self.read_en)]
+            words.append(read.data)
+        # Stage 3: the selected word.
+        select = Signal(range(self.banks))
+        select_word = Signal(range(self.banks))
+        with m.If(self.read_en):
+            m.d.sync += [select.eq(self.read_addr >> low_bits), select_word.eq(select)]
+            if self.banks == 1:
+                m.d.sync += self.read_data.eq(words[0])
+            else:
+                with m.Switch(select_word):
+                    for index, word in enumerate(words):
+                        with m.Case(index):
+                            m.d.sync += self.read_data.eq(word)
+        return m
