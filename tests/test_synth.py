@@ -160,9 +160,11 @@ def test_wrapper_reaches_every_output_bit():
     sim.run()
 
     chain, expected = 0, []
-    for bit in bits:   # the chain after each edge: Cat(a, b), shifted up, si into bit 0
+    for bit in bits:   # the chain after each edge, shifted up, si into bit 0; Cat(a, b) is
+        # its inverse (the port registers load the inverse of their chain bits)
         chain = ((chain << 1) | bit) & ((1 << 64) - 1)
-        expected.append(bin(((chain & 0xFFFF_FFFF) + (chain >> 32)) & 0xFFFF_FFFF).count("1")
+        ports = ~chain & ((1 << 64) - 1)
+        expected.append(bin(((ports & 0xFFFF_FFFF) + (ports >> 32)) & 0xFFFF_FFFF).count("1")
                         & 1)
     latencies = [latency for latency in range(1, 12)
                  if all(seen[t + latency] == expected[t] for t in range(64, 140))]
