@@ -189,20 +189,21 @@ class FloatAdderCore(FloatCore):
         coarse_bits, fine_bits = shift_bits(sum_width)
         shifted = shift_left_step(m, counted.significand, counted.zeros, coarse_bits,
                                   name="normalise")
-        passing = dict(sign=counted.sign, nan=counted.nan, inf=counted.inf,
-                       exponent_x=counted.exponent_x)
+        # The exponent beside the coarse shift (at least 1: the count stops at the subnormal
+        # range), whether it overflows beside the fine shift: one carry chain per stage.
+        exponent = Signal(signed(exp_bits + 2), name="normalised_exponent")
+        m.d.comb += exponent.eq(counted.exponent_x + 1 - counted.zeros)
+        passing = dict(sign=counted.sign, nan=counted.nan, inf=counted.inf, exponent=exponent)
         coarse = regs.boundary("normalise_coarse", **passing, significand=shifted,
                                zeros=counted.zeros)
         shifted = shift_left_step(m, coarse.significand, coarse.zeros, fine_bits,
                                   name="normalise")
-        # At least 1: the count stops at the subnormal range.
-        exponent = Signal(signed(exp_bits + 2), name="normalised_exponent")
-        m.d.comb += exponent.eq(coarse.exponent_x + 1 - coarse.zeros)
         norm = regs.boundary("normalised", sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
-                             exponent=exponent, significand=shifted)
+                             exponent=coarse.exponent, at_max=coarse.exponent >= fmt.exp_max,
+                             significand=shifted)
 
         prep = round_prepare(m, fmt, norm.exponent, norm.significand, Const(0),
-                             sign=norm.sign, nan=norm.nan, inf=norm.inf)
+                             sign=norm.sign, nan=norm.nan, inf=norm.inf, at_max=norm.at_max)
         prepared = regs.boundary("round_prepared", sign=prep.sign, magnitude=prep.magnitude,
                                  round_up=prep.round_up)
         packed = round_pack(m, fmt, prepared.sign, prepared.magnitude, prepared.round_up)
