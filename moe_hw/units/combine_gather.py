@@ -326,23 +326,32 @@ class CombineGatherUnit(wiring.Component):
             m.d.sync += headers_in.eq(headers_in + 1)
 
         # ---- pass scheduler: one row segment per cycle ---------------------------------------
+        # Every compare and difference the next segment needs is taken from registers kept
+        # alongside the position (the beats to the row's end, whether this pass is the last,
+        # the next window's length), so that a step is one carry chain and a choice.
         gen_active = Signal()
         win_beat = Signal.like(beats)            # beat of the window's first item
+        win_to_end = Signal.like(beats)          # beats from win_beat to its row's end
         win_len = Signal(range(window + 1))      # the window's items
-        remaining = Signal(range(max_items + 1)) # items from the window's start to the end
+        after = Signal(range(max_items + 1))     # items after the current window
+        # after - window (negative: the next window is the last and shorter)
+        after_less = Signal(signed(len(after) + 1))
+        last_window = Signal()                   # after == 0
         pass_k = Signal(range(p.max_top_k))
+        last_pass = Signal()                     # pass_k == k_last
         pass_left = Signal(range(window + 1))    # items of this pass still to schedule
         cur_tok = Signal.like(self.tokens)
         cur_beat = Signal.like(beats)
+        to_end = Signal.like(beats)              # beats - cur_beat
 
-        to_row_end = Signal.like(beats)
-        m.d.comb += to_row_end.eq(beats - cur_beat)
-        tail = to_row_end <= pass_left          # the segment reaches the end of its row
-        count = Mux(tail, to_row_end, pass_left)
-        end_pass = to_row_end >= pass_left      # the segment finishes the pass
+        tail = to_end <= pass_left               # the segment reaches the end of its row
+        count = Mux(tail, to_end, pass_left)
+        end_pass = to_end >= pass_left           # the segment finishes the pass
         next_tok = Mux(tail, cur_tok + 1, cur_tok)
         next_beat = Mux(tail, 0, cur_beat + pass_left)
-        remaining_next = remaining - win_len
+        next_to_end = Mux(tail, beats, to_end - pass_left)
+        short = after_less[-1]                   # the next window is shorter than window
+        next_len = Mux(short, after, window)
 
         # The command pipeline never stalls: a segment is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
@@ -359,25 +368,30 @@ class CombineGatherUnit(wiring.Component):
         m.d.comb += cmd_pipe.i_valid.eq(gen_active & (cur_tok < headers_in))
         gen = cmd_pipe.take
         with m.If(gen):
-            with m.If(~end_pass):
-                m.d.sync += [cur_tok.eq(next_tok), cur_beat.eq(next_beat),
-                             pass_left.eq(pass_left - count)]
-            with m.Elif(pass_k != k_last):       # the next pass over the same window
-                m.d.sync += [pass_k.eq(pass_k + 1), cur_tok.eq(win_tok),
-                             cur_beat.eq(win_beat), pass_left.eq(win_len)]
+            with m.If(~end_pass):                # (then the segment ends its row)
+                m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(beats),
+                             pass_left.eq(pass_left - to_end)]
+            with m.Elif(~last_pass):             # the next pass over the same window
+                m.d.sync += [pass_k.eq(pass_k + 1), last_pass.eq(pass_k + 1 == k_last),
+                             cur_tok.eq(win_tok), cur_beat.eq(win_beat), to_end.eq(win_to_end),
+                             pass_left.eq(win_len)]
             with m.Else():                       # the next window
-                next_len = Mux(remaining_next < window, remaining_next, window)
-                m.d.sync += [pass_k.eq(0), cur_tok.eq(next_tok), cur_beat.eq(next_beat),
+                m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
+                             cur_tok.eq(next_tok), cur_beat.eq(next_beat),
+                             to_end.eq(next_to_end),
                              win_tok.eq(next_tok), win_beat.eq(next_beat),
-                             remaining.eq(remaining_next), win_len.eq(next_len),
-                             pass_left.eq(next_len)]
-                with m.If(remaining_next == 0):
+                             win_to_end.eq(next_to_end),
+                             win_len.eq(next_len), pass_left.eq(next_len),
+                             after.eq(Mux(short, 0, after_less)),
+                             after_less.eq(Mux(short, -window, after_less - window)),
+                             last_window.eq(short | (after_less == 0))]
+                with m.If(last_window):
                     m.d.sync += gen_active.eq(0)
 
         # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
         m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(1)]
         side = {"pass_k": pass_k, "beat": cur_beat, "count": count, "tail": tail,
-                "end_pass": end_pass, "first": pass_k == 0, "final": pass_k == k_last}
+                "end_pass": end_pass, "first": pass_k == 0, "final": last_pass}
         s1 = {name: delay(m, value, 1, 1, name=f"{name}_s1") for name, value in side.items()}
         header = ring_r.data
         if p.max_top_k == 1:
@@ -522,20 +536,31 @@ class CombineGatherUnit(wiring.Component):
         items_in = Signal(range(max_items + 1))
         m.d.comb += items_in.eq(pipelined_product(m, ctl.size("tokens"), held_beats, en=1,
                                                   dsp=p.dsp, name="items"))
-        m.d.comb += ctl.finished.eq(running & ~gen_active & ~cmd_pipe.busy & ~reader.busy &
-                                    ~acc_pipe.busy)
         with m.If(ctl.accept):
             m.d.sync += [
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_in.eq(0), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
-                cur_beat.eq(0), pass_k.eq(0),
+                cur_beat.eq(0), pass_k.eq(0), last_pass.eq(self.top_k <= 1),
+                to_end.eq(beats_in), win_to_end.eq(beats_in),
                 item.eq(0), pending.eq(0), pending_here.eq(0), self.dropped.eq(0),
             ]
+        # The first window, from the items (tokens * beats): sized in the two cycles before
+        # the first header can be in the ring (the run begins, a header is taken).
+        first_items = Signal.like(items_in)
+        first_less = Signal.like(after_less)     # items - window
+        sizing = delay(m, ctl.begin, 1, 1, name="sizing")
         with m.If(ctl.begin):
+            m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window)]
+        with m.If(sizing):
+            first_short = first_less[-1]
+            first_len = Mux(first_short, first_items, window)
             m.d.sync += [
-                gen_active.eq(1), remaining.eq(items_in),
-                win_len.eq(Mux(items_in < window, items_in, window)),
-                pass_left.eq(Mux(items_in < window, items_in, window)),
+                gen_active.eq(1), win_len.eq(first_len), pass_left.eq(first_len),
+                after.eq(Mux(first_short, 0, first_less)),
+                after_less.eq(Mux(first_short, -window, first_less - window)),
+                last_window.eq(first_short | (first_less == 0)),
             ]
+        m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
+                                    ~reader.busy & ~acc_pipe.busy)
         return m
