@@ -172,8 +172,9 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
 
     @property
     def ring_depth(self):
-        """Header ring entries: the tokens of two windows, a power of two."""
-        return 1 << ceil_log2(2 * self.window_items)
+        """Header ring entries: the tokens of two windows and one more (the ring's room is
+        a register, decided a cycle ahead), a power of two."""
+        return 1 << ceil_log2(2 * self.window_items + 1)
 
     @property
     def setup(self):
@@ -302,7 +303,6 @@ class CombineGatherUnit(wiring.Component):
                                                 setup=p.setup)
         ctl.connect(m, self)
         running = ctl.running
-        tokens = ctl.size("tokens")
         k_last = Signal(range(p.max_top_k))      # the last pass, max(top_k, 1) - 1
         k_zero = Signal()                        # top_k == 0: one pass, every pair invalid
         beats = Signal(range(p.max_beats + 1))
@@ -315,14 +315,27 @@ class CombineGatherUnit(wiring.Component):
         ring_r = ring.read_port()
         headers_in = Signal.like(self.tokens)    # headers taken so far
         win_tok = Signal.like(self.tokens)       # token of the current window's first item
-        header_open = running & (headers_in != tokens) & (headers_in - win_tok < p.ring_depth)
+        # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
+        # token on (headers_in - cur_tok) are counters of their own, and the header stream's
+        # ready is a function of three registers: the run is on, headers are still to come,
+        # and the ring has room (decided a cycle ahead: the fill grows by one at most).
+        fill = Signal(range(p.ring_depth + 1))
+        avail = Signal(range(p.ring_depth + 1))
+        headers_left = Signal.like(self.tokens)
+        all_in = Signal()
+        room = Signal()
+        header_open = running & ~all_in & room
+        header_take = self.header.valid & header_open
+        m.d.sync += room.eq(fill < p.ring_depth - 1)
+        with m.If(header_take):
+            m.d.sync += [headers_left.eq(headers_left - 1), all_in.eq(headers_left == 1)]
         m.d.comb += [
             self.header.ready.eq(header_open),
             ring_w.addr.eq(headers_in[:ring_bits]),
             ring_w.data.eq(self.header.payload),
             ring_w.en.eq(self.header.valid & header_open),
         ]
-        with m.If(self.header.valid & header_open):
+        with m.If(header_take):
             m.d.sync += headers_in.eq(headers_in + 1)
 
         # ---- pass scheduler: one row segment per cycle ---------------------------------------
@@ -365,7 +378,7 @@ class CombineGatherUnit(wiring.Component):
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
         cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
-        m.d.comb += cmd_pipe.i_valid.eq(gen_active & (cur_tok < headers_in))
+        m.d.comb += cmd_pipe.i_valid.eq(gen_active & (avail != 0))
         gen = cmd_pipe.take
         with m.If(gen):
             with m.If(~end_pass):                # (then the segment ends its row)
@@ -387,6 +400,17 @@ class CombineGatherUnit(wiring.Component):
                              last_window.eq(short | (after_less == 0))]
                 with m.If(last_window):
                     m.d.sync += gen_active.eq(0)
+        # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
+        next_pass = end_pass & ~last_pass
+        change = gen & end_pass & last_pass
+        passed = Signal()
+        m.d.comb += passed.eq(gen & tail & ~next_pass)
+        avail_delta = Signal(signed(2))
+        fill_delta = Signal(signed(2))
+        m.d.comb += [avail_delta.eq(header_take - passed),
+                     fill_delta.eq(header_take - (change & tail))]
+        m.d.sync += [avail.eq(Mux(gen & next_pass, fill, avail) + avail_delta),
+                     fill.eq(Mux(change, avail, fill) + fill_delta)]
 
         # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
         m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(1)]
@@ -540,7 +564,8 @@ class CombineGatherUnit(wiring.Component):
             m.d.sync += [
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
-                headers_in.eq(0), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
+                headers_in.eq(0), headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
+                fill.eq(0), avail.eq(0), room.eq(1), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
                 cur_beat.eq(0), pass_k.eq(0), last_pass.eq(self.top_k <= 1),
                 to_end.eq(beats_in), win_to_end.eq(beats_in),
                 item.eq(0), pending.eq(0), pending_here.eq(0), self.dropped.eq(0),
