@@ -28,7 +28,7 @@ from moe_hw.units.dispatch_backward_data import DispatchBackwardDataUnit
 
 from conftest import STALLS, simulator_params
 
-# One generous build serves every stream case (window = 5 items for the fp32 adder).
+# One generous build serves every stream case (window = add_stages + 2 = 13 items for fp32).
 PARAMS = CombineGatherParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
                              max_capacity=32, max_experts=8, max_top_k=3)
 
@@ -101,15 +101,20 @@ def test_combine_gather_cases(sim, name, stall):
 
 def test_combine_gather_cycle_formula():
     """The documented count, worked by hand for the window schedule: K*S*B read beats, plus
-    the last window's wait for its partial sums when it is shorter than add_stages + 1."""
-    loop = PARAMS.add_latency + 1
-    assert PARAMS.window_items == loop
+    the last window's wait for its partial sums when it is shorter than add_stages + 2."""
+    # a partial sum is written back from the adder's output register, and read a cycle later
+    # into the adder's operand register
+    loop = PARAMS.add_latency + 2
+    assert PARAMS.accumulate_loop == PARAMS.window_items == loop
+    assert PARAMS.accumulate_latency == 1 + PARAMS.mul_latency + 1 + PARAMS.add_latency
     overhead = PARAMS.overhead(MEMORY_LATENCY)
     # start, decide and setup (tokens * beats), ring write, ring read and slot address,
-    # reader command, memory, reader skid buffer, multiplier, adder, output skid buffer, done
+    # command queue (write, skid buffer), reader command, memory, reader skid buffer,
+    # operand registers, multiplier, adder operand registers, adder, output queue (write,
+    # skid buffer), its idle register, done
     assert PARAMS.setup == 4
-    assert overhead == (PARAMS.setup + 1 + 1 + 1 + slot_latency(PARAMS) + 1 + MEMORY_LATENCY + 1
-                        + PARAMS.mul_latency + PARAMS.add_latency + 1 + 1)
+    assert overhead == (PARAMS.setup + 1 + 1 + 1 + slot_latency(PARAMS) + 2 + 1 + MEMORY_LATENCY
+                        + 1 + 1 + PARAMS.mul_latency + 1 + PARAMS.add_latency + 2 + 1 + 1)
     # 37 tokens x 8 beats = 296 items: whole windows and a last, short one, whose second
     # pass waits for its partial sums: loop - (296 % loop) more cycles.
     assert 296 % loop
@@ -201,7 +206,7 @@ def test_combine_gather_reset_mid_run():
             assert not ctx.get(dut.read_response.ready)
             await ctx.tick()
         await start(ctx, 1)
-        for _ in range(60):
+        for _ in range(params.cycles(1, 4, 2) + 10):
             if ctx.get(dut.data.valid):
                 outputs.append([ctx.get(dut.data.payload.data[0]),
                                 ctx.get(dut.data.payload.data[1])])

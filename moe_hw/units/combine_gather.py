@@ -49,31 +49,43 @@ Schedule (why one adder per lane keeps one beat per cycle): the work is the item
 n = i*B + b (token i, beat b, B = ceil(H / lanes)), cut into *windows* of ``window`` items
 (the last may be shorter). Within a window the unit makes K passes, pass k reading the k-th
 row segment of every item of the window, so the two terms of one item that meet in the
-adder are ``window`` beats apart, and a window of at least ``add_stages + 1`` items hides the
-adder's latency completely. A per-item accumulator of ``window`` entries holds the partial
+adder are ``window`` beats apart, and a window of at least ``add_stages + 2`` items (the
+accumulate loop: the adder, then the write-back and the read into the adder's operand
+register) hides the adder's latency completely. A per-item accumulator of ``window`` entries holds the partial
 sums between passes; the last pass sends its sums out. Rows are read in segments: one
 command per (pass, token) part of a window, at one beat per cycle whatever the segment
-lengths. A scoreboard bit per accumulator entry stalls a term whose partial sum is still in
-the adder, which only happens in a window shorter than ``add_stages + 1`` items (with the
+lengths. A scoreboard bit per accumulator entry holds a beat at the datapath's entrance
+while its partial sum is still in the adder, which only happens in a window shorter than
+``add_stages + 2`` items (with the
 default ``window``, only the last window can be).
 
 Throughput and exact cycles: the read port delivers one beat per cycle, and each item needs
 K reads, so the natural ideal is ``K * S * B`` cycles; the unit reaches it but for the last
 window. Stall-free, with a memory that answers a request taken at the end of cycle u from
 cycle u + L, a run takes exactly :meth:`CombineGatherParams.cycles` =
-``sum over windows of (n_w + (K-1) * max(n_w, add_stages + 1)) + overhead(L)`` cycles from
+``sum over windows of (n_w + (K-1) * max(n_w, add_stages + 2)) + overhead(L)`` cycles from
 the start cycle to the first cycle ``done`` is high (n_w: the window's items, ``window`` but
 for the last window; L counts as 1 when no pair is valid, as nothing waits for the memory
 then). With the default window the only term above ``K * S * B`` is the last window's
-``(K-1) * max(0, add_stages + 1 - n_w)``, at most ``(K-1) * add_stages`` cycles. A stall
+``(K-1) * max(0, add_stages + 2 - n_w)``, at most ``(K-1) * (add_stages + 1)`` cycles. A stall
 anywhere costs only the cycles it lasts.
 
 Pipeline: header ring (the headers of the current and next windows, replayed once per pass)
 -> pass scheduler -> ring read | the shared :class:`~moe_hw.blocks.slot_address.SlotAddress`
-(mask and ``slot = index*C + location`` | ``addr = slot*H + beat*lanes``) -> row reader ->
-``lanes`` float multipliers (gate * element, +0.0 for an
-invalid pair) -> ``lanes`` float adders (with the partial sum, or START on the first pass) ->
-accumulator (passes before the last) or skid buffer -> ``data``.
+(mask and ``slot = index*C + location`` | ``addr = slot*H + beat*lanes``) -> command queue
+-> row reader -> operand registers -> ``lanes`` float multipliers (gate * element, +0.0 for
+an invalid pair) -> accumulator read (registered address) -> operand registers -> ``lanes``
+float adders (with the partial sum, or START on the first pass) -> accumulator write-back
+(passes before the last) and output queue -> ``data``.
+
+No stall reaches the wide datapath. The command pipeline (ring read, slot address) and the
+multiply-accumulate pipeline each run with enable constant 1 inside a
+:class:`~moe_hw.stream.CreditPipeline`: an item enters only when the queue after it is sure
+to have room for it, so the row reader's command ``ready`` and the consumer's ``data.ready``
+reach only the queues' skid buffers. A beat enters the multiply-accumulate pipeline when it
+has a credit and its accumulator entry is not pending (the scoreboard bit of the entry in
+hand is kept as a register). Partial sums pass through the output queue too and are dropped
+at its output.
 """
 
 from dataclasses import dataclass
@@ -91,7 +103,7 @@ from ..blocks.row_reader import RowReader, last_enable_of, request_layout, respo
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, delay
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
 
@@ -120,7 +132,7 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
     window: int | None = param(None, minimum=1, maximum=256, optional=True,
-                               doc="items per window; None: add_stages + 1 (full rate)")
+                               doc="items per window; None: add_stages + 2 (full rate)")
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
 
@@ -133,14 +145,36 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
         self.check_signed_fits("index_width", "max_capacity", "max_experts")
 
     @property
+    def mul_read_latency(self):
+        """Cycles from a beat entering the datapath to its accumulator read: the operand
+        registers and the multiplier."""
+        return 1 + self.mul_latency
+
+    @property
+    def accumulate_latency(self):
+        """Cycles from a beat entering the datapath to its sum: the operand registers, the
+        multiplier, the adder's operand registers (after the accumulator read) and the
+        adder."""
+        return self.mul_read_latency + 1 + self.add_latency
+
+    @property
+    def accumulate_loop(self):
+        """The fewest cycles between the beats of two passes that meet in one accumulator
+        entry: the partial sum is written back ``accumulate_latency`` cycles after the first
+        entered and read ``mul_read_latency`` cycles after the second entered, a cycle after
+        the write at the earliest (``add_stages + 2``)."""
+        return self.accumulate_latency + 1 - self.mul_read_latency
+
+    @property
     def window_items(self):
         """Items per window (the accumulator depth)."""
-        return self.add_latency + 1 if self.window is None else self.window
+        return self.accumulate_loop if self.window is None else self.window
 
     @property
     def ring_depth(self):
-        """Header ring entries: the tokens of two windows, a power of two."""
-        return 1 << ceil_log2(2 * self.window_items)
+        """Header ring entries: the tokens of two windows and one more (the ring's room is
+        a register, decided a cycle ahead), a power of two."""
+        return 1 << ceil_log2(2 * self.window_items + 1)
 
     @property
     def setup(self):
@@ -161,17 +195,20 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
         """Stall-free cycles beyond the schedule's read beats, for a memory that answers a
         request taken at the end of cycle u from cycle u + ``memory_latency``: run control
         (start, then :attr:`setup` cycles), header ring write, command pipeline, row reader
-        (command register, memory, skid buffer), multiplier, adder, output skid buffer,
-        done register."""
-        return (self.setup + 1 + 1 + self.command_latency + 1 + memory_latency + 1 +
-                self.mul_latency + self.add_latency + 1 + 1)
+        (command register, memory, skid buffer), the command queue before the reader and
+        the output queue after the adders (:class:`~moe_hw.stream.CreditPipeline`: write,
+        skid buffer, idle register), operand registers, multiplier, the adder's operand
+        registers, adder, done register."""
+        return (self.setup + 1 + 1 + self.command_latency + CreditPipeline.QUEUE_LATENCY + 1 +
+                memory_latency + 1 + self.accumulate_latency + CreditPipeline.QUEUE_LATENCY +
+                CreditPipeline.IDLE_LATENCY + 1)
 
     def schedule_cycles(self, tokens, hidden, top_k):
         """Stall-free cycles the schedule needs at one read beat per cycle: K*S*B plus, for a
-        window shorter than add_stages + 1 items, the wait for its partial sums."""
+        window shorter than add_stages + 2 items, the wait for its partial sums."""
         items = tokens * -(-hidden // self.lanes)
         passes = max(top_k, 1)
-        loop = self.add_latency + 1
+        loop = self.accumulate_loop
         total = 0
         for start in range(0, items, self.window_items):
             n = min(self.window_items, items - start)
@@ -266,7 +303,6 @@ class CombineGatherUnit(wiring.Component):
                                                 setup=p.setup)
         ctl.connect(m, self)
         running = ctl.running
-        tokens = ctl.size("tokens")
         k_last = Signal(range(p.max_top_k))      # the last pass, max(top_k, 1) - 1
         k_zero = Signal()                        # top_k == 0: one pass, every pair invalid
         beats = Signal(range(p.max_beats + 1))
@@ -279,60 +315,108 @@ class CombineGatherUnit(wiring.Component):
         ring_r = ring.read_port()
         headers_in = Signal.like(self.tokens)    # headers taken so far
         win_tok = Signal.like(self.tokens)       # token of the current window's first item
-        header_open = running & (headers_in != tokens) & (headers_in - win_tok < p.ring_depth)
+        # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
+        # token on (headers_in - cur_tok) are counters of their own, and the header stream's
+        # ready is a function of three registers: the run is on, headers are still to come,
+        # and the ring has room (decided a cycle ahead: the fill grows by one at most).
+        fill = Signal(range(p.ring_depth + 1))
+        avail = Signal(range(p.ring_depth + 1))
+        headers_left = Signal.like(self.tokens)
+        all_in = Signal()
+        room = Signal()
+        header_open = running & ~all_in & room
+        header_take = self.header.valid & header_open
+        m.d.sync += room.eq(fill < p.ring_depth - 1)
+        with m.If(header_take):
+            m.d.sync += [headers_left.eq(headers_left - 1), all_in.eq(headers_left == 1)]
         m.d.comb += [
             self.header.ready.eq(header_open),
             ring_w.addr.eq(headers_in[:ring_bits]),
             ring_w.data.eq(self.header.payload),
             ring_w.en.eq(self.header.valid & header_open),
         ]
-        with m.If(self.header.valid & header_open):
+        with m.If(header_take):
             m.d.sync += headers_in.eq(headers_in + 1)
 
         # ---- pass scheduler: one row segment per cycle ---------------------------------------
+        # Every compare and difference the next segment needs is taken from registers kept
+        # alongside the position (the beats to the row's end, whether this pass is the last,
+        # the next window's length), so that a step is one carry chain and a choice.
         gen_active = Signal()
         win_beat = Signal.like(beats)            # beat of the window's first item
+        win_to_end = Signal.like(beats)          # beats from win_beat to its row's end
         win_len = Signal(range(window + 1))      # the window's items
-        remaining = Signal(range(max_items + 1)) # items from the window's start to the end
+        after = Signal(range(max_items + 1))     # items after the current window
+        # after - window (negative: the next window is the last and shorter)
+        after_less = Signal(signed(len(after) + 1))
+        last_window = Signal()                   # after == 0
         pass_k = Signal(range(p.max_top_k))
+        last_pass = Signal()                     # pass_k == k_last
         pass_left = Signal(range(window + 1))    # items of this pass still to schedule
         cur_tok = Signal.like(self.tokens)
         cur_beat = Signal.like(beats)
+        to_end = Signal.like(beats)              # beats - cur_beat
 
-        to_row_end = Signal.like(beats)
-        m.d.comb += to_row_end.eq(beats - cur_beat)
-        tail = to_row_end <= pass_left          # the segment reaches the end of its row
-        count = Mux(tail, to_row_end, pass_left)
-        end_pass = to_row_end >= pass_left      # the segment finishes the pass
+        tail = to_end <= pass_left               # the segment reaches the end of its row
+        count = Mux(tail, to_end, pass_left)
+        end_pass = to_end >= pass_left           # the segment finishes the pass
         next_tok = Mux(tail, cur_tok + 1, cur_tok)
         next_beat = Mux(tail, 0, cur_beat + pass_left)
-        remaining_next = remaining - win_len
+        next_to_end = Mux(tail, beats, to_end - pass_left)
+        short = after_less[-1]                   # the next window is shorter than window
+        next_len = Mux(short, after, window)
 
-        cmd_ctl = m.submodules.cmd_ctl = PipelineControl(p.command_latency)
-        m.d.comb += cmd_ctl.i_valid.eq(gen_active & (cur_tok < headers_in))
-        en_c = cmd_ctl.en
-        gen = cmd_ctl.i_valid & en_c
+        # The command pipeline never stalls: a segment is scheduled only when the command
+        # queue is sure to have room for it, so the row reader's command ``ready`` reaches
+        # only the queue's skid buffer.
+        tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
+                                        "end_pass": 1, "tail": 1})
+        reader = m.submodules.reader = RowReader(
+            lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
+            max_count=min(window, p.max_beats), tag_layout=tag_layout,
+            outstanding=p.max_outstanding)
+        command_layout = data.StructLayout({"command": reader.command.payload.shape(),
+                                            "counts_drop": 1})
+        cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
+        m.d.comb += cmd_pipe.i_valid.eq(gen_active & (avail != 0))
+        gen = cmd_pipe.take
         with m.If(gen):
-            with m.If(~end_pass):
-                m.d.sync += [cur_tok.eq(next_tok), cur_beat.eq(next_beat),
-                             pass_left.eq(pass_left - count)]
-            with m.Elif(pass_k != k_last):       # the next pass over the same window
-                m.d.sync += [pass_k.eq(pass_k + 1), cur_tok.eq(win_tok),
-                             cur_beat.eq(win_beat), pass_left.eq(win_len)]
+            with m.If(~end_pass):                # (then the segment ends its row)
+                m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(beats),
+                             pass_left.eq(pass_left - to_end)]
+            with m.Elif(~last_pass):             # the next pass over the same window
+                m.d.sync += [pass_k.eq(pass_k + 1), last_pass.eq(pass_k + 1 == k_last),
+                             cur_tok.eq(win_tok), cur_beat.eq(win_beat), to_end.eq(win_to_end),
+                             pass_left.eq(win_len)]
             with m.Else():                       # the next window
-                next_len = Mux(remaining_next < window, remaining_next, window)
-                m.d.sync += [pass_k.eq(0), cur_tok.eq(next_tok), cur_beat.eq(next_beat),
+                m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
+                             cur_tok.eq(next_tok), cur_beat.eq(next_beat),
+                             to_end.eq(next_to_end),
                              win_tok.eq(next_tok), win_beat.eq(next_beat),
-                             remaining.eq(remaining_next), win_len.eq(next_len),
-                             pass_left.eq(next_len)]
-                with m.If(remaining_next == 0):
+                             win_to_end.eq(next_to_end),
+                             win_len.eq(next_len), pass_left.eq(next_len),
+                             after.eq(Mux(short, 0, after_less)),
+                             after_less.eq(Mux(short, -window, after_less - window)),
+                             last_window.eq(short | (after_less == 0))]
+                with m.If(last_window):
                     m.d.sync += gen_active.eq(0)
+        # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
+        next_pass = end_pass & ~last_pass
+        change = gen & end_pass & last_pass
+        passed = Signal()
+        m.d.comb += passed.eq(gen & tail & ~next_pass)
+        avail_delta = Signal(signed(2))
+        fill_delta = Signal(signed(2))
+        m.d.comb += [avail_delta.eq(header_take - passed),
+                     fill_delta.eq(header_take - (change & tail))]
+        m.d.sync += [avail.eq(Mux(gen & next_pass, fill, avail) + avail_delta),
+                     fill.eq(Mux(change, avail, fill) + fill_delta)]
 
         # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
-        m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(en_c)]
+        m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(1)]
         side = {"pass_k": pass_k, "beat": cur_beat, "count": count, "tail": tail,
-                "end_pass": end_pass, "first": pass_k == 0, "final": pass_k == k_last}
-        s1 = {name: delay(m, value, 1, en_c, name=f"{name}_s1") for name, value in side.items()}
+                "end_pass": end_pass, "first": pass_k == 0, "final": last_pass}
+        s1 = {name: delay(m, value, 1, 1, name=f"{name}_s1") for name, value in side.items()}
         header = ring_r.data
         if p.max_top_k == 1:
             gate, index, location = header.gate[0], header.index[0], header.location[0]
@@ -345,108 +429,127 @@ class CombineGatherUnit(wiring.Component):
         m.d.comb += offset.eq(s1["beat"] << lanes_log2)
         slot_address = m.submodules.slot_address = SlotAddress.for_params(
             p, addr_width=p.addr_width, offset_width=len(offset))
-        base, in_range = slot_address.follow(m, ctl, en=en_c, index=index, location=location)
+        base, in_range = slot_address.follow(m, ctl, en=1, index=index, location=location)
         m.d.comb += slot_address.offset.eq(offset)
-        s3 = {name: delay(m, value, slot_address.latency, en_c, name=f"{name}_s3")
+        s3 = {name: delay(m, value, slot_address.latency, 1, name=f"{name}_s3")
               for name, value in s1.items()}
-        s3["gate"] = delay(m, gate, slot_address.latency, en_c, name="gate_s3")
+        s3["gate"] = delay(m, gate, slot_address.latency, 1, name="gate_s3")
         # top_k == 0 is held for the run: every pair is invalid.
         s3["valid"] = in_range & ~k_zero
 
-        tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
-                                        "end_pass": 1, "tail": 1})
-        reader = m.submodules.reader = RowReader(
-            lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
-            max_count=min(window, p.max_beats), tag_layout=tag_layout,
-            outstanding=p.max_outstanding)
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
-        cmd = reader.command
+        command = cmd_pipe.payload.command
         m.d.comb += [
-            cmd.valid.eq(cmd_ctl.o_valid),
-            cmd_ctl.o_ready.eq(cmd.ready),
-            cmd.payload.addr.eq(base),
-            cmd.payload.count.eq(s3["count"]),
-            cmd.payload.tail.eq(s3["tail"]),
-            cmd.payload.skip.eq(~s3["valid"]),
+            command.addr.eq(base),
+            command.count.eq(s3["count"]),
+            command.tail.eq(s3["tail"]),
+            command.skip.eq(~s3["valid"]),
+            # A pair is counted once, at the segment holding its row's first beat.
+            cmd_pipe.payload.counts_drop.eq(~s3["valid"] & (s3["beat"] == 0) & ~k_zero),
+            reader.command.valid.eq(cmd_pipe.o.valid),
+            reader.command.payload.eq(cmd_pipe.o.payload.command),
+            cmd_pipe.o.ready.eq(reader.command.ready),
             reader.last_enable.eq(last_en),
         ]
         for name in ("gate", "valid", "first", "final", "end_pass", "tail"):
-            m.d.comb += cmd.payload.tag[name].eq(s3[name])
-        # A pair is counted once, at the segment holding its row's first beat.
-        with m.If(cmd.valid & cmd.ready & ~s3["valid"] & (s3["beat"] == 0) & ~k_zero):
+            m.d.comb += command.tag[name].eq(s3[name])
+        # (counted a cycle later, off the handshake path)
+        drop = delay(m, cmd_pipe.o.valid & cmd_pipe.o.ready & cmd_pipe.o.payload.counts_drop,
+                     1, 1, name="drop")
+        with m.If(drop):
             m.d.sync += self.dropped.eq(self.dropped + 1)
 
-        # ---- gate multiply ---------------------------------------------------------------
+        # ---- gate multiply and accumulate: a pipeline that never stalls -------------------
+        # A beat enters when the output queue is sure to have room for it and its partial
+        # sum (if it needs one) is in the accumulator by the time it reads it; from there
+        # the multipliers, the accumulator and the adders run with enable constant 1, and
+        # the consumer's ``ready`` reaches only the output queue's skid buffer.
         beat = reader.beats
         tag = beat.payload.tag
-        mul_ctl = m.submodules.mul_ctl = PipelineControl(p.mul_latency)
-        en_m = mul_ctl.en
-        m.d.comb += [mul_ctl.i_valid.eq(beat.valid), beat.ready.eq(en_m)]
-        item = Signal(range(window))             # the item's accumulator entry
-        with m.If(beat.valid & beat.ready):
-            m.d.sync += item.eq(Mux(beat.payload.last & tag.end_pass, 0, item + 1))
+        out_layout = data.StructLayout({"out": p.data_layout(), "final": 1})
+        acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout)
+        item = Signal(range(window))             # the beat's accumulator entry
+        # pending: the entry's partial sum is not yet readable by a beat entering now.
+        # here: pending[item], kept as a register so that the hazard is one LUT of registers.
+        pending = Signal(window)
+        pending_here = Signal()
+        hazard = ~tag.first & pending_here
+        m.d.comb += [acc_pipe.i_valid.eq(beat.valid & ~hazard),
+                     beat.ready.eq(acc_pipe.i_ready & ~hazard)]
+        take = acc_pipe.take
+        item_next = Mux(beat.payload.last & tag.end_pass, 0, item + 1)
+        # An entry's partial sum is written back ``accumulate_latency`` cycles after its
+        # beat entered, and a beat reads the accumulator ``mul_read`` cycles after it
+        # entered, so an entry frees ``accumulate_loop`` cycles after it was taken.
+        freed = delay(m, take & ~tag.final, p.accumulate_loop - 1, 1, name="freed")
+        freed_item = delay(m, item, p.accumulate_loop - 1, 1, name="freed_item")
+        cleared = Signal(window)
+        m.d.comb += cleared.eq(Mux(freed, Const(1, window) << freed_item, 0))
+        with m.If(take):
+            m.d.sync += item.eq(item_next)
+        set_bits = Mux(take & ~tag.final, Const(1, window) << item, 0)
+        m.d.sync += pending.eq((pending | set_bits) & ~cleared)
+        # pending[next item] for the next cycle: a choice between two candidates that do not
+        # depend on ``take``.
+        if_taken = ((pending.bit_select(item_next, 1) | (~tag.final & (item_next == item))) &
+                    ~cleared.bit_select(item_next, 1))
+        if_kept = pending.bit_select(item, 1) & ~cleared.bit_select(item, 1)
+        m.d.sync += pending_here.eq(Mux(take, if_taken, if_kept))
+
+        # Operands registered next to the multipliers.
+        gate_m = delay(m, tag.gate, 1, 1, name="lane_gate")
         products = []
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(tag.gate), mul.b.eq(beat.payload.data[lane]), mul.en.eq(en_m)]
+            m.d.comb += [mul.a.eq(gate_m),
+                         mul.b.eq(delay(m, beat.payload.data[lane], 1, 1,
+                                        name=f"lane_data{lane}")),
+                         mul.en.eq(1)]
             products.append(mul.product)
-        m_item = delay(m, item, p.mul_latency, en_m, name="item_m")
-        m_valid = delay(m, tag.valid, p.mul_latency, en_m, name="valid_m")
-        m_first = delay(m, tag.first, p.mul_latency, en_m, name="first_m")
-        m_final = delay(m, tag.final, p.mul_latency, en_m, name="final_m")
-        m_enable = delay(m, beat.payload.enable, p.mul_latency, en_m, name="enable_m")
-        m_last = delay(m, beat.payload.last & tag.tail, p.mul_latency, en_m, name="last_m")
+        mul_read = p.mul_read_latency
+        m_item = delay(m, item, mul_read, 1, name="item_m")
+        m_valid = delay(m, tag.valid, mul_read, 1, name="valid_m")
+        m_first = delay(m, tag.first, mul_read, 1, name="first_m")
 
-        # ---- accumulate ------------------------------------------------------------------
+        # The accumulator is read with a registered address (the beat's entry) and the
+        # adder's operands are registered after the read.
         acc = m.submodules.acc = memory.Memory(
             shape=data.ArrayLayout(fmt.width, p.lanes), depth=window, init=[])
         acc_w = acc.write_port()
         acc_r = acc.read_port(domain="comb")
-        pending = Signal(window)                 # partial sum still in the adder
-        hazard = ~m_first & pending.bit_select(m_item, 1)
-        add_ctl = m.submodules.add_ctl = PipelineControl(p.add_latency)
-        en_a = add_ctl.en
-        m.d.comb += [
-            add_ctl.i_valid.eq(mul_ctl.o_valid & ~hazard),
-            mul_ctl.o_ready.eq(en_a & ~hazard),
-            acc_r.addr.eq(m_item),
-        ]
+        m.d.comb += acc_r.addr.eq(m_item)
         start_bits = 0 if self.SUM_START == "zero" else 1 << (fmt.width - 1)
         sums = []
         for lane in range(p.lanes):
             add = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"add{lane}"] = add
-            m.d.comb += [
-                add.a.eq(Mux(m_valid, products[lane], 0)),   # an invalid pair adds +0.0
-                add.b.eq(Mux(m_first, Const(start_bits, fmt.width), acc_r.data[lane])),
-                add.en.eq(en_a),
-            ]
+            # an invalid pair adds +0.0
+            term = delay(m, Mux(m_valid, products[lane], 0), 1, 1, name=f"term{lane}")
+            partial = delay(m, Mux(m_first, Const(start_bits, fmt.width), acc_r.data[lane]),
+                            1, 1, name=f"partial{lane}")
+            m.d.comb += [add.a.eq(term), add.b.eq(partial), add.en.eq(1)]
             sums.append(add.sum)
-        a_item = delay(m, m_item, p.add_latency, en_a, name="item_a")
-        a_final = delay(m, m_final, p.add_latency, en_a, name="final_a")
-        a_enable = delay(m, m_enable, p.add_latency, en_a, name="enable_a")
-        a_last = delay(m, m_last, p.add_latency, en_a, name="last_a")
-
-        skid = m.submodules.skid = SkidBuffer(p.data_layout())
-        write_back = add_ctl.o_valid & ~a_final
+        latency = p.accumulate_latency
         m.d.comb += [
-            skid.i.valid.eq(add_ctl.o_valid & a_final),
-            add_ctl.o_ready.eq(skid.i.ready | ~a_final),
-            skid.i.payload.enable.eq(a_enable),
-            skid.i.payload.last.eq(a_last),
-            acc_w.addr.eq(a_item),
-            acc_w.en.eq(write_back),
+            acc_w.addr.eq(delay(m, item, latency, 1, name="item_a")),
+            acc_w.en.eq(delay(m, take & ~tag.final, latency, 1, name="write_back")),
+            acc_pipe.payload.final.eq(delay(m, tag.final, latency, 1, name="final_a")),
+            acc_pipe.payload.out.enable.eq(delay(m, beat.payload.enable, latency, 1,
+                                                 name="enable_a")),
+            acc_pipe.payload.out.last.eq(delay(m, beat.payload.last & tag.tail, latency, 1,
+                                               name="last_a")),
         ]
         for lane, value in enumerate(sums):
-            m.d.comb += [skid.i.payload.data[lane].eq(value), acc_w.data[lane].eq(value)]
-        wiring.connect(m, skid.o, wiring.flipped(self.data))
-        # Clear on write-back, set on entry (an entry never meets its own write-back).
-        with m.If(write_back):
-            m.d.sync += pending.bit_select(a_item, 1).eq(0)
-        with m.If(add_ctl.i_valid & en_a & ~m_final):
-            m.d.sync += pending.bit_select(m_item, 1).eq(1)
+            m.d.comb += [acc_pipe.payload.out.data[lane].eq(value), acc_w.data[lane].eq(value)]
+        # Partial sums leave the queue too and vanish at its output.
+        out = acc_pipe.o
+        m.d.comb += [
+            self.data.valid.eq(out.valid & out.payload.final),
+            self.data.payload.eq(out.payload.out),
+            out.ready.eq(self.data.ready | ~out.payload.final),
+        ]
 
         # ---- control -----------------------------------------------------------------------
         beats_in = (self.hidden + (p.lanes - 1)) >> lanes_log2
@@ -457,20 +560,32 @@ class CombineGatherUnit(wiring.Component):
         items_in = Signal(range(max_items + 1))
         m.d.comb += items_in.eq(pipelined_product(m, ctl.size("tokens"), held_beats, en=1,
                                                   dsp=p.dsp, name="items"))
-        m.d.comb += ctl.finished.eq(running & ~gen_active & ~cmd_ctl.busy & ~reader.busy &
-                                    ~mul_ctl.busy & ~add_ctl.busy & ~skid.o.valid)
         with m.If(ctl.accept):
             m.d.sync += [
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
-                headers_in.eq(0), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
-                cur_beat.eq(0), pass_k.eq(0),
-                item.eq(0), pending.eq(0), self.dropped.eq(0),
+                headers_in.eq(0), headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
+                fill.eq(0), avail.eq(0), room.eq(1), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
+                cur_beat.eq(0), pass_k.eq(0), last_pass.eq(self.top_k <= 1),
+                to_end.eq(beats_in), win_to_end.eq(beats_in),
+                item.eq(0), pending.eq(0), pending_here.eq(0), self.dropped.eq(0),
             ]
+        # The first window, from the items (tokens * beats): sized in the two cycles before
+        # the first header can be in the ring (the run begins, a header is taken).
+        first_items = Signal.like(items_in)
+        first_less = Signal.like(after_less)     # items - window
+        sizing = delay(m, ctl.begin, 1, 1, name="sizing")
         with m.If(ctl.begin):
+            m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window)]
+        with m.If(sizing):
+            first_short = first_less[-1]
+            first_len = Mux(first_short, first_items, window)
             m.d.sync += [
-                gen_active.eq(1), remaining.eq(items_in),
-                win_len.eq(Mux(items_in < window, items_in, window)),
-                pass_left.eq(Mux(items_in < window, items_in, window)),
+                gen_active.eq(1), win_len.eq(first_len), pass_left.eq(first_len),
+                after.eq(Mux(first_short, 0, first_less)),
+                after_less.eq(Mux(first_short, -window, first_less - window)),
+                last_window.eq(first_short | (first_less == 0)),
             ]
+        m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
+                                    ~reader.busy & ~acc_pipe.busy)
         return m
