@@ -1,8 +1,8 @@
 """Stream plumbing: skid buffers, fixed-latency pipeline control and the free-running credit
 pipeline, written once and reused."""
 
-from .credit import CreditPipeline
+from .credit import CreditPipeline, RingQueue
 from .pipeline import PipelineControl, delay
 from .skid import SkidBuffer
 
-__all__ = ["CreditPipeline", "PipelineControl", "delay", "SkidBuffer"]
+__all__ = ["CreditPipeline", "PipelineControl", "RingQueue", "delay", "SkidBuffer"]
