@@ -65,7 +65,7 @@ run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
 (``overhead(L) = lead + max(2, 1 + L) + result_latency + 4``, ``lead = setup + 1 +
 slot_latency + 2``, ``result_latency = 2 + mul_latency + (1 + levels) * add_latency``:
 12 + (1 + L) + 48 + 4 = L + 65 at the defaults with L >= 1). The ideal is ``P * B``; the
-excess (a partial last group's padding, the pipeline) is fixed per run. Full rate needs
+excess (a partial last group's padding, the pipeline) is fixed per run. Full rate holds with
 ``max_outstanding >= read_latency + 2``.
 
 Pipeline: run setup (P = tokens * top_k on a pipelined product of the held sizes, in the
@@ -73,8 +73,8 @@ run control's setup cycles); the header queue (the shared
 :class:`~moe_hw.blocks.slot_address.SlotAddress`, mask and ``slot = index*C + location``, then
 ``slot*H``, free-running inside a :class:`~moe_hw.stream.CreditPipeline` whose output register
 holds the front pair; the pair's ``i*H`` is counted as it is taken); issue (the group's pairs
-in a G-entry distributed-RAM table, read one item ahead into a register; a per-round beat
-offset; the last-beat flag registered; two read requests into skid buffers, a descriptor into
+in a G-entry distributed-RAM table, read one item ahead into a register, each item writing
+back its pair's addresses of the next beat; the last-beat flag registered; two read requests into skid buffers, a descriptor into
 a queue of ``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a
 datapath); join (the front descriptor with both responses, in its ring slot); an operand
 register and ``lanes`` multipliers; a product register (+0.0 for a lane without data);
@@ -314,12 +314,13 @@ class DispatchBackwardGateUnit(wiring.Component):
         next_member = Signal(range(group))       # the member after it
         last_member = Signal()                   # member == G - 1
         first_beat = Signal()                    # the round of beat 0 (takes the headers)
-        beat_offset = Signal(max(p.input_addr_width, p.grad_addr_width))   # beat * lanes
-        # The group's pairs, one entry per member, written on beat 0: the row addresses,
-        # whether the pair reads, whether it is a pair at all. The entry of the next member is
-        # read one item ahead into ``ahead`` (distributed RAM, read at a register), so that an
-        # item's fields are registers. Written at an item's issue, an entry is next read at
-        # the issue of the item G - 1 later: at least a cycle later (G >= 2).
+        # The group's pairs, one entry per member: the addresses of the pair's next beat in
+        # both rows, whether the pair reads, whether it is a pair at all; every item writes
+        # its pair's entry back with the addresses a beat on (the adder is off the issue
+        # path). The entry of the next member is read one item ahead into ``ahead``
+        # (distributed RAM, read at a register), so that an item's fields are registers.
+        # Written at an item's issue, an entry is next read at the issue of the item G - 1
+        # later: at least a cycle later (G >= 2).
         entry_layout = data.StructLayout({"grad": p.grad_addr_width,
                                           "input": p.input_addr_width,
                                           "live": 1, "real": 1})
@@ -344,9 +345,8 @@ class DispatchBackwardGateUnit(wiring.Component):
         m.d.comb += [
             live.eq(Mux(first_beat, need_header & h.in_range, ahead.live)),
             real.eq(Mux(first_beat, need_header, ahead.real)),
-            # beat_offset is 0 on beat 0.
-            grad_addr.eq(Mux(first_beat, h.address, ahead.grad + beat_offset)),
-            input_addr.eq(Mux(first_beat, input_base, ahead.input + beat_offset)),
+            grad_addr.eq(Mux(first_beat, h.address, ahead.grad)),
+            input_addr.eq(Mux(first_beat, input_base, ahead.input)),
         ]
         reads = Signal()
         enable = Signal(p.lanes)
@@ -381,11 +381,10 @@ class DispatchBackwardGateUnit(wiring.Component):
         # The group just issued was the last: no header is left once this item's is taken.
         no_pairs_after = ~more_pairs | (take_header & last_pair)
 
-        item = Signal(entry_layout)              # the item's pair, as the table keeps it
-        m.d.comb += [item.grad.eq(Mux(first_beat, h.address, ahead.grad)),
-                     item.input.eq(Mux(first_beat, input_base, ahead.input)),
+        item = Signal(entry_layout)              # the item's pair, a beat on
+        m.d.comb += [item.grad.eq(grad_addr + p.lanes), item.input.eq(input_addr + p.lanes),
                      item.live.eq(live), item.real.eq(real)]
-        m.d.comb += [table_write.en.eq(issue & first_beat), table_write.addr.eq(member),
+        m.d.comb += [table_write.en.eq(issue), table_write.addr.eq(member),
                      table_write.data.eq(item)]
         with m.If(issue):
             m.d.sync += ahead.eq(table_read.data)
@@ -405,11 +404,11 @@ class DispatchBackwardGateUnit(wiring.Component):
                          last_member.eq(next_member == group - 1)]
             with m.If(last_member):
                 with m.If(last_beat):
-                    m.d.sync += [first_beat.eq(1), beat_offset.eq(0)]
+                    m.d.sync += first_beat.eq(1)
                     with m.If(no_pairs_after):
                         m.d.sync += issuing.eq(0)
                 with m.Else():
-                    m.d.sync += [first_beat.eq(0), beat_offset.eq(beat_offset + p.lanes)]
+                    m.d.sync += first_beat.eq(0)
 
         m.d.comb += [
             input_skid.i.valid.eq(issue & reads),
@@ -522,7 +521,7 @@ class DispatchBackwardGateUnit(wiring.Component):
                 headers_left.eq(pairs), headers_open.eq(1),
                 pairs_left.eq(pairs), more_pairs.eq(1), last_pair.eq(pairs == 1),
                 member.eq(0), next_member.eq(1), last_member.eq(0),
-                first_beat.eq(1), beat_offset.eq(0), issuing.eq(1),
+                first_beat.eq(1), issuing.eq(1),
                 ring.eq(1), fresh.eq(1),
             ]
         return m
