@@ -27,8 +27,6 @@ stage longer than one carry chain. One pair per enabled cycle. ``dsp`` chooses t
 multiplier blocks as for the float multiplier (``"ecp5"``: MULT18X18D with registers on).
 """
 
-from types import SimpleNamespace
-
 from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
@@ -36,10 +34,9 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.product import DSP_TARGETS, pipelined_product, product_latency
 from ..params import check_choice, check_int
-from ..stream import CreditPipeline, PipelineControl, delay
+from ..stream import CreditPipeline, delay
 
-__all__ = ["SlotAddress", "header_slot_queue", "header_slot_stage", "slot_latency",
-           "slot_widths"]
+__all__ = ["SlotAddress", "header_slot_queue", "slot_latency", "slot_widths"]
 
 
 def slot_widths(max_experts, max_capacity, max_hidden):
@@ -140,37 +137,15 @@ class SlotAddress(wiring.Component):
         return m
 
 
-def header_slot_stage(m, header, control, params, *, open, addr_width):
-    """The header stream of a unit that addresses the expert buffer, through the slot
-    address: a :class:`~moe_hw.stream.PipelineControl` of :func:`slot_latency` stages
-    (submodule ``header_ctl``) and the :class:`SlotAddress` (submodule ``slot_address``).
-
-    ``header`` is the unit's input stream (payload fields ``index`` and ``location``),
-    ``control`` its :class:`~moe_hw.blocks.run_control.RunControl`, ``params`` its
-    parameters (``index_width`` and the maxima); headers are taken while ``open`` is high.
-    Returns ``ctl`` (the pipeline control: ``o_valid``, ``o_ready``, ``en``, ``busy``),
-    ``address`` and ``in_range``, aligned with ``ctl.o_valid``.
-    """
-    ctl = m.submodules.header_ctl = PipelineControl(slot_latency(params))
-    m.d.comb += [
-        ctl.i_valid.eq(header.valid & open),
-        header.ready.eq(ctl.en & open),
-    ]
-    slot_address = m.submodules.slot_address = SlotAddress.for_params(params,
-                                                                      addr_width=addr_width)
-    address, in_range = slot_address.follow(m, control, en=ctl.en,
-                                            index=header.payload.index,
-                                            location=header.payload.location)
-    return SimpleNamespace(ctl=ctl, address=address, in_range=in_range)
-
-
 def header_slot_queue(m, header, control, params, *, open, addr_width, carry=()):
     """The header stream of a unit that addresses the expert buffer, through the slot
     address in a pipeline that never stalls: the :class:`SlotAddress` (submodule
     ``slot_address``, enable constant 1) inside a :class:`~moe_hw.stream.CreditPipeline`
     (submodule ``header_queue``), whose queue holds the addressed headers.
 
-    ``header``, ``control``, ``params`` and ``open`` are as for :func:`header_slot_stage`;
+    ``header`` is the unit's input stream (payload fields ``index`` and ``location``),
+    ``control`` its :class:`~moe_hw.blocks.run_control.RunControl`, ``params`` its
+    parameters (``index_width`` and the maxima); headers are taken while ``open`` is high.
     ``carry`` names header payload fields that travel with the address (for example the
     gate). Returns the :class:`~moe_hw.stream.CreditPipeline`: its stream ``o`` has payload
     fields ``address``, ``in_range`` and the ``carry`` fields; its output register holds the

@@ -217,8 +217,8 @@ class DispatchBackwardGate(Unit):
         return self._pairs(problem) * -(-problem["input"].shape[1] // params.lanes)
 
     def cycles(self, problem, params):
-        """:meth:`DispatchBackwardGateParams.cycles` (groups of G pairs, the flush round and
-        the pipeline; 1 without pairs)."""
+        """:meth:`DispatchBackwardGateParams.cycles` (groups of G pairs and the pipeline;
+        ``EMPTY_CYCLES`` without pairs)."""
         return params.cycles(self._pairs(problem), problem["input"].shape[1],
                              problem["memory_latency"], reads=self._reads(problem))
 

@@ -1,8 +1,9 @@
 """Stream plumbing: skid buffers, fixed-latency pipeline control and the free-running credit
 pipeline, written once and reused."""
 
-from .credit import CreditPipeline
+from .credit import CreditPipeline, RingQueue
 from .pipeline import PipelineControl, delay, replicated
 from .skid import SkidBuffer
 
-__all__ = ["CreditPipeline", "PipelineControl", "delay", "replicated", "SkidBuffer"]
+__all__ = ["CreditPipeline", "PipelineControl", "RingQueue", "delay", "replicated",
+           "SkidBuffer"]

@@ -34,6 +34,9 @@ Ports:
 
 Latency, stall-free: ``latency`` (the datapath) + 2 (the queue's write, the skid buffer's
 output register) cycles from ``take`` to ``o.valid``.
+
+The queue on its own is :class:`RingQueue`, for a writer that guarantees room by other means
+(combine_scatter's in-flight count bounds what its product and write queues hold).
 """
 
 from amaranth.hdl import Module, Mux, Signal
@@ -44,7 +47,63 @@ from amaranth.utils import ceil_log2
 from .pipeline import delay
 from .skid import SkidBuffer
 
-__all__ = ["CreditPipeline"]
+__all__ = ["CreditPipeline", "RingQueue"]
+
+
+class RingQueue(wiring.Component):
+    """The queue of :class:`CreditPipeline`, for a writer that guarantees room by other
+    means: a ring in distributed RAM, written whenever ``w_en`` is high (no full check: the
+    write enable goes straight to the RAM, so it should be a register), first-word
+    fall-through into a :class:`~moe_hw.stream.SkidBuffer` that drives ``o``. The ring's read
+    enable is the skid buffer's registered ``ready``, so ``o.ready`` reaches only the skid
+    buffer's output register. ``read`` (out) is high in a cycle an entry leaves the ring for
+    the skid buffer. ``depth``: the entries the writer may have in the ring at once (rounded
+    up to a power of two); the skid buffer holds two more.
+
+    Latency: an entry written in cycle c is on ``o`` from cycle c + :attr:`LATENCY`.
+    """
+
+    #: Cycles from a write to ``o.valid``.
+    LATENCY = 2
+
+    def __init__(self, shape, depth):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, not {depth!r}")
+        self.depth = depth
+        super().__init__({"w_en": In(1), "w_data": In(shape),
+                          "o": Out(stream.Signature(shape)), "read": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        out = m.submodules.out = SkidBuffer(self.w_data.shape())
+        slots = 1 << ceil_log2(self.depth)
+        storage = m.submodules.storage = memory.Memory(
+            shape=len(self.w_data.as_value()), depth=slots, init=[])
+        w_port = storage.write_port()
+        r_port = storage.read_port(domain="comb")
+        w_ptr = Signal(range(slots), name="w_ptr")
+        r_ptr = Signal(range(slots), name="r_ptr")
+        items = Signal(range(slots + 1), name="items")
+        ready = Signal(name="queue_ready")        # the ring holds an entry
+        m.d.comb += [
+            self.read.eq(ready & out.i.ready),
+            w_port.addr.eq(w_ptr), w_port.data.eq(self.w_data.as_value()),
+            w_port.en.eq(self.w_en),
+            r_port.addr.eq(r_ptr),
+            out.i.valid.eq(ready), out.i.payload.eq(r_port.data),
+        ]
+        with m.If(self.w_en):
+            m.d.sync += w_ptr.eq(w_ptr + 1)
+        with m.If(self.read):
+            m.d.sync += r_ptr.eq(r_ptr + 1)
+        fills = self.w_en & ~self.read
+        drains = ~self.w_en & self.read
+        m.d.sync += [
+            items.eq(Mux(fills, items + 1, Mux(drains, items - 1, items))),
+            ready.eq(Mux(fills, 1, Mux(drains, items > 1, items != 0))),
+        ]
+        wiring.connect(m, out.o, wiring.flipped(self.o))
+        return m
 
 
 class CreditPipeline(wiring.Component):
@@ -53,7 +112,7 @@ class CreditPipeline(wiring.Component):
     ``latency + 3`` for one item per cycle (the default)."""
 
     #: Cycles the queue adds from the datapath's output to ``o.valid``.
-    QUEUE_LATENCY = 2
+    QUEUE_LATENCY = RingQueue.LATENCY
     #: Cycles from the last item leaving ``o`` to ``busy`` low, beyond the one of a
     #: combinational flag (``busy`` is a register).
     IDLE_LATENCY = 1
@@ -74,40 +133,15 @@ class CreditPipeline(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        out = m.submodules.out = SkidBuffer(self.payload.shape())
         m.d.comb += self.take.eq(self.i_valid & self.i_ready)
         arrives = delay(m, self.take, self.latency, 1, name="arrives")
 
-        # The queue: a distributed-RAM ring written straight from the pipeline (the credits
-        # guarantee room, so the write enable is the ``arrives`` register itself) and read
-        # into the skid buffer whenever it has room (its ``ready`` is a register too).
-        slots = 1 << ceil_log2(self.depth)
-        storage = m.submodules.queue = memory.Memory(
-            shape=len(self.payload.as_value()), depth=slots, init=[])
-        w_port = storage.write_port()
-        r_port = storage.read_port(domain="comb")
-        w_ptr = Signal(range(slots), name="w_ptr")
-        r_ptr = Signal(range(slots), name="r_ptr")
-        items = Signal(range(slots + 1), name="items")
-        ready = Signal(name="queue_ready")        # the queue holds an item
-        reads = ready & out.i.ready
-        m.d.comb += [
-            w_port.addr.eq(w_ptr), w_port.data.eq(self.payload.as_value()),
-            w_port.en.eq(arrives),
-            r_port.addr.eq(r_ptr),
-            out.i.valid.eq(ready), out.i.payload.eq(r_port.data),
-        ]
-        with m.If(arrives):
-            m.d.sync += w_ptr.eq(w_ptr + 1)
-        with m.If(reads):
-            m.d.sync += r_ptr.eq(r_ptr + 1)
-        fills = arrives & ~reads
-        drains = ~arrives & reads
-        m.d.sync += [
-            items.eq(Mux(fills, items + 1, Mux(drains, items - 1, items))),
-            ready.eq(Mux(fills, 1, Mux(drains, items > 1, items != 0))),
-        ]
-        wiring.connect(m, out.o, wiring.flipped(self.o))
+        # The queue, written straight from the pipeline (the credits guarantee room, so the
+        # write enable is the ``arrives`` register itself).
+        queue = m.submodules.queue = RingQueue(self.payload.shape(), self.depth)
+        m.d.comb += [queue.w_en.eq(arrives), queue.w_data.eq(self.payload)]
+        wiring.connect(m, queue.o, wiring.flipped(self.o))
+        reads = queue.read
         # The credits: items taken and not yet out of the queue. An item that leaves the
         # queue is subtracted a cycle later (the count is then one too high for a cycle,
         # never too low), and the next ``i_ready`` is a choice between two compares of the
@@ -122,6 +156,6 @@ class CreditPipeline(wiring.Component):
         # busy: a register (the count is zero, or about to be, and nothing waits in the
         # skid buffer), a cycle behind the items.
         idle = Signal()
-        m.d.sync += idle.eq(((count == 0) | ((count == 1) & shrinks)) & ~grows & ~out.o.valid)
+        m.d.sync += idle.eq(((count == 0) | ((count == 1) & shrinks)) & ~grows & ~self.o.valid)
         m.d.comb += self.busy.eq(~idle)
         return m

@@ -90,10 +90,11 @@ token history compare; the slot's in-flight limit; its thermometer; the row addr
 ``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
 enable depends on registers only); the current-slot register walks ``addr``; issue (read
 request into a skid buffer, in-flight count; an operand register and ``lanes`` multipliers
-``gate * element``, free-running); the products wait in a FIFO (``max_outstanding`` deep,
-never full: at most ``max_outstanding`` beats are in flight) for the read data; ``lanes``
-adders form ``old + product``, free-running too, into a write FIFO (``max_outstanding``
-deep, never full for the same reason) that drives ``write``. The issue decision
+``gate * element``, free-running); the products wait in a FIFO (a
+:class:`~moe_hw.stream.RingQueue`, ``max_outstanding`` deep, without a full check: at most
+``max_outstanding`` beats are in flight, and its write enable is a register) for the read
+data; ``lanes`` adders form ``old + product``, free-running too, into a write FIFO (a
+:class:`~moe_hw.stream.RingQueue` likewise) that drives ``write``. The issue decision
 (``data.ready``) is a function of registers only; no stall enable fans out to the
 arithmetic pipelines.
 """
@@ -104,7 +105,6 @@ from functools import reduce
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
@@ -116,12 +116,12 @@ from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import PipelineControl, RingQueue, SkidBuffer, delay
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
 
-#: FIFO latency: an entry written in cycle c is readable from cycle c + 2 (SyncFIFOBuffered).
-_FIFO_LATENCY = 2
+#: Queue latency: an entry written in cycle c is on the queue's output from cycle c + 2.
+_FIFO_LATENCY = RingQueue.LATENCY
 
 
 @dataclass(frozen=True)
@@ -507,10 +507,11 @@ class CombineScatterUnit(wiring.Component):
         ]
         m_valid = delay(m, issue, product_delay, always, name="m_valid")
 
-        fifo = m.submodules.product_fifo = SyncFIFOBuffered(width=product_layout.size,
-                                                            depth=depth)
-        m.d.comb += [fifo.w_en.eq(m_valid), fifo.w_data.eq(products.as_value())]
-        head = data.View(product_layout, fifo.r_data)
+        # The queues are distributed-RAM rings without a full check (their write enables are
+        # registers): the in-flight count bounds what they hold.
+        fifo = m.submodules.product_fifo = RingQueue(product_layout, depth)
+        m.d.comb += [fifo.w_en.eq(m_valid), fifo.w_data.eq(products)]
+        head = fifo.o.payload
 
         # ---- join the read data with the product, add ---------------------------------------
         # The adders run freely too, into a FIFO that always has room: the adders and the
@@ -518,12 +519,11 @@ class CombineScatterUnit(wiring.Component):
         # its write is taken). No stall enable fans out to the adder pipelines.
         join = Signal()
         m.d.comb += [
-            join.eq(fifo.r_rdy & self.read_data.valid),
-            fifo.r_en.eq(join),
-            self.read_data.ready.eq(fifo.r_rdy),
+            join.eq(fifo.o.valid & self.read_data.valid),
+            fifo.o.ready.eq(join),
+            self.read_data.ready.eq(fifo.o.valid),
         ]
-        write_fifo = m.submodules.write_fifo = SyncFIFOBuffered(
-            width=p.write_layout().size, depth=depth)
+        write_fifo = m.submodules.write_fifo = RingQueue(p.write_layout(), depth)
         sums = Signal(p.write_layout())
         for lane in range(p.lanes):
             add = FloatAdderCore(p.format, p.add_latency)
@@ -536,10 +536,8 @@ class CombineScatterUnit(wiring.Component):
             sums.enable.eq(delay(m, head.enable, p.add_latency, always, name="a_enable")),
             write_fifo.w_en.eq(delay(m, join, p.add_latency, always, name="a_valid")),
             write_fifo.w_data.eq(sums),
-            self.write.valid.eq(write_fifo.r_rdy),
-            self.write.payload.eq(write_fifo.r_data),
-            write_fifo.r_en.eq(self.write.ready),
         ]
+        wiring.connect(m, wiring.flipped(self.write), write_fifo.o)
 
         # ---- control ---------------------------------------------------------------------------
         m.d.comb += ctl.finished.eq(running & (slots_left == 0) & inflight[0])

@@ -38,49 +38,56 @@ after start, no stream is read. With ``hidden``, ``capacity`` or ``num_experts``
 pair still gets its +0.0 result (an empty sum, or a dropped pair), and nothing is read.
 
 The loop-carried dependency: a lane partial needs its previous sum, which takes
-``add_latency`` (= L) cycles to come out of the adder. The unit therefore interleaves G = L
-pairs: pairs are taken in groups of G, and within a group the beats are issued round-robin,
-``for beat b: for pair g in the group: (g, b)``. Each lane's adder advances only when an item
-enters it, so the sum that leaves it is always the one that entered G items earlier, i.e.
-the same pair's previous beat: it is fed straight back (``+0.0`` instead on beat 0). A
-pair's final partials leave the adders when its last beat's successor G items later enters;
-they go into the ``lanes - 1`` adder tree. Every pair of a group has the same number of
+``add_latency`` (= L) cycles to come out of the adder and one more through the feedback
+register in front of the adder's input. The unit therefore interleaves G = L + 1 pairs:
+pairs are taken in groups of G, and within a group the beats are issued round-robin,
+``for beat b: for pair g in the group: (g, b)``. The multipliers, the adders and the tree run
+freely (no clock enable, no stall): each lane's adder and feedback register form a ring of G
+slots that turns every cycle, and item n of a run (counted from the run's first reading item
+n0) enters the ring in its slot, n - n0 modulo G after that item's, so that a pair's beats
+always meet their own partial (the first beat restarts it from +0.0). A cycle without an
+item (a stall) is a bubble: it adds +0.0, which leaves a partial unchanged (a partial is never
+-0.0: it starts at +0.0, and a rounded sum is -0.0 only when both addends are, so
+``x + (+0.0) = x`` for every x, NaN included); after a stall an item waits for its slot to
+come round (at most G - 1 cycles). A pair's final partials leave the adders L cycles after its
+last beat entered; the tree takes them then. Every pair of a group has the same number of
 beats, so results leave in pair order. The last group is padded to G with dummy pairs (no
-reads, not output), and one round of G dummy items pushes the last results out. Invalid
-pairs travel the same way (no reads, products forced to +0.0), so the cycle count depends
-only on the problem size. A lane past H on the last beat adds +0.0, which leaves a partial
-unchanged: a partial is never -0.0 (it starts at +0.0, and a rounded sum is -0.0 only when
-both addends are), so ``x + (+0.0) = x`` for every x, NaN included.
+reads, not output). Invalid pairs travel the same way but read nothing and touch no partial
+(their result is +0.0), so the cycle count depends only on the problem size. A lane past H on
+the last beat adds +0.0.
 
 Throughput and exact cycle count: one beat per cycle. Stall-free (streams and memory, read
 latency ``read_latency``: a request taken in cycle c is answered from cycle c + latency), a
 run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
-``ceil(P / G) * G * B + G`` items at one per cycle, and takes exactly
+``ceil(P / G) * G * B`` items at one per cycle, and takes exactly
 ``DispatchBackwardGateParams.cycles(P, H, read_latency)`` cycles from the start cycle to the cycle
 ``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``
-(``overhead(L) = lead + G - 1 + max(2, 1 + L) + mul_latency + levels * add_latency + 3``,
-``lead = setup + 1 + slot_latency + 1``: 11 + 10 + (1 + L) + 12 + 22 + 3 = L + 59 at the
-defaults with L >= 1). The ideal is ``P * B``; the excess (a partial last group's padding, the
-flush round, the
-pipeline) is fixed per run. Full rate needs ``max_outstanding >= read_latency + 2``.
+(``overhead(L) = lead + max(2, 1 + L) + result_latency + 4``, ``lead = setup + 1 +
+slot_latency + 2``, ``result_latency = 2 + mul_latency + (1 + levels) * add_latency``:
+12 + (1 + L) + 48 + 4 = L + 65 at the defaults with L >= 1). The ideal is ``P * B``; the
+excess (a partial last group's padding, the pipeline) is fixed per run. Full rate holds with
+``max_outstanding >= read_latency + 2``.
 
 Pipeline: run setup (P = tokens * top_k on a pipelined product of the held sizes, in the
-run control's setup cycles); header stages (the shared
-:class:`~moe_hw.blocks.slot_address.SlotAddress`: mask and ``slot = index*C + location``,
-then ``slot*H``) and a skid buffer (the pair's ``i*H`` is counted as it enters); issue (the
-group's pairs in a G-entry distributed-RAM table, read one item ahead into a register; a
-per-round beat offset; the last-beat flag registered; two read requests into skid buffers, a
-descriptor into a FIFO of
-``max_outstanding``); join
-(the descriptor with both responses); ``lanes`` multipliers; ``lanes`` accumulating adders;
-the adder tree; a skid buffer drives ``grad_gate``.
+run control's setup cycles); the header queue (the shared
+:class:`~moe_hw.blocks.slot_address.SlotAddress`, mask and ``slot = index*C + location``, then
+``slot*H``, free-running inside a :class:`~moe_hw.stream.CreditPipeline` whose output register
+holds the front pair; the pair's ``i*H`` is counted as it is taken); issue (the group's pairs
+in a G-entry distributed-RAM table, read one item ahead into a register, each item writing
+back its pair's addresses of the next beat; the last-beat flag registered; two read requests into skid buffers, a descriptor into
+a queue of ``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a
+datapath); join (the front descriptor with both responses, in its ring slot); an operand
+register and ``lanes`` multipliers; a product register (+0.0 for a lane without data);
+``lanes`` adders with their feedback registers; the adder tree; all of it free-running into
+the output queue (a :class:`~moe_hw.stream.CreditPipeline`: a pair's last beat joins only
+with a credit for its result), whose skid buffer drives ``grad_gate``: the consumer's
+``ready`` reaches only that buffer's output register.
 """
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 from amaranth.utils import bits_for, ceil_log2
@@ -92,15 +99,11 @@ from ..arith.product import pipelined_product, product_latency
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
-from ..blocks.slot_address import header_slot_stage, slot_latency
+from ..blocks.slot_address import header_slot_queue, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, SkidBuffer, delay
 
 __all__ = ["DispatchBackwardGateParams", "DispatchBackwardGateUnit"]
-
-#: FIFO latency: an entry written in cycle c is readable from cycle c + 2 (SyncFIFOBuffered).
-_FIFO_LATENCY = 2
-
 
 @dataclass(frozen=True)
 class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
@@ -133,8 +136,9 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
 
     @property
     def interleave(self):
-        """G: the pairs accumulated round-robin (the adder latency)."""
-        return self.add_latency
+        """G: the pairs accumulated round-robin: a lane's partial goes round its adder and
+        the feedback register in ``add_latency + 1`` cycles."""
+        return self.add_latency + 1
 
     @property
     def tree_levels(self):
@@ -171,40 +175,49 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
 
     @property
     def header_latency(self):
-        """Cycles of the header pipeline: the slot address, then the pair skid buffer."""
-        return slot_latency(self) + 1
+        """Cycles of the header pipeline: the slot address and the header queue (a
+        :class:`~moe_hw.stream.CreditPipeline`, whose output register holds the front
+        pair)."""
+        return slot_latency(self) + CreditPipeline.QUEUE_LATENCY
 
     @property
     def lead(self):
         """Cycles from the start cycle to the first item's issue: the start cycle, the setup
-        cycles, the header pipeline (``setup + 1 + header_latency``; 11 at the default
-        maxima)."""
+        cycles, the header pipeline (``setup + 1 + header_latency``)."""
         return self.setup + 1 + self.header_latency
 
     def join_delay(self, read_latency, reads=True):
         """Stall-free cycles from an item's issue to its join with its read data. Joins are
         in order, so an item without reads waits as long as the reading items before it:
         the read round trip (request skid buffer, memory) if any item of the run reads, else
-        the FIFO latency."""
-        return max(_FIFO_LATENCY, 1 + read_latency) if reads else _FIFO_LATENCY
+        the descriptor queue's latency."""
+        queue = CreditPipeline.QUEUE_LATENCY
+        return max(queue, 1 + read_latency) if reads else queue
+
+    @property
+    def result_latency(self):
+        """Cycles from the join of a pair's last item to its result at the output queue's
+        input: the operand register, the multiplier, the product register, the lane's last
+        addition, the tree."""
+        return 2 + self.mul_latency + (1 + self.tree_levels) * self.add_latency
 
     def cycles(self, pairs, hidden, read_latency, *, reads=True):
         """Exact stall-free cycles of a run of ``pairs`` pairs, from the start cycle to the
         cycle ``done`` is first seen (``EMPTY_CYCLES`` when there are no pairs). ``reads``:
-        whether any pair
-        reads (it is valid and H > 0).
+        whether any pair reads (it is valid and H > 0).
 
         With G = :attr:`interleave`, B = ``max(1, ceil(H / lanes))``, ``groups =
         ceil(pairs / G)`` and r = ``pairs - (groups - 1) * G`` real pairs in the last group,
-        the items issue one per cycle from cycle ``lead``: ``groups * G * B`` group items,
-        then the G flush items. The last pair's partials leave the adders when flush item
-        ``r - 1`` enters them (issue + join delay + multiplier); the tree and the output
-        skid buffer follow (``levels * add_latency + 1``) unless the remaining ``G - r``
-        flush items take longer to clear the multiplier; then the ``finished`` cycle and the
+        the items issue one per cycle from cycle ``lead``, ``groups * G * B`` of them; the
+        last real pair's last item is number ``groups*G*B - (G - r) - 1``. Its result
+        reaches the output queue ``join_delay + result_latency`` cycles after its issue;
+        then the queue, the cycle the result leaves it, the queue's idle register and the
         done register::
 
-            lead + groups*G*B + (r - 1) + join_delay + mul_latency
-                 + max(levels*add_latency + 1, G - r) + 2
+            lead + groups*G*B - (G - r) - 1 + join_delay + result_latency
+                 + QUEUE_LATENCY + 1 + IDLE_LATENCY + 1
+
+        (the dummy items after it join within G cycles, long before the result leaves).
         """
         if pairs == 0:
             return EMPTY_CYCLES
@@ -212,15 +225,16 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
         beats = max(1, -(-hidden // self.lanes))
         groups = -(-pairs // g)
         last_members = pairs - (groups - 1) * g
-        return (self.lead + groups * g * beats + last_members - 1 +
-                self.join_delay(read_latency, reads) + self.mul_latency +
-                max(self.tree_levels * self.add_latency + 1, g - last_members) + 2)
+        last_item = groups * g * beats - (g - last_members) - 1
+        return (self.lead + last_item + self.join_delay(read_latency, reads) +
+                self.result_latency + CreditPipeline.QUEUE_LATENCY + 1 +
+                CreditPipeline.IDLE_LATENCY + 1)
 
     def overhead(self, read_latency):
         """Stall-free cycles beyond ``pairs * B`` when ``pairs`` is a multiple of G (whole
         groups) and some pair reads: :meth:`cycles` with r = G."""
-        return (self.lead + self.interleave - 1 + self.join_delay(read_latency) +
-                self.mul_latency + self.tree_levels * self.add_latency + 1 + 2)
+        return (self.lead + self.join_delay(read_latency) + self.result_latency +
+                CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
 
 class DispatchBackwardGateUnit(wiring.Component):
@@ -257,7 +271,6 @@ class DispatchBackwardGateUnit(wiring.Component):
         p = self.params
         lanes_log2 = ceil_log2(p.lanes)
         group = p.interleave
-        depth = p.max_outstanding
         max_beats = max(1, -(-p.max_hidden // p.lanes))
         all_lanes = (1 << p.lanes) - 1
 
@@ -277,42 +290,23 @@ class DispatchBackwardGateUnit(wiring.Component):
         headers_left = Signal.like(pairs)
         headers_open = Signal()                  # headers_left != 0, as a register
 
-        # ---- header pipeline: mask and slot, then the grad_dispatch row address ---------------
-        stage = header_slot_stage(m, self.header, ctl, p, open=running & headers_open,
-                                  addr_width=p.grad_addr_width)
-        header_ctl = stage.ctl
-        with m.If(self.header.valid & self.header.ready):
+        # ---- header queue: mask and slot, then the grad_dispatch row address -----------------
+        # The slot address runs freely inside a credit pipeline; the queue's output register
+        # holds the front pair until the issue sequencer takes it on its beat 0.
+        h_queue = header_slot_queue(m, self.header, ctl, p, open=running & headers_open,
+                                    addr_width=p.grad_addr_width)
+        with m.If(h_queue.take):
             m.d.sync += [headers_left.eq(headers_left - 1), headers_open.eq(headers_left != 1)]
-
-        # A skid buffer between the header pipeline and the issue sequencer (the sequencer's
-        # ready does not reach the pipeline's enable); the pair's input row address i*H is
-        # counted as a header enters it.
-        pair_layout = data.StructLayout({"grad": p.grad_addr_width, "input": p.input_addr_width,
-                                         "in_range": 1})
-        pair_skid = m.submodules.pair_skid = SkidBuffer(pair_layout)
-        token = Signal(range(p.max_tokens))      # the input row of the next header's pair
+        h_out = h_queue.o
+        h = h_out.payload
+        # The front pair's input row address i*H: the pairs count i = 0..S-1, k times over.
+        token = Signal(range(p.max_tokens))      # the front pair's input row
         last_token = Signal.like(token)          # tokens - 1
         input_base = Signal(p.input_addr_width)  # token * H
         m.d.sync += last_token.eq(tokens - 1)
-        m.d.comb += [
-            pair_skid.i.valid.eq(header_ctl.o_valid),
-            header_ctl.o_ready.eq(pair_skid.i.ready),
-            pair_skid.i.payload.grad.eq(stage.address),
-            pair_skid.i.payload.input.eq(input_base),
-            pair_skid.i.payload.in_range.eq(stage.in_range),
-        ]
-        with m.If(pair_skid.i.valid & pair_skid.i.ready):
-            with m.If(~stage.in_range):
-                m.d.sync += self.dropped.eq(self.dropped + 1)
-            with m.If(token == last_token):
-                m.d.sync += [token.eq(0), input_base.eq(0)]
-            with m.Else():
-                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden)]
-        h = pair_skid.o.payload
 
         # ---- issue sequencer: groups of G pairs, beats round-robin over the group ------------
         issuing = Signal()                       # items left to issue in this run
-        flushing = Signal()                      # the final round of G dummy items
         pairs_left = Signal.like(pairs)          # pairs whose header is still to be taken
         more_pairs = Signal()                    # pairs_left != 0
         last_pair = Signal()                     # pairs_left == 1
@@ -320,21 +314,21 @@ class DispatchBackwardGateUnit(wiring.Component):
         next_member = Signal(range(group))       # the member after it
         last_member = Signal()                   # member == G - 1
         first_beat = Signal()                    # the round of beat 0 (takes the headers)
-        beat_offset = Signal(max(p.input_addr_width, p.grad_addr_width))   # beat * lanes
-        # The group's pairs, one entry per member, written on beat 0: the row addresses,
-        # whether the pair reads, whether it is a pair at all. The entry of the next member is
-        # read one item ahead into ``ahead`` (distributed RAM, read at a register), so that an
-        # item's fields are registers. Written at an item's issue, an entry is next read at
-        # the issue of the item G - 1 later: at least a cycle later when G >= 2.
+        # The group's pairs, one entry per member: the addresses of the pair's next beat in
+        # both rows, whether the pair reads, whether it is a pair at all; every item writes
+        # its pair's entry back with the addresses a beat on (the adder is off the issue
+        # path). The entry of the next member is read one item ahead into ``ahead``
+        # (distributed RAM, read at a register), so that an item's fields are registers.
+        # Written at an item's issue, an entry is next read at the issue of the item G - 1
+        # later: at least a cycle later (G >= 2).
         entry_layout = data.StructLayout({"grad": p.grad_addr_width,
                                           "input": p.input_addr_width,
                                           "live": 1, "real": 1})
         ahead = Signal(entry_layout)
-        if group > 1:
-            table = m.submodules.group_table = Memory(shape=entry_layout, depth=group, init=[])
-            table_read = table.read_port(domain="comb")
-            table_write = table.write_port()
-            m.d.comb += table_read.addr.eq(next_member)
+        table = m.submodules.group_table = Memory(shape=entry_layout, depth=group, init=[])
+        table_read = table.read_port(domain="comb")
+        table_write = table.write_port()
+        m.d.comb += table_read.addr.eq(next_member)
 
         issue = Signal()
         step = issue & last_member               # a round of the group ends
@@ -342,7 +336,7 @@ class DispatchBackwardGateUnit(wiring.Component):
         new_round = Signal()
         _, last_beat = row_beats(m, beats, start=new_round, step=step, name="round")
         m.d.comb += new_round.eq(ctl.begin | (step & last_beat))
-        need_header = first_beat & ~flushing & more_pairs
+        need_header = first_beat & more_pairs
 
         live = Signal()
         real = Signal()
@@ -351,9 +345,8 @@ class DispatchBackwardGateUnit(wiring.Component):
         m.d.comb += [
             live.eq(Mux(first_beat, need_header & h.in_range, ahead.live)),
             real.eq(Mux(first_beat, need_header, ahead.real)),
-            # beat_offset is 0 on beat 0.
-            grad_addr.eq(Mux(first_beat, h.grad, ahead.grad + beat_offset)),
-            input_addr.eq(Mux(first_beat, h.input, ahead.input + beat_offset)),
+            grad_addr.eq(Mux(first_beat, h.address, ahead.grad)),
+            input_addr.eq(Mux(first_beat, input_base, ahead.input)),
         ]
         reads = Signal()
         enable = Signal(p.lanes)
@@ -362,45 +355,60 @@ class DispatchBackwardGateUnit(wiring.Component):
             enable.eq(Mux(reads, Mux(last_beat, last_enable, all_lanes), 0)),
         ]
 
+        # The descriptors wait for their read data in a queue (a credit pipeline without a
+        # datapath: its credits bound the items between issue and join by max_outstanding).
+        descriptor_layout = data.StructLayout({
+            "reads": 1,         # the item has read data to wait for
+            "enable": p.lanes,  # lanes whose product counts; the others add +0.0
+            "first": 1,         # beat 0: the partials start from +0.0
+            "result": 1,        # the last beat of a real pair: its partials leave for the tree
+        })
+        pending = m.submodules.descriptors = CreditPipeline(0, descriptor_layout,
+                                                            depth=p.max_outstanding)
         input_skid = m.submodules.input_skid = SkidBuffer(p.read_layout(p.input_addr_width))
         grad_skid = m.submodules.grad_skid = SkidBuffer(p.read_layout(p.grad_addr_width))
-        outstanding = Signal(range(depth + 1))
-        join = Signal()
-        m.d.comb += issue.eq(issuing & (outstanding != depth) &
-                             (~need_header | pair_skid.o.valid) &
-                             (~reads | (input_skid.i.ready & grad_skid.i.ready)))
+        m.d.comb += [
+            pending.i_valid.eq(issuing & (~need_header | h_out.valid) &
+                               (~reads | (input_skid.i.ready & grad_skid.i.ready))),
+            issue.eq(pending.take),
+            pending.payload.reads.eq(reads),
+            pending.payload.enable.eq(enable),
+            pending.payload.first.eq(first_beat),
+            pending.payload.result.eq(real & last_beat),
+        ]
         take_header = issue & need_header
-        m.d.comb += pair_skid.o.ready.eq(take_header)
+        m.d.comb += h_out.ready.eq(take_header)
         # The group just issued was the last: no header is left once this item's is taken.
         no_pairs_after = ~more_pairs | (take_header & last_pair)
 
-        item = Signal(entry_layout)              # the item's pair, as the table keeps it
-        m.d.comb += [item.grad.eq(Mux(first_beat, h.grad, ahead.grad)),
-                     item.input.eq(Mux(first_beat, h.input, ahead.input)),
+        item = Signal(entry_layout)              # the item's pair, a beat on
+        m.d.comb += [item.grad.eq(grad_addr + p.lanes), item.input.eq(input_addr + p.lanes),
                      item.live.eq(live), item.real.eq(real)]
-        if group > 1:
-            m.d.comb += [table_write.en.eq(issue & first_beat), table_write.addr.eq(member),
-                         table_write.data.eq(item)]
+        m.d.comb += [table_write.en.eq(issue), table_write.addr.eq(member),
+                     table_write.data.eq(item)]
         with m.If(issue):
-            # G = 1: the next item is the same pair's next beat.
-            m.d.sync += ahead.eq(table_read.data if group > 1 else item)
+            m.d.sync += ahead.eq(table_read.data)
         with m.If(take_header):
             m.d.sync += [pairs_left.eq(pairs_left - 1), more_pairs.eq(~last_pair),
                          last_pair.eq(pairs_left == 2)]
+            with m.If(token == last_token):
+                m.d.sync += [token.eq(0), input_base.eq(0)]
+            with m.Else():
+                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden)]
+        # The dropped count, a cycle later (off the handshake path).
+        with m.If(delay(m, take_header & ~h.in_range, 1, 1, name="take_dropped")):
+            m.d.sync += self.dropped.eq(self.dropped + 1)
         with m.If(issue):
-            if group > 1:
-                m.d.sync += [member.eq(next_member),
-                             next_member.eq(Mux(next_member == group - 1, 0, next_member + 1)),
-                             last_member.eq(next_member == group - 1)]
+            m.d.sync += [member.eq(next_member),
+                         next_member.eq(Mux(next_member == group - 1, 0, next_member + 1)),
+                         last_member.eq(next_member == group - 1)]
             with m.If(last_member):
-                with m.If(flushing):
-                    m.d.sync += [issuing.eq(0), flushing.eq(0)]
-                with m.Elif(last_beat):
-                    m.d.sync += [first_beat.eq(1), beat_offset.eq(0)]
+                with m.If(last_beat):
+                    m.d.sync += first_beat.eq(1)
                     with m.If(no_pairs_after):
-                        m.d.sync += flushing.eq(1)
+                        m.d.sync += issuing.eq(0)
                 with m.Else():
-                    m.d.sync += [first_beat.eq(0), beat_offset.eq(beat_offset + p.lanes)]
+                    m.d.sync += first_beat.eq(0)
 
         m.d.comb += [
             input_skid.i.valid.eq(issue & reads),
@@ -413,75 +421,74 @@ class DispatchBackwardGateUnit(wiring.Component):
         wiring.connect(m, wiring.flipped(self.input_read), input_skid.o)
         wiring.connect(m, wiring.flipped(self.grad_read), grad_skid.o)
 
-        # ---- descriptors wait for their read data ---------------------------------------------
-        descriptor_layout = data.StructLayout({
-            "reads": 1,       # the item has read data to wait for
-            "enable": p.lanes,  # lanes whose product counts; the others add +0.0
-            "first": 1,       # beat 0: the partials start from +0.0
-            "result": 1,      # the last beat of a real pair: its partials leave for the tree
-        })
-        descriptor = Signal(descriptor_layout)
-        m.d.comb += [
-            descriptor.reads.eq(reads),
-            descriptor.enable.eq(enable),
-            descriptor.first.eq(first_beat),
-            descriptor.result.eq(real & last_beat),
-        ]
-        fifo = m.submodules.descriptor_fifo = SyncFIFOBuffered(width=descriptor_layout.size,
-                                                               depth=depth)
-        m.d.comb += [fifo.w_en.eq(issue), fifo.w_data.eq(descriptor.as_value())]
-        head = data.View(descriptor_layout, fifo.r_data)
-        with m.If(issue & ~join):
-            m.d.sync += outstanding.eq(outstanding + 1)
-        with m.Elif(join & ~issue):
-            m.d.sync += outstanding.eq(outstanding - 1)
-
-        # ---- join and multiply ------------------------------------------------------------------
-        mul_ctl = m.submodules.mul_ctl = PipelineControl(p.mul_latency)
+        # ---- join: the front descriptor with both responses, in its ring slot ---------------
+        # The multipliers, adders and the tree run freely (no enable); an item enters them in
+        # the cycle it joins, and a cycle without a join is a bubble (every product +0.0, no
+        # partial restarts). A lane's partial circulates through its adder and the feedback
+        # register in G cycles, so item n of the run has the ring slot (phase) of the run's
+        # first reading item plus n - n0, modulo G. ``ring`` (one-hot) counts the cycles to
+        # the next item's phase: it holds in a cycle an item joins and counts down (G - 1
+        # after 0) in any other. An item that reads joins only at its phase (``ring[0]``);
+        # one that does not (an invalid or dummy pair) touches no partial, and joins as soon
+        # as it is at the front. Until the first reading item joins (``fresh``) no slot is in
+        # use, and any phase will do. Stall-free, the items from the first reading one on join
+        # one per cycle. A result (a pair's last beat) joins only when the output queue has a
+        # credit for it.
+        head = pending.o.payload
+        out = m.submodules.results = CreditPipeline(p.result_latency, p.result_layout())
+        ring = Signal(group, init=1)
+        fresh = Signal()                         # no reading item has joined in this run yet
         both = self.input_data.valid & self.grad_data.valid
-        arrived = ~head.reads | both
+        candidate = pending.o.valid & (~head.reads | (ring[0] & both))
+        join = Signal()
         m.d.comb += [
-            mul_ctl.i_valid.eq(fifo.r_rdy & arrived),
-            join.eq(fifo.r_rdy & arrived & mul_ctl.en),
-            fifo.r_en.eq(mul_ctl.en & arrived),
-            self.input_data.ready.eq(mul_ctl.en & fifo.r_rdy & head.reads &
-                                     self.grad_data.valid),
-            self.grad_data.ready.eq(mul_ctl.en & fifo.r_rdy & head.reads &
-                                    self.input_data.valid),
+            out.i_valid.eq(candidate & head.result),
+            join.eq(candidate & (~head.result | out.i_ready)),
+            pending.o.ready.eq(join),
+            self.input_data.ready.eq(join & head.reads),
+            self.grad_data.ready.eq(join & head.reads),
         ]
-        en_m = mul_ctl.en
-        m_enable = delay(m, head.enable, p.mul_latency, en_m, name="m_enable")
-        m_first = delay(m, head.first, p.mul_latency, en_m, name="m_first")
-        m_result = delay(m, head.result, p.mul_latency, en_m, name="m_result")
+        with m.If(join & head.reads):
+            m.d.sync += fresh.eq(0)
+        with m.If(~join & ~fresh):
+            m.d.sync += ring.eq(Cat(ring[1:], ring[0]))
+
+        # ---- multiply: an operand register, then ``lanes`` free-running multipliers ----------
+        # The join's flags follow the item: a lane without data (past H, invalid or dummy
+        # pair, a bubble) contributes +0.0; ``first`` restarts the lane's partial.
+        flags_delay = 1 + p.mul_latency
+        lane_on = delay(m, Mux(join, head.enable, 0), flags_delay, 1, name="m_enable")
+        restart = delay(m, join & head.reads & head.first, flags_delay, 1, name="m_first")
         products = []
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(self.input_data.payload.data[lane]),
-                         mul.b.eq(self.grad_data.payload.data[lane]), mul.en.eq(en_m)]
-            # A lane without data (past H, invalid or dummy pair) contributes +0.0.
-            products.append(Mux(m_enable[lane], mul.product, 0))
+            m.d.comb += [
+                mul.a.eq(delay(m, self.input_data.payload.data[lane], 1, 1,
+                               name=f"op_input{lane}")),
+                mul.b.eq(delay(m, self.grad_data.payload.data[lane], 1, 1,
+                               name=f"op_grad{lane}")),
+                mul.en.eq(1),
+            ]
+            product = Signal(p.fmt.width, name=f"product{lane}")
+            m.d.sync += product.eq(Mux(lane_on[lane], mul.product, 0))
+            products.append(product)
 
-        # ---- accumulate: G pairs interleaved through the adders, advancing per item ----------
-        tree_ctl = m.submodules.tree_ctl = PipelineControl(p.tree_levels * p.add_latency)
-        advance = Signal()
-        # Whether the sum now leaving the adders is a pair's final partials (it entered G
-        # items ago); the shift register loads only when an item enters, as the adders do.
-        leaving_result = delay(m, m_result, p.add_latency, advance, name="acc_result")
-        m.d.comb += [
-            advance.eq(mul_ctl.o_valid & (~leaving_result | tree_ctl.en)),
-            mul_ctl.o_ready.eq(advance),
-            tree_ctl.i_valid.eq(advance & leaving_result),
-        ]
+        # ---- accumulate: G ring slots per lane, through the adder and a feedback register -----
+        # ``partial`` (the adder's input) is the sum that left the adder a cycle earlier, or
+        # +0.0 when a pair starts. A bubble adds +0.0, which leaves a partial unchanged.
         partials = []
         for lane in range(p.lanes):
             acc = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"acc{lane}"] = acc
-            m.d.comb += [acc.a.eq(Mux(m_first, 0, acc.sum)), acc.b.eq(products[lane]),
-                         acc.en.eq(advance)]
+            partial = Signal(p.fmt.width, name=f"partial{lane}")
+            m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
+            m.d.comb += [acc.a.eq(partial), acc.b.eq(products[lane]), acc.en.eq(1)]
             partials.append(acc.sum)
 
         # ---- the fixed pairwise tree: p[m] = p[2m] + p[2m + 1] ---------------------------------
+        # A pair's final partials leave the adders add_latency cycles after its last item
+        # entered them; the tree takes them then.
         level = 0
         while len(partials) > 1:
             reduced = []
@@ -489,22 +496,18 @@ class DispatchBackwardGateUnit(wiring.Component):
                 add = FloatAdderCore(p.format, p.add_latency)
                 m.submodules[f"tree{level}_{pos}"] = add
                 m.d.comb += [add.a.eq(partials[2 * pos]), add.b.eq(partials[2 * pos + 1]),
-                             add.en.eq(tree_ctl.en)]
+                             add.en.eq(1)]
                 reduced.append(add.sum)
             partials = reduced
             level += 1
-
-        out_skid = m.submodules.out_skid = SkidBuffer(p.result_layout())
-        m.d.comb += [
-            out_skid.i.valid.eq(tree_ctl.o_valid),
-            out_skid.i.payload.value.eq(partials[0]),
-            tree_ctl.o_ready.eq(out_skid.i.ready),
-        ]
-        wiring.connect(m, wiring.flipped(self.grad_gate), out_skid.o)
+        # The result of a pair that reads nothing is +0.0 (its items touched no partial).
+        empty_result = delay(m, join & head.result & ~head.reads, p.result_latency, 1,
+                             name="empty_result")
+        m.d.comb += out.payload.value.eq(Mux(empty_result, 0, partials[0]))
+        wiring.connect(m, wiring.flipped(self.grad_gate), out.o)
 
         # ---- control ----------------------------------------------------------------------------
-        m.d.comb += ctl.finished.eq(running & ~issuing & (outstanding == 0) & ~mul_ctl.busy &
-                                    ~tree_ctl.busy & ~out_skid.o.valid)
+        m.d.comb += ctl.finished.eq(running & ~issuing & ~pending.busy & ~out.busy)
         with m.If(ctl.accept):
             m.d.sync += [
                 beats.eq(Mux(self.hidden == 0, 1, (self.hidden + (p.lanes - 1)) >> lanes_log2)),
@@ -517,8 +520,8 @@ class DispatchBackwardGateUnit(wiring.Component):
             m.d.sync += [
                 headers_left.eq(pairs), headers_open.eq(1),
                 pairs_left.eq(pairs), more_pairs.eq(1), last_pair.eq(pairs == 1),
-                member.eq(0), next_member.eq(1 % group), last_member.eq(group == 1),
-                first_beat.eq(1), beat_offset.eq(0),
-                flushing.eq(0), issuing.eq(1),
+                member.eq(0), next_member.eq(1), last_member.eq(0),
+                first_beat.eq(1), issuing.eq(1),
+                ring.eq(1), fresh.eq(1),
             ]
         return m
