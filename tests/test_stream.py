@@ -6,7 +6,8 @@ import pytest
 from amaranth.sim import Simulator
 
 from moe_hw.flows.simulate import simulate
-from moe_hw.stream import SkidBuffer
+from moe_hw.stream import RingQueue, SkidBuffer
+from moe_hw.stream.credit import ring_groups
 
 from conftest import STALLS, simulator_params
 
@@ -64,3 +65,52 @@ def test_skid_buffer_verilog(sim, stall):
     assert list(result["items"]) == list(items)
     if stall == 0.0:
         assert result["cycles"] == len(items) + 2
+
+
+def test_ring_groups_cover_the_payload():
+    # Whole 4-bit RAM columns, at most one group per slot (the distinct XOR constants).
+    for width, slots in [(1, 1), (7, 2), (163, 32), (559, 32), (559, 16), (600, 4)]:
+        groups = ring_groups(width, slots)
+        assert groups[0][0] == 0 and groups[-1][1] == width
+        assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+        assert all(start % 4 == 0 and stop > start for start, stop in groups)
+        assert len(groups) <= slots
+    assert len(ring_groups(163, 32)) == 6
+
+
+@pytest.mark.parametrize("depth", [1, 5, 17])
+def test_ring_queue_order_and_latency(depth):
+    # A 200-bit ring (several pointer copies) under a writer that keeps at most ``depth``
+    # entries in it and a consumer that stalls at random: every entry leaves in order, and
+    # with the consumer ready an entry written in cycle c is on ``o`` in cycle c + LATENCY.
+    dut = RingQueue(200, depth)
+    rng = np.random.default_rng(depth)
+    items = [int.from_bytes(rng.bytes(25), "little") for _ in range(400)]
+    written, got = [], []
+
+    async def bench(ctx):
+        held, cycle = 0, 0
+        while len(got) < len(items):
+            stalls = cycle >= 150
+            ready = not (stalls and rng.random() < 0.4)
+            write = len(written) < len(items) and held < depth and rng.random() < 0.8
+            ctx.set(dut.o.ready, ready)
+            ctx.set(dut.w_en, write)
+            ctx.set(dut.w_data, items[len(written)] if write else 0)
+            if ctx.get(dut.o.valid) and ready:
+                got.append((ctx.get(dut.o.payload), cycle))
+            held += write - ctx.get(dut.read)
+            if write:
+                written.append(cycle)
+            await ctx.tick()
+            cycle += 1
+            assert cycle < 5000
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert [value for value, _ in got] == items
+    for (_, out_cycle), in_cycle in zip(got, written):
+        if out_cycle < 150:
+            assert out_cycle == in_cycle + RingQueue.LATENCY

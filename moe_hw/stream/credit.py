@@ -37,9 +37,22 @@ output register) cycles from ``take`` to ``o.valid``.
 
 The queue on its own is :class:`RingQueue`, for a writer that guarantees room by other means
 (combine_scatter's in-flight count bounds what its product and write queues hold).
+
+The ring's read is asynchronous (a distributed-RAM read, LUTs addressed by the read pointer)
+and goes straight into the skid buffer's registers, so the read pointer's net is on the
+queue's critical path, and a single pointer fans out to every RAM cell of the payload: at
+4 fp32 lanes and 32 slots, 163 bits in 82 16x4 cells, a net that alone took 1.5-2.3 ns to
+route. The ring is therefore cut into groups of about :data:`GROUP_BITS` payload bits
+(:func:`ring_groups`), each a RAM of its own with its own copy of the read and the write
+pointer, so that each pointer drives the cells of its group only. Yosys merges registers with
+the same inputs bit by bit, so the copies are kept apart by construction: copy k holds the
+pointer XOR k (its own reset value and its own increment logic) and writes its group's
+entries at that address too, so each group's slots are a fixed permutation of the others'
+and the FIFO order is unchanged. The copies add no logic between a pointer and its RAM, and
+no cycle: every latency is the one of a single ring.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal, Value
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -60,6 +73,12 @@ class RingQueue(wiring.Component):
     the skid buffer. ``depth``: the entries the writer may have in the ring at once (rounded
     up to a power of two); the skid buffer holds two more.
 
+    The ring is cut into :func:`ring_groups` of payload bits, each a RAM of its own with its
+    own copy of both pointers (see the module docstring): the read pointer is the address of
+    an asynchronous read whose data go straight to the skid buffer's registers, so the
+    pointer's fan-out is on the path, and one pointer for the whole payload is a net to every
+    RAM cell of it.
+
     Latency: an entry written in cycle c is on ``o`` from cycle c + :attr:`LATENCY`.
     """
 
@@ -77,25 +96,33 @@ class RingQueue(wiring.Component):
         m = Module()
         out = m.submodules.out = SkidBuffer(self.w_data.shape())
         slots = 1 << ceil_log2(self.depth)
-        storage = m.submodules.storage = memory.Memory(
-            shape=len(self.w_data.as_value()), depth=slots, init=[])
-        w_port = storage.write_port()
-        r_port = storage.read_port(domain="comb")
-        w_ptr = Signal(range(slots), name="w_ptr")
-        r_ptr = Signal(range(slots), name="r_ptr")
-        items = Signal(range(slots + 1), name="items")
+        w_data = Value.cast(self.w_data)
+        ring_data = Signal(len(w_data), name="ring_data")
         ready = Signal(name="queue_ready")        # the ring holds an entry
         m.d.comb += [
             self.read.eq(ready & out.i.ready),
-            w_port.addr.eq(w_ptr), w_port.data.eq(self.w_data.as_value()),
-            w_port.en.eq(self.w_en),
-            r_port.addr.eq(r_ptr),
-            out.i.valid.eq(ready), out.i.payload.eq(r_port.data),
+            out.i.valid.eq(ready), out.i.payload.eq(ring_data),
         ]
-        with m.If(self.w_en):
-            m.d.sync += w_ptr.eq(w_ptr + 1)
-        with m.If(self.read):
-            m.d.sync += r_ptr.eq(r_ptr + 1)
+        for group, (start, stop) in enumerate(ring_groups(len(w_data), slots)):
+            # Copy ``group`` of the pointers holds the pointer XOR ``group`` (a distinct
+            # constant per copy: there are at most as many copies as slots): the group's
+            # entries sit at slot ``entry XOR group``, and each copy has D logic of its own.
+            storage = m.submodules[f"storage{group}"] = memory.Memory(
+                shape=stop - start, depth=slots, init=[])
+            w_port = storage.write_port()
+            r_port = storage.read_port(domain="comb")
+            w_ptr = Signal(range(slots), name=f"w_ptr{group}", init=group)
+            r_ptr = Signal(range(slots), name=f"r_ptr{group}", init=group)
+            m.d.comb += [
+                w_port.addr.eq(w_ptr), w_port.data.eq(w_data[start:stop]),
+                w_port.en.eq(self.w_en),
+                r_port.addr.eq(r_ptr), ring_data[start:stop].eq(r_port.data),
+            ]
+            with m.If(self.w_en):
+                m.d.sync += w_ptr.eq(_next_slot(w_ptr, group))
+            with m.If(self.read):
+                m.d.sync += r_ptr.eq(_next_slot(r_ptr, group))
+        items = Signal(range(slots + 1), name="items")
         fills = self.w_en & ~self.read
         drains = ~self.w_en & self.read
         m.d.sync += [
@@ -104,6 +131,29 @@ class RingQueue(wiring.Component):
         ]
         wiring.connect(m, out.o, wiring.flipped(self.o))
         return m
+
+
+#: Payload bits per copy of the ring's pointers: eight columns of ECP5's 16x4 distributed RAM
+#: cell (sixteen cells, and a 2:1 mux per bit, at 32 slots).
+GROUP_BITS = 32
+#: The RAM cell's width: groups are cut at multiples of it, so that no cell is half empty.
+_COLUMN_BITS = 4
+
+
+def ring_groups(width, slots):
+    """The ``(start, stop)`` bit ranges of a ``width``-bit ring of ``slots`` slots that get a
+    copy of the pointers each: about :data:`GROUP_BITS` bits each, cut at multiples of
+    :data:`_COLUMN_BITS`, and at most ``slots`` groups (the distinct XOR constants)."""
+    columns = -(-width // _COLUMN_BITS)
+    count = max(1, min(slots, -(-width // GROUP_BITS), columns))
+    bounds = [min(width, _COLUMN_BITS * (columns * group // count))
+              for group in range(count + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+def _next_slot(ptr, constant):
+    """The slot after ``ptr`` in a copy of a pointer held XOR ``constant``."""
+    return ((ptr ^ constant) + 1)[:len(ptr)] ^ constant
 
 
 class CreditPipeline(wiring.Component):
