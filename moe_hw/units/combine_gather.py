@@ -317,24 +317,28 @@ class CombineGatherUnit(wiring.Component):
         win_tok = Signal.like(self.tokens)       # token of the current window's first item
         # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
         # token on (headers_in - cur_tok) are counters of their own, and the header stream's
-        # ready is a function of three registers: the run is on, headers are still to come,
-        # and the ring has room (decided a cycle ahead: the fill grows by one at most).
+        # ready is a register: the run is on, headers are still to come, and the ring has
+        # room (decided a cycle ahead: the fill grows by one at most), so that a header
+        # taken is one LUT of registers.
         fill = Signal(range(p.ring_depth + 1))
         avail = Signal(range(p.ring_depth + 1))
         avail_some = Signal()                    # avail != 0
         headers_left = Signal.like(self.tokens)
         all_in = Signal()
-        room = Signal()
-        header_open = running & ~all_in & room
+        header_open = Signal()
         header_take = self.header.valid & header_open
-        m.d.sync += room.eq(fill < p.ring_depth - 1)
+        all_in_next = Mux(header_take, headers_left == 1, all_in)
+        # (the run ends only after the last header is in)
+        m.d.sync += header_open.eq((running | ctl.begin) & ~all_in_next &
+                                   (fill < p.ring_depth - 1))
         with m.If(header_take):
-            m.d.sync += [headers_left.eq(headers_left - 1), all_in.eq(headers_left == 1)]
+            m.d.sync += headers_left.eq(headers_left - 1)
+        m.d.sync += all_in.eq(all_in_next)
         m.d.comb += [
             self.header.ready.eq(header_open),
             ring_w.addr.eq(headers_in[:ring_bits]),
             ring_w.data.eq(self.header.payload),
-            ring_w.en.eq(self.header.valid & header_open),
+            ring_w.en.eq(header_take),
         ]
         with m.If(header_take):
             m.d.sync += headers_in.eq(headers_in + 1)
@@ -509,10 +513,13 @@ class CombineGatherUnit(wiring.Component):
         # (reached only while the pass goes on, so they never pass window + 1).
         item_inc = Signal(range(window + 2))
         item_inc2 = Signal(range(window + 2))
+        item_bit = Signal(window)                # 1 << item
         # pending: the entry's partial sum is not yet readable by a beat entering now.
         # pending_here: pending[item], kept as a register so that the hazard is one LUT of
         # registers; pending_inc: pending[item_inc], so that the next pending_here is a
         # choice between registers' bits (no compare or carry chain on a computed entry).
+        # (Every entry set in a run is freed before its done, so a run starts with none
+        # pending, and ``start`` need not reach these registers.)
         pending = Signal(window)
         pending_here = Signal()
         pending_inc = Signal()
@@ -524,15 +531,22 @@ class CombineGatherUnit(wiring.Component):
         # An entry's partial sum is written back ``accumulate_latency`` cycles after its
         # beat entered, and a beat reads the accumulator ``mul_read`` cycles after it
         # entered, so an entry frees ``accumulate_loop`` cycles after it was taken.
-        freed = delay(m, take & ~tag.final, p.accumulate_loop - 1, 1, name="freed")
-        freed_item = delay(m, item, p.accumulate_loop - 1, 1, name="freed_item")
+        # The entry freed in a cycle is decoded a cycle ahead into a register (cleared), and
+        # the beat's entry is kept one-hot too (item_bit), so that each pending bit's next
+        # value is one LUT of registers and ``take``.
+        ahead = p.accumulate_loop - 2            # (the loop is at least 3 cycles)
+        freed_ahead = delay(m, take & ~tag.final, ahead, 1, name="freed")
+        freed_item_ahead = delay(m, item, ahead, 1, name="freed_item")
+        freed = delay(m, freed_ahead, 1, 1, name="freed_now")
+        freed_item = delay(m, freed_item_ahead, 1, 1, name="freed_item_now")
         cleared = Signal(window)
-        m.d.comb += cleared.eq(Mux(freed, Const(1, window) << freed_item, 0))
+        m.d.sync += cleared.eq(Mux(freed_ahead, Const(1, window) << freed_item_ahead, 0))
         with m.If(take):
             m.d.sync += [item.eq(Mux(wrap, 0, item_inc)), item_inc.eq(Mux(wrap, 1, item_inc2)),
-                         item_inc2.eq(Mux(wrap, 2, item_inc2 + 1))]
+                         item_inc2.eq(Mux(wrap, 2, item_inc2 + 1)),
+                         item_bit.eq(Mux(wrap, 1, item_bit << 1))]
         sets = take & ~tag.final
-        m.d.sync += pending.eq((pending | Mux(sets, Const(1, window) << item, 0)) & ~cleared)
+        m.d.sync += pending.eq((pending | Mux(sets, item_bit, 0)) & ~cleared)
 
         # An entry's pending bit in the next cycle, from its bit now: set if this beat (taken)
         # is its entry, cleared if its partial sum is freed now. A beat's own entry is never
@@ -619,12 +633,12 @@ class CombineGatherUnit(wiring.Component):
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_in.eq(0), headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
-                fill.eq(0), avail.eq(0), avail_some.eq(0), room.eq(1), win_tok.eq(0),
+                fill.eq(0), avail.eq(0), avail_some.eq(0), win_tok.eq(0),
                 win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
                 last_pass.eq(self.top_k <= 1),
                 to_end.eq(beats_in), win_to_end.eq(beats_in),
-                item.eq(0), item_inc.eq(1), item_inc2.eq(2), pending.eq(0),
-                pending_here.eq(0), pending_inc.eq(0), self.dropped.eq(0),
+                item.eq(0), item_inc.eq(1), item_inc2.eq(2), item_bit.eq(1),
+                self.dropped.eq(0),
             ]
         # The first window, from the items (tokens * beats): sized in the two cycles before
         # the first header can be in the ring (the run begins, a header is taken).
