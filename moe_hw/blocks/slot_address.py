@@ -23,11 +23,12 @@ Ports (a pure pipeline: every register loads when ``en`` is high):
 Latency (:func:`slot_latency`): ``index*C`` on registered DSP blocks
 (:func:`~moe_hw.arith.product.pipelined_product`, 2 stages for operands of up to 18 bits),
 ``+ location`` (1), ``slot*H`` likewise (2), ``+ offset`` (1): 6 at the default maxima, no
-stage longer than one carry chain. One pair per enabled cycle. ``dsp`` chooses the
+stage longer than one carry chain; the mask runs alongside in two of those stages. One pair
+per enabled cycle. ``dsp`` chooses the
 multiplier blocks as for the float multiplier (``"ecp5"``: MULT18X18D with registers on).
 """
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Cat, Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -107,10 +108,19 @@ class SlotAddress(wiring.Component):
         index_bits, _, slot_bits, _ = slot_widths(self.max_experts, self.max_capacity,
                                                   self.max_hidden)
         location_bits = max(1, bits_for(self.max_capacity - 1))
-        in_range = Signal()
-        with m.If(en):
-            m.d.sync += in_range.eq((self.index >= 0) & (self.index < self.num_experts) &
-                                    (self.location >= 0) & (self.location < self.capacity))
+        # The mask in two stages (its result still has the address's latency): a field is
+        # in range when its bits above the size's width are all zero (the sign among them) and
+        # its low bits are below the size. The first stage registers the low compares and the
+        # high bits' zero tests in groups of four; the second ANDs them. (A signed compare
+        # of the whole field against the size is one carry chain as wide as the field.)
+        flags = []
+        for field, size in ((self.index, self.num_experts), (self.location, self.capacity)):
+            low = min(len(size), len(field) - 1)
+            high = field.as_unsigned()[low:]
+            flags.append(field.as_unsigned()[:low] < size)
+            flags.extend(high[start:start + 4] == 0 for start in range(0, len(high), 4))
+        first_flags = delay(m, Cat(*flags), 1, en, name="in_range_flags")
+        in_range = delay(m, first_flags.all(), 1, en, name="in_range_mask")
         # index*C on registered DSP blocks, then + location.
         index_c = pipelined_product(m, self.index.as_unsigned()[:index_bits], self.capacity,
                                     en=en, dsp=self.dsp, name="index_c")
@@ -132,7 +142,7 @@ class SlotAddress(wiring.Component):
                 m.d.sync += address.eq(row)
         m.d.comb += [
             self.address.eq(address),
-            self.in_range.eq(delay(m, in_range, self.latency - 1, en, name="in_range")),
+            self.in_range.eq(delay(m, in_range, self.latency - 2, en, name="in_range")),
         ]
         return m
 

@@ -90,7 +90,7 @@ at its output.
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -317,23 +317,28 @@ class CombineGatherUnit(wiring.Component):
         win_tok = Signal.like(self.tokens)       # token of the current window's first item
         # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
         # token on (headers_in - cur_tok) are counters of their own, and the header stream's
-        # ready is a function of three registers: the run is on, headers are still to come,
-        # and the ring has room (decided a cycle ahead: the fill grows by one at most).
+        # ready is a register: the run is on, headers are still to come, and the ring has
+        # room (decided a cycle ahead: the fill grows by one at most), so that a header
+        # taken is one LUT of registers.
         fill = Signal(range(p.ring_depth + 1))
         avail = Signal(range(p.ring_depth + 1))
+        avail_some = Signal()                    # avail != 0
         headers_left = Signal.like(self.tokens)
         all_in = Signal()
-        room = Signal()
-        header_open = running & ~all_in & room
+        header_open = Signal()
         header_take = self.header.valid & header_open
-        m.d.sync += room.eq(fill < p.ring_depth - 1)
+        all_in_next = Mux(header_take, headers_left == 1, all_in)
+        # (the run ends only after the last header is in)
+        m.d.sync += header_open.eq((running | ctl.begin) & ~all_in_next &
+                                   (fill < p.ring_depth - 1))
         with m.If(header_take):
-            m.d.sync += [headers_left.eq(headers_left - 1), all_in.eq(headers_left == 1)]
+            m.d.sync += headers_left.eq(headers_left - 1)
+        m.d.sync += all_in.eq(all_in_next)
         m.d.comb += [
             self.header.ready.eq(header_open),
             ring_w.addr.eq(headers_in[:ring_bits]),
             ring_w.data.eq(self.header.payload),
-            ring_w.en.eq(self.header.valid & header_open),
+            ring_w.en.eq(header_take),
         ]
         with m.If(header_take):
             m.d.sync += headers_in.eq(headers_in + 1)
@@ -348,23 +353,48 @@ class CombineGatherUnit(wiring.Component):
         win_len = Signal(range(window + 1))      # the window's items
         after = Signal(range(max_items + 1))     # items after the current window
         # after - window (negative: the next window is the last and shorter)
-        after_less = Signal(signed(len(after) + 1))
+        after_less = Signal(signed(max(len(after), bits_for(2 * window)) + 1))
+        after_less2 = Signal.like(after_less)   # after - 2 * window
         last_window = Signal()                   # after == 0
+        next_len = Signal(range(window + 1))     # the next window's items, min(after, window)
+
+        def window_follows(less, less2):
+            """The sizes kept for the window after the current one, from ``less`` and
+            ``less2`` (the items after the current window less one and two windows): the
+            next window's length is a register too, so that the next position is one carry
+            chain from registers, and it is chosen by the signs of registers."""
+            short = less[-1]                     # the window after the current is the last
+            new_after = Mux(short, 0, less)
+            return [after.eq(new_after), after_less.eq(Mux(short, -window, less2)),
+                    after_less2.eq(Mux(short, -2 * window, less2 - window)),
+                    last_window.eq(short | (less == 0)),
+                    next_len.eq(Mux(short | less2[-1], new_after[:len(next_len)], window))]
+
         pass_k = Signal(range(p.max_top_k))
         last_pass = Signal()                     # pass_k == k_last
         pass_left = Signal(range(window + 1))    # items of this pass still to schedule
         cur_tok = Signal.like(self.tokens)
         cur_beat = Signal.like(beats)
         to_end = Signal.like(beats)              # beats - cur_beat
+        # The segment's two compares are the signs of two registers, pass_left - to_end and
+        # that less one, kept alongside the position (with their values at the window's
+        # first item, and beats + 1), so that no carry chain sits between a position register
+        # and the next position's choice.
+        over = Signal(signed(max(len(beats), len(pass_left)) + 1))   # pass_left - to_end
+        over_less = Signal.like(over)            # over - 1
+        win_over = Signal.like(over)
+        win_over_less = Signal.like(over)
+        beats_more = Signal(len(beats) + 1)      # beats + 1
+        m.d.sync += beats_more.eq(beats + 1)
 
-        tail = to_end <= pass_left               # the segment reaches the end of its row
+        tail = ~over[-1]                         # to_end <= pass_left: the segment ends its row
         count = Mux(tail, to_end, pass_left)
-        end_pass = to_end >= pass_left           # the segment finishes the pass
+        end_pass = over_less[-1]                 # to_end >= pass_left: it finishes the pass
         next_tok = Mux(tail, cur_tok + 1, cur_tok)
         next_beat = Mux(tail, 0, cur_beat + pass_left)
         next_to_end = Mux(tail, beats, to_end - pass_left)
-        short = after_less[-1]                   # the next window is shorter than window
-        next_len = Mux(short, after, window)
+        next_over = Mux(tail, next_len - beats, next_len + over)
+        next_over_less = Mux(tail, next_len - beats_more, next_len + over_less)
 
         # The command pipeline never stalls: a segment is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
@@ -378,16 +408,18 @@ class CombineGatherUnit(wiring.Component):
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
         cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
-        m.d.comb += cmd_pipe.i_valid.eq(gen_active & (avail != 0))
+        m.d.comb += cmd_pipe.i_valid.eq(gen_active & avail_some)
         gen = cmd_pipe.take
         with m.If(gen):
             with m.If(~end_pass):                # (then the segment ends its row)
                 m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(beats),
-                             pass_left.eq(pass_left - to_end)]
+                             pass_left.eq(over), over.eq(over - beats),
+                             over_less.eq(over_less - beats)]
             with m.Elif(~last_pass):             # the next pass over the same window
                 m.d.sync += [pass_k.eq(pass_k + 1), last_pass.eq(pass_k + 1 == k_last),
                              cur_tok.eq(win_tok), cur_beat.eq(win_beat), to_end.eq(win_to_end),
-                             pass_left.eq(win_len)]
+                             pass_left.eq(win_len), over.eq(win_over),
+                             over_less.eq(win_over_less)]
             with m.Else():                       # the next window
                 m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
                              cur_tok.eq(next_tok), cur_beat.eq(next_beat),
@@ -395,22 +427,29 @@ class CombineGatherUnit(wiring.Component):
                              win_tok.eq(next_tok), win_beat.eq(next_beat),
                              win_to_end.eq(next_to_end),
                              win_len.eq(next_len), pass_left.eq(next_len),
-                             after.eq(Mux(short, 0, after_less)),
-                             after_less.eq(Mux(short, -window, after_less - window)),
-                             last_window.eq(short | (after_less == 0))]
+                             over.eq(next_over), over_less.eq(next_over_less),
+                             win_over.eq(next_over), win_over_less.eq(next_over_less),
+                             *window_follows(after_less, after_less2)]
                 with m.If(last_window):
                     m.d.sync += gen_active.eq(0)
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
+        # Their next values are sums of a register and a small step, chosen by ``gen`` last;
+        # whether avail is nonzero (the scheduler's valid, so that ``gen`` is one LUT of
+        # registers) is kept as a register, decided from flags rather than from the sums.
         next_pass = end_pass & ~last_pass
-        change = gen & end_pass & last_pass
-        passed = Signal()
-        m.d.comb += passed.eq(gen & tail & ~next_pass)
-        avail_delta = Signal(signed(2))
-        fill_delta = Signal(signed(2))
-        m.d.comb += [avail_delta.eq(header_take - passed),
-                     fill_delta.eq(header_take - (change & tail))]
-        m.d.sync += [avail.eq(Mux(gen & next_pass, fill, avail) + avail_delta),
-                     fill.eq(Mux(change, avail, fill) + fill_delta)]
+        step = Signal(signed(2))                 # a segment: header taken - token passed
+        m.d.comb += step.eq(header_take - tail)
+        held = avail + header_take               # no segment scheduled
+        refilled = fill + header_take            # the next pass: back to the window's start
+        advanced = avail + step                  # a segment (avail is nonzero then)
+        m.d.sync += [
+            avail.eq(Mux(gen, Mux(next_pass, refilled, advanced), held)),
+            avail_some.eq(Mux(gen, Mux(next_pass, (fill != 0) | header_take,
+                                       ~tail | header_take | (avail[1:] != 0)),
+                              avail_some | header_take)),
+            # the next window starts at the current token
+            fill.eq(Mux(gen & end_pass & last_pass, advanced, refilled)),
+        ]
 
         # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
         m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(1)]
@@ -470,32 +509,61 @@ class CombineGatherUnit(wiring.Component):
         out_layout = data.StructLayout({"out": p.data_layout(), "final": 1})
         acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout)
         item = Signal(range(window))             # the beat's accumulator entry
+        # The next entry's two candidates, item + 1 and item + 2, are registers kept alongside
+        # (reached only while the pass goes on, so they never pass window + 1).
+        item_inc = Signal(range(window + 2))
+        item_inc2 = Signal(range(window + 2))
+        item_bit = Signal(window)                # 1 << item
         # pending: the entry's partial sum is not yet readable by a beat entering now.
-        # here: pending[item], kept as a register so that the hazard is one LUT of registers.
+        # pending_here: pending[item], kept as a register so that the hazard is one LUT of
+        # registers; pending_inc: pending[item_inc], so that the next pending_here is a
+        # choice between registers' bits (no compare or carry chain on a computed entry).
+        # (Every entry set in a run is freed before its done, so a run starts with none
+        # pending, and ``start`` need not reach these registers.)
         pending = Signal(window)
         pending_here = Signal()
+        pending_inc = Signal()
         hazard = ~tag.first & pending_here
         m.d.comb += [acc_pipe.i_valid.eq(beat.valid & ~hazard),
                      beat.ready.eq(acc_pipe.i_ready & ~hazard)]
         take = acc_pipe.take
-        item_next = Mux(beat.payload.last & tag.end_pass, 0, item + 1)
+        wrap = beat.payload.last & tag.end_pass  # the pass's last item: the next is entry 0
         # An entry's partial sum is written back ``accumulate_latency`` cycles after its
         # beat entered, and a beat reads the accumulator ``mul_read`` cycles after it
         # entered, so an entry frees ``accumulate_loop`` cycles after it was taken.
-        freed = delay(m, take & ~tag.final, p.accumulate_loop - 1, 1, name="freed")
-        freed_item = delay(m, item, p.accumulate_loop - 1, 1, name="freed_item")
+        # The entry freed in a cycle is decoded a cycle ahead into a register (cleared), and
+        # the beat's entry is kept one-hot too (item_bit), so that each pending bit's next
+        # value is one LUT of registers and ``take``.
+        ahead = p.accumulate_loop - 2            # (the loop is at least 3 cycles)
+        freed_ahead = delay(m, take & ~tag.final, ahead, 1, name="freed")
+        freed_item_ahead = delay(m, item, ahead, 1, name="freed_item")
+        freed = delay(m, freed_ahead, 1, 1, name="freed_now")
+        freed_item = delay(m, freed_item_ahead, 1, 1, name="freed_item_now")
         cleared = Signal(window)
-        m.d.comb += cleared.eq(Mux(freed, Const(1, window) << freed_item, 0))
+        m.d.sync += cleared.eq(Mux(freed_ahead, Const(1, window) << freed_item_ahead, 0))
         with m.If(take):
-            m.d.sync += item.eq(item_next)
-        set_bits = Mux(take & ~tag.final, Const(1, window) << item, 0)
-        m.d.sync += pending.eq((pending | set_bits) & ~cleared)
-        # pending[next item] for the next cycle: a choice between two candidates that do not
-        # depend on ``take``.
-        if_taken = ((pending.bit_select(item_next, 1) | (~tag.final & (item_next == item))) &
-                    ~cleared.bit_select(item_next, 1))
-        if_kept = pending.bit_select(item, 1) & ~cleared.bit_select(item, 1)
-        m.d.sync += pending_here.eq(Mux(take, if_taken, if_kept))
+            m.d.sync += [item.eq(Mux(wrap, 0, item_inc)), item_inc.eq(Mux(wrap, 1, item_inc2)),
+                         item_inc2.eq(Mux(wrap, 2, item_inc2 + 1)),
+                         item_bit.eq(Mux(wrap, 1, item_bit << 1))]
+        sets = take & ~tag.final
+        m.d.sync += pending.eq((pending | Mux(sets, item_bit, 0)) & ~cleared)
+
+        # An entry's pending bit in the next cycle, from its bit now: set if this beat (taken)
+        # is its entry, cleared if its partial sum is freed now. A beat's own entry is never
+        # item_inc or item_inc2, so those two only clear.
+        def next_bit(bit, entry, taken):
+            freed_here = freed & (freed_item == entry)
+            return (bit | (taken & ~tag.final & (item == entry))) & ~freed_here
+        padded = Cat(pending, Const(0, 2))       # entries past the window are never pending
+        here_kept = next_bit(pending_here, item, 0)
+        inc_kept = next_bit(pending_inc, item_inc, 0)
+        m.d.sync += [
+            pending_here.eq(Mux(take, Mux(wrap, next_bit(pending[0], 0, 1), inc_kept),
+                                here_kept)),
+            pending_inc.eq(Mux(take, Mux(wrap, next_bit(padded[1], 1, 1),
+                                         next_bit(padded.bit_select(item_inc2, 1), item_inc2, 0)),
+                               inc_kept)),
+        ]
 
         # Operands registered next to the multipliers.
         gate_m = delay(m, tag.gate, 1, 1, name="lane_gate")
@@ -565,26 +633,33 @@ class CombineGatherUnit(wiring.Component):
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_in.eq(0), headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
-                fill.eq(0), avail.eq(0), room.eq(1), win_tok.eq(0), win_beat.eq(0), cur_tok.eq(0),
-                cur_beat.eq(0), pass_k.eq(0), last_pass.eq(self.top_k <= 1),
+                fill.eq(0), avail.eq(0), avail_some.eq(0), win_tok.eq(0),
+                win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
+                last_pass.eq(self.top_k <= 1),
                 to_end.eq(beats_in), win_to_end.eq(beats_in),
-                item.eq(0), pending.eq(0), pending_here.eq(0), self.dropped.eq(0),
+                item.eq(0), item_inc.eq(1), item_inc2.eq(2), item_bit.eq(1),
+                self.dropped.eq(0),
             ]
         # The first window, from the items (tokens * beats): sized in the two cycles before
         # the first header can be in the ring (the run begins, a header is taken).
         first_items = Signal.like(items_in)
         first_less = Signal.like(after_less)     # items - window
+        first_less2 = Signal.like(after_less)    # items - 2 * window
         sizing = delay(m, ctl.begin, 1, 1, name="sizing")
         with m.If(ctl.begin):
-            m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window)]
+            m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window),
+                         first_less2.eq(items_in - 2 * window)]
         with m.If(sizing):
             first_short = first_less[-1]
-            first_len = Mux(first_short, first_items, window)
+            short_items = first_items[:len(win_len)]
+            first_len = Mux(first_short, short_items, window)
+            first_over = Mux(first_short, short_items - beats, window - beats)
+            first_over_less = Mux(first_short, short_items - beats_more, window - beats_more)
             m.d.sync += [
                 gen_active.eq(1), win_len.eq(first_len), pass_left.eq(first_len),
-                after.eq(Mux(first_short, 0, first_less)),
-                after_less.eq(Mux(first_short, -window, first_less - window)),
-                last_window.eq(first_short | (first_less == 0)),
+                over.eq(first_over), over_less.eq(first_over_less),
+                win_over.eq(first_over), win_over_less.eq(first_over_less),
+                *window_follows(first_less, first_less2),
             ]
         m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
                                     ~reader.busy & ~acc_pipe.busy)
