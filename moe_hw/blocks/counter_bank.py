@@ -164,10 +164,14 @@ class CounterBank(wiring.Component):
         lands_on_s2 = pending_en & (pending_index == s2_index)
         with m.If(en | lands_on_s2):
             m.d.sync += s2_word.eq(pending_value)
+        # (Written as set and clear, not as ``caught | lands``: Yosys 0.70's ABC step fails on
+        # the OR-feedback form inside sparse_index.)
         with m.If(en):
             m.d.sync += s2_caught.eq(lands_on_s1 & ~clear)
-        with m.Else():
-            m.d.sync += s2_caught.eq((s2_caught | lands_on_s2) & ~clear)
+        with m.Elif(clear):
+            m.d.sync += s2_caught.eq(0)
+        with m.Elif(lands_on_s2):
+            m.d.sync += s2_caught.eq(1)
 
         # The live flag is looked up in two steps (two narrow multiplexers instead of one
         # ``count``-wide one): on entry, one flag per group of counters that share the index's
@@ -176,8 +180,10 @@ class CounterBank(wiring.Component):
         sets = incrementing & ~clear
         with m.If(en):
             m.d.sync += s1_set.eq(sets & (stage_index == self.index))
-        with m.Else():
-            m.d.sync += s1_set.eq((s1_set | (sets & (stage_index == s1_index))) & ~clear)
+        with m.Elif(clear):
+            m.d.sync += s1_set.eq(0)
+        with m.Elif(sets & (stage_index == s1_index)):
+            m.d.sync += s1_set.eq(1)
         low = self.index[:low_bits]
         with m.If(en):
             m.d.sync += [
