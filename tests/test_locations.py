@@ -240,7 +240,7 @@ def test_counter_bank_parameters():
         CounterBank(0, 8)
     with pytest.raises(ParameterError, match="width must be an integer, not 2.5"):
         CounterBank(4, 2.5)
-    assert CounterBank.latency == 2
+    assert CounterBank.latency == 3
 
 
 # ---- reset in the middle of a run --------------------------------------------------------------

@@ -296,7 +296,7 @@ def test_counter_bank_amount():
 
     async def bench(ctx):
         ctx.set(bank.en, 1)
-        for index, amount in requests + [(0, None)] * 3:
+        for index, amount in requests + [(0, None)] * CounterBank.latency:
             ctx.set(bank.valid, 1)
             ctx.set(bank.index, index)
             ctx.set(bank.increment, amount is not None)
@@ -306,5 +306,6 @@ def test_counter_bank_amount():
 
     sim.add_testbench(bench)
     sim.run()
-    # the value before each request's addition, two cycles after it entered
-    assert seen[1:1 + len(requests)] == [0, 5, 0, 12, 3, 13, 3, 0]
+    # the value before each request's addition, CounterBank.latency cycles after it entered
+    lag = CounterBank.latency - 1
+    assert seen[lag:lag + len(requests)] == [0, 5, 0, 12, 3, 13, 3, 0]

@@ -1,11 +1,11 @@
 """A bank of counters with one increment-and-read per cycle (SPEC 1.2's per-expert counters).
 
 Used by the location generator (one counter per expert, the pair's location is the counter's
-value before its increment) and by the sparse dispatcher (nonzeros per expert, then the rank of
-each nonzero within its expert).
+value before its increment), by the sparse dispatcher (nonzeros per expert, then the rank of
+each nonzero within its expert) and by re-routing (tokens per expert, adding a block's count).
 
-Interface (a two-stage pipeline with a global stall, to be driven like
-:class:`~moe_hw.stream.PipelineControl` with latency :attr:`CounterBank.latency` = 2):
+Interface (a three-stage pipeline with a global stall, to be driven like
+:class:`~moe_hw.stream.PipelineControl` with latency :attr:`CounterBank.latency` = 3):
 
 ``en`` (in)
     The pipeline advances this cycle: the request at the inputs enters, each request moves
@@ -21,30 +21,31 @@ Interface (a two-stage pipeline with a global stall, to be driven like
     Without ``amount_width`` every increment adds 1.
 ``value`` (out)
     The counter's value before the request's increment, while the request is in the last
-    stage: two ``en`` cycles after it entered, and for as long as ``en`` stays low after that.
+    stage: three ``en`` cycles after it entered, and for as long as ``en`` stays low after
+    that.
 ``clear`` (in)
     Every counter reads 0 from the next request on, including a request entering in the same
-    cycle and one waiting in the first stage. Assert it only when no incrementing request is
-    in the last stage. Reset clears too.
+    cycle and the requests waiting in the first two stages. Assert it only when no
+    incrementing request is in the last stage. Reset clears too.
 
-Throughput: one request per cycle, any sequence of indices. A request that hits the counter
-the request ahead of it is incrementing (back-to-back hits on one counter), or whose
-registered write-back is still pending, takes the forwarded sum instead of the memory's stale
-word, so a counter hit every cycle counts every hit.
+Throughput: one request per cycle, any sequence of indices, any stalls. A counter hit every
+cycle counts every hit: a request takes the newest word of its counter, which is, newest
+first, the sum of the request ahead of it (``hit``), the write-back in flight as it enters the
+last stage, the newest write-back that landed after its memory read (captured while it waits
+in the second stage), or the memory's word.
 
-Hardware: the counters live in an ``amaranth.lib.memory`` simple-dual-port memory (LUT RAM or
-block RAM: one synchronous read port, one write port); a ``count``-bit register of "live" flags
-(a counter not written since the last clear reads 0) makes ``clear`` a one-cycle operation and
-makes reset clear the bank without a walk over the memory.
+Hardware: the counters live in an ``amaranth.lib.memory`` simple-dual-port memory (one
+synchronous read port, one write port; LUT RAM at the depths the units use); a
+``count``-bit register of "live" flags (a counter not written since the last clear reads 0)
+makes ``clear`` a one-cycle operation and makes reset clear the bank without a walk over the
+memory.
 
-Timing: every path starts and ends at a flip-flop within a stage. The first stage registers
-the request, and the live-flag lookup is split across the two stages: on entry, one flag per
-group of counters (the counters that share the index's low bits), then in the first stage
-the group's flag (two narrow multiplexers instead of one ``count``-wide one). A live flag the
-request in the last stage sets meanwhile is caught by comparing indices on entry. The memory
-is read from the first stage's index register and written from a register one cycle after
-the increment. The inputs may therefore come from a short
-multiplexer in front (the caller's own issue logic).
+Timing: every path starts and ends at a flip-flop within a stage. Stage 1 registers the
+request (the inputs may come from the caller's own issue logic). The memory is read from
+stage 1's index register into stage 2, and written from a register (the write-back) the
+cycle after the sum. The choice among write-backs, memory word and 0 is made on the way into
+stage 3, off the loop, so the last stage's loop is one LUT (``hit``: the forwarded sum, or
+the chosen word) and the adder's carry chain, ending in the sum register.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -61,7 +62,7 @@ class CounterBank(wiring.Component):
     """``count`` counters of ``width`` bits, one increment-and-read per cycle. See the module
     docstring for the protocol."""
 
-    latency = 2
+    latency = 3
 
     def __init__(self, count, width, *, amount_width=None, ram_style=None):
         self.count = check_int("count", count, minimum=1, maximum=1 << 20)
@@ -95,56 +96,59 @@ class CounterBank(wiring.Component):
         low_bits = (index_bits + 1) // 2         # the live lookup: low bits first, then high
         groups = 1 << (index_bits - low_bits)
         live = Signal(groups << low_bits)        # counter written since the last clear
+        en, clear = self.en, self.clear
 
         # ---- stage 1: the registered request ----------------------------------------------
-        req_valid = Signal()
-        req_inc = Signal()
-        req_index = Signal.like(self.index)
-        req_live = Signal(groups)                # live[g << low_bits | index low bits], each g
-        req_set = Signal()                       # ... or set by the request that was ahead
+        s1_valid = Signal()
+        s1_inc = Signal()
+        s1_index = Signal.like(self.index)
+        s1_live = Signal(groups)                 # live[g << low_bits | index low bits], each g
+        s1_set = Signal()                        # ... or set since the request entered
 
-        # ---- stage 2: the request whose value is out -----------------------------------------
-        busy = Signal()                          # a request is in the stage
+        # ---- stage 2: the memory word and what landed after it was read ----------------------
+        s2_valid = Signal()
+        s2_inc = Signal()
+        s2_index = Signal.like(self.index)
+        s2_live = Signal()                       # the word is the counter's (else it reads 0)
+        s2_caught = Signal()                     # a write-back to the counter landed after the
+        s2_word = Signal(self.width)             # read: the newest one's word
+
+        # ---- stage 3: the request whose value is out -----------------------------------------
+        busy = Signal()
         stage_inc = Signal()
         stage_index = Signal.like(self.index)
-        hit = Signal()                           # it read the counter its predecessor incremented
-        forwarded = Signal(self.width)           # ... whose new value is this
-        was_live = Signal()
+        hit = Signal()                           # the request ahead incremented this counter
+        forwarded = Signal(self.width)           # ... to this
+        stored = Signal(self.width)              # else the counter's newest word (or 0)
 
-        # The write-back is registered (``pending``): the memory's write port is driven from
-        # flip-flops. A request reading the memory while the write is still pending takes the
-        # pending word instead (``hit_pending``).
+        # ---- the write-back: stage 3's sum, one cycle later (every cycle the request sits in
+        # stage 3: the same word each time, because ``value`` holds while ``en`` is low) ----
         pending_en = Signal()
         pending_index = Signal.like(self.index)
         pending_value = Signal(self.width)
-        hit_pending = Signal()
-        from_pending = Signal(self.width)
 
-        m.d.comb += self.value.eq(
-            Mux(hit, forwarded,
-                Mux(hit_pending, from_pending,
-                    Mux(was_live, read.data, Const(0, self.width)))))
+        m.d.comb += self.value.eq(Mux(hit, forwarded, stored))
         incrementing = busy & stage_inc
         new_value = Signal(self.width)
         if self.amount_width is None:
             m.d.comb += new_value.eq(self.value + 1)
         else:
-            # The amount follows the request through both stages.
-            req_amount = Signal(self.amount_width)
-            stage_amount = Signal(self.amount_width)
-            with m.If(self.en):
-                m.d.sync += [req_amount.eq(self.amount), stage_amount.eq(req_amount)]
-            m.d.comb += new_value.eq(self.value + stage_amount)
+            # The amount follows the request through the stages.
+            amount = self.amount
+            for name in ("s1_amount", "s2_amount", "stage_amount"):
+                reg = Signal(self.amount_width, name=name)
+                with m.If(en):
+                    m.d.sync += reg.eq(amount)
+                amount = reg
+            m.d.comb += new_value.eq(self.value + amount)
         m.d.sync += [
-            # Every cycle the request sits in the stage: the same word each time, because
-            # ``value`` holds while ``en`` is low.
             pending_en.eq(incrementing),
             pending_index.eq(stage_index),
             pending_value.eq(new_value),
         ]
         m.d.comb += [
-            read.addr.eq(req_index),
-            read.en.eq(self.en),
+            read.addr.eq(s1_index),
+            read.en.eq(en),
             write.addr.eq(pending_index),
             write.data.eq(pending_value),
             write.en.eq(pending_en),
@@ -152,26 +156,58 @@ class CounterBank(wiring.Component):
         with m.If(incrementing):
             m.d.sync += live.bit_select(stage_index, 1).eq(1)
 
+        # A write-back lands at the end of the cycle it is pending in. The memory read (when
+        # the request moves into stage 2) sees what landed before; what lands at that edge
+        # and at every edge until the request moves on is caught in stage 2, and what lands
+        # at the edge it moves into stage 3 is taken on the way in.
+        lands_on_s1 = pending_en & (pending_index == s1_index)
+        lands_on_s2 = pending_en & (pending_index == s2_index)
+        with m.If(en | lands_on_s2):
+            m.d.sync += s2_word.eq(pending_value)
+        # (Written as set and clear, not as ``caught | lands``: Yosys 0.70's ABC step fails on
+        # the OR-feedback form inside sparse_index.)
+        with m.If(en):
+            m.d.sync += s2_caught.eq(lands_on_s1 & ~clear)
+        with m.Elif(clear):
+            m.d.sync += s2_caught.eq(0)
+        with m.Elif(lands_on_s2):
+            m.d.sync += s2_caught.eq(1)
+
+        # The live flag is looked up in two steps (two narrow multiplexers instead of one
+        # ``count``-wide one): on entry, one flag per group of counters that share the index's
+        # low bits; on the move into stage 2, the group's. A flag set meanwhile is caught by
+        # comparing indices (``s1_set``).
+        sets = incrementing & ~clear
+        with m.If(en):
+            m.d.sync += s1_set.eq(sets & (stage_index == self.index))
+        with m.Elif(clear):
+            m.d.sync += s1_set.eq(0)
+        with m.Elif(sets & (stage_index == s1_index)):
+            m.d.sync += s1_set.eq(1)
         low = self.index[:low_bits]
-        with m.If(self.en):
+        with m.If(en):
             m.d.sync += [
-                req_valid.eq(self.valid),
-                req_inc.eq(self.increment),
-                req_index.eq(self.index),
-                req_live.eq(Cat(live.bit_select(Cat(low, Const(g, index_bits - low_bits)), 1)
-                                for g in range(groups))),
-                # The request in the last stage sets its live flag at this edge.
-                req_set.eq(incrementing & (stage_index == self.index)),
-                busy.eq(req_valid),
-                stage_inc.eq(req_inc),
-                stage_index.eq(req_index),
-                hit.eq(incrementing & (stage_index == req_index) & ~self.clear),
+                s1_valid.eq(self.valid),
+                s1_inc.eq(self.increment),
+                s1_index.eq(self.index),
+                s1_live.eq(Cat(live.bit_select(Cat(low, Const(g, index_bits - low_bits)), 1)
+                               for g in range(groups))),
+                s2_valid.eq(s1_valid),
+                s2_inc.eq(s1_inc),
+                s2_index.eq(s1_index),
+                # A live flag set at the last edge belongs to a write-back still pending now,
+                # which is caught; one set earlier, to a word the read sees.
+                s2_live.eq((s1_live.bit_select(s1_index[low_bits:], 1) | s1_set) & ~clear),
+                busy.eq(s2_valid),
+                stage_inc.eq(s2_inc),
+                stage_index.eq(s2_index),
+                hit.eq(incrementing & (stage_index == s2_index) & ~clear),
                 forwarded.eq(new_value),
-                hit_pending.eq(pending_en & (pending_index == req_index) & ~self.clear),
-                from_pending.eq(pending_value),
-                was_live.eq((req_live.bit_select(req_index[low_bits:], 1) | req_set) &
-                            ~self.clear),
+                stored.eq(Mux(clear, 0,
+                              Mux(lands_on_s2, pending_value,
+                                  Mux(s2_caught, s2_word,
+                                      Mux(s2_live, read.data, Const(0, self.width)))))),
             ]
-        with m.If(self.clear):
-            m.d.sync += [live.eq(0), req_live.eq(0), req_set.eq(0)]
+        with m.If(clear):
+            m.d.sync += [live.eq(0), s1_live.eq(0), s2_live.eq(0)]
         return m

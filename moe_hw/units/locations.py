@@ -39,12 +39,12 @@ cycle to the cycle ``done`` is first seen (:meth:`LocationsParams.stall_free_cyc
 one pair (and then one read-out) enters the counter bank every cycle, and a stall anywhere
 costs only the cycles it lasts.
 
-``OVERHEAD = START_LATENCY + 4 = 6``.
+``OVERHEAD = START_LATENCY + 5 = 7``.
 
 Pipeline (one global stall, :class:`~moe_hw.stream.PipelineControl`): the pair's index is
-range-checked and enters the two-stage
+range-checked and enters the three-stage
 :class:`~moe_hw.blocks.counter_bank.CounterBank` (an increment for a routed pair, a plain read
-for a read-out; for a read-out the index is the expert number); two cycles later the
+for a read-out; for a read-out the index is the expert number); three cycles later the
 counter's value becomes the location (or the count); a skid buffer on each output stream cuts
 the ready paths. The issue decision
 (pairs or read-outs, the last of each) comes from flags registered one take ahead, and
@@ -75,9 +75,9 @@ class LocationsParams(UnitParams):
     max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
     index_width: int = param(32, minimum=2, maximum=64)
 
-    OVERHEAD = START_LATENCY + 4
+    OVERHEAD = START_LATENCY + 5
     """Stall-free cycles beyond one per pair and one per expert: the run control's start and
-    decide cycles, the counter bank's two stages, the output skid buffer and the done
+    decide cycles, the counter bank's three stages, the output skid buffer and the done
     register."""
 
     def check(self):

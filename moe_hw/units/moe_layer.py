@@ -91,7 +91,7 @@ filled rows::
                      combine.cycles(S, H, k, L) = 2                        (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 5, EXPERT_OVERHEAD = 4,
+with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 6, EXPERT_OVERHEAD = 4,
 combine_header_latency = max(0, 1 - (combine.setup - 1)) (0 at the defaults: the combine
 unit's setup hides the pair-memory read), PHASE_EXIT = 1, and ``dispatch.overhead``
 (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.
@@ -155,9 +155,9 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
 
     #: Stall-free cycles by which the dispatch unit's first header comes later than it would
     #: from a header stream valid at once: the pair's trip through the location generator
-    #: (the counter bank's two stages, output register), its write into the pair memory, the
+    #: (the counter bank's three stages, output register), its write into the pair memory, the
     #: pair-memory read.
-    ROUTE_LATENCY = 5
+    ROUTE_LATENCY = 6
     #: The layer's own decide cycle: the sub-units start at the layer's ``begin``, one cycle
     #: after its start cycle.
     SUB_UNIT_START = START_LATENCY - 1
@@ -345,8 +345,8 @@ class MoELayer(wiring.Component):
         pair_r = pair_mem.read_port()
 
         # ---- route: pairs -> location generator; join the location with gate and index ----
-        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 3).
-        join = m.submodules.join = SyncFIFO(width=p.pair_layout().size, depth=4)
+        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4).
+        join = m.submodules.join = SyncFIFO(width=p.pair_layout().size, depth=5)
         m.d.comb += [
             loc.index.valid.eq(self.pair.valid & join.w_rdy),
             loc.index.payload.index.eq(self.pair.payload.index),

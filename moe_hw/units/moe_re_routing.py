@@ -76,7 +76,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + MOVE_OVERHEAD + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``MOVE_OVERHEAD`` = 23, ``COUNT_OVERHEAD`` = 9 and ``product_latency`` = 2 for operands of
+with ``MOVE_OVERHEAD`` = 24, ``COUNT_OVERHEAD`` = 10 and ``product_latency`` = 2 for operands of
 up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
 N = 0, or counts the unit refuses.
 
@@ -134,15 +134,15 @@ class MoeReRoutingParams(UnitParams):
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
     dsp: str = dsp_param()
 
-    COUNT_OVERHEAD = START_LATENCY + 7
-    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (9): start and
+    COUNT_OVERHEAD = START_LATENCY + 8
+    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (10): start and
     decide, then, after the last expert read-out enters, the issue skid buffer, the counter
-    bank's two stages and its value register, the prefix sum's register, the offset write
+    bank's three stages and its value register, the prefix sum's register, the offset write
     and the check of the sum, and the done register. Pass 2's read-outs follow pass 1's
     counts without a gap (the bank forwards in order)."""
-    MOVE_OVERHEAD = START_LATENCY + 21
+    MOVE_OVERHEAD = START_LATENCY + 22
     """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-    product's latency and the memory's (23): start and decide; the end of pass 2 up to the
+    product's latency and the memory's (24): start and decide; the end of pass 2 up to the
     check of the sum, as above; the block pipeline (the entry read, three cycles, the offset
     read, three, the destination row; then the product) and its queue (two: the queue's
     write and its skid buffer); the token generator's block register, the command skid
@@ -355,7 +355,8 @@ class MoeReRoutingUnit(wiring.Component):
         bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, pipe.en,
                             name="bank_select")
         bank_value = Signal(p.total_width)
-        m.d.comb += bank_value.eq(Array(bank.value for bank in banks)[bank_select])
+        m.d.comb += bank_value.eq(banks[0].value if len(banks) == 1 else
+                                  Array(bank.value for bank in banks)[bank_select])
 
         def follow(value, name):
             return delay(m, value, latency, pipe.en, name=name)

@@ -22,7 +22,7 @@ Three passes:
 
 Pipeline (one global stall, :class:`~moe_hw.stream.PipelineControl`, behind a skid buffer
 that gives the issue logic a registered ready): the request (bank row, per-lane increments,
-lane) enters the two-stage counter banks; a lane-select stage registers the lane's count and
+lane) enters the three-stage counter banks; a lane-select stage registers the lane's count and
 its offset; a slot stage registers ``offset + rank`` and whether it reaches ``nonzeros``
 (from ``nonzeros - offset``, computed in the stage before). The row's last beat and the
 phase changes come from flags registered one take ahead.
@@ -108,18 +108,18 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
     max_experts: int = param(64, minimum=1, maximum=1 << 16)
 
-    PASSES_OVERHEAD = START_LATENCY + 17
-    """Stall-free cycles beyond the passes' own for S >= 1 (19): the run control's start and
+    PASSES_OVERHEAD = START_LATENCY + 19
+    """Stall-free cycles beyond the passes' own for S >= 1 (21): the run control's start and
     decide cycles and its second setup cycle (3); the rows' input skid buffer, where the gates
     are classified (1; pass 3's first beat waits in it during pass 2); between pass 2 and pass 3, the request skid
-    buffer, the counter banks' two stages, the lane-select and slot stages, the prefix sum's
-    register and the offset memory's write (7: pass 3 starts once every offset is written);
+    buffer, the counter banks' three stages, the lane-select and slot stages, the prefix sum's
+    register and the offset memory's write (8: pass 3 starts once every offset is written);
     pass 3's beat register (1); and after the last routed gate, the request skid buffer, the
-    banks' two stages, the lane-select and slot stages, the write skid buffer and the done
-    register (7). Pass 2 follows pass 1 without a gap (the banks forward in order)."""
-    OFFSETS_OVERHEAD = START_LATENCY + 9
-    """The same for S == 0 (no rows, so no pass 1 or 3; 11): the start, decide and second
-    setup cycles, the request skid buffer, the counter banks' two stages, the lane-select and
+    banks' three stages, the lane-select and slot stages, the write skid buffer and the done
+    register (8). Pass 2 follows pass 1 without a gap (the banks forward in order)."""
+    OFFSETS_OVERHEAD = START_LATENCY + 10
+    """The same for S == 0 (no rows, so no pass 1 or 3; 12): the start, decide and second
+    setup cycles, the request skid buffer, the counter banks' three stages, the lane-select and
     slot stages, the prefix sum's register, the part_sizes skid buffer and the done
     register."""
 
@@ -350,14 +350,14 @@ class SparseIndexUnit(wiring.Component):
                 bank.index.eq(request.index),
                 bank.increment.eq(request.increment[lane]),
             ]
-        # The offset memory is read in step with the banks' first stage.
+        # The offset memory is read in step with the banks' last stage.
         m.d.comb += [
-            offset_read.addr.eq(delay(m, Cat(request.lane, request.index), 1, pipe.en,
-                                      name="offset_addr")),
+            offset_read.addr.eq(delay(m, Cat(request.lane, request.index),
+                                      CounterBank.latency - 1, pipe.en, name="offset_addr")),
             offset_read.en.eq(pipe.en),
         ]
 
-        # The rest of the request follows the banks' two stages.
+        # The rest of the request follows the banks' stages.
         def follow(value, name):
             return delay(m, value, CounterBank.latency, pipe.en, name=name)
         bank_offsets = follow(request.offsets, "bank_offsets")
