@@ -9,8 +9,10 @@ Streams (payload fields least significant first):
     before it since the last clear) and ``inclusive`` (``exclusive + value``), both
     ``sum_width`` bits, wrapping modulo ``2**sum_width``.
 ``clear`` (in)
-    Restart the sum: the next term taken (including one taken in the same cycle) gets
-    ``exclusive == 0``.
+    Restart the sum: the next term taken gets ``exclusive == 0``, and ``total`` reads 0 from
+    the next cycle on. Assert it only in a cycle that takes no term (the units clear in
+    their decide cycle): the clear is then the total register's synchronous reset, not a
+    multiplexer in front of the adder.
 ``total`` (out)
     The sum of every term taken since the last clear (the last ``inclusive``).
 
@@ -18,7 +20,7 @@ Latency one cycle, one term per cycle; a register stage (``i.ready = o.ready | ~
 ``o.valid`` registered.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -46,7 +48,7 @@ class PrefixSum(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        base = Mux(self.clear, 0, self.total)
+        base = self.total
         m.d.comb += self.i.ready.eq(self.o.ready | ~self.o.valid)
         with m.If(self.o.ready | ~self.o.valid):
             m.d.sync += self.o.valid.eq(self.i.valid)
@@ -59,6 +61,6 @@ class PrefixSum(wiring.Component):
                 self.o.payload.inclusive.eq(total),
                 self.total.eq(total),
             ]
-        with m.Elif(self.clear):
+        with m.If(self.clear):
             m.d.sync += self.total.eq(0)
         return m

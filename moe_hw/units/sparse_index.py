@@ -430,7 +430,7 @@ class SparseIndexUnit(wiring.Component):
         m.d.comb += ctl.fault.eq(Cat(*faults).any())
 
         # ---- control ----------------------------------------------------------------------------
-        offsets_done = offsets_phase & offsets_complete
+        offsets_done = offsets_complete                # set only in the offsets phase
         m.d.comb += [
             ctl.finished.eq(place_phase & ~rows_pending & ~cur_loaded & ~issue.o.valid &
                             ~pipe.busy &
@@ -457,11 +457,17 @@ class SparseIndexUnit(wiring.Component):
                 last_mask.eq(Cat(*((self.num_experts - 1)[:lanes_log2] >= lane
                                    for lane in range(p.lanes)))),
                 tokens_zero.eq(self.tokens == 0), tokens_one.eq(self.tokens == 1),
-                rows_left.eq(self.tokens), last_row.eq(self.tokens == 1), token.eq(0),
+                rows_left.eq(self.tokens), last_row.eq(self.tokens == 1),
                 reads_left.eq(self.num_experts), last_read.eq(self.num_experts == 1),
-                reads_pending.eq(1), read_expert.eq(0),
-                offsets_written.eq(0), offsets_left.eq(self.num_experts),
-                offsets_complete.eq(0),
+                offsets_left.eq(self.num_experts),
+            ]
+        # The constant restarts wait for the decide cycle (a register), so that the start
+        # handshake does not drive the reset of every run register (``begin`` comes a cycle
+        # later: the run control has two setup cycles).
+        with m.If(ctl.decide):
+            m.d.sync += [
+                token.eq(0), reads_pending.eq(1), read_expert.eq(0),
+                offsets_written.eq(0), offsets_complete.eq(0),
                 count_phase.eq(0), offsets_phase.eq(0), place_phase.eq(0),
             ]
         return m
