@@ -355,6 +355,8 @@ class MoeReRoutingUnit(wiring.Component):
         bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, pipe.en,
                             name="bank_select")
         bank_value = Signal(p.total_width)
+        # One bank needs no selection (and an Array indexed by a register that is still X
+        # at time 0 makes Icarus's first cycles X).
         m.d.comb += bank_value.eq(banks[0].value if len(banks) == 1 else
                                   Array(bank.value for bank in banks)[bank_select])
 
