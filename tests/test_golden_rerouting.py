@@ -87,9 +87,10 @@ def test_wide_tokens():
 
 @pytest.mark.parametrize("tokens, counts, kwargs, error, match", [
     (np.ones((3, 2), np.float16), [[1, 1]], {}, ValueError,
-     r"expert_token_num_per_rank must sum to A = 3 .*not 2"),
+     r"expert_token_num_per_rank sums to 2, not A = 3 .*\(rank 0, expert 1\) ends at row 2, "
+     r"1 short"),
     (np.ones((1, 2), np.float16), [[2, -1]], {}, ValueError,
-     r"expert_token_num_per_rank must be non-negative, not -1 at \[0, 1\]"),
+     r"expert_token_num_per_rank\[0, 1\] = -1 \(rank 0, expert 1\) is negative"),
     (np.ones((1, 2), np.float16), [1], {}, ValueError,
      r"expert_token_num_per_rank must have 2 dimension"),
     (np.ones((1, 2), np.float16), [[1.0]], {}, TypeError,

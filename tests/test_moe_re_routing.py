@@ -244,8 +244,11 @@ def test_moe_re_routing_host_errors():
         attempt(per_token_scales=np.ones(6, np.float32))
     with pytest.raises(HostError, match="count_type is int64"):
         attempt(params=NARROW.replace(format="fp16"))
-    with pytest.raises(HostError, match=r"per_token_scales must be float32 of shape \(6,\)"):
+    with pytest.raises(HostError, match=r"per_token_scales must have shape \(6,\) \[A\], not "
+                                        r"\(5,\)"):
         attempt(per_token_scales=np.ones(5, np.float32))
+    with pytest.raises(HostError, match="per_token_scales must have dtype float32, not float16"):
+        attempt(per_token_scales=np.ones(6, np.float16))
     with pytest.raises(HostError, match="idx_type must be 0 or 1, not 2"):
         attempt(settings={"idx_type": 2})
     with pytest.raises(HostError, match="tokens must have H >= 1 elements per token, not 0"):

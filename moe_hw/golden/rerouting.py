@@ -9,7 +9,51 @@ import numpy as np
 
 from ._common import check_choice, index_array
 
-__all__ = ["moe_re_routing"]
+__all__ = ["moe_re_routing", "check_re_routing_inputs"]
+
+
+def check_re_routing_inputs(tokens, expert_token_num_per_rank, per_token_scales=None):
+    """``(tokens, counts as int64, per_token_scales)`` of a re-routing problem, or a ValueError
+    (TypeError for a non-integer count dtype) that names the argument, the value and, for a
+    count, its rank and expert. The host checks a user's tensors with this too."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have 2 dimensions [A, H], not {tokens.ndim} "
+                         f"(shape {tokens.shape})")
+    num_tokens, hidden = tokens.shape
+    if num_tokens and hidden < 1:
+        raise ValueError(f"tokens must have H >= 1 elements per token, not {hidden}")
+    counts = index_array("expert_token_num_per_rank", expert_token_num_per_rank, ndim=2,
+                         what="[N, E]")
+    negative = np.argwhere(counts < 0)
+    if negative.size:
+        r, e = negative[0]
+        raise ValueError(f"expert_token_num_per_rank[{r}, {e}] = {counts[r, e]} (rank {r}, "
+                         f"expert {e}) is negative")
+    # Python integers: a uint64 matrix's sum must not wrap.
+    flat = counts.reshape(-1).astype(object)
+    ends = np.cumsum(flat) if flat.size else np.zeros(0, object)
+    past = np.flatnonzero(ends > num_tokens)
+    if past.size:
+        r, e = divmod(int(past[0]), counts.shape[1])
+        raise ValueError(f"expert_token_num_per_rank sums to {sum(flat)}, not A = {num_tokens} "
+                         f"(the rows of tokens): the block of rank {r}, expert {e} "
+                         f"({counts[r, e]} tokens) ends at row {ends[past[0]]}, past A")
+    total = int(sum(flat))
+    if total != num_tokens:
+        where = ""
+        if counts.size:
+            r, e = counts.shape[0] - 1, counts.shape[1] - 1
+            where = (f"; the last block (rank {r}, expert {e}) ends at row {total}, "
+                     f"{num_tokens - total} short")
+        raise ValueError(f"expert_token_num_per_rank sums to {total}, not A = {num_tokens} "
+                         f"(the rows of tokens){where}")
+    if per_token_scales is not None:
+        per_token_scales = np.asarray(per_token_scales)
+        if per_token_scales.shape != (num_tokens,):
+            raise ValueError(f"per_token_scales must have shape ({num_tokens},) [A], "
+                             f"not {per_token_scales.shape}")
+    return tokens, counts.astype(np.int64), per_token_scales
 
 
 def moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=None,
@@ -32,28 +76,9 @@ def moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=None,
     A. H may be any size >= 1 (Ascend limits it to 1..16383; we do not); with A = 0 any H,
     including 0, is accepted.
     """
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2:
-        raise ValueError(f"tokens must have 2 dimensions [A, H], not {tokens.ndim} "
-                         f"(shape {tokens.shape})")
-    num_tokens, hidden = tokens.shape
-    if num_tokens and hidden < 1:
-        raise ValueError(f"tokens must have H >= 1 elements per token, not {hidden}")
-    counts = index_array("expert_token_num_per_rank", expert_token_num_per_rank, ndim=2,
-                         what="[N, E]")
-    if np.any(counts < 0):
-        r, e = np.argwhere(counts < 0)[0]
-        raise ValueError(f"expert_token_num_per_rank must be non-negative, not {counts[r, e]} "
-                         f"at [{r}, {e}]")
-    counts = counts.astype(np.int64)
-    if counts.sum() != num_tokens:
-        raise ValueError(f"expert_token_num_per_rank must sum to A = {num_tokens} (the rows of "
-                         f"tokens), not {counts.sum()}")
-    if per_token_scales is not None:
-        per_token_scales = np.asarray(per_token_scales)
-        if per_token_scales.shape != (num_tokens,):
-            raise ValueError(f"per_token_scales must have shape ({num_tokens},) [A], "
-                             f"not {per_token_scales.shape}")
+    tokens, counts, per_token_scales = check_re_routing_inputs(tokens, expert_token_num_per_rank,
+                                                    per_token_scales)
+    num_tokens = tokens.shape[0]
     expert_token_num_type = check_choice("expert_token_num_type", expert_token_num_type, (0, 1))
     idx_type = check_choice("idx_type", idx_type, (0, 1))
 

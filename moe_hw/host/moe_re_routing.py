@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable, row_beats
+from ..golden.rerouting import check_re_routing_inputs
 from ..units.moe_re_routing import COUNT_TYPES, MoeReRoutingParams, MoeReRoutingUnit
 from .checks import (HostError, check_maxima, compare_log, compare_values, memory_latency,
                      need, runtime_int)
@@ -41,32 +42,6 @@ def token_bits(tokens, params):
     return np.ascontiguousarray(tokens).view(_UINT[params.element_width])
 
 
-def check_counts(counts, num_tokens):
-    """The host's errors for a count matrix, each naming the rank and the expert."""
-    negative = np.argwhere(counts < 0)
-    if negative.size:
-        r, e = negative[0]
-        raise HostError(f"expert_token_num_per_rank[{r}, {e}] = {counts[r, e]} (rank {r}, "
-                        f"expert {e}) is negative")
-    flat = counts.reshape(-1).astype(object)
-    ends = np.cumsum(flat) if flat.size else np.zeros(0, object)
-    past = np.flatnonzero(ends > num_tokens)
-    if past.size:
-        r, e = divmod(int(past[0]), counts.shape[1])
-        raise HostError(f"expert_token_num_per_rank sums to {sum(flat)}, not A = {num_tokens} "
-                        f"(the rows of tokens): the block of rank {r}, expert {e} "
-                        f"({counts[r, e]} tokens) ends at row {ends[past[0]]}, past A")
-    total = int(sum(flat))
-    if total != num_tokens:
-        where = ""
-        if counts.size:
-            r, e = counts.shape[0] - 1, counts.shape[1] - 1
-            where = (f"; the last block (rank {r}, expert {e}) ends at row {total}, "
-                     f"{num_tokens - total} short")
-        raise HostError(f"expert_token_num_per_rank sums to {total}, not A = {num_tokens} "
-                        f"(the rows of tokens){where}")
-
-
 class MoeReRouting(Unit):
     name = "moe_re_routing"
     summary = ("Ascend MoeReRouting: rank-major tokens after all-to-all to expert-major, with "
@@ -85,28 +60,19 @@ class MoeReRouting(Unit):
 
     def problem(self, inputs, runtime):
         tokens, counts = need(inputs, self.name, self.inputs[:2])
-        tokens = np.asarray(tokens)
-        if tokens.ndim != 2:
-            raise HostError(f"tokens must have 2 dimensions [A, H], not {tokens.ndim} "
-                            f"(shape {tokens.shape})")
-        format_of_tokens(tokens)
         counts = np.asarray(counts)
         if counts.dtype.name not in COUNT_TYPES:
             raise HostError(f"expert_token_num_per_rank must have dtype int32, int64, uint32 "
                             f"or uint64, not {counts.dtype}")
-        if counts.ndim != 2:
-            raise HostError(f"expert_token_num_per_rank must have 2 dimensions [N, E], not "
-                            f"{counts.ndim} (shape {counts.shape})")
-        num_tokens, hidden = tokens.shape
-        if num_tokens and hidden < 1:
-            raise HostError(f"tokens must have H >= 1 elements per token, not {hidden}")
-        check_counts(counts, num_tokens)
         scales = inputs.get("per_token_scales")
-        if scales is not None:
-            scales = np.asarray(scales)
-            if scales.dtype != np.float32 or scales.shape != (num_tokens,):
-                raise HostError(f"per_token_scales must be float32 of shape ({num_tokens},) "
-                                f"[A], not {scales.dtype} {scales.shape}")
+        try:        # the golden model's checks: shapes, and counts summing to A
+            tokens, _, scales = check_re_routing_inputs(tokens, counts, scales)
+        except (TypeError, ValueError) as error:
+            raise HostError(str(error)) from None
+        format_of_tokens(tokens)
+        num_tokens, hidden = tokens.shape
+        if scales is not None and scales.dtype != np.float32:
+            raise HostError(f"per_token_scales must have dtype float32, not {scales.dtype}")
         values = {}
         for name, default in (("expert_token_num_type", 1), ("idx_type", 0)):
             values[name] = runtime_int(name, runtime, inputs, default=default)
