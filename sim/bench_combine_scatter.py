@@ -12,8 +12,8 @@ forwarding through the memory would fail here.
 import numpy as np
 
 import cocotb
-from harness import (MemoryReader, MemoryWriter, Pauses, Run, StreamSource, edge, high,
-                     pack_lanes, reset, run_until, unpack_lanes)
+from harness import (MemoryReader, MemoryWriter, Pauses, Run, StreamSource, high,
+                     pack_lanes, reset, run_once, unpack_lanes)
 
 
 @cocotb.test()
@@ -50,22 +50,11 @@ async def combine_scatter(dut):
                           layout=run.layout("write__payload"), pauses=Pauses(stall, seed + 4))
     actors = [header_source, data_source, reader, writer]
 
-    dut.tokens.value = tokens
-    dut.slots.value = slots
-    dut.hidden.value = hidden
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)                                # cycle 0: the unit samples start
-    dut.start.value = 0
-    limit = 60 * (len(beat_words) + len(headers)) + 2000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, "combine_scatter")
-    # Nothing may move after done, and every offered beat must have been taken.
-    writes_at_done, reads_at_done = len(writer.log), len(reader.requests)
-    for _ in range(16):
-        await edge(dut, actors)
-    assert len(writer.log) == writes_at_done, "writes left the unit after done"
-    assert len(reader.requests) == reads_at_done, "reads left the unit after done"
+    cycles = await run_once(dut, actors, {"tokens": tokens, "slots": slots, "hidden": hidden},
+                            limit=60 * (len(beat_words) + len(headers)) + 2000,
+                            what="combine_scatter",
+                            moved=lambda: (len(writer.log), len(reader.requests)))
+    # Every offered beat must have been taken.
     assert not reader.queue, f"{len(reader.queue)} read responses never taken"
     assert header_source.done, f"{header_source.sent} of {len(headers)} headers taken"
     assert data_source.done, f"{data_source.sent} of {len(beat_words)} data beats taken"

@@ -5,8 +5,8 @@ status outputs and the exact cycle count. The host side (moe_hw.host.dispatch) s
 import numpy as np
 
 import cocotb
-from harness import (Pauses, Run, StreamSink, StreamSource, edge, high, pack_lanes, reset,
-                     run_until, unpack_lanes)
+from harness import (Pauses, Run, StreamSink, StreamSource, high, pack_lanes, reset,
+                     run_once, unpack_lanes)
 
 
 @cocotb.test()
@@ -36,22 +36,10 @@ async def dispatch(dut):
     sink = StreamSink(dut, "write", Pauses(stall, seed + 2))
     actors = [header_source, data_source, sink]
 
-    dut.pairs.value = pairs
-    dut.hidden.value = hidden
-    dut.capacity.value = capacity
-    dut.num_experts.value = num_experts
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)              # cycle 0: the unit samples start
-    dut.start.value = 0
-    limit = 40 * (len(beat_words) + len(headers)) + 1000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, "dispatch")
-    # Nothing may leave after done, and every offered beat must have been taken.
-    writes_at_done = len(sink.items)
-    for _ in range(16):
-        await edge(dut, actors)
-    assert len(sink.items) == writes_at_done, "writes left the unit after done"
+    sizes = {"pairs": pairs, "hidden": hidden, "capacity": capacity, "num_experts": num_experts}
+    cycles = await run_once(dut, actors, sizes, limit=40 * (len(beat_words) + len(headers)) + 1000,
+                            what="dispatch", moved=lambda: (len(sink.items),))
+    # Every offered beat must have been taken.
     assert header_source.done, f"{header_source.sent} of {len(headers)} headers taken"
     assert data_source.done, f"{data_source.sent} of {len(beat_words)} data beats taken"
 

@@ -7,8 +7,8 @@ exact cycle count. The host side (moe_hw.host.dispatch_backward_gate) scores the
 import numpy as np
 
 import cocotb
-from harness import (MemoryReader, Pauses, Run, StreamSink, StreamSource, edge, high, reset,
-                     run_until)
+from harness import (MemoryReader, Pauses, Run, StreamSink, StreamSource, high, reset,
+                     run_once)
 
 SIZES = ("tokens", "top_k", "hidden", "capacity", "num_experts")
 
@@ -42,23 +42,12 @@ async def dispatch_backward_gate(dut):
     sink = StreamSink(dut, "grad_gate", Pauses(stall, seed + 5))
     actors = [header_source, input_reader, grad_reader, sink]
 
-    for name in SIZES:
-        getattr(dut, name).value = s[name]
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)                  # cycle 0: the unit samples start
-    dut.start.value = 0
     beats = max(1, -(-s["hidden"] // lanes))
-    limit = 40 * (len(headers) * beats + 16) + 2000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit,
-                             "dispatch_backward_gate")
-    # Nothing may move after done, and every offered header must have been taken.
-    counts = (len(sink.items), len(input_reader.requests), len(grad_reader.requests))
-    for _ in range(16):
-        await edge(dut, actors)
-    assert counts == (len(sink.items), len(input_reader.requests),
-                      len(grad_reader.requests)), "the unit moved after done"
+    cycles = await run_once(
+        dut, actors, {name: s[name] for name in SIZES},
+        limit=40 * (len(headers) * beats + 16) + 2000, what="dispatch_backward_gate",
+        moved=lambda: (len(sink.items), len(input_reader.requests), len(grad_reader.requests)))
+    # Every offered header must have been taken.
     for reader in (input_reader, grad_reader):
         assert not reader.queue, f"{len(reader.queue)} read responses never taken"
     assert header_source.done, f"{header_source.sent} of {len(headers)} headers taken"

@@ -6,7 +6,7 @@ both streams in arrival order, the status outputs and the exact cycle count. The
 import numpy as np
 
 import cocotb
-from harness import Pauses, Run, StreamSink, StreamSource, edge, high, reset, run_until
+from harness import Pauses, Run, StreamSink, StreamSource, high, reset, run_once
 
 
 @cocotb.test()
@@ -23,22 +23,11 @@ async def locations(dut):
     count_sink = StreamSink(dut, "counts", Pauses(stall, seed + 2))
     actors = [source, location_sink, count_sink]
 
-    dut.pairs.value = s["pairs"]
-    dut.num_experts.value = s["num_experts"]
-    dut.capacity.value = s["capacity"]
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)              # cycle 0: the unit samples start
-    dut.start.value = 0
-    limit = 40 * (len(items) + s["num_experts"]) + 1000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, "locations")
-    # Nothing may leave after done, and every offered pair must have been taken.
-    seen = (len(location_sink.items), len(count_sink.items))
-    for _ in range(16):
-        await edge(dut, actors)
-    assert (len(location_sink.items), len(count_sink.items)) == seen, \
-        "beats left the unit after done"
+    cycles = await run_once(dut, actors, {name: s[name] for name in ("pairs", "num_experts",
+                                                                     "capacity")},
+                            limit=40 * (len(items) + s["num_experts"]) + 1000, what="locations",
+                            moved=lambda: (len(location_sink.items), len(count_sink.items)))
+    # Every offered pair must have been taken.
     assert source.done or s["expect_error"], f"{source.sent} of {len(items)} pairs taken"
 
     location = run.layout("location__payload")

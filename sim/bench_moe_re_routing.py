@@ -7,8 +7,8 @@ builds the outputs and scores them."""
 import numpy as np
 
 import cocotb
-from harness import (MemoryReader, MemoryWriter, Pauses, Run, StreamSink, StreamSource, edge,
-                     high, reset, run_until)
+from harness import (MemoryReader, MemoryWriter, Pauses, Run, StreamSink, StreamSource,
+                     high, reset, run_once)
 
 
 @cocotb.test()
@@ -44,21 +44,11 @@ async def moe_re_routing(dut):
                                      for v in st["scales"].tolist()], Pauses(stall, seed + 6))
         actors.append(scale_source)
 
-    for name, value in runtime.items():
-        getattr(dut, name).value = value
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)              # cycle 0: the unit samples start
-    dut.start.value = 0
     limit = 40 * (len(counts) + runtime["num_experts"] + s["expected_beats"] +
                   runtime["tokens"]) + 2000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, "moe_re_routing")
-    seen = (len(writer.log), len(row_sink.items), len(num_sink.items), len(reader.requests))
-    for _ in range(16):
-        await edge(dut, actors)
-    assert (len(writer.log), len(row_sink.items), len(num_sink.items),
-            len(reader.requests)) == seen, "beats left the unit after done"
+    cycles = await run_once(dut, actors, runtime, limit=limit, what="moe_re_routing",
+                            moved=lambda: (len(writer.log), len(row_sink.items),
+                                           len(num_sink.items), len(reader.requests)))
 
     row = run.layout("row_write__payload")
     num = run.layout("expert_token_num__payload")

@@ -13,8 +13,8 @@ request log, the status outputs and the exact cycle count. The host side
 import numpy as np
 
 import cocotb
-from harness import (MemoryReader, Pauses, Run, StreamSink, StreamSource, edge, high,
-                     pack_lanes, reset, run_until, unpack_lanes)
+from harness import (MemoryReader, Pauses, Run, StreamSink, StreamSource, high,
+                     pack_lanes, reset, run_once, unpack_lanes)
 
 
 def header_words(layout, stimulus):
@@ -62,21 +62,10 @@ async def row_gather(dut):
     sink = StreamSink(dut, "data", Pauses(stall, seed + 3))
     actors = [source, reader, sink]
 
-    for name, value in runtime.items():
-        getattr(dut, name).value = value
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)              # cycle 0: the unit samples start
-    dut.start.value = 0
-    limit = 40 * (s["expected_beats"] + s["expected_reads"] + len(headers)) + 2000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, run.manifest["top"])
-    # Nothing may leave or be asked for after done.
-    beats_at_done, reads_at_done = len(sink.items), len(reader.requests)
-    for _ in range(16):
-        await edge(dut, actors)
-    assert len(sink.items) == beats_at_done, "beats left the unit after done"
-    assert len(reader.requests) == reads_at_done, "reads issued after done"
+    cycles = await run_once(
+        dut, actors, runtime,
+        limit=40 * (s["expected_beats"] + s["expected_reads"] + len(headers)) + 2000,
+        what=run.manifest["top"], moved=lambda: (len(sink.items), len(reader.requests)))
 
     out = run.layout("data__payload")
     data = np.array([unpack_lanes(out.unpack(w, "data"), width, lanes) for w in sink.items],

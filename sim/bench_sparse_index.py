@@ -7,8 +7,8 @@ scores them."""
 import numpy as np
 
 import cocotb
-from harness import (Pauses, Run, StreamSink, StreamSource, edge, high, pack_lanes, reset,
-                     run_until)
+from harness import (Pauses, Run, StreamSink, StreamSource, high, pack_lanes, reset,
+                     run_once)
 
 
 @cocotb.test()
@@ -29,20 +29,10 @@ async def sparse_index(dut):
     write_sink = StreamSink(dut, "write", Pauses(stall, seed + 2))
     actors = [source, part_sink, write_sink]
 
-    dut.tokens.value = s["tokens"]
-    dut.num_experts.value = s["num_experts"]
-    dut.start.value = 1
-    for actor in actors:
-        actor.step()
-    await edge(dut, actors)              # cycle 0: the unit samples start
-    dut.start.value = 0
-    limit = 40 * (len(items) + s["num_experts"] + lanes * len(beats)) + 1000
-    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, "sparse_index")
-    seen = (len(part_sink.items), len(write_sink.items))
-    for _ in range(16):
-        await edge(dut, actors)
-    assert (len(part_sink.items), len(write_sink.items)) == seen, \
-        "beats left the unit after done"
+    cycles = await run_once(dut, actors, {"tokens": s["tokens"], "num_experts": s["num_experts"]},
+                            limit=40 * (len(items) + s["num_experts"] + lanes * len(beats)) + 1000,
+                            what="sparse_index",
+                            moved=lambda: (len(part_sink.items), len(write_sink.items)))
 
     part = run.layout("part_sizes__payload")
     write = run.layout("write__payload")

@@ -18,7 +18,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, Timer
 
 __all__ = ["Run", "Layout", "Pauses", "StreamSource", "StreamSink", "MemoryReader", "MemoryWriter",
-           "reset", "edge", "run_until",
+           "reset", "edge", "run_until", "run_once",
            "high", "pack_lanes", "unpack_lanes"]
 
 
@@ -273,6 +273,31 @@ async def run_until(dut, actors, finished, limit, what="the unit"):
             return cycle
         if cycle >= limit:
             raise AssertionError(f"{what} did not finish within {limit} cycles (hang?)")
+
+
+async def run_once(dut, actors, sizes, *, limit, what, moved, started=None, settle=16):
+    """One run of a unit with the start/done handshake, and the check that it then keeps
+    still. The run-time ``sizes`` (port name -> value) are driven with ``start`` for the one
+    cycle in which the unit samples it (cycle 0); ``started()``, if given, is called right
+    after that edge. The actors are clocked until ``done``, and the cycle count from the start
+    edge is returned. Then ``settle`` more cycles run, in which ``moved()`` (a tuple of counts:
+    beats out, reads asked, writes done) must not change: nothing leaves a unit after done."""
+    for name, value in sizes.items():
+        getattr(dut, name).value = value
+    dut.start.value = 1
+    for actor in actors:
+        actor.step()
+    await edge(dut, actors)              # cycle 0: the unit samples start
+    dut.start.value = 0
+    if started is not None:
+        started()
+    cycles = await run_until(dut, actors, lambda: high(dut.done), limit, what)
+    at_done = moved()
+    for _ in range(settle):
+        await edge(dut, actors)
+    assert moved() == at_done, \
+        f"{what} moved after done: counts {at_done} at done, {moved()} {settle} cycles later"
+    return cycles
 
 
 __all__ += ["cocotb"]
