@@ -20,12 +20,16 @@ Three passes:
    slot ``offset[e] + rank`` with ``rank`` the counter's value before its increment. A beat
    with no routed gate still takes one cycle.
 
-Pipeline (one global stall, :class:`~moe_hw.stream.PipelineControl`, behind a skid buffer
-that gives the issue logic a registered ready): the request (bank row, per-lane increments,
-lane) enters the three-stage counter banks; a lane-select stage registers the lane's count and
-its offset; a slot stage registers ``offset + rank`` and whether it reaches ``nonzeros``
-(from ``nonzeros - offset``, computed in the stage before). The row's last beat and the
-phase changes come from flags registered one take ahead.
+Pipeline: the rows pass two skid buffers, where each gate is classified (routed, negative)
+in two steps, and a beat register from which every beat of passes 1 and 3 is issued. The
+requests (bank row, per-lane increments, lane) pass a skid buffer into a
+:class:`~moe_hw.stream.CreditPipeline` that never stalls: the three-stage counter banks and
+the offset memory (read in banks, :class:`~moe_hw.blocks.banked_memory.BankedMemory`, in step
+with them), a lane-select stage that registers the lane's count and its offset, a slot stage
+that registers ``offset + rank`` and whether it reaches ``nonzeros`` (from ``nonzeros -
+offset``, computed in the stage before), then the credit pipeline's queue, from which the
+prefix sum and the ``write`` port take the results. The row's last beat and the phase changes
+come from flags registered one take ahead.
 
 The state is O(E) (counters and offsets); the gate matrix itself is read twice, as a DMA
 would re-read it from memory, instead of being buffered (which would need O(S*k) storage).
@@ -81,20 +85,22 @@ stall anywhere costs only the cycles it lasts.
 from dataclasses import dataclass
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..blocks.banked_memory import BankedMemory
 from ..blocks.counter_bank import CounterBank
 from ..blocks.prefix_sum import PrefixSum
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
 from ..params import LANES, UnitParams, param, resolve_params
 from ..blocks.row_beats import row_beats
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, SkidBuffer, delay
 
-__all__ = ["SparseIndexParams", "SparseIndexUnit", "gate_class", "place_cycles"]
+__all__ = ["SparseIndexParams", "SparseIndexUnit", "gate_class", "gate_class_of_tests",
+           "gate_tests", "gate_tests_layout", "place_cycles"]
 
 COUNT, OFFSETS, PLACE = 0, 1, 2       # the passes
 
@@ -108,20 +114,23 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
     max_experts: int = param(64, minimum=1, maximum=1 << 16)
 
-    PASSES_OVERHEAD = START_LATENCY + 19
-    """Stall-free cycles beyond the passes' own for S >= 1 (21): the run control's start and
-    decide cycles and its second setup cycle (3); the rows' input skid buffer, where the gates
-    are classified (1; pass 3's first beat waits in it during pass 2); between pass 2 and pass 3, the request skid
-    buffer, the counter banks' three stages, the lane-select and slot stages, the prefix sum's
-    register and the offset memory's write (8: pass 3 starts once every offset is written);
-    pass 3's beat register (1); and after the last routed gate, the request skid buffer, the
-    banks' three stages, the lane-select and slot stages, the write skid buffer and the done
-    register (8). Pass 2 follows pass 1 without a gap (the banks forward in order)."""
-    OFFSETS_OVERHEAD = START_LATENCY + 10
-    """The same for S == 0 (no rows, so no pass 1 or 3; 12): the start, decide and second
+    PASSES_OVERHEAD = START_LATENCY + 26
+    """Stall-free cycles beyond the passes' own for S >= 1 (28): the run control's start and
+    decide cycles and its second setup cycle (3); the rows' two input skid buffers, where the
+    gates are classified (2; pass 3's first beats wait in them during pass 2); pass 1's beat
+    register (1); between pass 2 and pass 3, the request skid buffer, the counter banks' three
+    stages, the lane-select and slot stages, the credit pipeline's queue write and output
+    register, the prefix sum's register and the offset memory's write (10: pass 3 starts once
+    every offset is written); pass 3's beat register (1); and after the last routed gate, the
+    request skid buffer, the banks' three stages, the lane-select and slot stages, the queue
+    write and output register, the credit pipeline's busy register, the drained register and
+    the done register (11). Pass 2 follows pass 1 without a gap (the banks forward in
+    order)."""
+    OFFSETS_OVERHEAD = START_LATENCY + 13
+    """The same for S == 0 (no rows, so no pass 1 or 3; 15): the start, decide and second
     setup cycles, the request skid buffer, the counter banks' three stages, the lane-select and
-    slot stages, the prefix sum's register, the part_sizes skid buffer and the done
-    register."""
+    slot stages, the queue write and output register, the prefix sum's register, the
+    part_sizes skid buffer, the drained register and the done register."""
 
     def stall_free_cycles(self, tokens, num_experts, place_cycles):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
@@ -168,15 +177,41 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
                                   "gate": self.fmt.width})
 
 
+def gate_tests_layout(fmt):
+    """The tests :func:`gate_tests` makes of a gate: the mantissa's nonzero tests, one per
+    piece of at most 16 bits (least significant first), and the exponent's nonzero and
+    all-ones tests."""
+    fmt = float_format(fmt)
+    return data.StructLayout({"mantissa_nonzero": -(-fmt.mant_bits // 16),
+                              "exponent_nonzero": 1, "exponent_ones": 1})
+
+
+def gate_tests(bits, fmt):
+    """The first half of :func:`gate_class`: tests of at most 16 bits each (two LUT4 levels),
+    packed as :func:`gate_tests_layout`."""
+    fmt = float_format(fmt)
+    mantissa = bits[:fmt.mant_bits]
+    exponent = bits[fmt.mant_bits:fmt.width - 1]
+    return Cat(*(mantissa[low:low + 16].any() for low in range(0, fmt.mant_bits, 16)),
+               exponent.any(), exponent.all())
+
+
+def gate_class_of_tests(tests, sign):
+    """The second half of :func:`gate_class`: ``(routed, negative)`` from a gate's
+    :func:`gate_tests` (a view of :func:`gate_tests_layout`) and its sign bit, one LUT level
+    each for fp32."""
+    mantissa_nonzero = tests.mantissa_nonzero.any()
+    routed = mantissa_nonzero | tests.exponent_nonzero
+    nan = tests.exponent_ones & mantissa_nonzero
+    return routed, sign & routed & ~nan
+
+
 def gate_class(bits, fmt):
     """``(routed, negative)`` of a gate's bit pattern: routed when nonzero (NaN included,
     +-0.0 not); negative when < 0 (sign set, not zero, not NaN)."""
     fmt = float_format(fmt)
-    magnitude = bits[:fmt.width - 1]
-    exponent = bits[fmt.mant_bits:fmt.width - 1]
-    nan = (exponent == fmt.exp_max) & (bits[:fmt.mant_bits] != 0)
-    routed = magnitude != 0
-    return routed, bits[fmt.width - 1] & routed & ~nan
+    tests = data.View(gate_tests_layout(fmt), gate_tests(bits, fmt))
+    return gate_class_of_tests(tests, bits[fmt.width - 1])
 
 
 class SparseIndexUnit(wiring.Component):
@@ -217,17 +252,18 @@ class SparseIndexUnit(wiring.Component):
         tokens_zero = Signal()
         tokens_one = Signal()
 
-        m.submodules.ctl = pipe = PipelineControl(CounterBank.latency + 2)
         banks = []
         for lane in range(p.lanes):
             bank = CounterBank(p.max_beats_per_row, p.count_width)
             m.submodules[f"bank{lane}"] = bank
             banks.append(bank)
         m.submodules.prefix = prefix = PrefixSum(p.count_width, p.slot_width)
-        m.submodules.offsets = offsets = memory.Memory(shape=p.slot_width,
-                                                       depth=p.max_experts, init=[])
-        offset_write = offsets.write_port()
-        offset_read = offsets.read_port(domain="sync")
+        # The offsets are read in banks of one LUT-RAM row (16 words) with the address
+        # registered per bank and the bank's word selected in a register of its own: one
+        # memory read behind one address register was a path of its own (the address's
+        # fan-out to every cell, the cell, a 4:1 multiplexer).
+        m.submodules.offsets = offsets = BankedMemory(p.slot_width, p.max_experts,
+                                                      bank_depth=16)
         # The requests for the banks pass a skid buffer: the issue logic (the row stream's
         # ready, pass 3's beat register) sees its registered ready, not the pipeline's stall.
         m.submodules.issue = issue = SkidBuffer(data.StructLayout({
@@ -235,21 +271,33 @@ class SparseIndexUnit(wiring.Component):
             "lane": range(p.lanes), "offsets": 1, "place": 1, "real": 1,
             "token": range(p.max_tokens), "gate": fmt.width}))
         issue_ready = issue.i.ready
+        # The rows enter through two skid buffers, and each gate is classified on the way:
+        # its nonzero test (a 31-input OR for fp32, and the NaN test beside it) would take
+        # three LUT levels and the skid's multiplexer in one cycle, so the tests of at most 16
+        # bits are registered in the first buffer and combined into the routed and negative
+        # flags on the way into the second. The beat logic below starts from registers.
+        lane_gates = data.ArrayLayout(fmt.width, p.lanes)
         m.submodules.rows_in = rows_in = SkidBuffer(data.StructLayout({
-            "gates": data.ArrayLayout(fmt.width, p.lanes), "routed": p.lanes,
-            "negative": p.lanes}))
-        classes = [gate_class(self.rows.payload.gates[lane], fmt) for lane in range(p.lanes)]
+            "gates": lane_gates, "tests": data.ArrayLayout(gate_tests_layout(fmt), p.lanes)}))
+        m.submodules.rows_classified = rows_classified = SkidBuffer(data.StructLayout({
+            "gates": lane_gates, "routed": p.lanes, "negative": p.lanes}))
+        tested = rows_in.o.payload
+        classes = [gate_class_of_tests(tested.tests[lane], tested.gates[lane][fmt.width - 1])
+                   for lane in range(p.lanes)]
         m.d.comb += [
-            # Rows enter only during a run: nothing is left in the buffer after one.
+            # Rows enter only during a run: nothing is left in the buffers after one.
             rows_in.i.valid.eq(self.rows.valid & ctl.running),
             self.rows.ready.eq(rows_in.i.ready & ctl.running),
             rows_in.i.payload.gates.eq(self.rows.payload.gates),
-            rows_in.i.payload.routed.eq(Cat(*(routed for routed, _ in classes))),
-            rows_in.i.payload.negative.eq(Cat(*(negative for _, negative in classes))),
+            *(rows_in.i.payload.tests[lane].eq(gate_tests(self.rows.payload.gates[lane], fmt))
+              for lane in range(p.lanes)),
+            rows_classified.i.valid.eq(rows_in.o.valid),
+            rows_in.o.ready.eq(rows_classified.i.ready),
+            rows_classified.i.payload.gates.eq(tested.gates),
+            rows_classified.i.payload.routed.eq(Cat(*(routed for routed, _ in classes))),
+            rows_classified.i.payload.negative.eq(Cat(*(negative for _, negative in classes))),
         ]
         m.submodules.part_skid = part_skid = SkidBuffer(p.part_sizes_layout())
-        m.submodules.write_skid = write_skid = SkidBuffer(data.StructLayout({
-            "beat": p.write_layout(), "write": 1}))
 
         # ---- the input rows: beat and row counters, flags registered one take ahead ----------
         beats_per_row = Signal(range(p.max_beats_per_row + 1))
@@ -258,9 +306,7 @@ class SparseIndexUnit(wiring.Component):
         rows_pending = Signal()                        # rows_left != 0
         last_row = Signal()                            # rows_left == 1
         token = Signal(range(p.max_tokens))            # the current input row
-        # The rows enter through a skid buffer that classifies each gate on the way in (its
-        # nonzero test is a 31-input OR for fp32): the beat logic below starts from registers.
-        rows = rows_in.o
+        rows = rows_classified.o
         row_take = rows.valid & rows.ready
         row_start = Signal()
         beat, last_beat = row_beats(m, beats_per_row, start=row_start,
@@ -283,83 +329,106 @@ class SparseIndexUnit(wiring.Component):
         m.d.sync += [negative_seen.eq(negative.any()), took.eq(row_take)]
         faults = [took & negative_seen]
 
-        # ---- pass 3's beat register: its routed lanes leave one per cycle -------------------
+        # ---- the beat register: every beat of passes 1 and 3 is issued from it ---------------
+        # In pass 1 a beat leaves in one request that increments all its routed lanes; in
+        # pass 3 its routed lanes leave one per cycle. The rows' ready is then a function of
+        # four registers (``rows_pending`` and the register's state), in front of the wide
+        # clock enables of the rows' skid buffer and of this register.
         cur_loaded = Signal()
-        cur_pending = Signal(p.lanes)
+        cur_pending = Signal(p.lanes)                  # the routed lanes not yet issued
         cur_gates = Signal(data.ArrayLayout(fmt.width, p.lanes))
         cur_beat = Signal.like(beat)
         cur_token = Signal.like(token)
         # The lowest pending lane, one-hot and as a number (lane 0 when none is pending: the
-        # beat leaves as a bubble).
-        lowest = Cat(*(cur_pending[lane] & ~cur_pending[:lane].any() if lane else cur_pending[0]
-                       for lane in range(p.lanes)))
-        lane_sel = Signal(range(p.lanes))
-        cur_lane = Const(0, range(p.lanes))
-        for lane in reversed(range(p.lanes)):
-            cur_lane = Mux(cur_pending[lane], lane, cur_lane)
-        m.d.comb += lane_sel.eq(cur_lane)
-        rest = cur_pending & ~lowest                   # pending after the lowest leaves
-        single = ~rest.any()
+        # beat leaves as a bubble), and whether no other lane is pending: registered with
+        # ``cur_pending`` (the encoder runs on the lanes about to be pending), so that the
+        # gate's lane multiplexer and the register's free flag start from registers.
+        cur_lowest = Signal(p.lanes)
+        cur_lane = Signal(range(p.lanes))
+        cur_single = Signal(init=1)
+
+        def set_pending(pending):
+            lowest = Cat(*(pending[lane] & ~pending[:lane].any() if lane else pending[0]
+                           for lane in range(p.lanes)))
+            lane_of = Const(0, range(p.lanes))
+            for lane in reversed(range(p.lanes)):
+                lane_of = Mux(pending[lane], lane, lane_of)
+            return [cur_pending.eq(pending), cur_lowest.eq(lowest), cur_lane.eq(lane_of),
+                    cur_single.eq(~(pending & ~lowest).any())]
+
+        def set_counted(pending):
+            # Pass 1: the whole beat in one request.
+            return [cur_pending.eq(pending), cur_lowest.eq(pending), cur_single.eq(1)]
+
         emit = cur_loaded & issue_ready
-        cur_free = ~cur_loaded | (emit & single)
+        cur_free = ~cur_loaded | (emit & cur_single)
         with m.If(emit):
-            m.d.sync += cur_pending.eq(rest)
+            m.d.sync += set_pending(cur_pending & ~cur_lowest)
         with m.If(cur_free):
             # The beat's data load whenever the register is free (a short enable for a wide
-            # register); only ``cur_loaded`` and ``cur_pending`` depend on the take.
+            # register); only ``cur_loaded`` and the pending lanes depend on the take.
             m.d.sync += [cur_loaded.eq(0), cur_gates.eq(gates), cur_beat.eq(beat),
                          cur_token.eq(token)]
-            with m.If(place_phase & row_take):
-                m.d.sync += [cur_loaded.eq(1), cur_pending.eq(routed)]
+            with m.If(row_take):
+                m.d.sync += cur_loaded.eq(1)
+                with m.If(count_phase):
+                    m.d.sync += set_counted(routed)
+                with m.Else():
+                    m.d.sync += set_pending(routed)
 
         # ---- pass 2's counter read-out ----------------------------------------------------------
         reads_pending = Signal()
         reads_left = Signal.like(self.num_experts)
         last_read = Signal()                           # reads_left == 1
         read_expert = Signal(range(p.max_experts))
-        with m.If(offsets_phase & reads_pending & issue_ready):
+        # Pass 1's last beat may still wait in the beat register when pass 2 begins: the
+        # read-out issues after it.
+        reading = offsets_phase & reads_pending & ~cur_loaded
+        with m.If(reading & issue_ready):
             m.d.sync += [read_expert.eq(read_expert + 1), reads_left.eq(reads_left - 1),
                          last_read.eq(reads_left == 2)]
             with m.If(last_read):
                 m.d.sync += reads_pending.eq(0)
 
         # ---- the counter banks, shared by the three passes ------------------------------------
-        issue_valid = ((count_phase & rows.valid) | (offsets_phase & reads_pending) |
-                       cur_loaded)
         m.d.comb += [
-            issue.i.valid.eq(issue_valid),
-            rows.ready.eq((count_phase & issue_ready) |
-                               (place_phase & rows_pending & cur_free)),
-            issue.i.payload.index.eq(Mux(count_phase, beat,
-                                         Mux(offsets_phase, read_expert >> lanes_log2,
-                                             cur_beat))),
-            issue.i.payload.increment.eq(Mux(count_phase, routed, Mux(cur_loaded, lowest, 0))),
-            issue.i.payload.lane.eq(Mux(offsets_phase, read_expert[:lanes_log2], lane_sel)),
-            issue.i.payload.offsets.eq(offsets_phase),
+            issue.i.valid.eq(reading | cur_loaded),
+            rows.ready.eq(rows_pending & cur_free),
+            issue.i.payload.index.eq(Mux(cur_loaded, cur_beat, read_expert >> lanes_log2)),
+            issue.i.payload.increment.eq(Mux(cur_loaded, cur_lowest, 0)),
+            issue.i.payload.lane.eq(Mux(cur_loaded, cur_lane, read_expert[:lanes_log2])),
+            issue.i.payload.offsets.eq(reading),
             issue.i.payload.place.eq(place_phase),
             issue.i.payload.real.eq(cur_pending.any()),
             issue.i.payload.token.eq(cur_token),
-            issue.i.payload.gate.eq(cur_gates[lane_sel]),
+            issue.i.payload.gate.eq(cur_gates[cur_lane]),
         ]
+        # The banks and the two stages after them run free (no stall net reaches their
+        # registers): a request enters only when the credit pipeline's queue is sure to have
+        # room for its result, and the consumers (the prefix sum, the ``write`` port) take the
+        # results from the queue.
+        result_layout = data.StructLayout({
+            "value": p.count_width, "offsets": 1, "place": 1, "write": 1, "outside": 1,
+            "beat": p.write_layout()})
+        m.submodules.pipe = pipe = CreditPipeline(CounterBank.latency + 2, result_layout)
         request = issue.o.payload
-        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en)]
+        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.i_ready)]
         for lane, bank in enumerate(banks):
             m.d.comb += [
-                bank.en.eq(pipe.en),
-                bank.valid.eq(issue.o.valid),
+                bank.en.eq(1),
+                bank.valid.eq(pipe.take),
                 bank.index.eq(request.index),
                 bank.increment.eq(request.increment[lane]),
             ]
-        # The offset memory is read in step with the banks' last stage.
-        m.d.comb += [
-            offset_read.addr.eq(delay(m, Cat(request.lane, request.index),
-                                      CounterBank.latency - 1, pipe.en, name="offset_addr")),
-            offset_read.en.eq(pipe.en),
-        ]
+        # The offset memory is read in step with the banks: its word and the count are out
+        # in the same cycle.
+        assert BankedMemory.latency == CounterBank.latency
+        m.d.comb += [offsets.read_addr.eq(Cat(request.lane, request.index)),
+                     offsets.read_en.eq(1)]
 
         # The rest of the request follows the banks' stages.
         def follow(value, name):
-            return delay(m, value, CounterBank.latency, pipe.en, name=name)
+            return delay(m, value, CounterBank.latency, 1, name=name)
         bank_offsets = follow(request.offsets, "bank_offsets")
         bank_place = follow(request.place, "bank_place")
         bank_lane = follow(request.lane, "bank_lane")
@@ -371,70 +440,74 @@ class SparseIndexUnit(wiring.Component):
         value = Signal(p.count_width)
         m.d.comb += value.eq(Cat(*(bank.value for bank in banks))
                              .word_select(bank_lane, p.count_width))
-        s_value = delay(m, value, 2, pipe.en, name="value")
-        s_offsets = delay(m, bank_offsets, 2, pipe.en, name="s_offsets")
-        s_place = delay(m, bank_place, 2, pipe.en, name="s_place")
-        bank_real_v = delay(m, bank_real, 1, pipe.en, name="v_real")
-        s_real = delay(m, bank_real_v, 1, pipe.en, name="s_real")
-        s_token = delay(m, bank_token, 2, pipe.en, name="s_token")
-        s_gate = delay(m, bank_gate, 2, pipe.en, name="s_gate")
+        bank_real_v = delay(m, bank_real, 1, 1, name="v_real")
         v_value = Signal.like(value)
-        v_offset = Signal.like(offset_read.data)
+        v_offset = Signal(p.slot_width)
         v_room = Signal(signed(p.slot_width + 2))     # nonzeros - offset: the ranks that fit
         s_slot = Signal(p.slot_width + 1)
         s_outside = Signal()                           # slot >= nonzeros
-        with m.If(pipe.en):
-            m.d.sync += [v_value.eq(value), v_offset.eq(offset_read.data),
-                         v_room.eq(prefix.total - offset_read.data),
-                         s_slot.eq(v_offset + v_value),
-                         s_outside.eq(bank_real_v & (v_value >= v_room))]
-        m.d.comb += pipe.o_ready.eq(Mux(s_offsets, prefix.i.ready,
-                                        Mux(s_place, write_skid.i.ready, 1)))
+        m.d.sync += [v_value.eq(value), v_offset.eq(offsets.read_data),
+                     v_room.eq(prefix.total - offsets.read_data),
+                     s_slot.eq(v_offset + v_value),
+                     s_outside.eq(bank_real_v & (v_value >= v_room))]
+        m.d.comb += [
+            pipe.payload.value.eq(delay(m, value, 2, 1, name="s_value")),
+            pipe.payload.offsets.eq(delay(m, bank_offsets, 2, 1, name="s_offsets")),
+            pipe.payload.place.eq(delay(m, bank_place, 2, 1, name="s_place")),
+            pipe.payload.write.eq(delay(m, bank_real_v, 1, 1, name="s_real") & ~s_outside),
+            pipe.payload.outside.eq(s_outside),
+            pipe.payload.beat.addr.eq(s_slot),
+            pipe.payload.beat.token.eq(delay(m, bank_token, 2, 1, name="s_token")),
+            pipe.payload.beat.gate.eq(delay(m, bank_gate, 2, 1, name="s_gate")),
+        ]
+        result = pipe.o.payload
+        m.d.comb += pipe.o.ready.eq(Mux(result.offsets, prefix.i.ready,
+                                        self.write.ready | ~result.place | ~result.write))
 
         # ---- pass 2: counts -> prefix sum -> part_sizes and the offset memory ----------------
         offsets_written = Signal.like(self.num_experts)
         offsets_left = Signal.like(self.num_experts)
+        last_offset = Signal()                         # offsets_left == 1
         offsets_complete = Signal()                    # every offset is written
         m.d.comb += [
-            prefix.i.valid.eq(pipe.o_valid & s_offsets),
-            prefix.i.payload.value.eq(s_value),
+            prefix.i.valid.eq(pipe.o.valid & result.offsets),
+            prefix.i.payload.value.eq(result.value),
             part_skid.i.valid.eq(prefix.o.valid),
             prefix.o.ready.eq(part_skid.i.ready),
             part_skid.i.payload.part_size.eq(prefix.o.payload.value),
             part_skid.i.payload.offset.eq(prefix.o.payload.exclusive),
-            offset_write.addr.eq(offsets_written),
-            offset_write.data.eq(prefix.o.payload.exclusive),
-            offset_write.en.eq(prefix.o.valid & part_skid.i.ready),
+            offsets.write_addr.eq(offsets_written),
+            offsets.write_data.eq(prefix.o.payload.exclusive),
+            offsets.write_en.eq(prefix.o.valid & part_skid.i.ready),
             self.nonzeros.eq(prefix.total),
         ]
         wiring.connect(m, part_skid.o, wiring.flipped(self.part_sizes))
-        with m.If(offset_write.en):
+        with m.If(offsets.write_en):
             m.d.sync += [offsets_written.eq(offsets_written + 1),
-                         offsets_left.eq(offsets_left - 1)]
-            with m.If(offsets_left == 1):
+                         offsets_left.eq(offsets_left - 1), last_offset.eq(offsets_left == 2)]
+            with m.If(last_offset):
                 m.d.sync += offsets_complete.eq(1)
 
         # ---- pass 3: slot = offset + rank -> write ----------------------------------------------
-        outside = s_outside
         m.d.comb += [
-            write_skid.i.valid.eq(pipe.o_valid & s_place),
-            write_skid.i.payload.write.eq(s_real & ~outside),
-            write_skid.i.payload.beat.addr.eq(s_slot),
-            write_skid.i.payload.beat.token.eq(s_token),
-            write_skid.i.payload.beat.gate.eq(s_gate),
-            self.write.valid.eq(write_skid.o.valid & write_skid.o.payload.write),
-            self.write.payload.eq(write_skid.o.payload.beat),
-            write_skid.o.ready.eq(self.write.ready | ~write_skid.o.payload.write),
+            self.write.valid.eq(pipe.o.valid & result.place & result.write),
+            self.write.payload.eq(result.beat),
         ]
-        faults.append(write_skid.i.valid & write_skid.i.ready & outside)
+        faults.append(pipe.o.valid & pipe.o.ready & result.place & result.outside)
         m.d.comb += ctl.fault.eq(Cat(*faults).any())
 
         # ---- control ----------------------------------------------------------------------------
         offsets_done = offsets_complete                # set only in the offsets phase
+        # Pass 3 has drained when no beat is left to issue and every stage and buffer after
+        # the issue is empty. Nothing refills them after that, so the test (an AND of half a
+        # dozen flags, in front of the run control's done and the phase registers' resets) is
+        # registered, and ``finished`` is that register: a one-cycle pulse (it is not set again
+        # in the cycle after), done rises a cycle later.
+        drained = Signal()
+        m.d.sync += drained.eq(place_phase & ~drained & ~rows_pending & ~cur_loaded &
+                               ~issue.o.valid & ~pipe.busy & ~part_skid.o.valid)
         m.d.comb += [
-            ctl.finished.eq(place_phase & ~rows_pending & ~cur_loaded & ~issue.o.valid &
-                            ~pipe.busy &
-                            ~write_skid.o.valid & ~part_skid.o.valid),
+            ctl.finished.eq(drained),
             # No request is in flight in the decide cycle, nor when pass 3 begins.
             prefix.clear.eq(ctl.decide),
             *(bank.clear.eq(ctl.decide | offsets_done) for bank in banks),
@@ -459,7 +532,7 @@ class SparseIndexUnit(wiring.Component):
                 tokens_zero.eq(self.tokens == 0), tokens_one.eq(self.tokens == 1),
                 rows_left.eq(self.tokens), last_row.eq(self.tokens == 1),
                 reads_left.eq(self.num_experts), last_read.eq(self.num_experts == 1),
-                offsets_left.eq(self.num_experts),
+                offsets_left.eq(self.num_experts), last_offset.eq(self.num_experts == 1),
             ]
         # The constant restarts wait for the decide cycle (a register), so that the start
         # handshake does not drive the reset of every run register (``begin`` comes a cycle
