@@ -40,17 +40,22 @@ def _progress(message):
 
 class _Heartbeat:
     """Prints ``what ... N s`` to stderr every ``period`` seconds while a long step runs, so
-    that a run of minutes does not look hung."""
+    that a run of minutes does not look hung. :meth:`step` names the step now under way
+    (building the model, simulating), and its seconds count from then."""
 
     def __init__(self, what, period=HEARTBEAT_SECONDS):
         self.what, self.period = what, period
+        self._step, self._since = "", time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
+    def step(self, text):
+        self._step, self._since = text, time.perf_counter()
+
     def _beat(self):
-        start = time.perf_counter()
         while not self._stop.wait(self.period):
-            _progress(f"    ... {self.what}, {time.perf_counter() - start:.0f} s")
+            step = f": {self._step}" if self._step else ""
+            _progress(f"    ... {self.what}{step}, {time.perf_counter() - self._since:.0f} s")
 
     def __enter__(self):
         self._thread.start()
@@ -75,9 +80,12 @@ def bench_unit(name, shape, *, sim="verilator", stall=0.0, seed=0):
         label = f"{name}{' ' + variant if variant else ''}"
         started = time.perf_counter()
         try:
-            with _Heartbeat(f"{label} simulating"):
+            with _Heartbeat(label) as beat:
+                def progress(text):
+                    _progress(f"  [{label}] {text}")
+                    beat.step(text.split(" in ")[0])   # "building the ... model of U"
                 outcome = run(unit, inputs, settings, sim=sim, stall=stall, seed=seed,
-                              progress=lambda text: _progress(f"  [{label}] {text}"))
+                              progress=progress)
         except Exception as error:                   # noqa: BLE001 -- reported as a row
             rows.append({"unit": name, "variant": variant, "lanes": shape.lanes,
                          "error": f"{type(error).__name__}: {error}"})
