@@ -44,12 +44,11 @@ buffer register). ``response.ready`` and ``beats.valid`` do not depend combinati
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..params import LANES, check_choice, check_int
-from ..stream import SkidBuffer
+from ..stream import RegisteredFIFO, SkidBuffer
 
 __all__ = ["RowReader", "row_beats", "last_enable", "last_enable_of"]
 
@@ -126,13 +125,14 @@ class RowReader(wiring.Component):
         if self.tag_layout is not None:
             cur_tag = Signal(self.tag_layout)
 
-        # Every issued beat, read or skipped, waits here for its data, in order.
+        # Every issued beat, read or skipped, waits here for its data, in order. The queue's
+        # flags and head are registers: the join below looks at the head's ``read`` and
+        # takes it in the same cycle, and the issue is gated by ``w_rdy``.
         entry_fields = {"read": 1, "enable": lanes, "last": 1}
         if self.tag_layout is not None:
             entry_fields["tag"] = self.tag_layout
         entry_layout = data.StructLayout(entry_fields)
-        inflight = m.submodules.inflight = SyncFIFO(width=entry_layout.size,
-                                                    depth=self.outstanding)
+        inflight = m.submodules.inflight = RegisteredFIFO(entry_layout, self.outstanding)
 
         issue = cur_loaded & inflight.w_rdy & (cur_skip | self.request.ready)
         enable = Mux(cur_last & cur_tail, self.last_enable, all_lanes)
@@ -142,16 +142,15 @@ class RowReader(wiring.Component):
             self.request.payload.enable.eq(enable),
             self.command.ready.eq(~cur_loaded | (issue & cur_last)),
         ]
-        entry_in = Signal(entry_layout)
+        entry = inflight.w_data                         # the issued beat's entry
         m.d.comb += [
-            entry_in.read.eq(~cur_skip),
-            entry_in.enable.eq(enable),
-            entry_in.last.eq(cur_last),
-            inflight.w_data.eq(entry_in.as_value()),
+            entry.read.eq(~cur_skip),
+            entry.enable.eq(enable),
+            entry.last.eq(cur_last),
             inflight.w_en.eq(issue),
         ]
         if self.tag_layout is not None:
-            m.d.comb += entry_in.tag.eq(cur_tag)
+            m.d.comb += entry.tag.eq(cur_tag)
 
         with m.If(issue):
             m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
@@ -167,7 +166,7 @@ class RowReader(wiring.Component):
                 m.d.sync += cur_tag.eq(cmd.tag)
 
         # ---- join the head of the queue with its response ---------------------------------
-        head = data.View(entry_layout, inflight.r_data)
+        head = inflight.r_data
         skid = m.submodules.skid = SkidBuffer(self.beats.payload.shape())
         joined = inflight.r_rdy & (~head.read | self.response.valid)
         m.d.comb += [

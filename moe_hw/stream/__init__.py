@@ -2,8 +2,9 @@
 pipeline, written once and reused."""
 
 from .credit import CreditPipeline, RingQueue
+from .fifo import RegisteredFIFO
 from .pipeline import PipelineControl, delay, replicated
 from .skid import SkidBuffer
 
-__all__ = ["CreditPipeline", "PipelineControl", "RingQueue", "delay", "replicated",
-           "SkidBuffer"]
+__all__ = ["CreditPipeline", "PipelineControl", "RegisteredFIFO", "RingQueue", "delay",
+           "replicated", "SkidBuffer"]

@@ -60,24 +60,77 @@ from amaranth.utils import ceil_log2
 from .pipeline import delay
 from .skid import SkidBuffer
 
-__all__ = ["CreditPipeline", "RingQueue"]
+__all__ = ["CreditPipeline", "Ring", "RingQueue"]
+
+
+class Ring(wiring.Component):
+    """The ring of :class:`RingQueue` and :class:`~moe_hw.stream.RegisteredFIFO`: a ring in
+    distributed RAM with no full check (the writer guarantees room), written at the write
+    pointer whenever ``w_en`` is high, read asynchronously at the read pointer (``r_data``,
+    the oldest entry), which ``r_en`` advances. ``nonempty`` (a register) is high while the
+    ring holds an entry. ``r_en`` with ``nonempty`` low in a cycle ``w_en`` is high skips the
+    entry being written (the reader has taken it from ``w_data``). ``depth``: the entries the
+    writer may have in the ring at once (rounded up to a power of two).
+
+    The ring is cut into :func:`ring_groups` of payload bits, each a RAM of its own with its
+    own copy of both pointers (see the module docstring): the read pointer is the address of
+    an asynchronous read, so its fan-out is on the reader's path, and one pointer for the
+    whole payload is a net to every RAM cell of it.
+
+    Latency: an entry written in cycle c is on ``r_data``, with ``nonempty`` high, from
+    cycle c + 1.
+    """
+
+    def __init__(self, shape, depth):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, not {depth!r}")
+        self.depth = depth
+        super().__init__({"w_en": In(1), "w_data": In(shape),
+                          "r_en": In(1), "r_data": Out(shape), "nonempty": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        slots = 1 << ceil_log2(self.depth)
+        w_data = Value.cast(self.w_data)
+        r_data = Value.cast(self.r_data)
+        for group, (start, stop) in enumerate(ring_groups(len(w_data), slots)):
+            # Copy ``group`` of the pointers holds the pointer XOR ``group`` (a distinct
+            # constant per copy: there are at most as many copies as slots): the group's
+            # entries sit at slot ``entry XOR group``, and each copy has D logic of its own.
+            storage = m.submodules[f"storage{group}"] = memory.Memory(
+                shape=stop - start, depth=slots, init=[])
+            w_port = storage.write_port()
+            r_port = storage.read_port(domain="comb")
+            w_ptr = Signal(range(slots), name=f"w_ptr{group}", init=group)
+            r_ptr = Signal(range(slots), name=f"r_ptr{group}", init=group)
+            m.d.comb += [
+                w_port.addr.eq(w_ptr), w_port.data.eq(w_data[start:stop]),
+                w_port.en.eq(self.w_en),
+                r_port.addr.eq(r_ptr), r_data[start:stop].eq(r_port.data),
+            ]
+            with m.If(self.w_en):
+                m.d.sync += w_ptr.eq(_next_slot(w_ptr, group))
+            with m.If(self.r_en):
+                m.d.sync += r_ptr.eq(_next_slot(r_ptr, group))
+        items = Signal(range(slots + 1), name="items")
+        fills = self.w_en & ~self.r_en
+        drains = ~self.w_en & self.r_en
+        m.d.sync += [
+            items.eq(Mux(fills, items + 1, Mux(drains, items - 1, items))),
+            self.nonempty.eq(Mux(fills, 1, Mux(drains, items > 1, items != 0))),
+        ]
+        return m
 
 
 class RingQueue(wiring.Component):
     """The queue of :class:`CreditPipeline`, for a writer that guarantees room by other
-    means: a ring in distributed RAM, written whenever ``w_en`` is high (no full check: the
-    write enable goes straight to the RAM, so it should be a register), first-word
-    fall-through into a :class:`~moe_hw.stream.SkidBuffer` that drives ``o``. The ring's read
-    enable is the skid buffer's registered ``ready``, so ``o.ready`` reaches only the skid
-    buffer's output register. ``read`` (out) is high in a cycle an entry leaves the ring for
-    the skid buffer. ``depth``: the entries the writer may have in the ring at once (rounded
-    up to a power of two); the skid buffer holds two more.
-
-    The ring is cut into :func:`ring_groups` of payload bits, each a RAM of its own with its
-    own copy of both pointers (see the module docstring): the read pointer is the address of
-    an asynchronous read whose data go straight to the skid buffer's registers, so the
-    pointer's fan-out is on the path, and one pointer for the whole payload is a net to every
-    RAM cell of it.
+    means: a :class:`Ring`, written whenever ``w_en`` is high (no full check: the write
+    enable goes straight to the RAM, so it should be a register), first-word fall-through
+    into a :class:`~moe_hw.stream.SkidBuffer` that drives ``o``. The ring's read enable is
+    the skid buffer's registered ``ready``, so ``o.ready`` reaches only the skid buffer's
+    output register. ``read`` (out) is high in a cycle an entry leaves the ring for the skid
+    buffer. ``depth``: the entries the writer may have in the ring at once (rounded up to a
+    power of two); the skid buffer holds two more.
 
     Latency: an entry written in cycle c is on ``o`` from cycle c + :attr:`LATENCY`.
     """
@@ -95,39 +148,11 @@ class RingQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         out = m.submodules.out = SkidBuffer(self.w_data.shape())
-        slots = 1 << ceil_log2(self.depth)
-        w_data = Value.cast(self.w_data)
-        ring_data = Signal(len(w_data), name="ring_data")
-        ready = Signal(name="queue_ready")        # the ring holds an entry
+        ring = m.submodules.ring = Ring(self.w_data.shape(), self.depth)
         m.d.comb += [
-            self.read.eq(ready & out.i.ready),
-            out.i.valid.eq(ready), out.i.payload.eq(ring_data),
-        ]
-        for group, (start, stop) in enumerate(ring_groups(len(w_data), slots)):
-            # Copy ``group`` of the pointers holds the pointer XOR ``group`` (a distinct
-            # constant per copy: there are at most as many copies as slots): the group's
-            # entries sit at slot ``entry XOR group``, and each copy has D logic of its own.
-            storage = m.submodules[f"storage{group}"] = memory.Memory(
-                shape=stop - start, depth=slots, init=[])
-            w_port = storage.write_port()
-            r_port = storage.read_port(domain="comb")
-            w_ptr = Signal(range(slots), name=f"w_ptr{group}", init=group)
-            r_ptr = Signal(range(slots), name=f"r_ptr{group}", init=group)
-            m.d.comb += [
-                w_port.addr.eq(w_ptr), w_port.data.eq(w_data[start:stop]),
-                w_port.en.eq(self.w_en),
-                r_port.addr.eq(r_ptr), ring_data[start:stop].eq(r_port.data),
-            ]
-            with m.If(self.w_en):
-                m.d.sync += w_ptr.eq(_next_slot(w_ptr, group))
-            with m.If(self.read):
-                m.d.sync += r_ptr.eq(_next_slot(r_ptr, group))
-        items = Signal(range(slots + 1), name="items")
-        fills = self.w_en & ~self.read
-        drains = ~self.w_en & self.read
-        m.d.sync += [
-            items.eq(Mux(fills, items + 1, Mux(drains, items - 1, items))),
-            ready.eq(Mux(fills, 1, Mux(drains, items > 1, items != 0))),
+            ring.w_en.eq(self.w_en), ring.w_data.eq(self.w_data),
+            self.read.eq(ring.nonempty & out.i.ready), ring.r_en.eq(self.read),
+            out.i.valid.eq(ring.nonempty), out.i.payload.eq(ring.r_data),
         ]
         wiring.connect(m, out.o, wiring.flipped(self.o))
         return m

@@ -76,7 +76,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + MOVE_OVERHEAD + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``MOVE_OVERHEAD`` = 24, ``COUNT_OVERHEAD`` = 10 and ``product_latency`` = 2 for operands of
+with ``MOVE_OVERHEAD`` = 24, ``COUNT_OVERHEAD`` = 12 and ``product_latency`` = 2 for operands of
 up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
 N = 0, or counts the unit refuses.
 
@@ -134,11 +134,12 @@ class MoeReRoutingParams(UnitParams):
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
     dsp: str = dsp_param()
 
-    COUNT_OVERHEAD = START_LATENCY + 8
-    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (10): start and
+    COUNT_OVERHEAD = START_LATENCY + 10
+    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (12): start and
     decide, then, after the last expert read-out enters, the issue skid buffer, the counter
-    bank's three stages and its value register, the prefix sum's register, the offset write
-    and the check of the sum, and the done register. Pass 2's read-outs follow pass 1's
+    bank's three stages and its value register, the prefix sum's register, the
+    ``expert_token_num`` queue (its write, its skid buffer, its busy flag: a register, a
+    cycle behind the beats), and the done register. Pass 2's read-outs follow pass 1's
     counts without a gap (the bank forwards in order)."""
     MOVE_OVERHEAD = START_LATENCY + 22
     """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
@@ -282,8 +283,8 @@ class MoeReRoutingUnit(wiring.Component):
         bad = Signal()                             # a count was negative or above A
 
         # ---- pass 1: the count stream, one count per cycle ---------------------------------------
-        # Every request to the bank passes the issue skid buffer: the count stream's ready
-        # and the pass-2 read-out see its registered ready, not the bank pipeline's stall.
+        # Every request to the bank passes the issue skid buffer (a register: the bank never
+        # stalls, so the buffer is always ready).
         m.submodules.issue = issue = SkidBuffer(data.StructLayout({
             "index": expert_width, "amount": p.row_width, "increment": 1, "nonzero": 1,
             "bad": 1, "offsets": 1}))
@@ -308,11 +309,20 @@ class MoeReRoutingUnit(wiring.Component):
         above = (high_bits.any() if len(high_bits) else 0) | (low > tokens)
 
         # ---- pass 2's read-out of the counters ----------------------------------------------------
+        # The bank, the prefix sum and the offset write never stall (a stall is an enable to
+        # every register of the four banks, and their forwarding logic): the read-outs are
+        # the credit pipeline's items, and its queue holds the expert_token_num beats that
+        # the port does not take at once. A read-out enters only while the queue is sure to
+        # have room for its beat.
+        readout_latency = 1 + CounterBank.latency + 1 + PrefixSum.latency
+        m.submodules.num_pipe = num_pipe = CreditPipeline(readout_latency,
+                                                          p.expert_token_num_layout())
         reads_pending = Signal()
         reads_left = Signal.like(self.num_experts)
         last_read = Signal()
         read_expert = Signal(expert_width)
-        with m.If(offsets_phase & reads_pending & issue_ready):
+        m.d.comb += num_pipe.i_valid.eq(offsets_phase & reads_pending)
+        with m.If(num_pipe.take):
             m.d.sync += [read_expert.eq(read_expert + 1), reads_left.eq(reads_left - 1),
                          last_read.eq(reads_left == 2)]
             with m.If(last_read):
@@ -320,8 +330,7 @@ class MoeReRoutingUnit(wiring.Component):
 
         m.d.comb += [
             self.counts.ready.eq(count_phase & issue_ready),
-            issue.i.valid.eq((count_phase & self.counts.valid) |
-                             (offsets_phase & reads_pending)),
+            issue.i.valid.eq((count_phase & self.counts.valid) | num_pipe.take),
             issue.i.payload.index.eq(Mux(count_phase, expert, read_expert)),
             issue.i.payload.amount.eq(low),
             issue.i.payload.increment.eq(count_phase),
@@ -336,7 +345,10 @@ class MoeReRoutingUnit(wiring.Component):
         latency = CounterBank.latency + 1          # the banks, then the value registered
         m.submodules.bank_ctl = pipe = PipelineControl(latency)
         request = issue.o.payload
-        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en)]
+        # Every result is taken as it comes out (a count's entry is written, a read-out's
+        # total enters the prefix sum, which never stalls): ``en`` is constant 1.
+        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en),
+                     pipe.o_ready.eq(1)]
         bank_depth = min(BANK_EXPERTS, p.max_experts)
         bank_bits = ceil_log2(bank_depth)
         banks = []
@@ -396,7 +408,6 @@ class MoeReRoutingUnit(wiring.Component):
         # ---- pass 2: totals -> prefix sum -> offsets and expert_token_num -------------------------
         m.submodules.prefix = prefix = PrefixSum(p.total_width, p.sum_width)
         m.submodules.offsets = offsets = BankedMemory(p.row_width, p.max_experts)
-        m.submodules.num_skid = num_skid = SkidBuffer(p.expert_token_num_layout())
         offsets_written = Signal(expert_width)
         offsets_left = Signal.like(self.num_experts)
         offsets_complete = Signal()
@@ -404,16 +415,14 @@ class MoeReRoutingUnit(wiring.Component):
         m.d.comb += [
             prefix.i.valid.eq(out_read),
             prefix.i.payload.value.eq(out_value),
-            pipe.o_ready.eq(~out_offsets | prefix.i.ready),
-            num_skid.i.valid.eq(prefix.o.valid),
-            prefix.o.ready.eq(num_skid.i.ready),
-            num_skid.i.payload.value.eq(Mux(cumsum_mode, prefix.o.payload.inclusive,
-                                            prefix.o.payload.value)),
+            prefix.o.ready.eq(1),
+            num_pipe.payload.value.eq(Mux(cumsum_mode, prefix.o.payload.inclusive,
+                                          prefix.o.payload.value)),
             offsets.write_addr.eq(offsets_written),
             offsets.write_data.eq(prefix.o.payload.exclusive),
-            offsets.write_en.eq(prefix.o.valid & num_skid.i.ready),
+            offsets.write_en.eq(prefix.o.valid),
         ]
-        wiring.connect(m, num_skid.o, wiring.flipped(self.expert_token_num))
+        wiring.connect(m, num_pipe.o, wiring.flipped(self.expert_token_num))
         m.d.sync += sum_matches.eq(prefix.total == tokens)
         with m.If(offsets.write_en):
             m.d.sync += [offsets_written.eq(offsets_written + 1),
@@ -544,7 +553,7 @@ class MoeReRoutingUnit(wiring.Component):
             ctl.fault.eq(offsets_done & refused),
             ctl.finished.eq(move_phase & ~entries_pending & ~bpipe.busy &
                             ~cur_loaded & ~cmd_skid.o.valid & ~reader.busy &
-                            ~write_skid.o.valid & ~row_skid.o.valid & ~num_skid.o.valid),
+                            ~write_skid.o.valid & ~row_skid.o.valid & ~num_pipe.busy),
             prefix.clear.eq(ctl.decide),
             row_start.eq(ctl.begin | rank_end),
         ]
