@@ -9,11 +9,12 @@ results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it.
 The build root is ``$MOE_HW_BUILD_DIR`` when set, else ``build/`` in a source checkout, else
 ``~/.cache/moe_hw/build`` (an installed package).
 
-Verilator's C++ is compiled with ``$MOE_HW_VERILATOR_OPT`` (default ``-Os``, Verilator's own
-choice). The test suite sets ``-O0``: its problems are small, so the model's compile time
+Verilator's C++ is compiled at Verilator's own levels (``-Os`` for the model's per-cycle code,
+no optimisation for its set-up code) unless ``$MOE_HW_VERILATOR_OPT`` names one level for all
+of it. The test suite sets ``-O0``: its problems are small, so the model's compile time
 dominates, and ``-O0`` compiles a large unit (moe_layer) in about 40 % of the time for about
-10 % more simulation time. Runs and benchmarks keep ``-Os``. The level is part of the build's
-name, so the two never share a model.
+10 % more simulation time. Runs and benchmarks keep Verilator's levels. The level is part of
+the build's name, so the two never share a model.
 """
 
 import fcntl
@@ -89,10 +90,14 @@ _VERILATOR_OPTS = ("-O0", "-O1", "-O2", "-O3", "-Os")
 
 
 def _verilator_opt():
-    opt = os.environ.get("MOE_HW_VERILATOR_OPT", "-Os")
-    if opt not in _VERILATOR_OPTS:
-        raise SimulationError(f"MOE_HW_VERILATOR_OPT must be one of {', '.join(_VERILATOR_OPTS)}, "
-                              f"not {opt!r}")
+    """The one C++ optimisation level asked for, or "" for Verilator's own levels. Not -Os
+    for everything: Verilator compiles its set-up code (the symbol table's constructor, one
+    function of every signal: hundreds of kB at 8 lanes) unoptimised on purpose, and -Os on
+    it takes tens of minutes."""
+    opt = os.environ.get("MOE_HW_VERILATOR_OPT", "")
+    if opt and opt not in _VERILATOR_OPTS:
+        raise SimulationError(f"MOE_HW_VERILATOR_OPT must be empty or one of "
+                              f"{', '.join(_VERILATOR_OPTS)}, not {opt!r}")
     return opt
 
 
@@ -121,10 +126,12 @@ def _build_model(runner, sim, verilog_text, top, build_dir, progress):
     build_dir.mkdir(parents=True, exist_ok=True)
     v_path = build_dir / f"{top}.v"
     v_path.write_text(verilog_text)
-    # -CFLAGS comes after Verilator's OPT_FAST/OPT_SLOW/OPT_GLOBAL on the compile line, so
-    # it sets the level of the model and of the Verilator runtime alike.
-    build_args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC",
-                  "-CFLAGS", _verilator_opt()] if sim == "verilator" else []
+    build_args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"] \
+        if sim == "verilator" else []
+    if sim == "verilator" and _verilator_opt():
+        # -CFLAGS comes after Verilator's OPT_FAST/OPT_SLOW/OPT_GLOBAL on the compile line,
+        # so it sets the level of the model and of the Verilator runtime alike.
+        build_args += ["-CFLAGS", _verilator_opt()]
     runner.build(sources=[v_path], hdl_toplevel=top, build_dir=build_dir,
                  build_args=build_args, timescale=("1ns", "1ps"),
                  log_file=build_dir / "build.log")
