@@ -198,6 +198,23 @@ def test_moe_re_routing_bad_counts_raise_error(stall):
     assert int(res["scales_taken"]) <= 2        # at most what the scales' skid buffer holds
 
 
+@pytest.mark.parametrize("count_type", ["uint32", "uint64"])
+def test_moe_re_routing_unsigned_counts(count_type):
+    """Unsigned count types in the hardware: a run is bit-exact at the exact count; a count
+    with its top bit set (above A) is refused, and so is one whose addition wraps the count
+    width back to A."""
+    params = WIDE.replace(count_type=count_type)
+    dtype = np.dtype(count_type)
+    inputs = {**worked_example(ml_dtypes.bfloat16),
+              "expert_token_num_per_rank": COUNTS.astype(dtype)}
+    check(inputs, params=params)
+    bits = dtype.itemsize * 8
+    for counts in ([[1, 0, 2], [2, 1, 1 << (bits - 1)]],           # top bit set: huge
+                   [[1, 0, 2], [2, 2, (1 << bits) - 1]]):          # the sum wraps to A = 6
+        res = raw(inputs, np.array(counts, dtype), params=params)
+        assert_refused(res, params, 2, 3)
+
+
 def test_moe_re_routing_sizes_above_maxima():
     inputs = worked_example(ml_dtypes.bfloat16)
     for sizes in ({"tokens": WIDE.max_tokens + 1}, {"hidden": WIDE.max_hidden + 1},
