@@ -7,7 +7,8 @@ import pytest
 from moe_hw.flows.simulate import simulator_available
 
 # The tests' problems are small: a Verilator model compiled at -O0 builds in less than half
-# the time of the default -Os and simulates them about as fast (moe_hw/flows/simulate.py).
+# the time it takes at Verilator's own levels and simulates them about as fast
+# (moe_hw/flows/simulate.py).
 os.environ.setdefault("MOE_HW_VERILATOR_OPT", "-O0")
 
 

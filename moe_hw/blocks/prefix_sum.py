@@ -48,16 +48,15 @@ class PrefixSum(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        base = self.total
         m.d.comb += self.i.ready.eq(self.o.ready | ~self.o.valid)
         with m.If(self.o.ready | ~self.o.valid):
             m.d.sync += self.o.valid.eq(self.i.valid)
         with m.If(self.i.valid & self.i.ready):
             total = Signal(self.sum_width)
-            m.d.comb += total.eq(base + self.i.payload.value)
+            m.d.comb += total.eq(self.total + self.i.payload.value)
             m.d.sync += [
                 self.o.payload.value.eq(self.i.payload.value),
-                self.o.payload.exclusive.eq(base),
+                self.o.payload.exclusive.eq(self.total),
                 self.o.payload.inclusive.eq(total),
                 self.total.eq(total),
             ]

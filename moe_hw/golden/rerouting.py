@@ -32,14 +32,14 @@ def check_re_routing_inputs(tokens, expert_token_num_per_rank, per_token_scales=
                          f"expert {e}) is negative")
     # Python integers: a uint64 matrix's sum must not wrap.
     flat = counts.reshape(-1).astype(object)
+    total = int(sum(flat))
     ends = np.cumsum(flat) if flat.size else np.zeros(0, object)
     past = np.flatnonzero(ends > num_tokens)
     if past.size:
         r, e = divmod(int(past[0]), counts.shape[1])
-        raise ValueError(f"expert_token_num_per_rank sums to {sum(flat)}, not A = {num_tokens} "
+        raise ValueError(f"expert_token_num_per_rank sums to {total}, not A = {num_tokens} "
                          f"(the rows of tokens): the block of rank {r}, expert {e} "
                          f"({counts[r, e]} tokens) ends at row {ends[past[0]]}, past A")
-    total = int(sum(flat))
     if total != num_tokens:
         where = ""
         if counts.size:
@@ -76,8 +76,8 @@ def moe_re_routing(tokens, expert_token_num_per_rank, *, per_token_scales=None,
     A. H may be any size >= 1 (Ascend limits it to 1..16383; we do not); with A = 0 any H,
     including 0, is accepted.
     """
-    tokens, counts, per_token_scales = check_re_routing_inputs(tokens, expert_token_num_per_rank,
-                                                    per_token_scales)
+    tokens, counts, per_token_scales = check_re_routing_inputs(
+        tokens, expert_token_num_per_rank, per_token_scales)
     num_tokens = tokens.shape[0]
     expert_token_num_type = check_choice("expert_token_num_type", expert_token_num_type, (0, 1))
     idx_type = check_choice("idx_type", idx_type, (0, 1))

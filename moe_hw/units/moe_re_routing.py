@@ -101,7 +101,7 @@ from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, SkidBuffer, delay
 
 __all__ = ["MoeReRoutingParams", "MoeReRoutingUnit", "ELEMENT_FORMATS", "COUNT_TYPES"]
 
@@ -343,12 +343,11 @@ class MoeReRoutingUnit(wiring.Component):
         # One CounterBank per BANK_EXPERTS experts (LUT RAM of 64 words: a short read); every
         # bank sees every request and increments only for its own experts.
         latency = CounterBank.latency + 1          # the banks, then the value registered
-        m.submodules.bank_ctl = pipe = PipelineControl(latency)
         request = issue.o.payload
-        # Every result is taken as it comes out (a count's entry is written, a read-out's
-        # total enters the prefix sum, which never stalls): ``en`` is constant 1.
-        m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.en),
-                     pipe.o_ready.eq(1)]
+        # The banks never stall: every result is taken as it comes out (a count's entry is
+        # written, a read-out's total enters the prefix sum, which never stalls), so every
+        # register below loads every cycle and the issue buffer's output is always taken.
+        m.d.comb += issue.o.ready.eq(1)
         bank_depth = min(BANK_EXPERTS, p.max_experts)
         bank_bits = ceil_log2(bank_depth)
         banks = []
@@ -359,12 +358,12 @@ class MoeReRoutingUnit(wiring.Component):
             banks.append(bank)
             own = (request.index >> bank_bits) == index
             m.d.comb += [
-                bank.en.eq(pipe.en), bank.valid.eq(issue.o.valid),
+                bank.en.eq(1), bank.valid.eq(issue.o.valid),
                 bank.index.eq(request.index[:bank_bits]),
                 bank.increment.eq(request.increment & own), bank.amount.eq(request.amount),
                 bank.clear.eq(ctl.decide),
             ]
-        bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, pipe.en,
+        bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, 1,
                             name="bank_select")
         bank_value = Signal(p.total_width)
         # One bank needs no selection (and an Array indexed by a register that is still X
@@ -373,15 +372,16 @@ class MoeReRoutingUnit(wiring.Component):
                                   Array(bank.value for bank in banks)[bank_select])
 
         def follow(value, name):
-            return delay(m, value, latency, pipe.en, name=name)
+            return delay(m, value, latency, 1, name=name)
         out_index = follow(request.index, "out_index")
         out_amount = follow(request.amount, "out_amount")
         out_nonzero = follow(request.nonzero, "out_nonzero")
         out_bad = follow(request.bad, "out_bad")
         out_offsets = follow(request.offsets, "out_offsets")
-        out_value = delay(m, bank_value, 1, pipe.en, name="out_value")
-        out_count = pipe.o_valid & ~out_offsets
-        out_read = pipe.o_valid & out_offsets
+        out_value = delay(m, bank_value, 1, 1, name="out_value")
+        out_valid = follow(issue.o.valid, "out_valid")
+        out_count = out_valid & ~out_offsets
+        out_read = out_valid & out_offsets
 
         # The block memory: one entry (n, e, rank_prefix) per non-empty block, in rank-major
         # order.
