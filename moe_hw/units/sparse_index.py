@@ -239,7 +239,8 @@ class SparseIndexUnit(wiring.Component):
         # ---- run control: start, held sizes, done / error ---------------------------------
         # ``error`` also reports the unit's own faults (a negative gate, or a slot outside
         # [0, nonzeros)), through the run control's ``fault`` input. Two setup cycles: the
-        # row's beat counter takes its per-run constants from registers loaded at accept.
+        # row's beat counter takes its per-run constants from registers loaded in the decide
+        # cycle.
         ctl = m.submodules.control = RunControl(p.sizes, empty_when_zero=("num_experts",),
                                                 setup=2)
         ctl.connect(m, self)
@@ -347,14 +348,19 @@ class SparseIndexUnit(wiring.Component):
         cur_lane = Signal(range(p.lanes))
         cur_single = Signal(init=1)
 
+        def lowest_of(pending):
+            return Cat(*(pending[lane] & ~pending[:lane].any() if lane else pending[0]
+                         for lane in range(p.lanes)))
+
+        def single_of(pending):
+            return ~(pending & ~lowest_of(pending)).any()
+
         def set_pending(pending):
-            lowest = Cat(*(pending[lane] & ~pending[:lane].any() if lane else pending[0]
-                           for lane in range(p.lanes)))
             lane_of = Const(0, range(p.lanes))
             for lane in reversed(range(p.lanes)):
                 lane_of = Mux(pending[lane], lane, lane_of)
-            return [cur_pending.eq(pending), cur_lowest.eq(lowest), cur_lane.eq(lane_of),
-                    cur_single.eq(~(pending & ~lowest).any())]
+            return [cur_pending.eq(pending), cur_lowest.eq(lowest_of(pending)),
+                    cur_lane.eq(lane_of), cur_single.eq(single_of(pending))]
 
         def set_counted(pending):
             # Pass 1: the whole beat in one request.
@@ -362,13 +368,39 @@ class SparseIndexUnit(wiring.Component):
 
         emit = cur_loaded & issue_ready
         cur_free = ~cur_loaded | (emit & cur_single)
+        # The lanes left after an emit: those of ``cur_pending`` but its lowest, computed
+        # from ``cur_pending`` alone (``cur_lowest`` is its lowest whenever this matters: in
+        # pass 3 with more than one lane pending), so that each bit of the next lowest lane,
+        # lane number and "single" is a function of ``lanes`` register bits only.
+        left_after = cur_pending & ~lowest_of(cur_pending)
+        loads = cur_free & row_take
+        # The rows' ready is the same test on copies of the flags: ``cur_empty`` (not
+        # loaded) and ``cur_alone`` (loaded, one lane left), registered from the flags' next
+        # values. They are other registers than ``cur_loaded`` and ``cur_single``, so the
+        # rows' ready is one LUT of registers of its own, not a LUT after ``cur_free``, the
+        # clock enable of the beat register's ~150 bits: each wide enable net is then one LUT
+        # from registers (two such nets in a row were the unit's critical path).
+        cur_empty = Signal(init=1)
+        cur_alone = Signal()
+        next_loaded = Mux(cur_free, row_take, cur_loaded)
+        next_single = Mux(loads, count_phase | single_of(routed),
+                          Mux(emit, single_of(left_after), cur_single))
+        m.d.sync += [cur_empty.eq(~next_loaded), cur_alone.eq(next_loaded & next_single)]
+        # A second copy, for the clock enable of the beat's data (each flag the inverse of
+        # the first copy's, so that Yosys keeps them apart): ``cur_free`` then drives only
+        # the narrow control registers.
+        data_loaded = Signal()
+        data_busy = Signal(init=1)
+        m.d.sync += [data_loaded.eq(next_loaded), data_busy.eq(~(next_loaded & next_single))]
+        data_free = ~data_loaded | (issue_ready & ~data_busy)
         with m.If(emit):
-            m.d.sync += set_pending(cur_pending & ~cur_lowest)
-        with m.If(cur_free):
+            m.d.sync += set_pending(left_after)
+        with m.If(data_free):
             # The beat's data load whenever the register is free (a short enable for a wide
             # register); only ``cur_loaded`` and the pending lanes depend on the take.
-            m.d.sync += [cur_loaded.eq(0), cur_gates.eq(gates), cur_beat.eq(beat),
-                         cur_token.eq(token)]
+            m.d.sync += [cur_gates.eq(gates), cur_beat.eq(beat), cur_token.eq(token)]
+        with m.If(cur_free):
+            m.d.sync += cur_loaded.eq(0)
             with m.If(row_take):
                 m.d.sync += cur_loaded.eq(1)
                 with m.If(count_phase):
@@ -393,7 +425,7 @@ class SparseIndexUnit(wiring.Component):
         # ---- the counter banks, shared by the three passes ------------------------------------
         m.d.comb += [
             issue.i.valid.eq(reading | cur_loaded),
-            rows.ready.eq(rows_pending & cur_free),
+            rows.ready.eq(rows_pending & (cur_empty | (issue_ready & cur_alone))),
             issue.i.payload.index.eq(Mux(cur_loaded, cur_beat, read_expert >> lanes_log2)),
             issue.i.payload.increment.eq(Mux(cur_loaded, cur_lowest, 0)),
             issue.i.payload.lane.eq(Mux(cur_loaded, cur_lane, read_expert[:lanes_log2])),
@@ -498,6 +530,12 @@ class SparseIndexUnit(wiring.Component):
 
         # ---- control ----------------------------------------------------------------------------
         offsets_done = offsets_complete                # set only in the offsets phase
+        # ``decide | offsets_done`` (the banks' clear, the row number's restart) as a register
+        # of its own, loaded a cycle ahead from what sets those two (``offsets_complete`` is
+        # a one-cycle pulse after the last offset's write): the wide restart is then a
+        # register, not a LUT of two.
+        restart = Signal()
+        m.d.sync += restart.eq(ctl.accept | (offsets.write_en & last_offset))
         # Pass 3 has drained when no beat is left to issue and every stage and buffer after
         # the issue is empty. Nothing refills them after that, so the test (an AND of half a
         # dozen flags, in front of the run control's done and the phase registers' resets) is
@@ -510,7 +548,7 @@ class SparseIndexUnit(wiring.Component):
             ctl.finished.eq(drained),
             # No request is in flight in the decide cycle, nor when pass 3 begins.
             prefix.clear.eq(ctl.decide),
-            *(bank.clear.eq(ctl.decide | offsets_done) for bank in banks),
+            *(bank.clear.eq(restart) for bank in banks),
             row_start.eq(ctl.begin | offsets_done | row_end),
         ]
         with m.If(count_phase & row_end & last_row):
@@ -518,28 +556,28 @@ class SparseIndexUnit(wiring.Component):
         with m.If(offsets_done):
             m.d.sync += [offsets_phase.eq(0), place_phase.eq(1), offsets_complete.eq(0),
                          rows_left.eq(tokens), rows_pending.eq(~tokens_zero),
-                         last_row.eq(tokens_one), token.eq(0)]
+                         last_row.eq(tokens_one)]
         with m.If(ctl.finished):
             m.d.sync += place_phase.eq(0)
+        with m.If(restart):
+            m.d.sync += token.eq(0)
         with m.If(ctl.begin):
             m.d.sync += [count_phase.eq(~tokens_zero), offsets_phase.eq(tokens_zero),
                          rows_pending.eq(~tokens_zero)]
-        with m.If(ctl.accept):
-            m.d.sync += [
-                beats_per_row.eq((self.num_experts + (p.lanes - 1)) >> lanes_log2),
-                last_mask.eq(Cat(*((self.num_experts - 1)[:lanes_log2] >= lane
-                                   for lane in range(p.lanes)))),
-                tokens_zero.eq(self.tokens == 0), tokens_one.eq(self.tokens == 1),
-                rows_left.eq(self.tokens), last_row.eq(self.tokens == 1),
-                reads_left.eq(self.num_experts), last_read.eq(self.num_experts == 1),
-                offsets_left.eq(self.num_experts), last_offset.eq(self.num_experts == 1),
-            ]
-        # The constant restarts wait for the decide cycle (a register), so that the start
-        # handshake does not drive the reset of every run register (``begin`` comes a cycle
-        # later: the run control has two setup cycles).
+        # The run registers load in the decide cycle (a register), from the held sizes, so
+        # that the start handshake does not drive the enable of every run register
+        # (``begin`` comes a cycle later: the run control has two setup cycles).
+        held_experts = ctl.size("num_experts")
         with m.If(ctl.decide):
             m.d.sync += [
-                token.eq(0), reads_pending.eq(1), read_expert.eq(0),
+                beats_per_row.eq((held_experts + (p.lanes - 1)) >> lanes_log2),
+                last_mask.eq(Cat(*((held_experts - 1)[:lanes_log2] >= lane
+                                   for lane in range(p.lanes)))),
+                tokens_zero.eq(tokens == 0), tokens_one.eq(tokens == 1),
+                rows_left.eq(tokens), last_row.eq(tokens == 1),
+                reads_left.eq(held_experts), last_read.eq(held_experts == 1),
+                offsets_left.eq(held_experts), last_offset.eq(held_experts == 1),
+                reads_pending.eq(1), read_expert.eq(0),
                 offsets_written.eq(0), offsets_complete.eq(0),
                 count_phase.eq(0), offsets_phase.eq(0), place_phase.eq(0),
             ]
