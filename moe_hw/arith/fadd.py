@@ -95,8 +95,11 @@ class FloatAdderCore(FloatCore):
         # x is the operand of larger magnitude: it gives the result its sign and exponent.
         # The magnitudes (bit patterns without the sign) are compared in bytes here (short
         # carry chains) and the bytes combined after the register.
+        # Each byte's "b greater" is the borrow of a - b: the carry chain's own output, not a
+        # compare that synthesis builds from a subtraction and a zero test of its result.
         chunks = range(0, fmt.width - 1, 8)
-        greater = Cat(b.magnitude[i:i + 8] > a.magnitude[i:i + 8] for i in chunks)
+        greater = Cat((a.magnitude[i:i + 8].as_unsigned() - b.magnitude[i:i + 8])[-1]
+                      for i in chunks)
         equal = Cat(b.magnitude[i:i + 8] == a.magnitude[i:i + 8] for i in chunks)
         cmp = regs.boundary(
             "compared",

@@ -4,8 +4,15 @@ One distributed-RAM memory of a few hundred words is read through a wide multipl
 behind an address that fans out to every LUT-RAM cell: on ECP5 a 512-word read is 6 ns. Here
 the words are split into banks of ``bank_depth`` (64: four LUT-RAM rows and one 4:1
 multiplexer each) and the read takes three enabled cycles: the address is registered once per
-bank (the copies are kept apart, so each drives one bank), every bank reads its word into a
-register, and a last register selects the bank's word.
+bank, every bank reads its word into a register, and a last register selects the bank's word.
+
+Yosys merges registers with the same input bit by bit (``opt_merge``, a ``keep`` on the wire
+notwithstanding), which would leave one address register driving every bank's cells. The
+copies are therefore kept apart by construction, as the ring pointers of
+:mod:`moe_hw.stream.credit` are: bank k's copies of the read and the write address hold the
+address XOR (k mod ``bank_depth``), and the bank stores each word at that address too, so
+each bank's words are a fixed permutation and every read sees the word written at its
+address.
 
 Ports:
 
@@ -63,20 +70,21 @@ class BankedMemory(wiring.Component):
             read = bank.read_port(domain="sync")
             # The write is registered per bank, the bank decoded before the register: the
             # LUT RAM's write enable and address are flip-flops.
-            write_addr = Signal(low_bits, name=f"bank{index}_write_addr", attrs={"keep": 1})
+            write_addr = Signal(low_bits, name=f"bank{index}_write_addr")
             write_data = Signal(self.shape, name=f"bank{index}_write_data")
             write_en = Signal(name=f"bank{index}_write_en")
+            scramble = index % self.bank_depth          # this bank's copies: address XOR it
             m.d.sync += [
-                write_addr.eq(self.write_addr[:low_bits]),
+                write_addr.eq(self.write_addr[:low_bits] ^ scramble),
                 write_data.eq(self.write_data),
                 write_en.eq(self.write_en & ((self.write_addr >> low_bits) == index)),
             ]
             m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
                          write.en.eq(write_en)]
             # Stage 1: this bank's own copy of the address.
-            addr = Signal(low_bits, name=f"bank{index}_addr", attrs={"keep": 1})
+            addr = Signal(low_bits, name=f"bank{index}_addr")
             with m.If(self.read_en):
-                m.d.sync += addr.eq(self.read_addr[:low_bits])
+                m.d.sync += addr.eq(self.read_addr[:low_bits] ^ scramble)
             # Stage 2: the bank's word (the read port's register).
             m.d.comb += [read.addr.eq(addr), read.en.eq(self.read_en)]
             words.append(read.data)

@@ -76,7 +76,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + MOVE_OVERHEAD + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``MOVE_OVERHEAD`` = 24, ``COUNT_OVERHEAD`` = 12 and ``product_latency`` = 2 for operands of
+with ``MOVE_OVERHEAD`` = 25, ``COUNT_OVERHEAD`` = 13 and ``product_latency`` = 2 for operands of
 up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
 N = 0, or counts the unit refuses.
 
@@ -134,22 +134,22 @@ class MoeReRoutingParams(UnitParams):
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
     dsp: str = dsp_param()
 
-    COUNT_OVERHEAD = START_LATENCY + 10
-    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (12): start and
+    COUNT_OVERHEAD = START_LATENCY + 11
+    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (13): start and
     decide, then, after the last expert read-out enters, the issue skid buffer, the counter
     bank's three stages and its value register, the prefix sum's register, the
     ``expert_token_num`` queue (its write, its skid buffer, its busy flag: a register, a
-    cycle behind the beats), and the done register. Pass 2's read-outs follow pass 1's
-    counts without a gap (the bank forwards in order)."""
-    MOVE_OVERHEAD = START_LATENCY + 22
+    cycle behind the beats), the drained register and the done register. Pass 2's
+    read-outs follow pass 1's counts without a gap (the bank forwards in order)."""
+    MOVE_OVERHEAD = START_LATENCY + 23
     """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-    product's latency and the memory's (24): start and decide; the end of pass 2 up to the
+    product's latency and the memory's (25): start and decide; the end of pass 2 up to the
     check of the sum, as above; the block pipeline (the entry read, three cycles, the offset
     read, three, the destination row; then the product) and its queue (two: the queue's
     write and its skid buffer); the token generator's block register, the command skid
     buffer, the row reader's segment register; after the memory, the reader's skid buffer,
-    the write skid buffer and the done register. Later blocks and tokens follow back to
-    back."""
+    the write skid buffer, the drained register and the done register. Later blocks and
+    tokens follow back to back."""
 
     @property
     def element_width(self):
@@ -306,7 +306,9 @@ class MoeReRoutingUnit(wiring.Component):
         high_bits = count[p.row_width:p.count_bits - 1] if p.count_signed \
             else count[p.row_width:]
         negative = count[p.count_bits - 1] if p.count_signed else 0
-        above = (high_bits.any() if len(high_bits) else 0) | (low > tokens)
+        # Negative or too wide for a row count: tested at the port (the count's own bits); the
+        # compare with A waits for the stage after the issue buffer.
+        wide = (high_bits.any() if len(high_bits) else 0) | negative
 
         # ---- pass 2's read-out of the counters ----------------------------------------------------
         # The bank, the prefix sum and the offset write never stall (a stall is an enable to
@@ -335,7 +337,7 @@ class MoeReRoutingUnit(wiring.Component):
             issue.i.payload.amount.eq(low),
             issue.i.payload.increment.eq(count_phase),
             issue.i.payload.nonzero.eq(low.any()),
-            issue.i.payload.bad.eq(negative | above),
+            issue.i.payload.bad.eq(wide),
             issue.i.payload.offsets.eq(~count_phase),
         ]
 
@@ -376,7 +378,11 @@ class MoeReRoutingUnit(wiring.Component):
         out_index = follow(request.index, "out_index")
         out_amount = follow(request.amount, "out_amount")
         out_nonzero = follow(request.nonzero, "out_nonzero")
-        out_bad = follow(request.bad, "out_bad")
+        # A count is bad when negative or too wide (tested at the port), or above A (compared
+        # here, from the issue buffer's register, a stage into the banks' latency).
+        out_bad = delay(m, delay(m, request.bad | (request.amount > tokens), 1, 1,
+                                 name="bad_tested"),
+                        latency - 1, 1, name="out_bad")
         out_offsets = follow(request.offsets, "out_offsets")
         out_value = delay(m, bank_value, 1, 1, name="out_value")
         out_valid = follow(issue.o.valid, "out_valid")
@@ -439,7 +445,7 @@ class MoeReRoutingUnit(wiring.Component):
         # no stall net fans out to the tables' banks and the product; a block enters only when
         # the queue behind it is sure to have room.
         block_layout = data.StructLayout({"tokens": p.row_width, "row": p.row_width,
-                                          "elem": p.addr_width})
+                                          "elem": p.addr_width, "one": 1, "two": 1})
         m.submodules.block_pipe = bpipe = CreditPipeline(block_latency, block_layout)
         run = Const(1)
         entries_left = Signal.like(entries)
@@ -468,7 +474,15 @@ class MoeReRoutingUnit(wiring.Component):
                              name="block_tokens")
         block_row = delay(m, dst_row, p.product_latency, run, name="block_row")
 
+        # A block of one or two tokens, tested on the way (the token generator's last-token
+        # flags then load from registers).
+        block_one = delay(m, entry.tokens == 1, read + 1 + p.product_latency, run,
+                          name="block_one")
+        block_two = delay(m, entry.tokens == 2, read + 1 + p.product_latency, run,
+                          name="block_two")
         m.d.comb += [
+            bpipe.payload.one.eq(block_one),
+            bpipe.payload.two.eq(block_two),
             bpipe.payload.tokens.eq(block_tokens),
             bpipe.payload.row.eq(block_row),
             bpipe.payload.elem.eq(dst_elem),
@@ -485,26 +499,35 @@ class MoeReRoutingUnit(wiring.Component):
         m.d.comb += reader.last_enable.eq(last_en)
         m.submodules.command_skid = cmd_skid = SkidBuffer(reader.command.payload.shape())
         wiring.connect(m, cmd_skid.o, reader.command)
-        m.submodules.row_skid = row_skid = SkidBuffer(p.row_write_layout())
-        wiring.connect(m, row_skid.o, wiring.flipped(self.row_write))
+        row_fields = {name: field.shape for name, field in p.row_write_layout()
+                      if name != "scale"}
+        m.submodules.row_skid = row_skid = SkidBuffer(data.StructLayout(row_fields))
 
         cur_loaded = Signal()
         cur_left = Signal(p.row_width)
-        cur_last = Signal()
+        cur_last = Signal()                        # cur_left == 1
+        cur_second = Signal()                      # cur_left == 2
         cur_row = Signal(p.row_width)
         cur_elem = Signal(p.addr_width)
         src_row = Signal(p.row_width)
         src_elem = Signal(p.addr_width)
         token_ready = cmd_skid.i.ready & row_skid.i.ready
-        if p.scales:
-            # The scales pass a skid buffer: no path from the port's valid to its ready.
-            m.submodules.scale_skid = scale_skid = SkidBuffer(p.scale_layout())
-            wiring.connect(m, wiring.flipped(self.scales), scale_skid.i)
-            token_ready = token_ready & scale_skid.o.valid
         emit = cur_loaded & token_ready
         if p.scales:
-            m.d.comb += [scale_skid.o.ready.eq(emit),
-                         row_skid.i.payload.scale.eq(scale_skid.o.payload.scale)]
+            # The scales pass a skid buffer (no path from the port's valid to its ready) and
+            # join the row beats at the port, not at the token generator: a token's emit
+            # waits only for the two skid buffers' ready registers.
+            m.submodules.scale_skid = scale_skid = SkidBuffer(p.scale_layout())
+            wiring.connect(m, wiring.flipped(self.scales), scale_skid.i)
+            m.d.comb += [
+                self.row_write.valid.eq(row_skid.o.valid & scale_skid.o.valid),
+                self.row_write.payload.eq(row_skid.o.payload),
+                self.row_write.payload.scale.eq(scale_skid.o.payload.scale),
+                row_skid.o.ready.eq(self.row_write.ready & scale_skid.o.valid),
+                scale_skid.o.ready.eq(self.row_write.ready & row_skid.o.valid),
+            ]
+        else:
+            wiring.connect(m, row_skid.o, wiring.flipped(self.row_write))
         m.d.comb += [
             cmd_skid.i.valid.eq(emit),
             cmd_skid.i.payload.addr.eq(src_elem),
@@ -518,17 +541,30 @@ class MoeReRoutingUnit(wiring.Component):
             row_skid.i.payload.idx.eq(Mux(scatter_idx, cur_row, src_row)),
         ]
         with m.If(emit):
-            m.d.sync += [cur_left.eq(cur_left - 1), cur_last.eq(cur_left == 2),
+            m.d.sync += [cur_left.eq(cur_left - 1), cur_last.eq(cur_second),
+                         cur_second.eq(cur_left == 3),
                          cur_row.eq(cur_row + 1), cur_elem.eq(cur_elem + hidden_step),
                          src_row.eq(src_row + 1), src_elem.eq(src_elem + hidden_step)]
             with m.If(cur_last):
                 m.d.sync += cur_loaded.eq(0)
-        load = block_queue.valid & (~cur_loaded | (emit & cur_last))
-        m.d.comb += block_queue.ready.eq(~cur_loaded | (emit & cur_last))
         block = block_queue.payload
+        # The block queue's ready (and the load) come from copies of the block register's
+        # flags, ``gen_idle`` (not loaded) and ``gen_ending`` (loaded, on its last token),
+        # registered from the flags' next values: other registers than ``cur_loaded`` and
+        # ``cur_last``, so that the load and the queue's wide clock enable are not computed
+        # after ``emit``, the clock enable of the token counters (two wide enable nets in a
+        # row).
+        gen_idle = Signal(init=1)
+        gen_ending = Signal()
+        m.d.comb += block_queue.ready.eq(gen_idle | (token_ready & gen_ending))
+        load = block_queue.valid & block_queue.ready
+        next_loaded = Mux(load, 1, Mux(emit & cur_last, 0, cur_loaded))
+        next_last = Mux(load, block.one, Mux(emit, cur_second, cur_last))
+        m.d.sync += [gen_idle.eq(~next_loaded), gen_ending.eq(next_loaded & next_last)]
         with m.If(load):
             m.d.sync += [cur_loaded.eq(1), cur_left.eq(block.tokens),
-                         cur_last.eq(block.tokens == 1), cur_row.eq(block.row),
+                         cur_last.eq(block.one), cur_second.eq(block.two),
+                         cur_row.eq(block.row),
                          cur_elem.eq(block.elem)]
 
         # ---- the write port: a beat's address is its row's plus lanes per beat ------------------
@@ -549,11 +585,18 @@ class MoeReRoutingUnit(wiring.Component):
         # ---- control --------------------------------------------------------------------------------
         offsets_done = offsets_phase & offsets_complete
         refused = bad | ~sum_matches | hidden_bad
+        # The move has drained when no entry is left to read and every stage and buffer after
+        # it is empty. Nothing refills them after that, so the test (an AND of ten flags, in
+        # front of the run control's done and the phase register) is registered, and
+        # ``finished`` is that register: a one-cycle pulse (it is not set again in the cycle
+        # after); done rises a cycle later.
+        drained = Signal()
+        m.d.sync += drained.eq(move_phase & ~drained & ~entries_pending & ~bpipe.busy &
+                               ~cur_loaded & ~cmd_skid.o.valid & ~reader.busy &
+                               ~write_skid.o.valid & ~row_skid.o.valid & ~num_pipe.busy)
         m.d.comb += [
             ctl.fault.eq(offsets_done & refused),
-            ctl.finished.eq(move_phase & ~entries_pending & ~bpipe.busy &
-                            ~cur_loaded & ~cmd_skid.o.valid & ~reader.busy &
-                            ~write_skid.o.valid & ~row_skid.o.valid & ~num_pipe.busy),
+            ctl.finished.eq(drained),
             prefix.clear.eq(ctl.decide),
             row_start.eq(ctl.begin | rank_end),
         ]
