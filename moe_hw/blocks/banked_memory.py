@@ -29,7 +29,10 @@ Memories: ``amaranth.lib.memory`` with ``ram_style = "distributed"`` (an inferre
 RAM has no output register: its 4 ns clock-to-output would fill the cycle).
 """
 
-from amaranth.hdl import Module, Signal
+import operator
+from functools import reduce
+
+from amaranth.hdl import Module, Signal, Value
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -88,16 +91,21 @@ class BankedMemory(wiring.Component):
             # Stage 2: the bank's word (the read port's register).
             m.d.comb += [read.addr.eq(addr), read.en.eq(self.read_en)]
             words.append(read.data)
-        # Stage 3: the selected word.
-        select = Signal(range(self.banks))
-        select_word = Signal(range(self.banks))
-        with m.If(self.read_en):
-            m.d.sync += [select.eq(self.read_addr >> low_bits), select_word.eq(select)]
-            if self.banks == 1:
+        # Stage 3: the selected word, as an AND-OR of the banks' words with a "this bank"
+        # flag registered beside each bank's word in stage 2: each flag drives its own bank's
+        # bits only, where one bank number would fan out to a multiplexer for every bit.
+        if self.banks == 1:
+            with m.If(self.read_en):
                 m.d.sync += self.read_data.eq(words[0])
-            else:
-                with m.Switch(select_word):
-                    for index, word in enumerate(words):
-                        with m.Case(index):
-                            m.d.sync += self.read_data.eq(word)
+            return m
+        select = Signal(range(self.banks))
+        selected = []
+        for index in range(self.banks):
+            hit = Signal(name=f"bank{index}_hit")
+            with m.If(self.read_en):
+                m.d.sync += hit.eq(select == index)
+            selected.append(Value.cast(words[index]) & hit.replicate(len(Value.cast(words[index]))))
+        with m.If(self.read_en):
+            m.d.sync += [select.eq(self.read_addr >> low_bits),
+                         self.read_data.eq(reduce(operator.or_, selected))]
         return m

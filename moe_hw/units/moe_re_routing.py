@@ -609,13 +609,16 @@ class MoeReRoutingUnit(wiring.Component):
                          entry_addr.eq(0)]
         with m.If(ctl.finished):
             m.d.sync += move_phase.eq(0)
+        # The phases restart in the decide cycle (a register; ``begin`` is that cycle or a
+        # later one and sets the first phase after this), not from the start handshake.
+        with m.If(ctl.decide):
+            m.d.sync += [count_phase.eq(0), offsets_phase.eq(0), move_phase.eq(0)]
         with m.If(ctl.begin):
             m.d.sync += [count_phase.eq(~ranks_zero), offsets_phase.eq(ranks_zero)]
         with m.If(ctl.accept):
             m.d.sync += [
                 cumsum_mode.eq(~self.expert_token_num_type), scatter_idx.eq(self.idx_type),
                 ranks_zero.eq(self.num_ranks == 0),
-                count_phase.eq(0), offsets_phase.eq(0), move_phase.eq(0),
             ]
         # The run registers load in the decide cycle, from the held sizes: ``accept`` (a
         # function of the start port) then reaches only the few registers above.
