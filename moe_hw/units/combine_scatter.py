@@ -85,18 +85,19 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   its first flow at full rate again. ``CombineScatterParams.replay_cycles`` gives the exact
   count of any slot order (dropped slots included).
 
-Pipeline: header pipeline (``header_stages``, 4 at the default parameters: the mask; the
-token history compare; the slot's in-flight limit; its thermometer; the row address
+Pipeline: header pipeline (``header_stages``, 4 at the default parameters: the mask; the token
+history compare; the slot's in-flight limit; the limit and the limit less one; the row address
 ``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
 enable depends on registers only); the current-slot register walks ``addr``; issue (read
-request into a skid buffer, in-flight count; an operand register and ``lanes`` multipliers
-``gate * element``, free-running); the products wait in a FIFO (a
+request into a skid buffer, in-flight count, the room look-ahead: compares of the in-flight
+count against the current and the next slot's limit; an operand register and ``lanes``
+multipliers ``gate * element``, free-running); the products wait in a FIFO (a
 :class:`~moe_hw.stream.RingQueue`, ``max_outstanding`` deep, without a full check: at most
-``max_outstanding`` beats are in flight, and its write enable is a register) for the read
-data; ``lanes`` adders form ``old + product``, free-running too, into a write FIFO (a
+``max_outstanding`` beats are in flight, and its write enable is a register) for the read data;
+``lanes`` adders form ``old + product``, free-running too, into a write FIFO (a
 :class:`~moe_hw.stream.RingQueue` likewise) that drives ``write``. The issue decision
-(``data.ready``) is a function of registers only; no stall enable fans out to the
-arithmetic pipelines.
+(``data.ready``) is a function of registers only; no stall enable fans out to the arithmetic
+pipelines.
 """
 
 import operator
@@ -191,8 +192,8 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
     @property
     def header_stages(self):
         """Stages of the header pipeline: the mask, the token history compare, the slot's
-        in-flight limit, its thermometer (4), or the row address product if that is
-        longer."""
+        in-flight limit, the limit and the limit less one (4), or the row address product if
+        that is longer."""
         return max(4, self.base_latency)
 
     @property
@@ -387,12 +388,15 @@ class CombineScatterUnit(wiring.Component):
         h_limit = Signal(limit_width)
         with m.If(en_h):
             m.d.sync += h_limit.eq(Mux(seen.any(), limit_seen, depth))
-        # Stage 4: the limit as a thermometer, ``below[k] = k < limit``: the issue stage
-        # then tests the in-flight count (one-hot) against it without an adder.
-        h_below = Signal(depth)
+        # Stage 4: the limit and the limit less one, for the issue stage's compares against
+        # the in-flight count (``count + d < limit`` for d = -1, 0, 1 is ``count <= limit``,
+        # ``count < limit``, ``count < limit - 1``: a short carry chain each).
+        h_lim = Signal(limit_width)
+        h_lim_less = Signal(limit_width)
         with m.If(en_h):
-            m.d.sync += h_below.eq(Cat(*[h_limit > k for k in range(depth)]))
-        h_below = delay(m, h_below, p.header_stages - 4, en_h, name="h_below")
+            m.d.sync += [h_lim.eq(h_limit), h_lim_less.eq(h_limit - 1)]
+        h_lim = delay(m, h_lim, p.header_stages - 4, en_h, name="h_lim")
+        h_lim_less = delay(m, h_lim_less, p.header_stages - 4, en_h, name="h_lim_less")
         # The row address token * H on registered DSP blocks, alongside.
         product = pipelined_product(m, token, ctl.size("hidden"), en=en_h, dsp=p.dsp,
                                     name="base")
@@ -403,14 +407,16 @@ class CombineScatterUnit(wiring.Component):
         # A skid buffer between the header pipeline and the current slot: the pipeline's
         # enable then depends on registers only, not on the data stream.
         h_skid = m.submodules.header_skid = SkidBuffer(data.StructLayout({
-            "gate": width, "valid": 1, "base": p.addr_width, "below": depth}))
+            "gate": width, "valid": 1, "base": p.addr_width,
+            "limit": limit_width, "limit_less": limit_width}))
         m.d.comb += [
             h_skid.i.valid.eq(header_ctl.o_valid),
             header_ctl.o_ready.eq(h_skid.i.ready),
             h_skid.i.payload.gate.eq(h_gate),
             h_skid.i.payload.valid.eq(h_in_range),
             h_skid.i.payload.base.eq(h_base),
-            h_skid.i.payload.below.eq(h_below),
+            h_skid.i.payload.limit.eq(h_lim),
+            h_skid.i.payload.limit_less.eq(h_lim_less),
         ]
         slot = h_skid.o.payload
 
@@ -419,13 +425,15 @@ class CombineScatterUnit(wiring.Component):
         cur_valid = Signal()
         cur_gate = Signal(width)
         cur_addr = Signal(p.addr_width)
-        cur_below = Signal(depth)               # the slot's limit, k < limit
-        room = Signal()                         # in-flight beats < the slot's limit
+        cur_lim = Signal(limit_width)           # the slot's in-flight limit
+        cur_lim_less = Signal(limit_width)      # the limit less one
+        room_ok = Signal()                      # a slot in hand, dropped or with room
         read_skid = m.submodules.read_skid = SkidBuffer(p.read_layout())
-        # Every term is a register. A dropped slot's beats are taken and discarded at full
-        # rate.
-        m.d.comb += self.data.ready.eq(running & cur_loaded &
-                                       (~cur_valid | (read_skid.i.ready & room)))
+        # ``room_ok`` is a choice among registers (below), so that the beat's ``ready`` is
+        # two LUTs from registers. It includes ``cur_loaded``, which implies ``running`` (the
+        # slots are the run's, and the run ends after its last slot's last beat). A dropped
+        # slot's beats are taken and discarded at full rate.
+        m.d.comb += self.data.ready.eq((~cur_valid | read_skid.i.ready) & room_ok)
         beat_take = self.data.valid & self.data.ready
         issue = Signal()
         m.d.comb += issue.eq(beat_take & cur_valid)
@@ -442,35 +450,53 @@ class CombineScatterUnit(wiring.Component):
                 m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1)]
         with m.If(load):
             m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid), cur_gate.eq(slot.gate),
-                         cur_addr.eq(slot.base), cur_below.eq(slot.below)]
+                         cur_addr.eq(slot.base), cur_lim.eq(slot.limit),
+                         cur_lim_less.eq(slot.limit_less)]
 
         # ---- in-flight count and the room flag ------------------------------------------------
-        # ``inflight`` is one-hot (bit n: n beats between issue and write taken). ``room`` =
-        # inflight < the slot's limit is split across a register: each cycle registers, for
-        # the slot of the next cycle (the loaded one or the current one), whether
-        # ``inflight + d`` is below its limit for d = -1, 0, 1 (an AND-OR of registers); the
-        # next cycle picks one by the registered count change.
+        # The in-flight count (beats between issue and write taken) is kept a cycle late:
+        # ``grows`` and ``shrinks`` register this cycle's change, and ``counted`` follows them
+        # a cycle later, so that no handshake reaches the count. The count of this cycle is
+        # ``counted + grows - shrinks``; ``counted_more`` and ``counted_less`` hold
+        # ``counted`` plus and minus one.
         retire = self.write.valid & self.write.ready
-        inflight = Signal(depth + 1, init=1)
         grows = Signal()
         shrinks = Signal()
         m.d.sync += [grows.eq(issue & ~retire), shrinks.eq(retire & ~issue)]
-        with m.If(issue & ~retire):
-            m.d.sync += inflight.eq(inflight << 1)
-        with m.Elif(retire & ~issue):
-            m.d.sync += inflight.eq(inflight >> 1)
+        counted = Signal(limit_width)
+        counted_more = Signal(limit_width, init=1)
+        counted_less = Signal(limit_width, init=-1 % (1 << limit_width))
+        for reg in (counted, counted_more, counted_less):
+            m.d.sync += reg.eq(Mux(grows, reg + 1, Mux(shrinks, reg - 1, reg)))
+        idle = Signal()                         # no beat in flight this cycle
+        m.d.comb += idle.eq(Mux(grows, 0, Mux(shrinks, counted == 1, counted == 0)))
 
-        def below_after(below, d):
-            # inflight + d < limit, the thermometer ``below`` read at the one-hot count + d.
-            terms = [inflight[n] & below[n + d] for n in range(depth + 1) if 0 <= n + d < depth]
-            return reduce(operator.or_, terms, Const(0))
+        # ``room_ok`` = a slot in hand, and dropped or with in-flight < its limit, is split
+        # across a register: each cycle registers, for the in-flight count of the next cycle
+        # (this cycle's plus d, d = -1, 0, 1), whether the slot of the next cycle (the one
+        # loaded, else the current one while it has beats left) is dropped or has that count
+        # below its limit. That is ``counted + e < limit`` for e = d + (grows - shrinks):
+        # compares of registers (a short carry chain each), a choice by the registered
+        # ``grows``, ``shrinks``, then the reload choice. The next cycle picks one by its own
+        # ``grows`` and ``shrinks``.
+        def below(lim, lim_less, e):
+            # counted + e < limit, for every count at which the choice below reads it
+            # (``counted_less`` is read only when ``counted`` is 2 or more).
+            return {-2: counted_less <= lim, -1: counted <= lim, 0: counted < lim,
+                    1: counted < lim_less, 2: counted_more < lim_less}[e]
 
+        def by_change(values, d):
+            return Mux(grows, values[d + 1], Mux(shrinks, values[d - 1], values[d]))
+
+        below_cur = {e: below(cur_lim, cur_lim_less, e) for e in range(-2, 3)}
+        below_next = {e: below(slot.limit, slot.limit_less, e) for e in range(-2, 3)}
+        keeps = cur_loaded & ~(beat_take & last_beat)      # the current slot has beats left
         room_if = {}
         for d in (-1, 0, 1):
             room_if[d] = Signal(name=f"room_if_{'less' if d < 0 else 'more' if d else 'same'}")
-            m.d.sync += room_if[d].eq(Mux(load, below_after(slot.below, d),
-                                          below_after(cur_below, d)))
-        m.d.comb += room.eq(Mux(grows, room_if[1], Mux(shrinks, room_if[-1], room_if[0])))
+            m.d.sync += room_if[d].eq(Mux(load, ~slot.valid | by_change(below_next, d),
+                                          keeps & (~cur_valid | by_change(below_cur, d))))
+        m.d.comb += room_ok.eq(by_change(room_if, 0))
 
         # ---- issue: read request, gate multiply ---------------------------------------------
         m.d.comb += [
@@ -540,7 +566,7 @@ class CombineScatterUnit(wiring.Component):
         wiring.connect(m, wiring.flipped(self.write), write_fifo.o)
 
         # ---- control ---------------------------------------------------------------------------
-        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & inflight[0])
+        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & idle)
         # Every slot fails the mask when there is no token, but none carries data when H is
         # zero (registered in the start cycle, used in the decide cycle).
         all_dropped = Signal()
