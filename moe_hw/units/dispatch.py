@@ -67,10 +67,6 @@ from ..stream import CreditPipeline, delay, replicated
 
 __all__ = ["DispatchParams", "DispatchUnit"]
 
-#: The data input queue's depth: eight ring slots, so that the ring can be cut into up to
-#: eight groups of 32 bits, each with its own read pointer copy (8 fp32 lanes).
-DATA_DEPTH = 8
-
 
 @dataclass(frozen=True)
 class DispatchParams(FloatDatapathParams, UnitParams):
@@ -194,8 +190,7 @@ class DispatchUnit(wiring.Component):
         # beat's handshake starts from registers, and taking a beat advances the ring's read
         # pointer copies only; the operand registers load the ring's read every cycle. (A
         # skid buffer here puts the take on the clock enable of lanes x 32 payload bits.)
-        data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), depth=DATA_DEPTH,
-                                                        skid=False)
+        data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), skid=False)
         beats_in = data_in.o
         m.d.comb += [
             data_in.i_valid.eq(self.data.valid & running),
@@ -214,9 +209,11 @@ class DispatchUnit(wiring.Component):
         beat, last_beat = row_beats(m, beats, start=ctl.decide | pair_done, step=beat_take)
         m.d.comb += [pair_done.eq(beat_take & last_beat), h_out.ready.eq(pair_done)]
         offset = beat << lanes_log2                  # the beat's element offset in its row
-        # The pair's bookkeeping, a cycle later (off the handshake path).
+        # The pair's bookkeeping, a cycle later (off the handshake path). Every field of the
+        # ring's read goes straight into registers (no logic between the ring and them).
         done_pair = delay(m, pair_done, 1, 1, name="done_pair")
-        done_dropped = delay(m, pair_done & ~pair.in_range, 1, 1, name="done_dropped")
+        in_range = delay(m, pair.in_range, 1, 1, name="pair_in_range")
+        done_dropped = done_pair & ~in_range
         with m.If(done_pair):
             m.d.sync += pairs_left.eq(pairs_left - 1)
         with m.If(done_dropped):
@@ -249,7 +246,7 @@ class DispatchUnit(wiring.Component):
         m.d.comb += [
             mul_ctl.payload.beat.addr.eq(addr),
             mul_ctl.payload.beat.enable.eq(delay(m, enable, latency, 1, name="w_enable")),
-            mul_ctl.payload.write.eq(delay(m, pair.in_range, latency, 1, name="w_write")),
+            mul_ctl.payload.write.eq(delay(m, in_range, latency - 1, 1, name="w_write")),
         ]
 
         # Items that write nothing leave the queue too and vanish at its output.
