@@ -147,7 +147,7 @@ class SlotAddress(wiring.Component):
         return m
 
 
-def header_slot_queue(m, header, control, params, *, open, addr_width, carry=()):
+def header_slot_queue(m, header, control, params, *, open, addr_width, carry=(), skid=True):
     """The header stream of a unit that addresses the expert buffer, through the slot
     address in a pipeline that never stalls: the :class:`SlotAddress` (submodule
     ``slot_address``, enable constant 1) inside a :class:`~moe_hw.stream.CreditPipeline`
@@ -160,12 +160,15 @@ def header_slot_queue(m, header, control, params, *, open, addr_width, carry=())
     gate). Returns the :class:`~moe_hw.stream.CreditPipeline`: its stream ``o`` has payload
     fields ``address``, ``in_range`` and the ``carry`` fields; its output register holds the
     front header until the unit takes it. Latency :func:`slot_latency` +
-    ``CreditPipeline.QUEUE_LATENCY``.
+    ``CreditPipeline.QUEUE_LATENCY``. With ``skid=False`` the queue's ring drives ``o``
+    (see :class:`~moe_hw.stream.CreditPipeline`): the front header is the ring's
+    asynchronous read, for a unit that registers it every cycle, and the latency is
+    :func:`slot_latency` + ``CreditPipeline.RING_LATENCY``.
     """
     fields = {"address": addr_width, "in_range": 1}
     fields.update({name: header.payload[name].shape() for name in carry})
     queue = m.submodules.header_queue = CreditPipeline(slot_latency(params),
-                                                       data.StructLayout(fields))
+                                                       data.StructLayout(fields), skid=skid)
     m.d.comb += [
         queue.i_valid.eq(header.valid & open),
         header.ready.eq(queue.i_ready & open),

@@ -35,6 +35,13 @@ Ports:
 Latency, stall-free: ``latency`` (the datapath) + 2 (the queue's write, the skid buffer's
 output register) cycles from ``take`` to ``o.valid``.
 
+With ``skid=False`` the ring itself drives ``o`` (``o.valid`` is its ``nonempty`` register,
+``o.payload`` the asynchronous read at its read pointer, ``o.ready`` advances the pointer
+copies): a cycle less (:attr:`CreditPipeline.RING_LATENCY`), and the consumer's take reaches
+a few pointer registers instead of the clock enable of a register as wide as the payload.
+For a consumer inside the unit that loads the payload into registers of its own every cycle
+(a free-running datapath behind the queue), not for a unit's output port.
+
 The queue on its own is :class:`RingQueue`, for a writer that guarantees room by other means
 (combine_scatter's in-flight count bounds what its product and write queues hold).
 
@@ -184,18 +191,24 @@ def _next_slot(ptr, constant):
 class CreditPipeline(wiring.Component):
     """See the module docstring. ``latency``: the datapath's cycles from ``take`` to
     ``payload``; ``shape``: the payload's shape; ``depth``: the queue's, at least
-    ``latency + 3`` for one item per cycle (the default)."""
+    ``latency + 3`` for one item per cycle (the default); ``skid``: whether a
+    :class:`~moe_hw.stream.SkidBuffer` drives ``o`` (the default) or the ring itself."""
 
     #: Cycles the queue adds from the datapath's output to ``o.valid``.
     QUEUE_LATENCY = RingQueue.LATENCY
+    #: The same with ``skid=False`` (the ring's write).
+    RING_LATENCY = 1
     #: Cycles from the last item leaving ``o`` to ``busy`` low, beyond the one of a
     #: combinational flag (``busy`` is a register).
     IDLE_LATENCY = 1
 
-    def __init__(self, latency, shape, *, depth=None):
+    def __init__(self, latency, shape, *, depth=None, skid=True):
         if not isinstance(latency, int) or latency < 0:
             raise ValueError(f"latency must be a non-negative integer, not {latency!r}")
         self.latency = latency
+        self.skid = bool(skid)
+        #: Cycles from the datapath's output to ``o.valid``.
+        self.queue_latency = self.QUEUE_LATENCY if self.skid else self.RING_LATENCY
         self.depth = latency + 3 if depth is None else depth
         if self.depth < 2:
             raise ValueError(f"depth must be at least 2, not {self.depth!r}")
@@ -213,10 +226,20 @@ class CreditPipeline(wiring.Component):
 
         # The queue, written straight from the pipeline (the credits guarantee room, so the
         # write enable is the ``arrives`` register itself).
-        queue = m.submodules.queue = RingQueue(self.payload.shape(), self.depth)
-        m.d.comb += [queue.w_en.eq(arrives), queue.w_data.eq(self.payload)]
-        wiring.connect(m, queue.o, wiring.flipped(self.o))
-        reads = queue.read
+        if self.skid:
+            queue = m.submodules.queue = RingQueue(self.payload.shape(), self.depth)
+            m.d.comb += [queue.w_en.eq(arrives), queue.w_data.eq(self.payload)]
+            wiring.connect(m, queue.o, wiring.flipped(self.o))
+            reads = queue.read
+        else:
+            # The ring holds every counted item (at most ``depth``); it is read only while
+            # it holds one.
+            ring = m.submodules.ring = Ring(self.payload.shape(), self.depth)
+            reads = self.o.valid & self.o.ready
+            m.d.comb += [
+                ring.w_en.eq(arrives), ring.w_data.eq(self.payload), ring.r_en.eq(reads),
+                self.o.valid.eq(ring.nonempty), self.o.payload.eq(ring.r_data),
+            ]
         # The credits: items taken and not yet out of the queue. An item that leaves the
         # queue is subtracted a cycle later (the count is then one too high for a cycle,
         # never too low), and the next ``i_ready`` is a choice between two compares of the

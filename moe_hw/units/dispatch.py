@@ -39,8 +39,10 @@ pairs takes exactly ``pairs * ceil(H / lanes) + overhead`` cycles from the start
 the cycle ``done`` is first seen (see :attr:`DispatchUnit.overhead`).
 
 Pipeline: the shared :class:`~moe_hw.blocks.slot_address.SlotAddress` checks the mask and
-forms ``(index*C + location)*H`` on registered DSP blocks; a skid buffer hands the pair to
-the current-pair register, which walks ``addr`` from there in steps of ``lanes``; ``lanes``
+forms ``(index*C + location)*H`` on registered DSP blocks into a queue whose front entry (a
+read of its ring) is the current pair; the beat counter walks ``addr`` from there in steps of
+``lanes``; the data beats wait in a ring of their own (both rings' reads are registered
+every cycle, so that taking a beat advances only their read pointers); ``lanes``
 float multipliers form ``gate * element`` in a pipeline that never stalls
 (:class:`~moe_hw.stream.CreditPipeline`: a beat enters only when the output queue has room
 for it), and the queue drives ``write``, so that ``write.ready`` reaches no clock enable of
@@ -61,7 +63,7 @@ from ..blocks.row_beats import row_beats
 from ..blocks.run_control import START_LATENCY, RunControl, run_ports
 from ..blocks.slot_address import header_slot_queue, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, SkidBuffer, delay, replicated
+from ..stream import CreditPipeline, delay, replicated
 
 __all__ = ["DispatchParams", "DispatchUnit"]
 
@@ -93,9 +95,9 @@ class DispatchParams(FloatDatapathParams, UnitParams):
     @property
     def overhead(self):
         """Stall-free cycles beyond one per data beat: run control (start, decide), slot
-        address, header queue (its output is the current pair), operand register,
+        address, header queue (its ring's read is the current pair), operand register,
         multiplier, output queue, its idle register, done register."""
-        return (START_LATENCY + slot_latency(self) + CreditPipeline.QUEUE_LATENCY + 1 +
+        return (START_LATENCY + slot_latency(self) + CreditPipeline.RING_LATENCY + 1 +
                 self.stages +
                 CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
@@ -169,10 +171,11 @@ class DispatchUnit(wiring.Component):
         pairs_left = Signal.like(self.pairs)
 
         # ---- header pipeline: mask and slot address, then a queue -------------------------
-        # The queue's output register is the current pair, popped when its last beat is
-        # taken.
+        # The queue's ring drives its output (no skid buffer): the front entry, read at the
+        # ring's read pointer, is the current pair, popped when its last beat is taken, which
+        # advances a few pointer registers instead of loading a register of the pair's width.
         h_queue = header_slot_queue(m, self.header, ctl, p, open=running & (headers_left != 0),
-                                    addr_width=p.addr_width, carry=("gate",))
+                                    addr_width=p.addr_width, carry=("gate",), skid=False)
         h_out = h_queue.o
         with m.If(h_queue.take):
             m.d.sync += headers_left.eq(headers_left - 1)
@@ -182,15 +185,17 @@ class DispatchUnit(wiring.Component):
         out_layout = data.StructLayout({"beat": p.write_layout(), "write": 1})
         mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout)
         pair = h_out.payload
-        offset = Signal(p.addr_width)           # the beat's element offset in its row
-        # The data beats enter through a skid buffer (only while the run is on, so that
-        # nothing is left in it after one): the pair's handshake starts from registers.
-        m.submodules.data_in = data_in = SkidBuffer(p.data_layout())
+        # The data beats enter through a one-register credit pipeline whose ring drives its
+        # output (only while the run is on, so that nothing is left in it after one): the
+        # beat's handshake starts from registers, and taking a beat advances the ring's read
+        # pointer copies only; the operand registers load the ring's read every cycle. (A
+        # skid buffer here puts the take on the clock enable of lanes x 32 payload bits.)
+        data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), skid=False)
         beats_in = data_in.o
         m.d.comb += [
-            data_in.i.valid.eq(self.data.valid & running),
-            data_in.i.payload.eq(self.data.payload),
-            self.data.ready.eq(data_in.i.ready & running),
+            data_in.i_valid.eq(self.data.valid & running),
+            data_in.payload.eq(delay(m, self.data.payload, 1, 1, name="data_in")),
+            self.data.ready.eq(data_in.i_ready & running),
         ]
         # (A pair is in the queue only while the run is on.)
         m.d.comb += [
@@ -201,19 +206,18 @@ class DispatchUnit(wiring.Component):
         pair_done = Signal()
         # The beat walk restarts in the decide cycle (a register; no beat is taken before the
         # run begins), not from the begin decision.
-        _, last_beat = row_beats(m, beats, start=ctl.decide | pair_done, step=beat_take)
+        beat, last_beat = row_beats(m, beats, start=ctl.decide | pair_done, step=beat_take)
         m.d.comb += [pair_done.eq(beat_take & last_beat), h_out.ready.eq(pair_done)]
-        with m.If(beat_take):
-            m.d.sync += offset.eq(Mux(last_beat, 0, offset + p.lanes))
-        # The pair's bookkeeping, a cycle later (off the handshake path).
+        offset = beat << lanes_log2                  # the beat's element offset in its row
+        # The pair's bookkeeping, a cycle later (off the handshake path). Every field of the
+        # ring's read goes straight into registers (no logic between the ring and them).
         done_pair = delay(m, pair_done, 1, 1, name="done_pair")
-        done_dropped = delay(m, pair_done & ~pair.in_range, 1, 1, name="done_dropped")
+        in_range = delay(m, pair.in_range, 1, 1, name="pair_in_range")
+        done_dropped = done_pair & ~in_range
         with m.If(done_pair):
             m.d.sync += pairs_left.eq(pairs_left - 1)
         with m.If(done_dropped):
             m.d.sync += self.dropped.eq(self.dropped + 1)
-        with m.If(ctl.decide):
-            m.d.sync += offset.eq(0)
 
         # ---- gate multiply ---------------------------------------------------------------
         # Beats of dropped pairs travel the pipeline too, as items that write nothing, so
@@ -231,11 +235,18 @@ class DispatchUnit(wiring.Component):
                          mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
         enable = Mux(last_beat, last_enable, Const((1 << p.lanes) - 1, p.lanes))
         latency = mul_ctl.latency
+        # The pair's address (the ring's read) and the offset are registered before the
+        # add, so that no carry chain follows the ring's read.
+        if latency >= 2:
+            addr = (delay(m, pair.address, 1, 1, name="w_row") +
+                    delay(m, offset, 1, 1, name="w_offset"))[:p.addr_width]
+            addr = delay(m, addr, latency - 1, 1, name="w_addr")
+        else:
+            addr = delay(m, (pair.address + offset)[:p.addr_width], latency, 1, name="w_addr")
         m.d.comb += [
-            mul_ctl.payload.beat.addr.eq(delay(m, pair.address + offset, latency, 1,
-                                               name="w_addr")),
+            mul_ctl.payload.beat.addr.eq(addr),
             mul_ctl.payload.beat.enable.eq(delay(m, enable, latency, 1, name="w_enable")),
-            mul_ctl.payload.write.eq(delay(m, pair.in_range, latency, 1, name="w_write")),
+            mul_ctl.payload.write.eq(delay(m, in_range, latency - 1, 1, name="w_write")),
         ]
 
         # Items that write nothing leave the queue too and vanish at its output.
