@@ -15,6 +15,15 @@ from moe_hw.stream.credit import ring_groups
 from conftest import STALLS, simulator_params
 
 
+def run_pysim(top, *benches):
+    """Run ``benches`` as testbenches on ``top`` with a clock, in Amaranth's simulator."""
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    for bench in benches:
+        sim.add_testbench(bench)
+    sim.run()
+
+
 def run_skid_pysim(items, p_valid, p_ready, seed):
     dut = SkidBuffer(16)
     rng = np.random.default_rng(seed)
@@ -41,11 +50,7 @@ def run_skid_pysim(items, p_valid, p_ready, seed):
             cycle += 1
             assert cycle < 20 * len(items) + 100
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(producer)
-    sim.add_testbench(consumer)
-    sim.run()
+    run_pysim(dut, producer, consumer)
     return got, cycles
 
 
@@ -109,10 +114,7 @@ def test_ring_queue_order_and_latency(depth):
             cycle += 1
             assert cycle < 5000
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(bench)
-    sim.run()
+    run_pysim(dut, bench)
     assert [value for value, _ in got] == items
     for (_, out_cycle), in_cycle in zip(got, written):
         if out_cycle < 150:
@@ -151,10 +153,7 @@ def test_credit_pipeline_order_and_throughput(latency, skid):
             cycle += 1
             assert cycle < 5000
 
-    sim = Simulator(m)
-    sim.add_clock(1e-6)
-    sim.add_testbench(bench)
-    sim.run()
+    run_pysim(m, bench)
     assert [value for value, _ in got] == items
     assert taken[:90] == list(range(taken[0], taken[0] + 90))
     for (_, out_cycle), in_cycle in zip(got[:80], taken):
@@ -190,8 +189,5 @@ def test_registered_fifo_matches_sync_fifo(depth):
             writes += w_en and ctx.get(ref.w_rdy)
             await ctx.tick()
 
-    sim = Simulator(m)
-    sim.add_clock(1e-6)
-    sim.add_testbench(bench)
-    sim.run()
+    run_pysim(m, bench)
     assert writes > 500

@@ -104,7 +104,8 @@ class BankedMemory(wiring.Component):
             hit = Signal(name=f"bank{index}_hit")
             with m.If(self.read_en):
                 m.d.sync += hit.eq(select == index)
-            selected.append(Value.cast(words[index]) & hit.replicate(len(Value.cast(words[index]))))
+            word = Value.cast(words[index])
+            selected.append(word & hit.replicate(len(word)))
         with m.If(self.read_en):
             m.d.sync += [select.eq(self.read_addr >> low_bits),
                          self.read_data.eq(reduce(operator.or_, selected))]
