@@ -175,7 +175,8 @@ class StageRegisters:
         """The ``values`` as seen after boundary ``name`` (unchanged if it has no register)."""
         count = self.count(name)
         return SimpleNamespace(**{
-            key: delay(self._m, value, count, self._en, name=f"{name}_{key}")
+            key: delay(self._m, value, count, self._en, name=f"{name}_{key}",
+                       reset_less=True)
             for key, value in values.items()
         })
 

@@ -62,11 +62,11 @@ def pipelined_product(m, a, b, *, en, dsp, name):
     width = len(a) + len(b)
     latency = product_latency(len(a), len(b))
     if dsp == "generic":
-        a_reg = delay(m, a, 1, en, name=f"{name}_a")
-        b_reg = delay(m, b, 1, en, name=f"{name}_b")
+        a_reg = delay(m, a, 1, en, name=f"{name}_a", reset_less=True)
+        b_reg = delay(m, b, 1, en, name=f"{name}_b", reset_less=True)
         product = Signal(width, name=f"{name}_product")
         m.d.comb += product.eq(a_reg * b_reg)
-        return delay(m, product, latency - 1, en, name=f"{name}_p")
+        return delay(m, product, latency - 1, en, name=f"{name}_p", reset_less=True)
     terms = [(shift, value) for shift, value in
              dsp_tiles(m, a, b, en=en, reg_inputs=True, reg_outputs=True, name=name)]
     level = 0
@@ -76,7 +76,7 @@ def pipelined_product(m, a, b, *, en, dsp, name):
         for i in range(0, len(terms), 2):
             pair = terms[i:i + 2]
             low = min(shift for shift, _ in pair)
-            total = Signal(width - low, name=f"{name}_sum{level}_{i // 2}")
+            total = Signal(width - low, name=f"{name}_sum{level}_{i // 2}", reset_less=True)
             with m.If(en):
                 m.d.sync += total.eq(sum(value << (shift - low) for shift, value in pair))
             summed.append((low, total))

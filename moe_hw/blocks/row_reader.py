@@ -81,16 +81,21 @@ class RowReader(wiring.Component):
 
     Parameters: ``lanes`` (elements per beat), ``width`` (bits per element), ``addr_width``,
     ``max_count`` (the most beats in one segment), ``tag_layout`` (sideband per segment, or
-    ``None``), ``outstanding`` (the in-flight queue depth: beats issued but not yet out).
+    ``None``), ``outstanding`` (the in-flight queue depth: beats issued but not yet out),
+    ``alternate_data`` (the beats' data leaves the output skid buffer from two registers
+    written in turn, :class:`~moe_hw.stream.SkidBuffer`'s ``alternate``: for a consumer that
+    registers the data, so that ``beats.ready`` reaches no clock enable of the data).
     """
 
-    def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16):
+    def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16,
+                 alternate_data=False):
         self.lanes = check_choice("lanes", lanes, LANES)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.addr_width = check_int("addr_width", addr_width, minimum=1, maximum=64)
         self.max_count = check_int("max_count", max_count, minimum=1)
         self.outstanding = check_int("outstanding", outstanding, minimum=2, maximum=4096)
         self.tag_layout = tag_layout
+        self.alternate_data = bool(alternate_data)
         command = {"addr": addr_width, "count": range(max_count + 1), "tail": 1, "skip": 1}
         beat = {"data": data.ArrayLayout(width, lanes), "enable": lanes, "last": 1}
         if tag_layout is not None:
@@ -167,7 +172,8 @@ class RowReader(wiring.Component):
 
         # ---- join the head of the queue with its response ---------------------------------
         head = inflight.r_data
-        skid = m.submodules.skid = SkidBuffer(self.beats.payload.shape())
+        skid = m.submodules.skid = SkidBuffer(
+            self.beats.payload.shape(), alternate=("data",) if self.alternate_data else ())
         joined = inflight.r_rdy & (~head.read | self.response.valid)
         m.d.comb += [
             skid.i.valid.eq(joined),

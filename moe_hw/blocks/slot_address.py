@@ -134,7 +134,7 @@ class SlotAddress(wiring.Component):
         row = pipelined_product(m, slot, self.hidden, en=en, dsp=self.dsp, name="slot_h")
         address = Signal(self.addr_width)
         if hasattr(self, "offset"):
-            offset = delay(m, self.offset, self.latency - 1, en, name="offset")
+            offset = delay(m, self.offset, self.latency - 1, en, name="offset", reset_less=True)
             with m.If(en):
                 m.d.sync += address.eq(row + offset)
         else:

@@ -15,10 +15,16 @@ from amaranth.lib.wiring import In, Out
 __all__ = ["PipelineControl", "delay", "replicated"]
 
 
-def delay(m, value, latency, en, *, name="delayed"):
-    """``value`` delayed by ``latency`` register stages that load when ``en`` is high."""
+def delay(m, value, latency, en, *, name="delayed", reset_less=False):
+    """``value`` delayed by ``latency`` register stages that load when ``en`` is high.
+
+    ``reset_less`` for data that is read only beside a valid flag of its own: such registers
+    then leave the reset out of their slices' set/reset input, so that the reset net reaches
+    only the registers that hold state (on ECP5 it otherwise fans out to every register of
+    every pipeline, and a register whose slice has a data-dependent set/reset must have the
+    reset folded into that logic)."""
     for stage in range(latency):
-        reg = Signal.like(value, name=f"{name}_{stage}", reset_less=False)
+        reg = Signal.like(value, name=f"{name}_{stage}", reset_less=reset_less)
         with m.If(en):
             m.d.sync += reg.eq(value)
         value = reg

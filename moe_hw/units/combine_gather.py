@@ -404,7 +404,7 @@ class CombineGatherUnit(wiring.Component):
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
             max_count=min(window, p.max_beats), tag_layout=tag_layout,
-            outstanding=p.max_outstanding)
+            outstanding=p.max_outstanding, alternate_data=True)
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
         cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
@@ -436,12 +436,17 @@ class CombineGatherUnit(wiring.Component):
         # Their next values are sums of a register and a small step, chosen by ``gen`` last;
         # whether avail is nonzero (the scheduler's valid, so that ``gen`` is one LUT of
         # registers) is kept as a register, decided from flags rather than from the sums.
+        # The sums are of registers only (avail + 1, avail - 1, fill + 1, beside the
+        # handshakes), and the header take chooses among them: no carry chain after it.
         next_pass = end_pass & ~last_pass
-        step = Signal(signed(2))                 # a segment: header taken - token passed
-        m.d.comb += step.eq(header_take - tail)
-        held = avail + header_take               # no segment scheduled
-        refilled = fill + header_take            # the next pass: back to the window's start
-        advanced = avail + step                  # a segment (avail is nonzero then)
+        avail_up = Signal.like(avail)
+        avail_down = Signal.like(avail)
+        fill_up = Signal.like(fill)
+        m.d.comb += [avail_up.eq(avail + 1), avail_down.eq(avail - 1), fill_up.eq(fill + 1)]
+        held = Mux(header_take, avail_up, avail)          # no segment scheduled
+        refilled = Mux(header_take, fill_up, fill)        # the next pass: the window's start
+        # a segment (avail is nonzero then): header taken - token passed
+        advanced = Mux(header_take, Mux(tail, avail, avail_up), Mux(tail, avail_down, avail))
         m.d.sync += [
             avail.eq(Mux(gen, Mux(next_pass, refilled, advanced), held)),
             avail_some.eq(Mux(gen, Mux(next_pass, (fill != 0) | header_take,
@@ -566,18 +571,18 @@ class CombineGatherUnit(wiring.Component):
         ]
 
         # Operands registered next to the multipliers.
-        gate_m = delay(m, tag.gate, 1, 1, name="lane_gate")
+        gate_m = delay(m, tag.gate, 1, 1, name="lane_gate", reset_less=True)
         products = []
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(gate_m),
                          mul.b.eq(delay(m, beat.payload.data[lane], 1, 1,
-                                        name=f"lane_data{lane}")),
+                                        name=f"lane_data{lane}", reset_less=True)),
                          mul.en.eq(1)]
             products.append(mul.product)
         mul_read = p.mul_read_latency
-        m_item = delay(m, item, mul_read, 1, name="item_m")
+        m_item = delay(m, item, mul_read, 1, name="item_m", reset_less=True)
         m_valid = delay(m, tag.valid, mul_read, 1, name="valid_m")
         m_first = delay(m, tag.first, mul_read, 1, name="first_m")
 
@@ -594,14 +599,15 @@ class CombineGatherUnit(wiring.Component):
             add = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"add{lane}"] = add
             # an invalid pair adds +0.0
-            term = delay(m, Mux(m_valid, products[lane], 0), 1, 1, name=f"term{lane}")
+            term = delay(m, Mux(m_valid, products[lane], 0), 1, 1,
+                         name=f"term{lane}", reset_less=True)
             partial = delay(m, Mux(m_first, Const(start_bits, fmt.width), acc_r.data[lane]),
-                            1, 1, name=f"partial{lane}")
+                            1, 1, name=f"partial{lane}", reset_less=True)
             m.d.comb += [add.a.eq(term), add.b.eq(partial), add.en.eq(1)]
             sums.append(add.sum)
         latency = p.accumulate_latency
         m.d.comb += [
-            acc_w.addr.eq(delay(m, item, latency, 1, name="item_a")),
+            acc_w.addr.eq(delay(m, item, latency, 1, name="item_a", reset_less=True)),
             acc_w.en.eq(delay(m, take & ~tag.final, latency, 1, name="write_back")),
             acc_pipe.payload.final.eq(delay(m, tag.final, latency, 1, name="final_a")),
             acc_pipe.payload.out.enable.eq(delay(m, beat.payload.enable, latency, 1,

@@ -360,7 +360,7 @@ class CombineScatterUnit(wiring.Component):
             m.d.sync += header_open.eq(1)
         # Stage 1: the mask.
         token = header.token.as_unsigned()[:token_bits]
-        h1_token = delay(m, token, 1, en_h, name="h1_token")
+        h1_token = delay(m, token, 1, en_h, name="h1_token", reset_less=True)
         h1_in_range = delay(m, (header.token >= 0) & (header.token < ctl.size("tokens")), 1,
                             en_h, name="h1_in_range")
         h1_valid = delay(m, header_ctl.i_valid, 1, en_h, name="h1_valid")
@@ -395,14 +395,15 @@ class CombineScatterUnit(wiring.Component):
         h_lim_less = Signal(limit_width)
         with m.If(en_h):
             m.d.sync += [h_lim.eq(h_limit), h_lim_less.eq(h_limit - 1)]
-        h_lim = delay(m, h_lim, p.header_stages - 4, en_h, name="h_lim")
-        h_lim_less = delay(m, h_lim_less, p.header_stages - 4, en_h, name="h_lim_less")
+        h_lim = delay(m, h_lim, p.header_stages - 4, en_h, name="h_lim", reset_less=True)
+        h_lim_less = delay(m, h_lim_less, p.header_stages - 4, en_h,
+                           name="h_lim_less", reset_less=True)
         # The row address token * H on registered DSP blocks, alongside.
         product = pipelined_product(m, token, ctl.size("hidden"), en=en_h, dsp=p.dsp,
                                     name="base")
         h_base = delay(m, product[:p.addr_width], p.header_stages - p.base_latency, en_h,
-                       name="h_base")
-        h_gate = delay(m, header.gate, p.header_stages, en_h, name="h_gate")
+                       name="h_base", reset_less=True)
+        h_gate = delay(m, header.gate, p.header_stages, en_h, name="h_gate", reset_less=True)
         h_in_range = delay(m, h1_in_range, p.header_stages - 1, en_h, name="h_in_range")
         # A skid buffer between the header pipeline and the current slot: the pipeline's
         # enable then depends on registers only, not on the data stream.
@@ -490,12 +491,20 @@ class CombineScatterUnit(wiring.Component):
 
         below_cur = {e: below(cur_lim, cur_lim_less, e) for e in range(-2, 3)}
         below_next = {e: below(slot.limit, slot.limit_less, e) for e in range(-2, 3)}
-        keeps = cur_loaded & ~(beat_take & last_beat)      # the current slot has beats left
+        # Both outcomes of this cycle's beat are formed from registers, and the beat's take
+        # chooses last (one LUT after the take). A beat is taken only with a slot in hand.
         room_if = {}
         for d in (-1, 0, 1):
             room_if[d] = Signal(name=f"room_if_{'less' if d < 0 else 'more' if d else 'same'}")
-            m.d.sync += room_if[d].eq(Mux(load, ~slot.valid | by_change(below_next, d),
-                                          keeps & (~cur_valid | by_change(below_cur, d))))
+            next_ok = ~slot.valid | by_change(below_next, d)
+            cur_ok = ~cur_valid | by_change(below_cur, d)
+            if_taken = Signal(name=f"{room_if[d].name}_taken")
+            if_held = Signal(name=f"{room_if[d].name}_held")
+            m.d.comb += [
+                if_taken.eq(Mux(last_beat, h_skid.o.valid & next_ok, cur_ok)),
+                if_held.eq(Mux(cur_loaded, cur_ok, h_skid.o.valid & next_ok)),
+            ]
+            m.d.sync += room_if[d].eq(Mux(beat_take, if_taken, if_held))
         m.d.comb += room_ok.eq(by_change(room_if, 0))
 
         # ---- issue: read request, gate multiply ---------------------------------------------
@@ -519,8 +528,8 @@ class CombineScatterUnit(wiring.Component):
         products = Signal(product_layout)
         # An operand register in front of the multipliers: their unpacking logic then starts
         # from registers placed beside them, not from the data port.
-        op_gate = delay(m, cur_gate, 1, always, name="op_gate")
-        op_data = delay(m, self.data.payload.data, 1, always, name="op_data")
+        op_gate = delay(m, cur_gate, 1, always, name="op_gate", reset_less=True)
+        op_data = delay(m, self.data.payload.data, 1, always, name="op_data", reset_less=True)
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
@@ -528,8 +537,10 @@ class CombineScatterUnit(wiring.Component):
                          mul.en.eq(always), products.product[lane].eq(mul.product)]
         product_delay = 1 + p.mul_latency
         m.d.comb += [
-            products.addr.eq(delay(m, cur_addr, product_delay, always, name="m_addr")),
-            products.enable.eq(delay(m, enable, product_delay, always, name="m_enable")),
+            products.addr.eq(delay(m, cur_addr, product_delay, always,
+                                   name="m_addr", reset_less=True)),
+            products.enable.eq(delay(m, enable, product_delay, always,
+                                     name="m_enable", reset_less=True)),
         ]
         m_valid = delay(m, issue, product_delay, always, name="m_valid")
 
@@ -558,8 +569,10 @@ class CombineScatterUnit(wiring.Component):
                          add.b.eq(head.product[lane]), add.en.eq(always),
                          sums.data[lane].eq(add.sum)]
         m.d.comb += [
-            sums.addr.eq(delay(m, head.addr, p.add_latency, always, name="a_addr")),
-            sums.enable.eq(delay(m, head.enable, p.add_latency, always, name="a_enable")),
+            sums.addr.eq(delay(m, head.addr, p.add_latency, always,
+                               name="a_addr", reset_less=True)),
+            sums.enable.eq(delay(m, head.enable, p.add_latency, always,
+                                 name="a_enable", reset_less=True)),
             write_fifo.w_en.eq(delay(m, join, p.add_latency, always, name="a_valid")),
             write_fifo.w_data.eq(sums),
         ]

@@ -194,7 +194,7 @@ class DispatchUnit(wiring.Component):
         beats_in = data_in.o
         m.d.comb += [
             data_in.i_valid.eq(self.data.valid & running),
-            data_in.payload.eq(delay(m, self.data.payload, 1, 1, name="data_in")),
+            data_in.payload.eq(delay(m, self.data.payload, 1, 1, name="data_in", reset_less=True)),
             self.data.ready.eq(data_in.i_ready & running),
         ]
         # (A pair is in the queue only while the run is on.)
@@ -231,21 +231,23 @@ class DispatchUnit(wiring.Component):
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(gates[2 * lane // p.lanes]),
                          mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
-                                        name=f"lane_data{lane}")),
+                                        name=f"lane_data{lane}", reset_less=True)),
                          mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
         enable = Mux(last_beat, last_enable, Const((1 << p.lanes) - 1, p.lanes))
         latency = mul_ctl.latency
         # The pair's address (the ring's read) and the offset are registered before the
         # add, so that no carry chain follows the ring's read.
         if latency >= 2:
-            addr = (delay(m, pair.address, 1, 1, name="w_row") +
-                    delay(m, offset, 1, 1, name="w_offset"))[:p.addr_width]
-            addr = delay(m, addr, latency - 1, 1, name="w_addr")
+            addr = (delay(m, pair.address, 1, 1, name="w_row", reset_less=True) +
+                    delay(m, offset, 1, 1, name="w_offset", reset_less=True))[:p.addr_width]
+            addr = delay(m, addr, latency - 1, 1, name="w_addr", reset_less=True)
         else:
-            addr = delay(m, (pair.address + offset)[:p.addr_width], latency, 1, name="w_addr")
+            addr = delay(m, (pair.address + offset)[:p.addr_width], latency, 1,
+                         name="w_addr", reset_less=True)
         m.d.comb += [
             mul_ctl.payload.beat.addr.eq(addr),
-            mul_ctl.payload.beat.enable.eq(delay(m, enable, latency, 1, name="w_enable")),
+            mul_ctl.payload.beat.enable.eq(delay(m, enable, latency, 1,
+                                                 name="w_enable", reset_less=True)),
             mul_ctl.payload.write.eq(delay(m, in_range, latency - 1, 1, name="w_write")),
         ]
 

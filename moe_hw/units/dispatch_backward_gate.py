@@ -465,9 +465,9 @@ class DispatchBackwardGateUnit(wiring.Component):
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [
                 mul.a.eq(delay(m, self.input_data.payload.data[lane], 1, 1,
-                               name=f"op_input{lane}")),
+                               name=f"op_input{lane}", reset_less=True)),
                 mul.b.eq(delay(m, self.grad_data.payload.data[lane], 1, 1,
-                               name=f"op_grad{lane}")),
+                               name=f"op_grad{lane}", reset_less=True)),
                 mul.en.eq(1),
             ]
             product = Signal(p.fmt.width, name=f"product{lane}")

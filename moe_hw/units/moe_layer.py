@@ -511,7 +511,8 @@ class MoELayer(wiring.Component):
         x_offset = Signal(p.addr_width)          # the beat's offset within its row
         with m.If(beat.valid & beat.ready):
             m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
-        bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x, name="x_bias_m")
+        bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x,
+                     name="x_bias_m", reset_less=True)
         results = []
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
@@ -523,8 +524,9 @@ class MoELayer(wiring.Component):
                          add.a.eq(mul.product), add.b.eq(bias), add.en.eq(en_x)]
             results.append(add.sum)
         latency = p.mul_latency + p.add_latency
-        x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, en_x, name="x_addr")
-        x_w_enable = delay(m, beat.payload.enable, latency, en_x, name="x_enable")
+        x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, en_x,
+                         name="x_addr", reset_less=True)
+        x_w_enable = delay(m, beat.payload.enable, latency, en_x, name="x_enable", reset_less=True)
         x_skid = m.submodules.expert_skid = SkidBuffer(p.write_layout())
         m.d.comb += [
             x_skid.i.valid.eq(x_ctl.o_valid),

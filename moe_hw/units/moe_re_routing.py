@@ -366,17 +366,17 @@ class MoeReRoutingUnit(wiring.Component):
                 bank.clear.eq(ctl.decide),
             ]
         bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, 1,
-                            name="bank_select")
+                            name="bank_select", reset_less=True)
         bank_value = Signal(p.total_width)
         # One bank needs no selection (and an Array indexed by a register that is still X
         # at time 0 makes Icarus's first cycles X).
         m.d.comb += bank_value.eq(banks[0].value if len(banks) == 1 else
                                   Array(bank.value for bank in banks)[bank_select])
 
-        def follow(value, name):
-            return delay(m, value, latency, 1, name=name)
-        out_index = follow(request.index, "out_index")
-        out_amount = follow(request.amount, "out_amount")
+        def follow(value, name, reset_less=False):
+            return delay(m, value, latency, 1, name=name, reset_less=reset_less)
+        out_index = follow(request.index, "out_index", reset_less=True)
+        out_amount = follow(request.amount, "out_amount", reset_less=True)
         out_nonzero = follow(request.nonzero, "out_nonzero")
         # A count is bad when negative or too wide (tested at the port), or above A (compared
         # here, from the issue buffer's register, a stage into the banks' latency).
@@ -384,7 +384,7 @@ class MoeReRoutingUnit(wiring.Component):
                                  name="bad_tested"),
                         latency - 1, 1, name="out_bad")
         out_offsets = follow(request.offsets, "out_offsets")
-        out_value = delay(m, bank_value, 1, 1, name="out_value")
+        out_value = delay(m, bank_value, 1, 1, name="out_value", reset_less=True)
         out_valid = follow(issue.o.valid, "out_valid")
         out_count = out_valid & ~out_offsets
         out_read = out_valid & out_offsets
@@ -465,14 +465,14 @@ class MoeReRoutingUnit(wiring.Component):
         entry = blocks.read_data                                               # stage 3
         m.d.comb += [offsets.read_addr.eq(entry.expert), offsets.read_en.eq(run)]
         base = offsets.read_data                                               # stage 6
-        entry_prefix = delay(m, entry.prefix, read, run, name="entry_prefix")
+        entry_prefix = delay(m, entry.prefix, read, run, name="entry_prefix", reset_less=True)
         dst_row = Signal(p.row_width)
         m.d.sync += dst_row.eq(base + entry_prefix)                            # stage 7
         dst_elem = pipelined_product(m, dst_row, hidden_step, en=run, dsp=p.dsp,
                                      name="dst_elem")[:p.addr_width]
         block_tokens = delay(m, entry.tokens, read + 1 + p.product_latency, run,
-                             name="block_tokens")
-        block_row = delay(m, dst_row, p.product_latency, run, name="block_row")
+                             name="block_tokens", reset_less=True)
+        block_row = delay(m, dst_row, p.product_latency, run, name="block_row", reset_less=True)
 
         # A block of one or two tokens, tested on the way (the token generator's last-token
         # flags then load from registers).

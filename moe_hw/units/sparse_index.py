@@ -483,14 +483,15 @@ class SparseIndexUnit(wiring.Component):
                      s_slot.eq(v_offset + v_value),
                      s_outside.eq(bank_real_v & (v_value >= v_room))]
         m.d.comb += [
-            pipe.payload.value.eq(delay(m, value, 2, 1, name="s_value")),
-            pipe.payload.offsets.eq(delay(m, bank_offsets, 2, 1, name="s_offsets")),
-            pipe.payload.place.eq(delay(m, bank_place, 2, 1, name="s_place")),
+            pipe.payload.value.eq(delay(m, value, 2, 1, name="s_value", reset_less=True)),
+            pipe.payload.offsets.eq(delay(m, bank_offsets, 2, 1,
+                                          name="s_offsets", reset_less=True)),
+            pipe.payload.place.eq(delay(m, bank_place, 2, 1, name="s_place", reset_less=True)),
             pipe.payload.write.eq(delay(m, bank_real_v, 1, 1, name="s_real") & ~s_outside),
             pipe.payload.outside.eq(s_outside),
             pipe.payload.beat.addr.eq(s_slot),
-            pipe.payload.beat.token.eq(delay(m, bank_token, 2, 1, name="s_token")),
-            pipe.payload.beat.gate.eq(delay(m, bank_gate, 2, 1, name="s_gate")),
+            pipe.payload.beat.token.eq(delay(m, bank_token, 2, 1, name="s_token", reset_less=True)),
+            pipe.payload.beat.gate.eq(delay(m, bank_gate, 2, 1, name="s_gate", reset_less=True)),
         ]
         result = pipe.o.payload
         m.d.comb += pipe.o.ready.eq(Mux(result.offsets, prefix.i.ready,
