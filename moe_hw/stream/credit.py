@@ -213,7 +213,7 @@ class CreditPipeline(wiring.Component):
         if self.depth < 2:
             raise ValueError(f"depth must be at least 2, not {self.depth!r}")
         super().__init__({
-            "i_valid": In(1), "i_ready": Out(1), "take": Out(1),
+            "i_valid": In(1), "i_ready": Out(1), "i_full": Out(1, init=1), "take": Out(1),
             "payload": In(shape),
             "o": Out(stream.Signature(shape)),
             "busy": Out(1),
@@ -249,8 +249,11 @@ class CreditPipeline(wiring.Component):
         grows = self.take & ~left
         shrinks = ~self.take & left
         m.d.sync += count.eq(Mux(grows, count + 1, Mux(shrinks, count - 1, count)))
-        m.d.sync += self.i_ready.eq(Mux(grows, count < self.depth - 1,
-                                        Mux(shrinks, count < self.depth + 1, count < self.depth)))
+        ready_next = Mux(grows, count < self.depth - 1,
+                         Mux(shrinks, count < self.depth + 1, count < self.depth))
+        # ``i_full`` is ``~i_ready``, a register of its own: a second copy of the flag for a
+        # producer whose take fans out widely (kept apart from ``i_ready`` by the inversion).
+        m.d.sync += [self.i_ready.eq(ready_next), self.i_full.eq(~ready_next)]
         # busy: a register (the count is zero, or about to be, and nothing waits in the
         # skid buffer), a cycle behind the items.
         idle = Signal()

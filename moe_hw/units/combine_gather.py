@@ -323,6 +323,7 @@ class CombineGatherUnit(wiring.Component):
         fill = Signal(range(p.ring_depth + 1))
         avail = Signal(range(p.ring_depth + 1))
         avail_some = Signal()                    # avail != 0
+        avail_none = Signal(init=1)              # avail == 0: a copy of ~avail_some
         headers_left = Signal.like(self.tokens)
         all_in = Signal()
         header_open = Signal()
@@ -348,6 +349,7 @@ class CombineGatherUnit(wiring.Component):
         # alongside the position (the beats to the row's end, whether this pass is the last,
         # the next window's length), so that a step is one carry chain and a choice.
         gen_active = Signal()
+        gen_idle = Signal(init=1)                # ~gen_active, a copy
         win_beat = Signal.like(beats)            # beat of the window's first item
         win_to_end = Signal.like(beats)          # beats from win_beat to its row's end
         win_len = Signal(range(window + 1))      # the window's items
@@ -410,7 +412,11 @@ class CombineGatherUnit(wiring.Component):
         cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
         m.d.comb += cmd_pipe.i_valid.eq(gen_active & avail_some)
         gen = cmd_pipe.take
-        with m.If(gen):
+        # The position registers load on a copy of ``gen`` made of copies of its flags (each
+        # the inverse of the flag), so that the scheduler's take reaches them on a net of
+        # its own, not on the one that drives the counters and the command queue.
+        gen_pos = ~gen_idle & ~avail_none & ~cmd_pipe.i_full
+        with m.If(gen_pos):
             with m.If(~end_pass):                # (then the segment ends its row)
                 m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(beats),
                              pass_left.eq(over), over.eq(over - beats),
@@ -431,7 +437,7 @@ class CombineGatherUnit(wiring.Component):
                              win_over.eq(next_over), win_over_less.eq(next_over_less),
                              *window_follows(after_less, after_less2)]
                 with m.If(last_window):
-                    m.d.sync += gen_active.eq(0)
+                    m.d.sync += [gen_active.eq(0), gen_idle.eq(1)]
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
         # Their next values are sums of a register and a small step, chosen by ``gen`` last;
         # whether avail is nonzero (the scheduler's valid, so that ``gen`` is one LUT of
@@ -447,11 +453,13 @@ class CombineGatherUnit(wiring.Component):
         refilled = Mux(header_take, fill_up, fill)        # the next pass: the window's start
         # a segment (avail is nonzero then): header taken - token passed
         advanced = Mux(header_take, Mux(tail, avail, avail_up), Mux(tail, avail_down, avail))
+        some_next = Mux(gen, Mux(next_pass, (fill != 0) | header_take,
+                                 ~tail | header_take | (avail[1:] != 0)),
+                        avail_some | header_take)
         m.d.sync += [
             avail.eq(Mux(gen, Mux(next_pass, refilled, advanced), held)),
-            avail_some.eq(Mux(gen, Mux(next_pass, (fill != 0) | header_take,
-                                       ~tail | header_take | (avail[1:] != 0)),
-                              avail_some | header_take)),
+            avail_some.eq(some_next),
+            avail_none.eq(~some_next),
             # the next window starts at the current token
             fill.eq(Mux(gen & end_pass & last_pass, advanced, refilled)),
         ]
@@ -638,11 +646,17 @@ class CombineGatherUnit(wiring.Component):
             m.d.sync += [
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
-                headers_in.eq(0), headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
-                fill.eq(0), avail.eq(0), avail_some.eq(0), win_tok.eq(0),
-                win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
+                headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
                 last_pass.eq(self.top_k <= 1),
                 to_end.eq(beats_in), win_to_end.eq(beats_in),
+            ]
+        # The registers that restart at a constant do so in the decide cycle (a register),
+        # not from the start handshake: nothing reads them before the run begins.
+        with m.If(ctl.decide):
+            m.d.sync += [
+                headers_in.eq(0),
+                fill.eq(0), avail.eq(0), avail_some.eq(0), avail_none.eq(1), win_tok.eq(0),
+                win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
                 item.eq(0), item_inc.eq(1), item_inc2.eq(2), item_bit.eq(1),
                 self.dropped.eq(0),
             ]
@@ -662,7 +676,7 @@ class CombineGatherUnit(wiring.Component):
             first_over = Mux(first_short, short_items - beats, window - beats)
             first_over_less = Mux(first_short, short_items - beats_more, window - beats_more)
             m.d.sync += [
-                gen_active.eq(1), win_len.eq(first_len), pass_left.eq(first_len),
+                gen_active.eq(1), gen_idle.eq(0), win_len.eq(first_len), pass_left.eq(first_len),
                 over.eq(first_over), over_less.eq(first_over_less),
                 win_over.eq(first_over), win_over_less.eq(first_over_less),
                 *window_follows(first_less, first_less2),
