@@ -439,11 +439,11 @@ class CombineGatherUnit(wiring.Component):
                 with m.If(last_window):
                     m.d.sync += [gen_active.eq(0), gen_idle.eq(1)]
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
-        # Their next values are sums of a register and a small step, chosen by ``gen`` last;
-        # whether avail is nonzero (the scheduler's valid, so that ``gen`` is one LUT of
-        # registers) is kept as a register, decided from flags rather than from the sums.
-        # The sums are of registers only (avail + 1, avail - 1, fill + 1, beside the
-        # handshakes), and the header take chooses among them: no carry chain after it.
+        # Their next values are choices among sums of registers alone (avail + 1, avail - 1,
+        # fill + 1, formed beside the handshakes), by the header take and by ``gen`` last: no
+        # carry chain after a handshake. Whether avail is nonzero (the scheduler's valid, so
+        # that ``gen`` is one LUT of registers) is kept as a register, decided from flags
+        # rather than from the sums.
         next_pass = end_pass & ~last_pass
         avail_up = Signal.like(avail)
         avail_down = Signal.like(avail)
