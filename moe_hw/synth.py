@@ -89,7 +89,8 @@ def main(argv=None):
                         help="also write the report as JSON")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds each tool run (Yosys, one nextpnr seed) may take "
-                             f"(default {DEFAULT_TIMEOUT:g})")
+                             f"(default {DEFAULT_TIMEOUT:g}); a seed that takes longer is "
+                             f"skipped, and the run fails only if no seed finishes")
     parser.add_argument("--check", action="store_true",
                         help=f"exit with status 2 unless the design meets the timing bar: "
                              f"Fmax >= {BAR_MHZ:g} MHz and >= {BAR_RATIO:.2f} x the "

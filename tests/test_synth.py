@@ -112,6 +112,32 @@ def test_a_tool_that_does_not_finish_is_one_line(capsys):
                      "in 0.2 s"]
 
 
+def test_a_seed_that_does_not_finish_is_skipped(one_synthesis_at_a_time, monkeypatch):
+    """A seed whose place and route passes the time limit is left out of the best-of; only
+    when no seed finishes is it the run's error."""
+    from moe_hw.flows import synth as flow
+    real = flow._run_tool
+    calls = []
+
+    def seed_one_never_finishes(tool, args, cwd, log_path, timeout):
+        if tool.startswith("nextpnr") and args[args.index("--seed") + 1] == "1":
+            calls.append(tool)
+            Path(log_path).write_text("Info: still routing\n")
+            return None
+        return real(tool, args, cwd, log_path, timeout)
+
+    monkeypatch.setattr(flow, "_run_tool", seed_one_never_finishes)
+    report = flow.synthesize("adder", lambda: ReferenceAdder(8), "ice40-up5k", seeds=2)
+    assert calls == ["nextpnr-ice40", "nextpnr-ice40"]       # the reference's and the design's
+    assert report.design.unfinished_seeds == (1,) and list(report.design.seed_fmax_mhz) == [2]
+    assert report.design.best_seed == 2 and report.design.fmax_mhz > 0
+    assert ("adder: seed 1 did not finish place and route in the time limit (skipped)"
+            in flow.format_table(report).splitlines())
+    with pytest.raises(flow.SynthError, match=r"adder on ice40-up5k: nextpnr-ice40 \(seed 1\) "
+                                              r"did not finish place-and-route"):
+        flow.synthesize_design("adder", lambda: ReferenceAdder(8), "ice40-up5k", seeds=1)
+
+
 # ---- bad arguments: one line, before any tool runs -----------------------------------------
 
 def test_bad_target_is_one_line(capsys):

@@ -188,6 +188,7 @@ class DesignResult:
     output_bits: int
     wrapper_registers: int    # registers the out-of-context wrapper adds (counted in FF)
     seconds: float
+    unfinished_seeds: tuple = ()   # seeds whose place and route passed the time limit
 
     @property
     def fmax_mhz(self):
@@ -447,6 +448,7 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         (work / file_name).write_text(text)
         pins = (option, file_name)
     runs = {}
+    unfinished = []
     for seed in range(1, seeds + 1):
         say(f"{target.nextpnr_tool} seed {seed}/{seeds} at {freq:g} MHz "
             f"(limit {timeout:g} s) ...")
@@ -458,11 +460,17 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
                           report_path.name, "--timing-allow-fail", "--seed", str(seed),
                           "--freq", f"{freq:g}"],
                          work, log, timeout)
+        # A seed that passes the time limit is skipped: the router's timing-driven rip-up
+        # can go on for long on one placement and finish in a minute on another. Only when
+        # no seed finishes is that the design's result.
+        if code is None:
+            unfinished.append(seed)
+            message = (f"{where}: {target.nextpnr_tool} (seed {seed}) did not finish "
+                       f"place-and-route in {timeout:g} s{_partial_figures(log)}")
+            say(f"seed {seed}: did not finish in {timeout:g} s; skipped")
+            continue
         # A failure to fit or to route ends the run: it is a property of the design, and
         # another seed would cost as long again to say the same.
-        if code is None:
-            raise SynthError(f"{where}: {target.nextpnr_tool} (seed {seed}) did not finish "
-                             f"place-and-route in {timeout:g} s{_partial_figures(log)}")
         if code != 0 or not report_path.exists():
             overfull = _overfull(log)
             fit = f"does not fit ({', '.join(overfull)}); " if overfull else ""
@@ -477,6 +485,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         worst = min(clock.fmax_mhz for clock in clocks.values())
         say(f"seed {seed}: {worst:.1f} MHz, {time.perf_counter() - step:.0f} s")
 
+    if not runs:
+        raise SynthError(message)
     best = max(runs, key=lambda seed: min(c.fmax_mhz for c in runs[seed][0].values()))
     clocks, report = runs[best]
     return DesignResult(
@@ -485,7 +495,7 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         seed_fmax_mhz={seed: min(c.fmax_mhz for c in runs[seed][0].values()) for seed in runs},
         best_seed=best, input_bits=wrapper.input_bits, output_bits=wrapper.output_bits,
         wrapper_registers=wrapper.wrapper_registers,
-        seconds=round(time.perf_counter() - started, 1))
+        seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished))
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
@@ -539,6 +549,9 @@ def format_table(report):
 
     tools = ", ".join(f"{tool} {version}" for tool, version in report.tools.items())
     seeds = "1 seed" if report.seeds == 1 else f"best of {report.seeds} seeds"
+    unfinished = [f"{result.name}: seed {', '.join(map(str, result.unfinished_seeds))} did "
+                  "not finish place and route in the time limit (skipped)"
+                  for result in (report.reference, report.design) if result.unfinished_seeds]
     return "\n".join([
         f"{report.design.description} on {report.device} ({report.target})",
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
@@ -547,4 +560,4 @@ def format_table(report):
         f"{report.design.wrapper_registers} registers ({report.reference.wrapper_registers} "
         "for the reference). Critical path: from the register driving its first net to the "
         "register it ends in; in_*/out_* are the wrapper's port registers, the rest is "
-        "inside the unit."])
+        "inside the unit.", *unfinished])
