@@ -75,14 +75,13 @@ class SkidBuffer(wiring.Component):
         with m.If(~skid_valid):
             m.d.sync += skid.eq(held)
 
-        out = main
         if len(turns):
             # The alternate fields: entry ``written`` is the next to be written (it follows
             # the input while the buffer is not full), entry ``read`` the oldest held.
             written, read = Signal(), Signal()
-            m.d.sync += [written.eq(written ^ (self.i.valid & self.i.ready)),
-                         read.eq(read ^ (self.o.valid & self.o.ready))]
             next_written = written ^ (self.i.valid & self.i.ready)
+            m.d.sync += [written.eq(next_written),
+                         read.eq(read ^ (self.o.valid & self.o.ready))]
             entries = []
             for k in range(2):
                 entry = Signal(len(turns), name=f"entry{k}", reset_less=True)
@@ -99,6 +98,6 @@ class SkidBuffer(wiring.Component):
                 m.d.comb += o_bits[start:stop].eq(chosen[turns_at:turns_at + width])
                 turns_at += width
             else:
-                m.d.comb += o_bits[start:stop].eq(out[held_at:held_at + width])
+                m.d.comb += o_bits[start:stop].eq(main[held_at:held_at + width])
                 held_at += width
         return m
