@@ -57,11 +57,15 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
     unit, point = unit_or_point(name)
     settings = dict(settings or {})
     base = dict(point.params if point else {})
-    # The multiplier is built for the device: registered MULT18X18D blocks on ECP5 (the
-    # inferred `*` leaves the DSP registers unused), unless --set dsp=... says otherwise.
-    if target.name.startswith("ecp5") and "dsp" in {f.name for f in
-                                                    dataclasses.fields(unit.params)}:
-        base.setdefault("dsp", "ecp5")
+    # The multipliers and block memories are built for the device: registered MULT18X18D
+    # and DP16KD blocks on ECP5 (the inferred `*` leaves the DSP registers unused, an
+    # inferred block RAM has no output register), unless --set dsp=... / bram=... says
+    # otherwise.
+    fields = {f.name for f in dataclasses.fields(unit.params)}
+    if target.name.startswith("ecp5"):
+        for field in ("dsp", "bram"):
+            if field in fields:
+                base.setdefault(field, "ecp5")
     params = unit.make_params(settings, base=base)
     shown = {**base, **settings}
     description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])

@@ -116,6 +116,22 @@ def test_moe_layer_bf16(sim, stall):
     check(inputs, settings, BF16, sim, stall, seed=3)
 
 
+# The pair memory as the ECP5 synthesis builds it (DP16KD blocks with their output register,
+# under their simulation model): two rows of 1024-word blocks, so more than 1024 tokens write
+# the second row and read through the row multiplexer.
+ECP5_BRAM = MoELayerParams(format="fp32", lanes=1, max_tokens=1100, max_hidden=2,
+                           max_experts=4, max_capacity=1100, max_top_k=2, bram="ecp5")
+
+
+@pytest.mark.parametrize("stall", STALLS)
+def test_moe_layer_ecp5_block_ram(stall):
+    """The same results and the same cycle count with the pair memory in DP16KD blocks."""
+    inputs, settings = problem(23, tokens=1100, experts=4, k=2, hidden=2, specials=0.1)
+    outcome = check(inputs, {**settings, "capacity": 500}, ECP5_BRAM, "verilator", stall,
+                    seed=7)
+    assert outcome.outputs["dropped"] > 0
+
+
 def test_moe_layer_sized_from_settings():
     """Parameters from ``--set``-style settings (sized to the problem otherwise) reproduce the
     golden chain; without a capacity the default factor 1.25 applies."""

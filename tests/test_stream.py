@@ -79,11 +79,62 @@ def test_skid_buffer_alternate_fields(p):
     assert alternate == plain
 
 
+def run_keep_pysim(dut, items, p, seed, *, emulate):
+    """Items of ``{"keep": 1, "value": 8}`` through ``dut`` with random stalls: ``(kept items
+    with the cycle each was taken, the cycle each item entered)``. ``emulate``: ``dut`` is a
+    plain skid buffer and the consumer drops the items without ``keep`` itself, its ready
+    ``ready | ~keep``."""
+    rng = np.random.default_rng(seed)
+    i_bits, o_bits = Value.cast(dut.i.payload), Value.cast(dut.o.payload)
+    got, entered = [], []
+
+    async def bench(ctx):
+        cycle, sent = 0, 0
+        while len(got) < sum(item & 1 for item in items):
+            valid = sent < len(items) and not rng.random() < p
+            ready = not rng.random() < p
+            ctx.set(dut.i.valid, valid)
+            ctx.set(i_bits, items[sent] if valid else 0)
+            o_valid, payload = ctx.get(dut.o.valid), ctx.get(o_bits)
+            if emulate and o_valid and not payload & 1:
+                ready = True
+            ctx.set(dut.o.ready, ready)
+            if o_valid and ready and payload & 1:
+                got.append((payload, cycle))
+            if valid and ctx.get(dut.i.ready):
+                entered.append(cycle)
+                sent += 1
+            await ctx.tick()
+            cycle += 1
+            assert cycle < 20 * len(items) + 100
+
+    run_pysim(dut, bench)
+    return got, entered
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.6])
+def test_skid_buffer_keep_field(p):
+    """Items without ``keep`` vanish at the output: the kept items come out in order, and
+    every item enters and leaves in the same cycle as through a plain skid buffer whose
+    consumer takes the unkept items at once."""
+    layout = data.StructLayout({"keep": 1, "value": 8})
+    rng = np.random.default_rng(9)
+    items = [(value << 1) | int(rng.random() < 0.6) for value in range(1, 256)]
+    plain = run_keep_pysim(SkidBuffer(layout), items, p, 6, emulate=True)
+    keep = run_keep_pysim(SkidBuffer(layout, keep="keep"), items, p, 6, emulate=False)
+    assert [value for value, _ in keep[0]] == [item for item in items if item & 1]
+    assert keep == plain
+
+
 def test_skid_buffer_alternate_needs_a_field():
     with pytest.raises(ValueError, match="no field 'data'"):
         SkidBuffer(data.StructLayout({"a": 4}), alternate=("data",))
     with pytest.raises(TypeError, match="StructLayout"):
         SkidBuffer(8, alternate=("data",))
+    with pytest.raises(ValueError, match="keep: field 'a' must be one bit wide"):
+        SkidBuffer(data.StructLayout({"a": 4}), keep="a")
+    with pytest.raises(ValueError, match="keep needs the skid buffer"):
+        CreditPipeline(2, data.StructLayout({"a": 1}), skid=False, keep="a")
 
 
 @pytest.mark.parametrize("stall", STALLS)

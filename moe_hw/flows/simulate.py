@@ -150,9 +150,12 @@ def _design(component, key, top):
     if callable(component) and not hasattr(component, "elaborate"):
         component = component()
     text = emit_verilog(component, top)
-    if "MULT18X18D " in text:       # dsp="ecp5": add the DSP block's simulation model
-        from ..arith.ecp5_dsp import MULT18X18D_SIM
-        text += "\n" + MULT18X18D_SIM
+    # ECP5 primitives (dsp="ecp5", bram="ecp5"): add the cells' simulation models.
+    from ..arith.ecp5_dsp import MULT18X18D_SIM
+    from ..blocks.block_memory import DP16KD_SIM
+    for cell, model in (("MULT18X18D ", MULT18X18D_SIM), ("DP16KD ", DP16KD_SIM)):
+        if cell in text:
+            text += "\n" + model
     design = (text, port_manifest(component), getattr(component, "latency", None))
     if key is not None:
         _DESIGNS[key, top] = design

@@ -137,7 +137,9 @@ class RingQueue(wiring.Component):
     the skid buffer's registered ``ready``, so ``o.ready`` reaches only the skid buffer's
     output register. ``read`` (out) is high in a cycle an entry leaves the ring for the skid
     buffer. ``depth``: the entries the writer may have in the ring at once (rounded up to a
-    power of two); the skid buffer holds two more.
+    power of two); the skid buffer holds two more. ``keep``: the skid buffer's (entries
+    whose ``keep`` field is 0 vanish at the output); ``held`` (out): its output register
+    holds an entry.
 
     Latency: an entry written in cycle c is on ``o`` from cycle c + :attr:`LATENCY`.
     """
@@ -145,21 +147,23 @@ class RingQueue(wiring.Component):
     #: Cycles from a write to ``o.valid``.
     LATENCY = 2
 
-    def __init__(self, shape, depth):
+    def __init__(self, shape, depth, *, keep=None):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, not {depth!r}")
         self.depth = depth
+        self._out = SkidBuffer(shape, keep=keep)
         super().__init__({"w_en": In(1), "w_data": In(shape),
-                          "o": Out(stream.Signature(shape)), "read": Out(1)})
+                          "o": Out(stream.Signature(shape)), "read": Out(1), "held": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
-        out = m.submodules.out = SkidBuffer(self.w_data.shape())
+        out = m.submodules.out = self._out
         ring = m.submodules.ring = Ring(self.w_data.shape(), self.depth)
         m.d.comb += [
             ring.w_en.eq(self.w_en), ring.w_data.eq(self.w_data),
             self.read.eq(ring.nonempty & out.i.ready), ring.r_en.eq(self.read),
             out.i.valid.eq(ring.nonempty), out.i.payload.eq(ring.r_data),
+            self.held.eq(out.held),
         ]
         wiring.connect(m, out.o, wiring.flipped(self.o))
         return m
@@ -192,7 +196,9 @@ class CreditPipeline(wiring.Component):
     """See the module docstring. ``latency``: the datapath's cycles from ``take`` to
     ``payload``; ``shape``: the payload's shape; ``depth``: the queue's, at least
     ``latency + 3`` for one item per cycle (the default); ``skid``: whether a
-    :class:`~moe_hw.stream.SkidBuffer` drives ``o`` (the default) or the ring itself."""
+    :class:`~moe_hw.stream.SkidBuffer` drives ``o`` (the default) or the ring itself;
+    ``keep``: a one-bit payload field, items with 0 in it vanish at the output (the skid
+    buffer's ``keep``; with ``skid`` only)."""
 
     #: Cycles the queue adds from the datapath's output to ``o.valid``.
     QUEUE_LATENCY = RingQueue.LATENCY
@@ -202,11 +208,14 @@ class CreditPipeline(wiring.Component):
     #: combinational flag (``busy`` is a register).
     IDLE_LATENCY = 1
 
-    def __init__(self, latency, shape, *, depth=None, skid=True):
+    def __init__(self, latency, shape, *, depth=None, skid=True, keep=None):
         if not isinstance(latency, int) or latency < 0:
             raise ValueError(f"latency must be a non-negative integer, not {latency!r}")
+        if keep is not None and not skid:
+            raise ValueError("keep needs the skid buffer (skid=True)")
         self.latency = latency
         self.skid = bool(skid)
+        self._keep = keep
         #: Cycles from the datapath's output to ``o.valid``.
         self.queue_latency = self.QUEUE_LATENCY if self.skid else self.RING_LATENCY
         self.depth = latency + 3 if depth is None else depth
@@ -227,10 +236,12 @@ class CreditPipeline(wiring.Component):
         # The queue, written straight from the pipeline (the credits guarantee room, so the
         # write enable is the ``arrives`` register itself).
         if self.skid:
-            queue = m.submodules.queue = RingQueue(self.payload.shape(), self.depth)
+            queue = m.submodules.queue = RingQueue(self.payload.shape(), self.depth,
+                                                   keep=self._keep)
             m.d.comb += [queue.w_en.eq(arrives), queue.w_data.eq(self.payload)]
             wiring.connect(m, queue.o, wiring.flipped(self.o))
             reads = queue.read
+            held = queue.held
         else:
             # The ring holds every counted item (at most ``depth``); it is read only while
             # it holds one.
@@ -240,6 +251,7 @@ class CreditPipeline(wiring.Component):
                 ring.w_en.eq(arrives), ring.w_data.eq(self.payload), ring.r_en.eq(reads),
                 self.o.valid.eq(ring.nonempty), self.o.payload.eq(ring.r_data),
             ]
+            held = self.o.valid
         # The credits: items taken and not yet out of the queue. An item that leaves the
         # queue is subtracted a cycle later (the count is then one too high for a cycle,
         # never too low), and the next ``i_ready`` is a choice between two compares of the
@@ -257,6 +269,6 @@ class CreditPipeline(wiring.Component):
         # busy: a register (the count is zero, or about to be, and nothing waits in the
         # skid buffer), a cycle behind the items.
         idle = Signal()
-        m.d.sync += idle.eq(((count == 0) | ((count == 1) & shrinks)) & ~grows & ~self.o.valid)
+        m.d.sync += idle.eq(((count == 0) | ((count == 1) & shrinks)) & ~grows & ~held)
         m.d.comb += self.busy.eq(~idle)
         return m

@@ -22,18 +22,36 @@ class SkidBuffer(wiring.Component):
     ``o.ready`` reaches only the pointer and the flags, not the field's clock enables; the
     field on ``o`` is then one LUT from registers rather than a register. The cycle behaviour
     is the same either way.
+
+    ``keep`` names a one-bit field of a :class:`~amaranth.lib.data.StructLayout` payload:
+    an item whose ``keep`` is 0 vanishes at the output (a partial sum, the beat of a dropped
+    pair). It takes its turn in the output register like any other item, for one cycle, but
+    ``o.valid`` stays low and it leaves without waiting for ``o.ready``: the same cycles as an
+    item shown on ``o`` and taken by a consumer whose ready is ``o.ready | ~keep``. Here
+    ``o.valid`` is a register of its own (the output item is held and kept), so that the
+    consumer's ``ready`` meets only registers in the flags' logic; a consumer that forms the
+    ``o.ready | ~keep`` itself puts the output register's ``valid`` and ``keep`` through a
+    LUT near wherever its ``ready`` comes from, and back.
+
+    ``held`` (out) is high while the output register holds an item, shown or vanishing.
     """
 
-    def __init__(self, shape, *, alternate=()):
+    def __init__(self, shape, *, alternate=(), keep=None):
         self._shape = shape
         self._alternate = tuple(alternate)
-        if self._alternate:
+        self._keep = keep
+        fields = (*self._alternate, *(() if keep is None else (keep,)))
+        if fields:
             if not isinstance(shape, data.StructLayout):
-                raise TypeError(f"alternate fields need a StructLayout payload, not {shape!r}")
-            unknown = [name for name in self._alternate if name not in shape.members]
+                raise TypeError(f"alternate and keep fields need a StructLayout payload, not "
+                                f"{shape!r}")
+            unknown = [name for name in fields if name not in shape.members]
             if unknown:
-                raise ValueError(f"alternate: no field {unknown[0]!r} in {shape!r}")
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+                raise ValueError(f"no field {unknown[0]!r} in {shape!r}")
+        if keep is not None and Shape.cast(shape.members[keep]).width != 1:
+            raise ValueError(f"keep: field {keep!r} must be one bit wide")
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape)),
+                          "held": Out(1)})
 
     def _ranges(self):
         """``(start, stop, alternate)`` bit ranges of the payload, in order."""
@@ -56,20 +74,34 @@ class SkidBuffer(wiring.Component):
         skid = Signal(len(held), reset_less=True)
         skid_valid = Signal()
 
+        # ``shown``: the output register holds an item that waits for ``o.ready`` (without
+        # ``keep``, every item it holds).
+        shown = main_valid
+        if self._keep is not None:
+            shown = Signal()
+            i_keep = self.i.payload[self._keep]
+            skid_keep = Signal(reset_less=True)
+            with m.If(~skid_valid):
+                m.d.sync += skid_keep.eq(i_keep)
         m.d.comb += [
             self.i.ready.eq(~skid_valid),
-            self.o.valid.eq(main_valid),
+            self.o.valid.eq(shown),
+            self.held.eq(main_valid),
         ]
         # Written out in the smallest form (each flag a 4-input function of registers and
         # the two handshake inputs), so that synthesis keeps it at one LUT after o.ready.
-        free = self.o.ready | ~main_valid            # the output register loads this cycle
+        free = self.o.ready | ~shown                 # the output register loads this cycle
         with m.If(free):
             m.d.sync += main.eq(Mux(skid_valid, skid, held))
-        next_skid_valid = main_valid & ~self.o.ready & (skid_valid | self.i.valid)
+        next_skid_valid = shown & ~self.o.ready & (skid_valid | self.i.valid)
         m.d.sync += [
-            main_valid.eq(skid_valid | self.i.valid | (main_valid & ~self.o.ready)),
+            main_valid.eq(skid_valid | self.i.valid | (shown & ~self.o.ready)),
             skid_valid.eq(next_skid_valid),
         ]
+        if self._keep is not None:
+            # Loaded with the output register: the next item is there and kept.
+            with m.If(free):
+                m.d.sync += shown.eq(Mux(skid_valid, skid_keep, self.i.valid & i_keep))
         # The skid slot follows the input while it is empty: its wide clock enable is then a
         # register, not a function of both handshakes.
         with m.If(~skid_valid):

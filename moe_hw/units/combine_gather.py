@@ -520,7 +520,8 @@ class CombineGatherUnit(wiring.Component):
         beat = reader.beats
         tag = beat.payload.tag
         out_layout = data.StructLayout({"out": p.data_layout(), "final": 1})
-        acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout)
+        acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout,
+                                                          keep="final")
         item = Signal(range(window))             # the beat's accumulator entry
         # The next entry's two candidates, item + 1 and item + 2, are registers kept alongside
         # (reached only while the pass goes on, so they never pass window + 1).
@@ -625,12 +626,12 @@ class CombineGatherUnit(wiring.Component):
         ]
         for lane, value in enumerate(sums):
             m.d.comb += [acc_pipe.payload.out.data[lane].eq(value), acc_w.data[lane].eq(value)]
-        # Partial sums leave the queue too and vanish at its output.
+        # Partial sums leave the queue too and vanish at its output (``keep``).
         out = acc_pipe.o
         m.d.comb += [
-            self.data.valid.eq(out.valid & out.payload.final),
+            self.data.valid.eq(out.valid),
             self.data.payload.eq(out.payload.out),
-            out.ready.eq(self.data.ready | ~out.payload.final),
+            out.ready.eq(self.data.ready),
         ]
 
         # ---- control -----------------------------------------------------------------------

@@ -183,7 +183,8 @@ class DispatchUnit(wiring.Component):
         # ---- current pair: walks the addresses of its beats ------------------------------
         # The multipliers never stall: a beat enters only when the output queue has room.
         out_layout = data.StructLayout({"beat": p.write_layout(), "write": 1})
-        mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout)
+        mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout,
+                                                         keep="write")
         pair = h_out.payload
         # The data beats enter through a one-register credit pipeline whose ring drives its
         # output (only while the run is on, so that nothing is left in it after one): the
@@ -251,12 +252,12 @@ class DispatchUnit(wiring.Component):
             mul_ctl.payload.write.eq(delay(m, in_range, latency - 1, 1, name="w_write")),
         ]
 
-        # Items that write nothing leave the queue too and vanish at its output.
+        # Items that write nothing leave the queue too and vanish at its output (``keep``).
         out = mul_ctl.o
         m.d.comb += [
-            self.write.valid.eq(out.valid & out.payload.write),
+            self.write.valid.eq(out.valid),
             self.write.payload.eq(out.payload.beat),
-            out.ready.eq(self.write.ready | ~out.payload.write),
+            out.ready.eq(self.write.ready),
         ]
 
         # ---- control -----------------------------------------------------------------------

@@ -62,10 +62,11 @@ Phases (``phase``):
 
 1. *route and dispatch* (overlapped): the pairs enter the location generator one per cycle;
    each pair's location joins its gate and index (a 4-entry FIFO covers the generator's
-   latency) in the pair memory (``max_tokens`` words of ``max_top_k`` entries, word i entry k =
-   pair (k, i)); then the E per-expert totals come out and every expert with
-   ``min(count, C) > 0`` filled slots goes on the expert work list (empty experts never
-   appear there, so they cost nothing). The dispatch unit reads its headers from the pair
+   latency) in the pair memory (a :class:`~moe_hw.blocks.block_memory.BlockMemory` of
+   ``max_tokens`` words of ``max_top_k`` entries, word i entry k = pair (k, i), read in two
+   cycles: on ECP5 a DP16KD with its output register, ``bram="ecp5"``); then the E
+   per-expert totals come out and every expert with ``min(count, C) > 0`` filled slots goes
+   on the expert work list (empty experts never appear there, so they cost nothing). The dispatch unit reads its headers from the pair
    memory as soon as they are written (gate 1.0: postscore) and writes the token rows into
    the expert buffer through the write port, one beat per cycle.
 2. *experts* (only when ``affine`` is 1, H > 0 and some expert has a filled slot): for every
@@ -91,9 +92,10 @@ filled rows::
                      combine.cycles(S, H, k, L) = 2                        (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 6, EXPERT_OVERHEAD = 4,
-combine_header_latency = max(0, 1 - (combine.setup - 1)) (0 at the defaults: the combine
-unit's setup hides the pair-memory read), PHASE_EXIT = 1, and ``dispatch.overhead``
+with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 4,
+combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup - 1)) with
+PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory
+read), PHASE_EXIT = 1, and ``dispatch.overhead``
 (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.
 stall_free_cycles`` (P + E + OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.
 stall_free_cycles`) and ``combine.cycles`` (the combine-gather unit's K*S*B plus its windows'
@@ -118,6 +120,7 @@ from amaranth.utils import ceil_log2
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
@@ -147,6 +150,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
     dsp: str = dsp_param()
+    bram: str = bram_param()
     add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
     max_outstanding: int = param(16, minimum=4, maximum=4096,
@@ -156,16 +160,17 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: Stall-free cycles by which the dispatch unit's first header comes later than it would
     #: from a header stream valid at once: the pair's trip through the location generator
     #: (the counter bank's three stages, output register), its write into the pair memory, the
-    #: pair-memory read.
-    ROUTE_LATENCY = 6
+    #: pair-memory read (two cycles: the block RAM and its output register).
+    ROUTE_LATENCY = 7
     #: The layer's own decide cycle: the sub-units start at the layer's ``begin``, one cycle
     #: after its start cycle.
     SUB_UNIT_START = START_LATENCY - 1
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
     #: command register, the row reader's issue and output registers, the write skid buffer.
     EXPERT_OVERHEAD = 4
-    #: The pair-memory read in front of the combine unit's header stream.
-    PAIR_READ_LATENCY = 1
+    #: The pair-memory read in front of the combine unit's header stream (a
+    #: :class:`~moe_hw.blocks.block_memory.BlockMemory`).
+    PAIR_READ_LATENCY = BlockMemory.latency
 
     @property
     def combine_header_latency(self):
@@ -339,10 +344,8 @@ class MoELayer(wiring.Component):
         m.d.comb += self.phase.eq(phase)
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
-        pair_mem = m.submodules.pair_memory = memory.Memory(
-            shape=data.ArrayLayout(entry_layout, p.max_top_k), depth=p.max_tokens, init=[])
-        pair_w = pair_mem.write_port(granularity=1)
-        pair_r = pair_mem.read_port()
+        pair_mem = m.submodules.pair_memory = BlockMemory(
+            entry_layout, p.max_tokens, granules=p.max_top_k, target=p.bram)
 
         # ---- route: pairs -> location generator; join the location with gate and index ----
         # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4).
@@ -362,13 +365,13 @@ class MoELayer(wiring.Component):
         m.d.comb += [
             loc.location.ready.eq(1),
             join.r_en.eq(loc.location.valid),
-            pair_w.addr.eq(w_token),
-            pair_w.en.eq(Mux(loc.location.valid, Const(1, p.max_top_k) << w_choice, 0)),
+            pair_mem.write_addr.eq(w_token),
+            pair_mem.write_en.eq(Mux(loc.location.valid, Const(1, p.max_top_k) << w_choice, 0)),
         ]
         for choice in range(p.max_top_k):
-            m.d.comb += [pair_w.data[choice].gate.eq(joined.gate),
-                         pair_w.data[choice].index.eq(joined.index),
-                         pair_w.data[choice].location.eq(location)]
+            m.d.comb += [pair_mem.write_data[choice].gate.eq(joined.gate),
+                         pair_mem.write_data[choice].index.eq(joined.index),
+                         pair_mem.write_data[choice].location.eq(location)]
         with m.If(loc.location.valid):
             m.d.sync += written.eq(written + 1)
             with m.If(w_token == tokens - 1):
@@ -422,7 +425,7 @@ class MoELayer(wiring.Component):
             m.d.sync += params_in.eq(params_in + 1)
 
         # ---- dispatch: headers from the pair memory as soon as they are written -------------
-        d_ctl = m.submodules.dispatch_header = PipelineControl(1)
+        d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency)
         d_token = Signal.like(self.tokens)
         d_choice = Signal(range(p.max_top_k))
         d_pairs = Signal.like(pairs)             # headers read so far
@@ -433,8 +436,9 @@ class MoELayer(wiring.Component):
                 m.d.sync += [d_token.eq(0), d_choice.eq(d_choice + 1)]
             with m.Else():
                 m.d.sync += d_token.eq(d_token + 1)
-        d_entry = (pair_r.data[0] if p.max_top_k == 1 else
-                   pair_r.data[delay(m, d_choice, 1, d_ctl.en, name="d_choice_r")])
+        d_entry = (pair_mem.read_data[0] if p.max_top_k == 1 else
+                   pair_mem.read_data[delay(m, d_choice, BlockMemory.latency, d_ctl.en,
+                                            name="d_choice_r", reset_less=True)])
         m.d.comb += [
             disp.header.valid.eq(d_ctl.o_valid),
             d_ctl.o_ready.eq(disp.header.ready),
@@ -445,7 +449,7 @@ class MoELayer(wiring.Component):
         wiring.connect(m, wiring.flipped(self.data), disp.data)
 
         # ---- combine: one header per token from the pair memory --------------------------------
-        c_ctl = m.submodules.combine_header = PipelineControl(1)
+        c_ctl = m.submodules.combine_header = PipelineControl(BlockMemory.latency)
         c_token = Signal.like(self.tokens)
         m.d.comb += c_ctl.i_valid.eq(in_combine & comb.busy & (c_token != tokens))
         with m.If(c_ctl.i_valid & c_ctl.en):
@@ -455,7 +459,7 @@ class MoELayer(wiring.Component):
             c_ctl.o_ready.eq(comb.header.ready),
         ]
         for choice in range(p.max_top_k):
-            word = pair_r.data[choice]
+            word = pair_mem.read_data[choice]
             m.d.comb += [comb.header.payload.gate[choice].eq(word.gate),
                          comb.header.payload.index[choice].eq(word.index),
                          comb.header.payload.location[choice].eq(word.location)]
@@ -463,8 +467,8 @@ class MoELayer(wiring.Component):
 
         # The pair memory's one read port: dispatch headers in phase 1, combine's in phase 3.
         m.d.comb += [
-            pair_r.addr.eq(Mux(in_combine, c_token, d_token)),
-            pair_r.en.eq(Mux(in_combine, c_ctl.en, d_ctl.en)),
+            pair_mem.read_addr.eq(Mux(in_combine, c_token, d_token)),
+            pair_mem.read_en.eq(Mux(in_combine, c_ctl.en, d_ctl.en)),
         ]
 
         # ---- experts: read each filled row, a*x + b per lane, write it back in place --------

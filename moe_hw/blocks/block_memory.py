@@ -1,0 +1,221 @@
+"""A block-RAM memory with a registered read: deep tables read at the clock of the fabric.
+
+An ECP5 block RAM (DP16KD) that Yosys infers has no output register (its memory library
+does not offer one): the read data leaves the block 4.3 ns after the clock on LFE5U-85F speed
+8, more than a 250 MHz cycle before any logic. With the block's own output register on
+(``REGMODE_B = "OUTREG"``) the data comes from a register inside the block. This memory
+therefore has a two-cycle read on every target:
+
+``target="generic"``
+    ``amaranth.lib.memory`` with a synchronous read port and one register after it (on ECP5
+    Yosys infers an unregistered DP16KD and a fabric register: correct, not fast).
+``target="ecp5"``
+    explicit DP16KD instances, 1024 words of 18 bits each, written on port A and read on port
+    B with the output register on. A word is split into its granules, and each granule into
+    18-bit columns; a depth above 1024 takes one row of blocks per 1024 words, written by an
+    address decode and read through a multiplexer after the output registers.
+    :data:`DP16KD_SIM` is a behavioural model of that subset for Verilator and Icarus (Yosys
+    ships only a black box).
+
+Both have the same ports and the same timing, so a unit's cycle count does not depend on
+the target.
+
+Ports:
+
+``write_addr``, ``write_data``, ``write_en`` (in)
+    A write of the granules whose ``write_en`` bit is high (``write_data`` is an array of
+    ``granules`` elements of ``shape``), at the clock edge of the cycle it is given.
+``read_addr``, ``read_en`` (in); ``read_data`` (out)
+    A read: the word at ``read_addr`` (given in a cycle with ``read_en`` high) is on
+    ``read_data`` after :attr:`latency` (2) such cycles, and holds while ``read_en`` is low.
+    A read sees a write given in an earlier cycle; a read and a write of the same address in
+    the same cycle are not allowed (the block's result is undefined).
+"""
+
+from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, Signal, Value
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..params import ParameterError, check_int, param
+from ..stream import delay
+
+__all__ = ["BlockMemory", "MEMORY_TARGETS", "DP16KD_SIM", "bram_param"]
+
+#: The ``target`` values: how the memory is built.
+MEMORY_TARGETS = ("generic", "ecp5")
+
+
+def bram_param():
+    """The ``bram`` parameter of every unit with a :class:`BlockMemory`."""
+    return param("generic", choices=MEMORY_TARGETS,
+                 doc="block memory: generic (inferred) or ecp5 (DP16KD, output register on)")
+
+
+_WORDS = 1024      # a DP16KD in its 18-bit mode
+_WIDTH = 18
+
+
+class BlockMemory(wiring.Component):
+    """``depth`` words of ``granules`` elements of ``shape`` with a 2-cycle registered read
+    and a write enable per element; see the module docstring."""
+
+    latency = 2
+
+    def __init__(self, shape, depth, *, granules=1, target="generic"):
+        self.shape = shape
+        self.depth = check_int("depth", depth, minimum=1, maximum=1 << 20)
+        self.granules = check_int("granules", granules, minimum=1, maximum=64)
+        if target not in MEMORY_TARGETS:
+            raise ParameterError(f"target must be one of {', '.join(MEMORY_TARGETS)}, "
+                                 f"not {target!r}")
+        self.target = target
+        self.word = data.ArrayLayout(shape, self.granules)
+        super().__init__({
+            "write_addr": In(range(self.depth)), "write_data": In(self.word),
+            "write_en": In(self.granules),
+            "read_addr": In(range(self.depth)), "read_en": In(1), "read_data": Out(self.word),
+        })
+
+    @property
+    def rows(self):
+        """Rows of 1024-word blocks on ECP5."""
+        return -(-self.depth // _WORDS)
+
+    @property
+    def blocks(self):
+        """DP16KD blocks on ECP5."""
+        return self.rows * self.granules * -(-self._granule_width // _WIDTH)
+
+    @property
+    def _granule_width(self):
+        return data.ArrayLayout(self.shape, 1).size
+
+    def elaborate(self, platform):
+        m = Module()
+        if self.target == "generic":
+            mem = m.submodules.memory = memory.Memory(shape=self.word, depth=self.depth, init=[])
+            write = mem.write_port(granularity=1)
+            read = mem.read_port(domain="sync")
+            m.d.comb += [write.addr.eq(self.write_addr), write.data.eq(self.write_data),
+                         write.en.eq(self.write_en),
+                         read.addr.eq(self.read_addr), read.en.eq(self.read_en)]
+            m.d.comb += self.read_data.eq(delay(m, read.data.as_value(), 1, self.read_en,
+                                                name="read_data_r", reset_less=True))
+            return m
+
+        width = self._granule_width
+        columns = -(-width // _WIDTH)
+        row_bits = ceil_log2(self.rows)
+        low = self.write_addr[:ceil_log2(min(self.depth, _WORDS))]
+        read_low = self.read_addr[:ceil_log2(min(self.depth, _WORDS))]
+        write_row = self.write_addr[10:] if self.rows > 1 else Const(0)
+        row_words = []
+        for row in range(self.rows):
+            word_bits = []
+            for granule in range(self.granules):
+                bits = Value.cast(self.write_data[granule])
+                we = self.write_en[granule] & (write_row == row)
+                for column in range(columns):
+                    chunk = bits[column * _WIDTH:min(width, (column + 1) * _WIDTH)]
+                    out = Signal(_WIDTH, name=f"r{row}_g{granule}_c{column}")
+                    _dp16kd(m, f"block_r{row}_g{granule}_c{column}", write_addr=low,
+                            write_data=chunk, write_en=we, read_addr=read_low,
+                            read_en=self.read_en, read_data=out)
+                    word_bits.append(out[:len(chunk)])
+            row_words.append(Cat(*word_bits))
+        if self.rows == 1:
+            m.d.comb += self.read_data.eq(row_words[0])
+            return m
+        # The row of the word on the output registers: the read address's high bits,
+        # delayed as the data is.
+        row = delay(m, self.read_addr[10:10 + row_bits], self.latency, self.read_en,
+                    name="read_row", reset_less=True)
+        selected = row_words[-1]
+        for index in reversed(range(self.rows - 1)):
+            selected = Mux(row == index, row_words[index], selected)
+        m.d.comb += self.read_data.eq(selected)
+        return m
+
+
+def _dp16kd(m, name, *, write_addr, write_data, write_en, read_addr, read_en, read_data):
+    """One DP16KD in its 1024 x 18 mode: port A writes, port B reads through its output
+    register (both read stages load when ``read_en`` is high)."""
+    ports = {}
+    for i in range(_WIDTH):
+        ports[f"i_DIA{i}"] = write_data[i] if i < len(write_data) else Const(0)
+        ports[f"i_DIB{i}"] = Const(0)
+        ports[f"o_DOB{i}"] = read_data[i]
+    for i in range(14):
+        # 18-bit mode: address bits 13..4 select the word; bits 1..0 are the write's two
+        # 9-bit byte enables on port A.
+        ports[f"i_ADA{i}"] = (Const(1) if i < 2 else Const(0) if i < 4 else
+                              write_addr[i - 4] if i - 4 < len(write_addr) else Const(0))
+        ports[f"i_ADB{i}"] = (Const(0) if i < 4 else
+                              read_addr[i - 4] if i - 4 < len(read_addr) else Const(0))
+    for i in range(3):
+        ports[f"i_CSA{i}"] = Const(0)
+        ports[f"i_CSB{i}"] = Const(0)
+    m.submodules[name] = Instance(
+        "DP16KD",
+        p_DATA_WIDTH_A=_WIDTH, p_DATA_WIDTH_B=_WIDTH,
+        p_REGMODE_A="NOREG", p_REGMODE_B="OUTREG",
+        p_RESETMODE="SYNC", p_ASYNC_RESET_RELEASE="SYNC",
+        p_CSDECODE_A="0b000", p_CSDECODE_B="0b000",
+        p_WRITEMODE_A="NORMAL", p_WRITEMODE_B="NORMAL", p_GSR="DISABLED",
+        i_CLKA=ClockSignal(), i_CEA=Const(1), i_OCEA=Const(1), i_WEA=write_en, i_RSTA=Const(0),
+        i_CLKB=ClockSignal(), i_CEB=read_en, i_OCEB=read_en, i_WEB=Const(0), i_RSTB=Const(0),
+        **ports)
+
+
+def _sim_model():
+    def names(prefix, count):
+        return ", ".join(f"{prefix}{i}" for i in range(count))
+
+    def bus(prefix, count):
+        return "{" + ", ".join(f"{prefix}{i}" for i in reversed(range(count))) + "}"
+
+    assigns = "\n".join(f"    assign DOB{i} = out[{i}];\n    assign DOA{i} = 1'b0;"
+                        for i in range(_WIDTH))
+    return f"""// Behavioural model of the ECP5 DP16KD subset used by moe_hw: 1024 x 18 on both ports,
+// port A writes (both byte enables on), port B reads, REGMODE_B NOREG or OUTREG, CEB and
+// OCEB as clock enables, no reset, no chip select.
+module DP16KD({names("DIA", 18)}, {names("ADA", 14)}, CEA, OCEA, CLKA, WEA, RSTA,
+    CSA2, CSA1, CSA0, {names("DOA", 18)},
+    {names("DIB", 18)}, {names("ADB", 14)}, CEB, OCEB, CLKB, WEB, RSTB,
+    CSB2, CSB1, CSB0, {names("DOB", 18)});
+    parameter DATA_WIDTH_A = 18;
+    parameter DATA_WIDTH_B = 18;
+    parameter REGMODE_A = "NOREG";
+    parameter REGMODE_B = "NOREG";
+    parameter RESETMODE = "SYNC";
+    parameter ASYNC_RESET_RELEASE = "SYNC";
+    parameter CSDECODE_A = "0b000";
+    parameter CSDECODE_B = "0b000";
+    parameter WRITEMODE_A = "NORMAL";
+    parameter WRITEMODE_B = "NORMAL";
+    parameter GSR = "DISABLED";
+    input {names("DIA", 18)}, {names("ADA", 14)}, CEA, OCEA, CLKA, WEA, RSTA, CSA2, CSA1, CSA0;
+    input {names("DIB", 18)}, {names("ADB", 14)}, CEB, OCEB, CLKB, WEB, RSTB, CSB2, CSB1, CSB0;
+    output {names("DOA", 18)}, {names("DOB", 18)};
+    reg [17:0] mem [0:1023];
+    reg [17:0] latch = 18'd0;
+    reg [17:0] out_reg = 18'd0;
+    wire [13:0] ada = {bus("ADA", 14)};
+    wire [13:0] adb = {bus("ADB", 14)};
+    integer i;
+    initial for (i = 0; i < 1024; i = i + 1) mem[i] = 18'd0;
+    always @(posedge CLKA)
+        if (CEA && WEA) mem[ada[13:4]] <= {bus("DIA", 18)};
+    always @(posedge CLKB) begin
+        if (CEB) latch <= mem[adb[13:4]];
+        if (OCEB) out_reg <= latch;
+    end
+    wire [17:0] out = (REGMODE_B == "OUTREG") ? out_reg : latch;
+{assigns}
+endmodule
+"""
+
+
+#: Verilog simulation model of the DP16KD subset that :class:`BlockMemory` instantiates.
+DP16KD_SIM = _sim_model()
