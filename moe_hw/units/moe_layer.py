@@ -120,6 +120,7 @@ from amaranth.utils import ceil_log2
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.product import pipelined_product, product_latency
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
@@ -403,6 +404,14 @@ class MoELayer(wiring.Component):
             work_w.data.expert.eq(counts_in),
             work_w.en.eq(loc.counts.valid & (rows != 0)),
         ]
+        # C*H on a pipelined product of the held sizes (loaded at accept): ready from cycle
+        # start + 1 + its latency (at most 4: operands of at most 31 bits), before the
+        # location generator's first total (its run control, three bank stages and output
+        # register: start + 6 at the earliest, with no pairs).
+        span_latency = product_latency(len(capacity), len(hidden))
+        assert span_latency <= 4, span_latency
+        m.d.comb += expert_span.eq(pipelined_product(m, capacity, hidden, en=1, dsp=p.dsp,
+                                                     name="expert_span"))
         with m.If(loc.counts.valid):
             m.d.sync += [counts_in.eq(counts_in + 1), count_base.eq(count_base + expert_span)]
             with m.If(rows != 0):
@@ -603,7 +612,6 @@ class MoELayer(wiring.Component):
             m.d.sync += [
                 affine.eq(self.affine), pairs.eq(start_pairs),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
-                expert_span.eq(self.capacity * self.hidden),
                 w_token.eq(0), w_choice.eq(0), written.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
                 params_in.eq(0), d_token.eq(0), d_choice.eq(0), d_pairs.eq(0), c_token.eq(0),
