@@ -6,6 +6,7 @@ over both read logs and the result stream, exact stall-free cycle counts; the fl
 of the hardware's sums; parameter and input errors; a reset in the middle of a run (Amaranth
 simulator)."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 from amaranth.hdl import ClockDomain, Module
@@ -130,6 +131,21 @@ def test_backward_gate_fp16_one_lane(stall):
     for tokens, hidden, k in ((11, 5, 2), (7, 1, 1), (10, 16, 2)):
         check(problem(hidden, tokens=tokens, hidden=hidden, experts=4, capacity=6, k=k,
                       dtype=np.float16, specials=0.2), params=params, stall=stall)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("add_stages", [1, 2])
+def test_backward_gate_short_adder(add_stages, stall):
+    """The shortest groups: G = 2 (the group table written at the issue) and G = 3 (written a
+    cycle later, read again two items on)."""
+    params = DispatchBackwardGateParams(format="bf16", lanes=2, max_tokens=16, max_top_k=2,
+                                        max_hidden=8, max_capacity=16, max_experts=4,
+                                        add_stages=add_stages)
+    assert params.interleave == add_stages + 1
+    for tokens, hidden, k in ((9, 7, 2), (5, 1, 1), (16, 8, 2)):
+        check(problem(hidden + add_stages, tokens=tokens, hidden=hidden, experts=4,
+                      capacity=6, k=k, dtype=ml_dtypes.bfloat16, specials=0.2),
+              params=params, stall=stall)
 
 
 def test_float64_error():

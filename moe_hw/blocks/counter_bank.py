@@ -161,7 +161,13 @@ class CounterBank(wiring.Component):
         # and at every edge until the request moves on is caught in stage 2, and what lands
         # at the edge it moves into stage 3 is taken on the way in.
         lands_on_s1 = pending_en & (pending_index == s1_index)
-        lands_on_s2 = pending_en & (pending_index == s2_index)
+        # ``pending_en & (pending_index == s2_index)``, registered: the write-back and the
+        # stage-2 index of the next cycle are stage 3's request and (when ``en``) stage 1's,
+        # so the compare is one of registers, a cycle early, and the flag that chooses among
+        # the words going into stage 3 is a register.
+        lands_on_s2 = Signal()
+        m.d.sync += lands_on_s2.eq(incrementing & Mux(en, stage_index == s1_index,
+                                                      stage_index == s2_index))
         with m.If(en | lands_on_s2):
             m.d.sync += s2_word.eq(pending_value)
         # (Written as set and clear, not as ``caught | lands``: Yosys 0.70's ABC step fails on

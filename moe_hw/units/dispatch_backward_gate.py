@@ -319,8 +319,8 @@ class DispatchBackwardGateUnit(wiring.Component):
         # its pair's entry back with the addresses a beat on (the adder is off the issue
         # path). The entry of the next member is read one item ahead into ``ahead``
         # (distributed RAM, read at a register), so that an item's fields are registers.
-        # Written at an item's issue, an entry is next read at the issue of the item G - 1
-        # later: at least a cycle later (G >= 2).
+        # Written at an item's issue (a cycle after it when G >= 3), an entry is next read at
+        # the issue of the item G - 1 later: at least G - 1 cycles later.
         entry_layout = data.StructLayout({"grad": p.grad_addr_width,
                                           "input": p.input_addr_width,
                                           "live": 1, "real": 1})
@@ -384,8 +384,21 @@ class DispatchBackwardGateUnit(wiring.Component):
         item = Signal(entry_layout)              # the item's pair, a beat on
         m.d.comb += [item.grad.eq(grad_addr + p.lanes), item.input.eq(input_addr + p.lanes),
                      item.live.eq(live), item.real.eq(real)]
-        m.d.comb += [table_write.en.eq(issue), table_write.addr.eq(member),
-                     table_write.data.eq(item)]
+        if group >= 3:
+            # The write is registered (the next address's carry chain then ends at a
+            # register, not at the distributed RAM's write port): the entry, written a cycle
+            # after its item's issue, is next read at the issue of the item G - 1 later, at
+            # least G - 1 >= 2 cycles after it.
+            m.d.comb += [
+                table_write.en.eq(delay(m, issue, 1, 1, name="table_write_en")),
+                table_write.addr.eq(delay(m, member, 1, 1, name="table_write_addr",
+                                          reset_less=True)),
+                table_write.data.eq(delay(m, item, 1, 1, name="table_write_data",
+                                          reset_less=True)),
+            ]
+        else:
+            m.d.comb += [table_write.en.eq(issue), table_write.addr.eq(member),
+                         table_write.data.eq(item)]
         with m.If(issue):
             m.d.sync += ahead.eq(table_read.data)
         with m.If(take_header):
