@@ -44,6 +44,8 @@ Streams and ports (payload fields are listed least significant first):
     ``enable``). The memory must order a read after every write taken before it (the bench
     models one array behind both ports); the phases never have a read and a write of the same
     address in flight together. The layer never touches a slot that no valid pair fills.
+    ``write`` and ``read_request`` are driven from skid buffers (registered valid and
+    payload; ``ready`` reaches only them).
 ``start``, ``tokens``, ``hidden``, ``top_k``, ``num_experts``, ``capacity``, ``affine`` (in)
     Run-time problem size (S, H, k, E, C) and whether the experts are affine (1) or the
     identity (0), sampled when ``start`` is high while idle (the shared
@@ -86,13 +88,18 @@ filled rows::
 
     route_dispatch = SUB_UNIT_START + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
                                           locations.stall_free_cycles(P, E)) + PHASE_EXIT
-    experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + PHASE_EXIT
+    experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
+                     + PHASE_EXIT
                      (0 when the phase is skipped: identity experts, H = 0 or R = 0)
-    combine        = combine.cycles(S, H, k, L) + combine_header_latency   (H > 0)
-                     combine.cycles(S, H, k, L) = 2                        (H = 0)
+    combine        = combine.cycles(S, H, k, L + PORT_LATENCY) + combine_header_latency
+                                                                                  (H > 0)
+                     combine.cycles(S, H, k, L) = 2                               (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
 with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 4,
+PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to
+every read's latency, the write's to the expert phase's last write; the route phase's is
+hidden by the dispatch unit's own drain),
 combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup - 1)) with
 PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory
 read), PHASE_EXIT = 1, and ``dispatch.overhead``
@@ -169,6 +176,10 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
     #: command register, the row reader's issue and output registers, the write skid buffer.
     EXPERT_OVERHEAD = 4
+    #: The skid buffer on each expert-buffer port (write, read request): a cycle on every
+    #: write and on every read's round trip. (The dispatch unit's ``done`` comes two cycles
+    #: after its last write leaves it, so the route phase does not see the write's.)
+    PORT_LATENCY = 1
     #: The pair-memory read in front of the combine unit's header stream (a
     #: :class:`~moe_hw.blocks.block_memory.BlockMemory`).
     PAIR_READ_LATENCY = BlockMemory.latency
@@ -247,8 +258,9 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         experts = 0
         if affine and hidden and rows:
             experts = (rows * beats + memory_latency + self.mul_latency + self.add_latency +
-                       self.EXPERT_OVERHEAD + self.PHASE_EXIT)
-        combine = self.combine.cycles(tokens, hidden, top_k, memory_latency, reads=reads)
+                       self.EXPERT_OVERHEAD + 2 * self.PORT_LATENCY + self.PHASE_EXIT)
+        combine = self.combine.cycles(tokens, hidden, top_k, memory_latency + self.PORT_LATENCY,
+                                      reads=reads)
         if hidden:           # (with H = 0 the combine unit takes no header)
             combine += self.combine_header_latency
         return {"route_dispatch": self.SUB_UNIT_START + route + self.PHASE_EXIT,
@@ -550,21 +562,29 @@ class MoELayer(wiring.Component):
         for lane, value in enumerate(results):
             m.d.comb += x_skid.i.payload.data[lane].eq(value)
 
-        # ---- the expert buffer's ports, shared by phase --------------------------------------
+        # ---- the expert buffer's ports, shared by phase ----------------------------------------
+        # Each port is driven by a skid buffer of its own, behind the choice by phase: the
+        # port's valid and payload are registers (the choice's select would otherwise fan
+        # out to every payload bit on the way out of the unit), and its ready reaches only
+        # that skid buffer.
+        write_port = m.submodules.write_port = SkidBuffer(p.write_layout())
+        request_port = m.submodules.request_port = SkidBuffer(
+            request_layout(p.lanes, p.addr_width))
         m.d.comb += [
             # write: dispatch in phase 1, experts in phase 2
-            self.write.valid.eq(Mux(in_route, disp.write.valid, in_experts & x_skid.o.valid)),
-            self.write.payload.eq(Mux(in_route, disp.write.payload.as_value(),
-                                      x_skid.o.payload.as_value())),
-            disp.write.ready.eq(in_route & self.write.ready),
-            x_skid.o.ready.eq(in_experts & self.write.ready),
+            write_port.i.valid.eq(Mux(in_route, disp.write.valid,
+                                      in_experts & x_skid.o.valid)),
+            write_port.i.payload.eq(Mux(in_route, disp.write.payload.as_value(),
+                                        x_skid.o.payload.as_value())),
+            disp.write.ready.eq(in_route & write_port.i.ready),
+            x_skid.o.ready.eq(in_experts & write_port.i.ready),
             # read: experts in phase 2, combine in phase 3
-            self.read_request.valid.eq(Mux(in_experts, reader.request.valid,
-                                           in_combine & comb.read_request.valid)),
-            self.read_request.payload.eq(Mux(in_experts, reader.request.payload.as_value(),
-                                             comb.read_request.payload.as_value())),
-            reader.request.ready.eq(in_experts & self.read_request.ready),
-            comb.read_request.ready.eq(in_combine & self.read_request.ready),
+            request_port.i.valid.eq(Mux(in_experts, reader.request.valid,
+                                        in_combine & comb.read_request.valid)),
+            request_port.i.payload.eq(Mux(in_experts, reader.request.payload.as_value(),
+                                          comb.read_request.payload.as_value())),
+            reader.request.ready.eq(in_experts & request_port.i.ready),
+            comb.read_request.ready.eq(in_combine & request_port.i.ready),
             reader.response.valid.eq(in_experts & self.read_response.valid),
             comb.read_response.valid.eq(in_combine & self.read_response.valid),
             reader.response.payload.eq(self.read_response.payload),
@@ -572,6 +592,9 @@ class MoELayer(wiring.Component):
             self.read_response.ready.eq(Mux(in_experts, reader.response.ready,
                                             in_combine & comb.read_response.ready)),
         ]
+
+        wiring.connect(m, write_port.o, wiring.flipped(self.write))
+        wiring.connect(m, request_port.o, wiring.flipped(self.read_request))
 
         # ---- control ----------------------------------------------------------------------------
         # The sub-units start with the layer (ctl.begin: not too big, S > 0); the combine unit
@@ -594,10 +617,11 @@ class MoELayer(wiring.Component):
             comb.capacity.eq(capacity),
             comb.num_experts.eq(num_experts),
         ]
-        route_done = (in_route & loc.done & disp.done & (~affine | (params_in == num_experts)))
+        route_done = (in_route & loc.done & disp.done & ~write_port.o.valid &
+                      (~affine | (params_in == num_experts)))
         run_experts = affine & (hidden != 0) & (work_in != 0)
         experts_done = (in_experts & (work_out == work_in) & ~x_loaded & ~reader.busy &
-                        ~x_ctl.busy & ~x_skid.o.valid)
+                        ~x_ctl.busy & ~x_skid.o.valid & ~write_port.o.valid)
         to_combine = (route_done & ~run_experts) | experts_done
         finished = in_combine & comb.done
         m.d.comb += [comb.start.eq(to_combine), ctl.finished.eq(finished)]
