@@ -168,10 +168,12 @@ def test_locations_parameter_errors(settings, message):
 
 # ---- the counter bank in Amaranth's simulator ---------------------------------------------------
 
-def run_counter_bank(count, requests, p_stall, seed, clear_at=()):
-    """Drive ``requests`` ((index, increment) pairs) through a CounterBank with a random global
+def run_counter_bank(count, requests, p_stall, seed, clear_at=(), width=8):
+    """Drive ``requests`` ((index, increment) pairs, or (index, increment, amount) for a bank
+    of ``width``-bit counters that adds amounts) through a CounterBank with a random global
     stall and random bubbles; return the value seen for each request, in order."""
-    dut = CounterBank(count, 8)
+    amounts = len(requests[0]) == 3
+    dut = CounterBank(count, width, amount_width=width if amounts else None)
     rng = np.random.default_rng(seed)
     values = []
 
@@ -190,6 +192,8 @@ def run_counter_bank(count, requests, p_stall, seed, clear_at=()):
             if offer:
                 ctx.set(dut.index, requests[sent][0])
                 ctx.set(dut.increment, requests[sent][1])
+                if amounts:
+                    ctx.set(dut.amount, requests[sent][2])
             if stages[-1] is not None and en:
                 values.append(ctx.get(dut.value))   # the item leaves the last stage now
             await ctx.tick()
@@ -207,13 +211,14 @@ def run_counter_bank(count, requests, p_stall, seed, clear_at=()):
     return values
 
 
-def counter_bank_model(count, requests, clear_at=()):
+def counter_bank_model(count, requests, clear_at=(), width=8):
     counters, values = [0] * count, []
-    for n, (index, increment) in enumerate(requests):
+    for n, (index, increment, *amount) in enumerate(requests):
         if n in clear_at:
             counters = [0] * count
         values.append(counters[index])
-        counters[index] += increment
+        if increment:
+            counters[index] = (counters[index] + (amount[0] if amount else 1)) % (1 << width)
     return values
 
 
@@ -226,6 +231,17 @@ def test_counter_bank_random(count, p_stall):
     requests = [(int(i), int(rng.random() < 0.8)) for i in indices]
     assert run_counter_bank(count, requests, p_stall, seed=count) == \
         counter_bank_model(count, requests)
+
+
+@pytest.mark.parametrize("count", [5, 64])
+def test_counter_bank_wide_amounts(count):
+    """40-bit counters that add 40-bit amounts: the memory in three column groups, each with
+    its own (scrambled) copy of the addresses."""
+    rng = np.random.default_rng(40 + count)
+    indices = np.repeat(rng.integers(0, count, 60), rng.integers(1, 4, 60))[:120]
+    requests = [(int(i), int(rng.random() < 0.8), int(rng.integers(1 << 40))) for i in indices]
+    assert run_counter_bank(count, requests, 0.3, seed=count, width=40) == \
+        counter_bank_model(count, requests, width=40)
 
 
 def test_counter_bank_clear():

@@ -54,6 +54,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..params import check_int
+from ..stream.credit import ring_groups
+from .banked_memory import GROUP_BITS
 
 __all__ = ["CounterBank"]
 
@@ -87,11 +89,6 @@ class CounterBank(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.memory = mem = memory.Memory(
-            shape=self.width, depth=self.count, init=[],
-            attrs=None if self.ram_style is None else {"ram_style": self.ram_style})
-        read = mem.read_port(domain="sync")
-        write = mem.write_port()
         index_bits = ceil_log2(self.count)
         low_bits = (index_bits + 1) // 2         # the live lookup: low bits first, then high
         groups = 1 << (index_bits - low_bits)
@@ -146,13 +143,39 @@ class CounterBank(wiring.Component):
             pending_index.eq(stage_index),
             pending_value.eq(new_value),
         ]
-        m.d.comb += [
-            read.addr.eq(s1_index),
-            read.en.eq(en),
-            write.addr.eq(pending_index),
-            write.data.eq(pending_value),
-            write.en.eq(pending_en),
-        ]
+        # The counters' memory, in column groups of about GROUP_BITS bits, each with its own
+        # copy of the read address (stage 1's index) and of the write-back's address: an
+        # address register then drives one group's LUT-RAM cells, not every cell of the
+        # bank. Copy g holds the address XOR g (so that Yosys cannot merge the copies) and
+        # its group stores each counter at that address.
+        word = []
+        columns = ring_groups(self.width, self.count, group_bits=GROUP_BITS)
+        for group, (start, stop) in enumerate(columns):
+            # (A copy's address may pass ``count`` - 1: the memory spans the index's range.)
+            cells = memory.Memory(
+                shape=stop - start, depth=self.count if len(columns) == 1 else
+                1 << len(s1_index), init=[],
+                attrs=None if self.ram_style is None else {"ram_style": self.ram_style})
+            m.submodules["memory" if len(columns) == 1 else f"memory{group}"] = cells
+            read = cells.read_port(domain="sync")
+            write = cells.write_port()
+            if group == 0:
+                read_addr, write_addr = s1_index, pending_index
+            else:
+                read_addr = Signal.like(s1_index, name=f"s1_index_{group}")
+                write_addr = Signal.like(pending_index, name=f"pending_index_{group}")
+                with m.If(en):
+                    m.d.sync += read_addr.eq(self.index ^ group)
+                m.d.sync += write_addr.eq(stage_index ^ group)
+            m.d.comb += [
+                read.addr.eq(read_addr),
+                read.en.eq(en),
+                write.addr.eq(write_addr),
+                write.data.eq(pending_value[start:stop]),
+                write.en.eq(pending_en),
+            ]
+            word.append(read.data)
+        read_data = Cat(*word)
         with m.If(incrementing):
             m.d.sync += live.bit_select(stage_index, 1).eq(1)
 
@@ -212,7 +235,7 @@ class CounterBank(wiring.Component):
                 stored.eq(Mux(clear, 0,
                               Mux(lands_on_s2, pending_value,
                                   Mux(s2_caught, s2_word,
-                                      Mux(s2_live, read.data, Const(0, self.width)))))),
+                                      Mux(s2_live, read_data, Const(0, self.width)))))),
             ]
         with m.If(clear):
             m.d.sync += [live.eq(0), s1_live.eq(0), s2_live.eq(0)]

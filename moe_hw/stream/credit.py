@@ -176,12 +176,12 @@ GROUP_BITS = 32
 _COLUMN_BITS = 4
 
 
-def ring_groups(width, slots):
+def ring_groups(width, slots, *, group_bits=GROUP_BITS):
     """The ``(start, stop)`` bit ranges of a ``width``-bit ring of ``slots`` slots that get a
-    copy of the pointers each: about :data:`GROUP_BITS` bits each, cut at multiples of
+    copy of the pointers each: about ``group_bits`` bits each, cut at multiples of
     :data:`_COLUMN_BITS`, and at most ``slots`` groups (the distinct XOR constants)."""
     columns = -(-width // _COLUMN_BITS)
-    count = max(1, min(slots, -(-width // GROUP_BITS), columns))
+    count = max(1, min(slots, -(-width // group_bits), columns))
     bounds = [min(width, _COLUMN_BITS * (columns * group // count))
               for group in range(count + 1)]
     return list(zip(bounds, bounds[1:]))

@@ -1,0 +1,124 @@
+"""The memories: the block memory with a registered read (``moe_hw.blocks.block_memory``):
+the generic build in Amaranth's simulator against a dictionary, with random read enables and
+per-element write enables; the ECP5 build's structure (its DP16KD blocks with the output
+register on). The ECP5 build's behaviour, under the DP16KD simulation model, is checked
+through the MoE layer's pair memory (``test_moe_layer.py``). The banked LUT-RAM memory
+(``moe_hw.blocks.banked_memory``) against a dictionary, with words wide enough for several
+column groups per bank."""
+
+import numpy as np
+import pytest
+from amaranth.back import rtlil
+
+from moe_hw.blocks.banked_memory import BankedMemory
+from moe_hw.blocks.block_memory import DP16KD_SIM, BlockMemory
+from moe_hw.params import ParameterError
+
+from test_stream import run_pysim
+
+
+@pytest.mark.parametrize("depth, granules", [(2, 1), (40, 3), (1500, 2)])
+def test_block_memory_reads_what_was_written(depth, granules):
+    dut = BlockMemory(12, depth, granules=granules)
+    rng = np.random.default_rng(depth)
+    model = {}
+    mismatches = []
+
+    async def bench(ctx):
+        pending = []                 # (address, expected word) per read, oldest first
+        for cycle in range(600):
+            write_addr = int(rng.integers(depth))
+            write_en = int(rng.integers(1 << granules))
+            values = [int(v) for v in rng.integers(1 << 12, size=granules)]
+            read_addr = int(rng.integers(depth))
+            read_en = int(rng.random() < 0.6)
+            if read_addr == write_addr:          # not allowed in the same cycle
+                write_en = 0
+            ctx.set(dut.write_addr, write_addr)
+            ctx.set(dut.write_en, write_en)
+            for g in range(granules):
+                ctx.set(dut.write_data[g], values[g])
+            ctx.set(dut.read_addr, read_addr)
+            ctx.set(dut.read_en, read_en)
+            if read_en:
+                pending.append([model.get((read_addr, g), 0) for g in range(granules)])
+                # The word leaves after two enabled cycles: the oldest of three is on the
+                # output after this edge.
+            await ctx.tick()
+            for g in range(granules):
+                if write_en >> g & 1:
+                    model[write_addr, g] = values[g]
+            if read_en and len(pending) >= 2:
+                want = pending[-2]
+                got = [ctx.get(dut.read_data[g]) for g in range(granules)]
+                if got != want:
+                    mismatches.append((cycle, got, want))
+
+    run_pysim(dut, bench)
+    assert not mismatches, mismatches[:3]
+
+
+def test_block_memory_ecp5_blocks():
+    """1500 words of two 20-bit elements: two rows of two 18-bit columns per element, every
+    block read through its output register."""
+    dut = BlockMemory(20, 1500, granules=2, target="ecp5")
+    assert dut.rows == 2 and dut.blocks == 8
+    text = rtlil.convert(dut)
+    assert text.count("cell \\DP16KD ") == 8
+    assert text.count('"OUTREG"') == 8
+    assert "REGMODE_B" in DP16KD_SIM and "module DP16KD" in DP16KD_SIM
+
+
+def test_block_memory_errors():
+    with pytest.raises(ParameterError, match="target must be one of generic, ecp5, not 'xilinx'"):
+        BlockMemory(8, 16, target="xilinx")
+    with pytest.raises(ParameterError, match="depth"):
+        BlockMemory(8, 0)
+
+
+@pytest.mark.parametrize("width, depth", [(40, 200), (7, 64), (16, 1)])
+def test_banked_memory_reads_what_was_written(width, depth):
+    """Random writes and reads with random read enables, against a dictionary. A read's
+    address is registered at one enabled edge and the banks are read at the next: the word
+    is the one written by the writes given two or more cycles before that second edge (a
+    write is registered, then written)."""
+    dut = BankedMemory(width, depth)
+    rng = np.random.default_rng(width + depth)
+    writes = []                     # (cycle, address, value)
+    mismatches = []
+
+    def state(last_cycle):
+        words = {}
+        for cycle, addr, value in writes:
+            if cycle <= last_cycle:
+                words[addr] = value
+        return words
+
+    async def bench(ctx):
+        presented = None            # the address registered at the last enabled edge
+        expected = []               # the words read at the banks, oldest first
+        for cycle in range(600):
+            write_en = int(rng.random() < 0.5)
+            write_addr, value = int(rng.integers(depth)), int(rng.integers(1 << width))
+            read_en = int(rng.random() < 0.7)
+            read_addr = int(rng.integers(depth))
+            ctx.set(dut.write_en, write_en)
+            ctx.set(dut.write_addr, write_addr)
+            ctx.set(dut.write_data, value)
+            ctx.set(dut.read_en, read_en)
+            ctx.set(dut.read_addr, read_addr)
+            if read_en:
+                if presented is not None:        # the banks read it at this edge
+                    expected.append(state(cycle - 2).get(presented))
+                presented = read_addr
+            await ctx.tick()
+            if write_en:
+                writes.append((cycle, write_addr, value))
+            if read_en and len(expected) >= 2:   # the word read at the last edge but one
+                want, got = expected[-2], ctx.get(dut.read_data)
+                if want is not None and got != want:
+                    mismatches.append((cycle, got, want))
+
+    run_pysim(dut, bench)
+    assert not mismatches, mismatches[:3]
+    assert len(writes) > 100
