@@ -112,16 +112,18 @@ def run_keep_pysim(dut, items, p, seed, *, emulate):
     return got, entered
 
 
+@pytest.mark.parametrize("alternate", [(), ("value",)])
 @pytest.mark.parametrize("p", [0.0, 0.3, 0.6])
-def test_skid_buffer_keep_field(p):
+def test_skid_buffer_keep_field(p, alternate):
     """Items without ``keep`` vanish at the output: the kept items come out in order, and
     every item enters and leaves in the same cycle as through a plain skid buffer whose
-    consumer takes the unkept items at once."""
+    consumer takes the unkept items at once (also with the value in alternate registers)."""
     layout = data.StructLayout({"keep": 1, "value": 8})
     rng = np.random.default_rng(9)
     items = [(value << 1) | int(rng.random() < 0.6) for value in range(1, 256)]
     plain = run_keep_pysim(SkidBuffer(layout), items, p, 6, emulate=True)
-    keep = run_keep_pysim(SkidBuffer(layout, keep="keep"), items, p, 6, emulate=False)
+    keep = run_keep_pysim(SkidBuffer(layout, keep="keep", alternate=alternate), items, p, 6,
+                          emulate=False)
     assert [value for value, _ in keep[0]] == [item for item in items if item & 1]
     assert keep == plain
 
@@ -133,7 +135,7 @@ def test_skid_buffer_alternate_needs_a_field():
         SkidBuffer(8, alternate=("data",))
     with pytest.raises(ValueError, match="keep: field 'a' must be one bit wide"):
         SkidBuffer(data.StructLayout({"a": 4}), keep="a")
-    with pytest.raises(ValueError, match="keep needs the skid buffer"):
+    with pytest.raises(ValueError, match="keep and alternate need the skid buffer"):
         CreditPipeline(2, data.StructLayout({"a": 1}), skid=False, keep="a")
 
 

@@ -15,19 +15,19 @@ __all__ = ["FloatMultiplierCore", "FloatMultiplier", "DEFAULT_MULTIPLIER_STAGES"
 #: Default pipeline depth per format: every register boundary of
 #: :class:`FloatMultiplierCore` gets one register, so that no stage has more than a few LUT
 #: levels and a carry chain (250 MHz or more on ECP5-85 speed 8 with ``dsp="ecp5"``).
-DEFAULT_MULTIPLIER_STAGES = {"fp32": 13, "fp16": 13, "bf16": 13}
+DEFAULT_MULTIPLIER_STAGES = {"fp32": 15, "fp16": 15, "bf16": 15}
 
 # Register boundaries in pipeline order, and the order in which they receive a register as
 # ``stages`` grows: each new register cuts the longest remaining combinational path.
 # Registers beyond the last all go on the output.
-_BOUNDARIES = ("classified", "unpacked", "zeros", "x_coarse", "mul_inputs", "mul_outputs",
-               "mul_partial",
+_BOUNDARIES = ("classified", "unpacked", "zeros", "x_coarse", "mul_staged", "mul_inputs",
+               "mul_outputs", "mul_routed", "mul_partial",
                "product", "product_normalised", "denormalise_coarse", "denormalised",
                "round_prepared", "rounded")
 _BOUNDARY_PRIORITY = ("mul_outputs", "denormalised", "rounded", "mul_inputs",
                       "product_normalised", "zeros", "product", "round_prepared",
                       "denormalise_coarse", "unpacked", "x_coarse", "mul_partial",
-                      "classified")
+                      "classified", "mul_routed", "mul_staged")
 _EXTRA_BOUNDARY = "rounded"
 # Bits per group of the first step of x's leading-zero count, taken before the "classified"
 # register: groups of 8 (two LUT levels there) leave a two-level tree after "unpacked".
@@ -62,12 +62,15 @@ class FloatMultiplierCore(FloatCore):
        ``unpacked``: the operand with a zero exponent field (a subnormal or zero), if
        any, becomes x, the one that is normalised (if both are subnormal the product is far
        below the subnormal range whatever is done, so one normaliser is enough);
-    2. ``zeros``, ``x_coarse``, ``mul_inputs``: count the leading zeros of x and shift it
-       left in two steps, so that both significands have their hidden bit set (x's exponent
-       may go below 1);
-    3. ``mul_outputs``, ``mul_partial``, ``product``: the significand product (for fp32 on
-       ECP5: four partial products, then two registered additions; otherwise a plain product
-       with registers after it, for tools that retime them into the multiplier);
+    2. ``zeros``, ``x_coarse``, ``mul_staged``, ``mul_inputs``: count the leading zeros of x
+       and shift it left in two steps, so that both significands have their hidden bit set
+       (x's exponent may go below 1); ``mul_staged`` holds the factors in fabric registers
+       (the multiplier's inputs are then a plain route from registers: on ECP5 the DSP blocks
+       sit in rows of their own, a long route from the shifter);
+    3. ``mul_outputs``, ``mul_routed``, ``mul_partial``, ``product``: the significand product
+       (for fp32 on ECP5: four partial products, held again in fabric registers
+       (``mul_routed``) before two registered additions; otherwise a plain product with
+       registers after it, for tools that retime them into the multiplier);
     4. ``product_normalised``: the product of two significands in [1, 2) needs at most a
        one-bit shift; bits below the guard bits fold into a sticky bit;
     5. ``denormalise_coarse``, ``denormalised``: a result below the normal range is shifted
@@ -78,8 +81,8 @@ class FloatMultiplierCore(FloatCore):
     Registers are given to the boundaries in the order ``mul_outputs``, ``denormalised``,
     ``rounded``, ``mul_inputs``, ``product_normalised``, ``zeros``, ``product``,
     ``round_prepared``, ``denormalise_coarse``, ``unpacked``, ``x_coarse``, ``mul_partial``,
-    ``classified`` as ``stages`` grows (default: all thirteen); any beyond thirteen go on the
-    output.
+    ``classified``, ``mul_routed``, ``mul_staged`` as ``stages`` grows (default: all
+    fifteen); any beyond fifteen go on the output.
     """
 
     result_name = "product"
@@ -174,10 +177,14 @@ class FloatMultiplierCore(FloatCore):
         x_normalised = shift_left_step(m, coarse.significand_x, coarse.zeros, fine_bits,
                                        name="x_normalised")
         passing = dict(sign=coarse.sign, nan=coarse.nan, inf=coarse.inf)
+        # The factors in fabric registers next to the multiplier's inputs (on ECP5 the DSP
+        # blocks are a long route away from the shifter, which then ends in a register).
+        staged = regs.boundary("mul_staged", **passing, exponent=coarse.exponent,
+                               x=x_normalised, y=coarse.significand_y)
+        passing = dict(sign=staged.sign, nan=staged.nan, inf=staged.inf)
         # With dsp="ecp5" the significands are registered inside the DSP blocks instead.
-        factors = (dict(x=x_normalised, y=coarse.significand_y) if self._dsp == "generic"
-                   else {})
-        mul_in = regs.boundary("mul_inputs", **passing, exponent=coarse.exponent, **factors)
+        factors = dict(x=staged.x, y=staged.y) if self._dsp == "generic" else {}
+        mul_in = regs.boundary("mul_inputs", **passing, exponent=staged.exponent, **factors)
 
         # While the multiplier works: the exponent and the underflow shift for either
         # position of the product's leading one (bit 2 * sig_bits - 1, or the one below).
@@ -220,23 +227,31 @@ class FloatMultiplierCore(FloatCore):
             return {key: getattr(stage, key) for key in keys} | step(stage)
 
         ahead = dict(sign=mul_in.sign, nan=mul_in.nan, inf=mul_in.inf, **exponents)
+
+        def routed(stage, **products):
+            # The products in fabric registers next to where they are summed or used (on
+            # ECP5 the DSP blocks' outputs are a long route away).
+            return regs.boundary("mul_routed", **{key: getattr(stage, key) for key in ahead},
+                                 **products)
+
         if self._dsp == "generic":
             mul_out = regs.boundary("mul_outputs", **ahead, product=mul_in.x * mul_in.y)
-            partial = regs.boundary("mul_partial", **carry(mul_out, compares),
-                                    product=mul_out.product)
+            near = routed(mul_out, product=mul_out.product)
+            partial = regs.boundary("mul_partial", **carry(near, compares),
+                                    product=near.product)
             prod = regs.boundary("product", **carry(partial, shifts), product=partial.product)
         else:
             assert regs.count("mul_inputs") <= 1 and regs.count("mul_outputs") <= 1
             dsp = dict(en=self.en, reg_inputs=regs.count("mul_inputs") > 0,
                        reg_outputs=regs.count("mul_outputs") > 0)
-            x, y = x_normalised, coarse.significand_y
+            x, y = staged.x, staged.y
             # The DSP blocks' output registers are mul_outputs for the product.
             mul_out = regs.boundary("mul_outputs", **ahead)
             tiles = dsp_tiles(m, x, y, **dsp, name="mult")
             if len(tiles) == 1:
-                product = tiles[0][1]
-                partial = regs.boundary("mul_partial", **carry(mul_out, compares),
-                                        product=product)
+                near = routed(mul_out, product=tiles[0][1])
+                partial = regs.boundary("mul_partial", **carry(near, compares),
+                                        product=near.product)
                 prod = regs.boundary("product", **carry(partial, shifts),
                                      product=partial.product)
             else:
@@ -244,10 +259,11 @@ class FloatMultiplierCore(FloatCore):
                 assert [shift for shift, _ in tiles] == [0, DSP_WIDTH, DSP_WIDTH, 2 * DSP_WIDTH]
                 (_, ll), (_, lh), (_, hl), (_, hh) = tiles
                 low = DSP_WIDTH
+                near = routed(mul_out, ll=ll, lh=lh, hl=hl, hh=hh)
                 cross = Signal(len(lh) + 1, name="mult_cross")
-                m.d.comb += cross.eq(lh + hl)
-                partial = regs.boundary("mul_partial", **carry(mul_out, compares),
-                                        ll=ll, hh=hh, cross=cross)
+                m.d.comb += cross.eq(near.lh + near.hl)
+                partial = regs.boundary("mul_partial", **carry(near, compares),
+                                        ll=near.ll, hh=near.hh, cross=cross)
                 # ll and hh << 36 do not overlap: one carry chain from bit 18 up.
                 product = Signal(2 * sig_bits, name="mult_product")
                 m.d.comb += product.eq(Cat(partial.ll, partial.hh) + (partial.cross << low))

@@ -177,9 +177,9 @@ def _sim_model():
 
     assigns = "\n".join(f"    assign DOB{i} = out[{i}];\n    assign DOA{i} = 1'b0;"
                         for i in range(_WIDTH))
-    return f"""// Behavioural model of the ECP5 DP16KD subset used by moe_hw: 1024 x 18 on both ports,
-// port A writes (both byte enables on), port B reads, REGMODE_B NOREG or OUTREG, CEB and
-// OCEB as clock enables, no reset, no chip select.
+    return f"""// Behavioural model of the ECP5 DP16KD subset used by moe_hw: 1024 x 18 on both
+// ports, port A writes (both byte enables on), port B reads, REGMODE_B NOREG or OUTREG, CEB
+// and OCEB as clock enables, no reset, no chip select.
 module DP16KD({names("DIA", 18)}, {names("ADA", 14)}, CEA, OCEA, CLKA, WEA, RSTA,
     CSA2, CSA1, CSA0, {names("DOA", 18)},
     {names("DIB", 18)}, {names("ADB", 14)}, CEB, OCEB, CLKB, WEB, RSTB,

@@ -113,7 +113,7 @@ class SkidBuffer(wiring.Component):
             written, read = Signal(), Signal()
             next_written = written ^ (self.i.valid & self.i.ready)
             m.d.sync += [written.eq(next_written),
-                         read.eq(read ^ (self.o.valid & self.o.ready))]
+                         read.eq(read ^ (main_valid & free))]      # an item leaves
             entries = []
             for k in range(2):
                 entry = Signal(len(turns), name=f"entry{k}", reset_less=True)

@@ -520,8 +520,11 @@ class CombineGatherUnit(wiring.Component):
         beat = reader.beats
         tag = beat.payload.tag
         out_layout = data.StructLayout({"out": p.data_layout(), "final": 1})
+        # Partial sums vanish at the queue's output (``keep``); the output beat is held in
+        # two registers written in turn (``alternate``: ``data.ready`` reaches no wide clock
+        # enable).
         acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout,
-                                                          keep="final")
+                                                          keep="final", alternate=("out",))
         item = Signal(range(window))             # the beat's accumulator entry
         # The next entry's two candidates, item + 1 and item + 2, are registers kept alongside
         # (reached only while the pass goes on, so they never pass window + 1).

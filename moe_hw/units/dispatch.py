@@ -168,23 +168,27 @@ class DispatchUnit(wiring.Component):
         beats = Signal(range(-(-p.max_hidden // p.lanes) + 1))  # data beats per pair
         last_enable = Signal(p.lanes)                              # lane enables of the last beat
         headers_left = Signal.like(self.pairs)
+        headers_open = Signal()                  # headers_left != 0, as a register
         pairs_left = Signal.like(self.pairs)
 
         # ---- header pipeline: mask and slot address, then a queue -------------------------
         # The queue's ring drives its output (no skid buffer): the front entry, read at the
         # ring's read pointer, is the current pair, popped when its last beat is taken, which
         # advances a few pointer registers instead of loading a register of the pair's width.
-        h_queue = header_slot_queue(m, self.header, ctl, p, open=running & (headers_left != 0),
+        h_queue = header_slot_queue(m, self.header, ctl, p, open=running & headers_open,
                                     addr_width=p.addr_width, carry=("gate",), skid=False)
         h_out = h_queue.o
         with m.If(h_queue.take):
-            m.d.sync += headers_left.eq(headers_left - 1)
+            m.d.sync += [headers_left.eq(headers_left - 1), headers_open.eq(headers_left != 1)]
 
         # ---- current pair: walks the addresses of its beats ------------------------------
         # The multipliers never stall: a beat enters only when the output queue has room.
         out_layout = data.StructLayout({"beat": p.write_layout(), "write": 1})
+        # Beats of dropped pairs vanish at the queue's output (``keep``); the beat is held in
+        # two registers written in turn (``alternate``), so that ``write.ready`` reaches only
+        # the output's flags and pointers, not the clock enable of lanes x 32 data bits.
         mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout,
-                                                         keep="write")
+                                                         keep="write", alternate=("beat",))
         pair = h_out.payload
         # The data beats enter through a one-register credit pipeline whose ring drives its
         # output (only while the run is on, so that nothing is left in it after one): the
@@ -268,7 +272,8 @@ class DispatchUnit(wiring.Component):
             m.d.sync += [
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_enable.eq(last_enable_of(self.hidden, p.lanes)),
-                headers_left.eq(self.pairs), pairs_left.eq(self.pairs),
+                headers_left.eq(self.pairs), headers_open.eq(self.pairs != 0),
+                pairs_left.eq(self.pairs),
             ]
         # Every pair fails the mask when there is no slot, but none carries data when H is
         # zero (registered at accept, used in the decide cycle).

@@ -68,9 +68,10 @@ Phases (``phase``):
    ``max_tokens`` words of ``max_top_k`` entries, word i entry k = pair (k, i), read in two
    cycles: on ECP5 a DP16KD with its output register, ``bram="ecp5"``); then the E
    per-expert totals come out and every expert with ``min(count, C) > 0`` filled slots goes
-   on the expert work list (empty experts never appear there, so they cost nothing). The dispatch unit reads its headers from the pair
-   memory as soon as they are written (gate 1.0: postscore) and writes the token rows into
-   the expert buffer through the write port, one beat per cycle.
+   on the expert work list (empty experts never appear there, so they cost nothing). The
+   dispatch unit reads its headers from the pair memory as soon as they are written (gate
+   1.0: postscore) and writes the token rows into the expert buffer through the write
+   port, one beat per cycle.
 2. *experts* (only when ``affine`` is 1, H > 0 and some expert has a filled slot): for every
    expert on the work list, for each of its ``min(count, C)`` filled rows, the row is read
    (one row command per row into a row reader), each lane computes ``scale * x`` (rounded)
