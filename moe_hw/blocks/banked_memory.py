@@ -6,18 +6,13 @@ the words are split into banks of ``bank_depth`` (64: four LUT-RAM rows and one 
 multiplexer each) and the read takes three enabled cycles: the address is registered once per
 bank, every bank reads its word into a register, and a last register selects the bank's word.
 
-Each bank is cut into column groups of about :data:`GROUP_BITS` bits (each a memory of its
-own), and every group has its own copy of the read and the write address, so that an address
-register drives the cells of one group only (a 64-word bank's 40-bit word is 40 cells
-behind one address; routing that net took 2.1-2.2 ns in moe_re_routing).
-
 Yosys merges registers with the same input bit by bit (``opt_merge``, a ``keep`` on the wire
-notwithstanding), which would leave one address register driving every group's cells. The
+notwithstanding), which would leave one address register driving every bank's cells. The
 copies are therefore kept apart by construction, as the ring pointers of
-:mod:`moe_hw.stream.credit` are: copy c (numbered across the banks and their groups) of the
-read and the write address holds the address XOR (c mod ``bank_depth``), and its group stores
-each word at that address too, so each group's words are a fixed permutation and every read
-sees the word written at its address.
+:mod:`moe_hw.stream.credit` are: bank k's copies of the read and the write address hold the
+address XOR (k mod ``bank_depth``), and the bank stores each word at that address too, so
+each bank's words are a fixed permutation and every read sees the word written at its
+address.
 
 Ports:
 
@@ -37,19 +32,14 @@ RAM has no output register: its 4 ns clock-to-output would fill the cycle).
 import operator
 from functools import reduce
 
-from amaranth.hdl import Cat, Module, Signal, Value
+from amaranth.hdl import Module, Signal, Value
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..params import check_int
-from ..stream.credit import ring_groups
 
-__all__ = ["BankedMemory", "GROUP_BITS"]
-
-#: Word bits per copy of a bank's addresses: four 4-bit columns of ECP5's 16x4 distributed RAM
-#: cell, sixteen cells at the default 64-word bank.
-GROUP_BITS = 16
+__all__ = ["BankedMemory"]
 
 
 class BankedMemory(wiring.Component):
@@ -74,39 +64,33 @@ class BankedMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         low_bits = ceil_log2(self.bank_depth)
-        width = len(Value.cast(self.write_data))
-        write_bits = Value.cast(self.write_data)
-        groups = ring_groups(width, self.bank_depth, group_bits=GROUP_BITS)
         words = []
         for index in range(self.banks):
-            # The write is registered (per bank, the data per group), the bank decoded before
-            # the register: the LUT RAM's write enable and address are flip-flops.
+            bank = memory.Memory(shape=self.shape, depth=self.bank_depth, init=[],
+                                 attrs={"ram_style": "distributed"})
+            m.submodules[f"bank{index}"] = bank
+            write = bank.write_port()
+            read = bank.read_port(domain="sync")
+            # The write is registered per bank, the bank decoded before the register: the
+            # LUT RAM's write enable and address are flip-flops.
+            write_addr = Signal(low_bits, name=f"bank{index}_write_addr")
+            write_data = Signal(self.shape, name=f"bank{index}_write_data")
             write_en = Signal(name=f"bank{index}_write_en")
-            m.d.sync += write_en.eq(self.write_en & ((self.write_addr >> low_bits) == index))
-            parts = []
-            for group, (start, stop) in enumerate(groups):
-                name = f"bank{index}" if len(groups) == 1 else f"bank{index}_{group}"
-                scramble = (index * len(groups) + group) % self.bank_depth
-                # (a copy's address spans low_bits bits: XOR can take it past bank_depth - 1)
-                cells = memory.Memory(shape=stop - start, depth=1 << low_bits, init=[],
-                                      attrs={"ram_style": "distributed"})
-                m.submodules[name] = cells
-                write = cells.write_port()
-                read = cells.read_port(domain="sync")
-                write_addr = Signal(low_bits, name=f"{name}_write_addr")
-                write_data = Signal(stop - start, name=f"{name}_write_data")
-                m.d.sync += [write_addr.eq(self.write_addr[:low_bits] ^ scramble),
-                             write_data.eq(write_bits[start:stop])]
-                m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
-                             write.en.eq(write_en)]
-                # Stage 1: this group's own copy of the address.
-                addr = Signal(low_bits, name=f"{name}_addr")
-                with m.If(self.read_en):
-                    m.d.sync += addr.eq(self.read_addr[:low_bits] ^ scramble)
-                # Stage 2: the group's bits of the word (the read port's register).
-                m.d.comb += [read.addr.eq(addr), read.en.eq(self.read_en)]
-                parts.append(read.data)
-            words.append(Cat(*parts))
+            scramble = index % self.bank_depth          # this bank's copies: address XOR it
+            m.d.sync += [
+                write_addr.eq(self.write_addr[:low_bits] ^ scramble),
+                write_data.eq(self.write_data),
+                write_en.eq(self.write_en & ((self.write_addr >> low_bits) == index)),
+            ]
+            m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
+                         write.en.eq(write_en)]
+            # Stage 1: this bank's own copy of the address.
+            addr = Signal(low_bits, name=f"bank{index}_addr")
+            with m.If(self.read_en):
+                m.d.sync += addr.eq(self.read_addr[:low_bits] ^ scramble)
+            # Stage 2: the bank's word (the read port's register).
+            m.d.comb += [read.addr.eq(addr), read.en.eq(self.read_en)]
+            words.append(read.data)
         # Stage 3: the selected word, as an AND-OR of the banks' words with a "this bank"
         # flag registered beside each bank's word in stage 2: each flag drives its own bank's
         # bits only, where one bank number would fan out to a multiplexer for every bit.

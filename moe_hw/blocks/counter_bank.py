@@ -55,9 +55,12 @@ from amaranth.utils import ceil_log2
 
 from ..params import check_int
 from ..stream.credit import ring_groups
-from .banked_memory import GROUP_BITS
 
 __all__ = ["CounterBank"]
+
+#: Counter bits per copy of the memory's addresses: four 4-bit columns of ECP5's 16x4
+#: distributed RAM cell (sixteen cells at 64 counters).
+GROUP_BITS = 16
 
 
 class CounterBank(wiring.Component):

@@ -84,6 +84,12 @@ class Ring(wiring.Component):
     an asynchronous read, so its fan-out is on the reader's path, and one pointer for the
     whole payload is a net to every RAM cell of it.
 
+    When ``depth`` is below the slots (the power of two), the RAM is written at the write
+    pointer in every cycle, with ``w_data`` (an entry when ``w_en`` is high, else whatever
+    it holds): that slot is never an entry then (the ring holds at most ``depth`` of them),
+    and ``w_en`` reaches only the pointers, not the write enable of every RAM cell (at 16
+    lanes, 300 cells on one net).
+
     Latency: an entry written in cycle c is on ``r_data``, with ``nonempty`` high, from
     cycle c + 1.
     """
@@ -100,6 +106,7 @@ class Ring(wiring.Component):
         slots = 1 << ceil_log2(self.depth)
         w_data = Value.cast(self.w_data)
         r_data = Value.cast(self.r_data)
+        write_always = slots > self.depth
         for group, (start, stop) in enumerate(ring_groups(len(w_data), slots)):
             # Copy ``group`` of the pointers holds the pointer XOR ``group`` (a distinct
             # constant per copy: there are at most as many copies as slots): the group's
@@ -112,7 +119,7 @@ class Ring(wiring.Component):
             r_ptr = Signal(range(slots), name=f"r_ptr{group}", init=group)
             m.d.comb += [
                 w_port.addr.eq(w_ptr), w_port.data.eq(w_data[start:stop]),
-                w_port.en.eq(self.w_en),
+                w_port.en.eq(1 if write_always else self.w_en),
                 r_port.addr.eq(r_ptr), r_data[start:stop].eq(r_port.data),
             ]
             with m.If(self.w_en):
