@@ -70,7 +70,7 @@ def test_block_memory_ecp5_blocks():
 
 
 def test_block_memory_errors():
-    with pytest.raises(ParameterError, match="target must be one of generic, ecp5, not 'xilinx'"):
+    with pytest.raises(ParameterError, match="^target must be generic or ecp5, not 'xilinx'$"):
         BlockMemory(8, 16, target="xilinx")
     with pytest.raises(ParameterError, match="depth"):
         BlockMemory(8, 0)

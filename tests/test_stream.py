@@ -135,6 +135,8 @@ def test_skid_buffer_alternate_needs_a_field():
         SkidBuffer(8, alternate=("data",))
     with pytest.raises(ValueError, match="keep: field 'a' must be one bit wide"):
         SkidBuffer(data.StructLayout({"a": 4}), keep="a")
+    with pytest.raises(ValueError, match="keep: field 'a' cannot also be an alternate field"):
+        SkidBuffer(data.StructLayout({"a": 1}), keep="a", alternate=("a",))
     with pytest.raises(ValueError, match="keep and alternate need the skid buffer"):
         CreditPipeline(2, data.StructLayout({"a": 1}), skid=False, keep="a")
 

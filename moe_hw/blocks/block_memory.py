@@ -32,12 +32,12 @@ Ports:
     the same cycle are not allowed (the block's result is undefined).
 """
 
-from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, Signal, Value
+from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..params import ParameterError, check_int, param
+from ..params import check_choice, check_int, param
 from ..stream import delay
 
 __all__ = ["BlockMemory", "MEMORY_TARGETS", "DP16KD_SIM", "bram_param"]
@@ -53,6 +53,7 @@ def bram_param():
 
 
 _WORDS = 1024      # a DP16KD in its 18-bit mode
+_WORD_BITS = 10    # log2(_WORDS): the address bits within one row of blocks
 _WIDTH = 18
 
 
@@ -66,10 +67,7 @@ class BlockMemory(wiring.Component):
         self.shape = shape
         self.depth = check_int("depth", depth, minimum=1, maximum=1 << 20)
         self.granules = check_int("granules", granules, minimum=1, maximum=64)
-        if target not in MEMORY_TARGETS:
-            raise ParameterError(f"target must be one of {', '.join(MEMORY_TARGETS)}, "
-                                 f"not {target!r}")
-        self.target = target
+        self.target = check_choice("target", target, MEMORY_TARGETS)
         self.word = data.ArrayLayout(shape, self.granules)
         super().__init__({
             "write_addr": In(range(self.depth)), "write_data": In(self.word),
@@ -89,7 +87,7 @@ class BlockMemory(wiring.Component):
 
     @property
     def _granule_width(self):
-        return data.ArrayLayout(self.shape, 1).size
+        return Shape.cast(self.shape).width
 
     def elaborate(self, platform):
         m = Module()
@@ -107,9 +105,9 @@ class BlockMemory(wiring.Component):
         width = self._granule_width
         columns = -(-width // _WIDTH)
         row_bits = ceil_log2(self.rows)
-        low = self.write_addr[:ceil_log2(min(self.depth, _WORDS))]
-        read_low = self.read_addr[:ceil_log2(min(self.depth, _WORDS))]
-        write_row = self.write_addr[10:] if self.rows > 1 else Const(0)
+        low_bits = ceil_log2(min(self.depth, _WORDS))
+        low, read_low = self.write_addr[:low_bits], self.read_addr[:low_bits]
+        write_row = self.write_addr[_WORD_BITS:] if self.rows > 1 else Const(0)
         row_words = []
         for row in range(self.rows):
             word_bits = []
@@ -129,7 +127,8 @@ class BlockMemory(wiring.Component):
             return m
         # The row of the word on the output registers: the read address's high bits,
         # delayed as the data is.
-        row = delay(m, self.read_addr[10:10 + row_bits], self.latency, self.read_en,
+        row = delay(m, self.read_addr[_WORD_BITS:_WORD_BITS + row_bits], self.latency,
+                    self.read_en,
                     name="read_row", reset_less=True)
         selected = row_words[-1]
         for index in reversed(range(self.rows - 1)):

@@ -50,6 +50,8 @@ class SkidBuffer(wiring.Component):
                 raise ValueError(f"no field {unknown[0]!r} in {shape!r}")
         if keep is not None and Shape.cast(shape.members[keep]).width != 1:
             raise ValueError(f"keep: field {keep!r} must be one bit wide")
+        if keep is not None and keep in self._alternate:
+            raise ValueError(f"keep: field {keep!r} cannot also be an alternate field")
         super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape)),
                           "held": Out(1)})
 
@@ -80,9 +82,10 @@ class SkidBuffer(wiring.Component):
         if self._keep is not None:
             shown = Signal()
             i_keep = self.i.payload[self._keep]
-            skid_keep = Signal(reset_less=True)
-            with m.If(~skid_valid):
-                m.d.sync += skid_keep.eq(i_keep)
+            # The skid slot's own copy of the keep bit (its place among the held fields).
+            offset = self._shape[self._keep].offset
+            skid_keep = skid[sum(stop - start for start, stop, alt in ranges
+                                 if not alt and stop <= offset)]
         m.d.comb += [
             self.i.ready.eq(~skid_valid),
             self.o.valid.eq(shown),

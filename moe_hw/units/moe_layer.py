@@ -568,24 +568,25 @@ class MoELayer(wiring.Component):
         # port's valid and payload are registers (the choice's select would otherwise fan
         # out to every payload bit on the way out of the unit), and its ready reaches only
         # that skid buffer.
-        write_port = m.submodules.write_port = SkidBuffer(p.write_layout())
-        request_port = m.submodules.request_port = SkidBuffer(
-            request_layout(p.lanes, p.addr_width))
+        def shared_port(name, layout, first, first_on, second, second_on):
+            # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
+            # while ``second_on`` (never both).
+            port = m.submodules[name] = SkidBuffer(layout)
+            m.d.comb += [
+                port.i.valid.eq(Mux(first_on, first.valid, second_on & second.valid)),
+                port.i.payload.eq(Mux(first_on, first.payload.as_value(),
+                                      second.payload.as_value())),
+                first.ready.eq(first_on & port.i.ready),
+                second.ready.eq(second_on & port.i.ready),
+            ]
+            return port
+
+        # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
+        write_port = shared_port("write_port", p.write_layout(),
+                                 disp.write, in_route, x_skid.o, in_experts)
+        request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
+                                   reader.request, in_experts, comb.read_request, in_combine)
         m.d.comb += [
-            # write: dispatch in phase 1, experts in phase 2
-            write_port.i.valid.eq(Mux(in_route, disp.write.valid,
-                                      in_experts & x_skid.o.valid)),
-            write_port.i.payload.eq(Mux(in_route, disp.write.payload.as_value(),
-                                        x_skid.o.payload.as_value())),
-            disp.write.ready.eq(in_route & write_port.i.ready),
-            x_skid.o.ready.eq(in_experts & write_port.i.ready),
-            # read: experts in phase 2, combine in phase 3
-            request_port.i.valid.eq(Mux(in_experts, reader.request.valid,
-                                        in_combine & comb.read_request.valid)),
-            request_port.i.payload.eq(Mux(in_experts, reader.request.payload.as_value(),
-                                          comb.read_request.payload.as_value())),
-            reader.request.ready.eq(in_experts & request_port.i.ready),
-            comb.read_request.ready.eq(in_combine & request_port.i.ready),
             reader.response.valid.eq(in_experts & self.read_response.valid),
             comb.read_response.valid.eq(in_combine & self.read_response.valid),
             reader.response.payload.eq(self.read_response.payload),
