@@ -292,15 +292,27 @@ def leading_zeros(m, value, *, name):
     return leading_zeros_combine(m, any_, counts, len(value), name=name)
 
 
-def shift_right_sticky_step(m, value, sticky, amount, bits, *, name):
+def shift_right_sticky_step(m, value, sticky, amount, bits, *, name, inverted_amount=None):
     """One step of a pipelined right shift: ``value >> (amount & mask)`` for the ``bits`` of
     ``amount`` (indices), with every bit shifted out ORed into ``sticky``.
 
     Returns ``(value, sticky)``, both plain signals so a :class:`StageRegisters` boundary can
     follow. Applying the steps for every bit of ``amount`` in any order gives the full shift;
     the sticky bit is kept apart until :func:`round_prepare` folds it in.
+
+    ``inverted_amount``, when given, is a second register holding ``~amount``: it drives the
+    upper half of the result and the sticky bit, ``amount`` the lower half, so that neither
+    drives every bit of the shifter. (A copy that held ``amount`` itself would be merged with
+    it by Yosys's ``opt_merge``.)
     """
     width = len(value)
+    if inverted_amount is not None:
+        low, _ = shift_right_sticky_step(m, value, sticky, amount, bits, name=f"{name}_low")
+        high, sticky = shift_right_sticky_step(m, value, sticky, ~inverted_amount, bits,
+                                               name=f"{name}_high")
+        shifted = Signal(width, name=name)
+        m.d.comb += shifted.eq(Cat(low[:width // 2], high[width // 2:]))
+        return shifted, sticky
     for bit in bits:
         distance = 1 << bit
         lost = value[:min(distance, width)].any()

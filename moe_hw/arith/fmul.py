@@ -276,10 +276,13 @@ class FloatMultiplierCore(FloatCore):
         m.d.comb += normalised.eq(Mux(top, prod.product, prod.product << 1))
         drop = 2 * sig_bits - round_width
         passing = dict(sign=prod.sign, nan=prod.nan, inf=prod.inf)
+        # The shift amount is registered twice, the second copy inverted, for the two halves
+        # of the underflow shift (each copy then drives half of the shifter).
+        shift = Mux(top, prod.shift_high, prod.shift_low)
         norm = regs.boundary(
             "product_normalised", **passing,
             exponent=Mux(top, prod.exponent_high, prod.exponent_low),
-            shift=Mux(top, prod.shift_high, prod.shift_low),
+            shift=shift, shift_inverted=~shift,
             significand=normalised[drop:], sticky=normalised[:drop].any(),
         )
 
@@ -287,15 +290,18 @@ class FloatMultiplierCore(FloatCore):
         coarse_bits, fine_bits = shift_bits(max_shift)
         shifted, sticky = shift_right_sticky_step(m, Cat(Const(0, 1), norm.significand),
                                                   norm.sticky, norm.shift, coarse_bits,
-                                                  name="denormalise")
+                                                  name="denormalise",
+                                                  inverted_amount=norm.shift_inverted)
         # Whether a normal result overflows, decided here (a compare's carry chain) for the
         # rounding stage.
         passing = dict(sign=norm.sign, nan=norm.nan, inf=norm.inf, exponent=norm.exponent,
                        at_max=norm.exponent >= fmt.exp_max)
         coarse = regs.boundary("denormalise_coarse", **passing, shift=norm.shift,
+                               shift_inverted=norm.shift_inverted,
                                significand=shifted, sticky=sticky)
         shifted, sticky = shift_right_sticky_step(m, coarse.significand, coarse.sticky,
-                                                  coarse.shift, fine_bits, name="denormalise")
+                                                  coarse.shift, fine_bits, name="denormalise",
+                                                  inverted_amount=coarse.shift_inverted)
         passing = dict(sign=coarse.sign, nan=coarse.nan, inf=coarse.inf,
                        exponent=coarse.exponent, at_max=coarse.at_max)
         denorm = regs.boundary("denormalised", **passing, significand=shifted, sticky=sticky)

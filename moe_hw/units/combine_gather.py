@@ -355,22 +355,30 @@ class CombineGatherUnit(wiring.Component):
         win_len = Signal(range(window + 1))      # the window's items
         after = Signal(range(max_items + 1))     # items after the current window
         # after - window (negative: the next window is the last and shorter)
-        after_less = Signal(signed(max(len(after), bits_for(2 * window)) + 1))
+        after_less = Signal(signed(max(len(after), bits_for(3 * window)) + 1))
         after_less2 = Signal.like(after_less)   # after - 2 * window
+        after_less3 = Signal.like(after_less)   # after - 3 * window
         last_window = Signal()                   # after == 0
         next_len = Signal(range(window + 1))     # the next window's items, min(after, window)
 
-        def window_follows(less, less2):
-            """The sizes kept for the window after the current one, from ``less`` and
-            ``less2`` (the items after the current window less one and two windows): the
-            next window's length is a register too, so that the next position is one carry
-            chain from registers, and it is chosen by the signs of registers."""
+        follow_len = Signal(range(window + 1))   # the length of the window after the next
+
+        def window_follows(less, less2, less3):
+            """The sizes kept for the window after the current one, from ``less``, ``less2``
+            and ``less3`` (the items after the current window less one, two and three
+            windows): the next window's length is a register too, so that the next position
+            is one carry chain from registers, and it is chosen by the signs of registers;
+            so is the length of the window after that, so that a switch's sums are one carry
+            chain from registers too."""
             short = less[-1]                     # the window after the current is the last
             new_after = Mux(short, 0, less)
             return [after.eq(new_after), after_less.eq(Mux(short, -window, less2)),
-                    after_less2.eq(Mux(short, -2 * window, less2 - window)),
+                    after_less2.eq(Mux(short, -2 * window, less3)),
+                    after_less3.eq(Mux(short, -3 * window, less3 - window)),
                     last_window.eq(short | (less == 0)),
-                    next_len.eq(Mux(short | less2[-1], new_after[:len(next_len)], window))]
+                    next_len.eq(Mux(short | less2[-1], new_after[:len(next_len)], window)),
+                    follow_len.eq(Mux(less2[-1], 0,
+                                      Mux(less3[-1], less2[:len(follow_len)], window)))]
 
         pass_k = Signal(range(p.max_top_k))
         last_pass = Signal()                     # pass_k == k_last
@@ -388,6 +396,32 @@ class CombineGatherUnit(wiring.Component):
         win_over_less = Signal.like(over)
         beats_more = Signal(len(beats) + 1)      # beats + 1
         m.d.sync += beats_more.eq(beats + 1)
+        # The next window's ``over`` is ``next_len - beats`` when the window ends at a row's
+        # end, else ``over + next_len``. Both are registers kept alongside (``len_over`` and
+        # ``over_len`` with their ``over_less`` twins), so that a window's switch is a choice
+        # among registers, not a carry chain after the next window's length. Their own next
+        # values at a switch are sums of registers: the window after the next one has its
+        # length kept as a register too (``follow_len``).
+        sum_shape = signed(max(len(beats) + 1, bits_for(2 * window)) + 1)
+        over_len = Signal(sum_shape)              # over + next_len
+        over_less_len = Signal(sum_shape)         # over_less + next_len
+        win_over_len = Signal(sum_shape)
+        win_over_less_len = Signal(sum_shape)
+        len_over = Signal(sum_shape)              # next_len - beats
+        len_over_less = Signal(sum_shape)         # next_len - beats - 1
+        # constants of the run, from the held ``beats`` (for the first window)
+        no_len_over = Signal(sum_shape)           # -beats
+        no_len_over_less = Signal(sum_shape)
+        full_len_over = Signal(sum_shape)         # window - beats
+        full_len_over_less = Signal(sum_shape)
+        two_len_over = Signal(sum_shape)          # 2 * window - beats
+        two_len_over_less = Signal(sum_shape)
+        beats_window = Signal(range(p.max_beats + window + 1))   # beats + window
+        m.d.sync += [no_len_over.eq(-beats), no_len_over_less.eq(-1 - beats),
+                     full_len_over.eq(window - beats), full_len_over_less.eq(window - 1 - beats),
+                     two_len_over.eq(2 * window - beats),
+                     two_len_over_less.eq(2 * window - 1 - beats),
+                     beats_window.eq(beats + window)]
 
         tail = ~over[-1]                         # to_end <= pass_left: the segment ends its row
         count = Mux(tail, to_end, pass_left)
@@ -395,8 +429,14 @@ class CombineGatherUnit(wiring.Component):
         next_tok = Mux(tail, cur_tok + 1, cur_tok)
         next_beat = Mux(tail, 0, cur_beat + pass_left)
         next_to_end = Mux(tail, beats, to_end - pass_left)
-        next_over = Mux(tail, next_len - beats, next_len + over)
-        next_over_less = Mux(tail, next_len - beats_more, next_len + over_less)
+        next_over = Mux(tail, len_over, over_len)
+        next_over_less = Mux(tail, len_over_less, over_less_len)
+
+        # (a switch makes ``follow_len`` the next window's length)
+        next_over_len = Mux(tail, len_over + follow_len, over_len + follow_len)
+        next_over_less_len = Mux(tail, len_over_less + follow_len, over_less_len + follow_len)
+        next_len_over = follow_len - beats
+        next_len_over_less = follow_len - beats_more
 
         # The command pipeline never stalls: a segment is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
@@ -420,12 +460,14 @@ class CombineGatherUnit(wiring.Component):
             with m.If(~end_pass):                # (then the segment ends its row)
                 m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(beats),
                              pass_left.eq(over), over.eq(over - beats),
-                             over_less.eq(over_less - beats)]
+                             over_less.eq(over_less - beats), over_len.eq(over_len - beats),
+                             over_less_len.eq(over_less_len - beats)]
             with m.Elif(~last_pass):             # the next pass over the same window
                 m.d.sync += [pass_k.eq(pass_k + 1), last_pass.eq(pass_k + 1 == k_last),
                              cur_tok.eq(win_tok), cur_beat.eq(win_beat), to_end.eq(win_to_end),
                              pass_left.eq(win_len), over.eq(win_over),
-                             over_less.eq(win_over_less)]
+                             over_less.eq(win_over_less), over_len.eq(win_over_len),
+                             over_less_len.eq(win_over_less_len)]
             with m.Else():                       # the next window
                 m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
                              cur_tok.eq(next_tok), cur_beat.eq(next_beat),
@@ -435,7 +477,11 @@ class CombineGatherUnit(wiring.Component):
                              win_len.eq(next_len), pass_left.eq(next_len),
                              over.eq(next_over), over_less.eq(next_over_less),
                              win_over.eq(next_over), win_over_less.eq(next_over_less),
-                             *window_follows(after_less, after_less2)]
+                             over_len.eq(next_over_len), over_less_len.eq(next_over_less_len),
+                             win_over_len.eq(next_over_len),
+                             win_over_less_len.eq(next_over_less_len),
+                             len_over.eq(next_len_over), len_over_less.eq(next_len_over_less),
+                             *window_follows(after_less, after_less2, after_less3)]
                 with m.If(last_window):
                     m.d.sync += [gen_active.eq(0), gen_idle.eq(1)]
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
@@ -669,10 +715,22 @@ class CombineGatherUnit(wiring.Component):
         first_items = Signal.like(items_in)
         first_less = Signal.like(after_less)     # items - window
         first_less2 = Signal.like(after_less)    # items - 2 * window
+        first_less3 = Signal.like(after_less)    # items - 3 * window
+        # items less beats, and items less window and beats: the first sums' terms (used only
+        # while items < 2 * window, so they fit the sums' width)
+        items_over = Signal(sum_shape)
+        items_over_less = Signal(sum_shape)
+        first_less_over = Signal(sum_shape)
+        first_less_over_less = Signal(sum_shape)
         sizing = delay(m, ctl.begin, 1, 1, name="sizing")
         with m.If(ctl.begin):
             m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window),
-                         first_less2.eq(items_in - 2 * window)]
+                         first_less2.eq(items_in - 2 * window),
+                         first_less3.eq(items_in - 3 * window),
+                         items_over.eq(items_in - beats),
+                         items_over_less.eq(items_in - beats_more),
+                         first_less_over.eq(items_in - beats_window),
+                         first_less_over_less.eq(items_in - beats_window - 1)]
         with m.If(sizing):
             first_short = first_less[-1]
             short_items = first_items[:len(win_len)]
@@ -683,7 +741,20 @@ class CombineGatherUnit(wiring.Component):
                 gen_active.eq(1), gen_idle.eq(0), win_len.eq(first_len), pass_left.eq(first_len),
                 over.eq(first_over), over_less.eq(first_over_less),
                 win_over.eq(first_over), win_over_less.eq(first_over_less),
-                *window_follows(first_less, first_less2),
+                *window_follows(first_less, first_less2, first_less3),
+            ]
+            # over + next_len: items - beats when there are at most two windows (the first
+            # window's over plus the second's length), else 2 * window - beats.
+            first_over_len = Mux(first_less2[-1], items_over, two_len_over)
+            first_over_less_len = Mux(first_less2[-1], items_over_less, two_len_over_less)
+            m.d.sync += [
+                over_len.eq(first_over_len), over_less_len.eq(first_over_less_len),
+                win_over_len.eq(first_over_len), win_over_less_len.eq(first_over_less_len),
+                len_over.eq(Mux(first_short, no_len_over,
+                                Mux(first_less2[-1], first_less_over, full_len_over))),
+                len_over_less.eq(Mux(first_short, no_len_over_less,
+                                     Mux(first_less2[-1], first_less_over_less,
+                                         full_len_over_less))),
             ]
         m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
                                     ~reader.busy & ~acc_pipe.busy)

@@ -86,8 +86,8 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   count of any slot order (dropped slots included).
 
 Pipeline: header pipeline (``header_stages``, 4 at the default parameters: the mask; the token
-history compare; the slot's in-flight limit; the limit and the limit less one; the row address
-``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
+history compare; the in-flight limit of the nearest match in each group of four history
+entries; the nearest group's; the row address ``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
 enable depends on registers only); the current-slot register walks ``addr``; issue (read
 request into a skid buffer, in-flight count, the room look-ahead: compares of the in-flight
 count against the current and the next slot's limit; an operand register and ``lanes``
@@ -192,8 +192,8 @@ class CombineScatterParams(FloatDatapathParams, UnitParams):
     @property
     def header_stages(self):
         """Stages of the header pipeline: the mask, the token history compare, the slot's
-        in-flight limit, the limit and the limit less one (4), or the row address product if
-        that is longer."""
+        in-flight limit in two (the nearest match in each group of four entries, the nearest
+        group's): 4, or the row address product if that is longer."""
         return max(4, self.base_latency)
 
     @property
@@ -367,8 +367,9 @@ class CombineScatterUnit(wiring.Component):
         with m.If(en_h & h1_valid & ~h1_in_range):
             m.d.sync += self.dropped.eq(self.dropped + 1)
         # Stage 2: which of the last ``depth - 1`` slots that are not dropped had this token.
-        # ``history[i]`` is the token of the (i + 1)-th latest one; a repeat clears the
-        # older entry, so that at most one entry matches any token.
+        # ``history[i]`` is the token of the (i + 1)-th latest one. A repeat stays in the
+        # history, and the nearest match wins (stages 3 and 4), so that the history's next
+        # value does not wait for the compares: they are a stage of their own.
         history = [Signal(token_bits, name=f"history{i}") for i in range(depth - 1)]
         history_valid = Signal(depth - 1)
         matches = Signal(depth - 1)
@@ -377,27 +378,32 @@ class CombineScatterUnit(wiring.Component):
         seen = delay(m, matches, 1, en_h, name="h2_seen")
         with m.If(en_h & h1_valid & h1_in_range):
             m.d.sync += [history[0].eq(h1_token),
-                         history_valid.eq(Cat(Const(1, 1), history_valid & ~matches))]
+                         history_valid.eq(Cat(Const(1, 1), history_valid))]
             m.d.sync += [history[i].eq(history[i - 1]) for i in range(1, depth - 1)]
         with m.If(ctl.accept):
             m.d.sync += history_valid.eq(0)
-        # Stage 3: the slot's in-flight limit (``seen`` is one-hot or zero).
-        limit_seen = Signal(limit_width)
-        m.d.comb += limit_seen.eq(
-            reduce(operator.or_, [Mux(seen[i], limit_of[i + 1], 0) for i in range(depth - 1)]))
+        # Stages 3 and 4: the slot's in-flight limit, ``limit_of[j]`` for the nearest match j
+        # (none: ``depth``): the nearest match within each group of four entries, then the
+        # nearest group's.
+        groups = []
+        for first in range(0, depth - 1, 4):
+            members = range(first, min(first + 4, depth - 1))
+            group_seen = Signal(name=f"h3_seen{first // 4}")
+            group_limit = Signal(limit_width, name=f"h3_limit{first // 4}")
+            nearest = Const(0, limit_width)
+            for i in reversed(members):
+                nearest = Mux(seen[i], limit_of[i + 1], nearest)
+            with m.If(en_h):
+                m.d.sync += [group_seen.eq(seen[first:members.stop].any()),
+                             group_limit.eq(nearest)]
+            groups.append((group_seen, group_limit))
+        nearest = Const(depth, limit_width)
+        for group_seen, group_limit in reversed(groups):
+            nearest = Mux(group_seen, group_limit, nearest)
         h_limit = Signal(limit_width)
         with m.If(en_h):
-            m.d.sync += h_limit.eq(Mux(seen.any(), limit_seen, depth))
-        # Stage 4: the limit and the limit less one, for the issue stage's compares against
-        # the in-flight count (``count + d < limit`` for d = -1, 0, 1 is ``count <= limit``,
-        # ``count < limit``, ``count < limit - 1``: a short carry chain each).
-        h_lim = Signal(limit_width)
-        h_lim_less = Signal(limit_width)
-        with m.If(en_h):
-            m.d.sync += [h_lim.eq(h_limit), h_lim_less.eq(h_limit - 1)]
-        h_lim = delay(m, h_lim, p.header_stages - 4, en_h, name="h_lim", reset_less=True)
-        h_lim_less = delay(m, h_lim_less, p.header_stages - 4, en_h,
-                           name="h_lim_less", reset_less=True)
+            m.d.sync += h_limit.eq(nearest)
+        h_lim = delay(m, h_limit, p.header_stages - 4, en_h, name="h_lim", reset_less=True)
         # The row address token * H on registered DSP blocks, alongside.
         product = pipelined_product(m, token, ctl.size("hidden"), en=en_h, dsp=p.dsp,
                                     name="base")
@@ -409,7 +415,7 @@ class CombineScatterUnit(wiring.Component):
         # enable then depends on registers only, not on the data stream.
         h_skid = m.submodules.header_skid = SkidBuffer(data.StructLayout({
             "gate": width, "valid": 1, "base": p.addr_width,
-            "limit": limit_width, "limit_less": limit_width}))
+            "limit": limit_width}))
         m.d.comb += [
             h_skid.i.valid.eq(header_ctl.o_valid),
             header_ctl.o_ready.eq(h_skid.i.ready),
@@ -417,7 +423,6 @@ class CombineScatterUnit(wiring.Component):
             h_skid.i.payload.valid.eq(h_in_range),
             h_skid.i.payload.base.eq(h_base),
             h_skid.i.payload.limit.eq(h_lim),
-            h_skid.i.payload.limit_less.eq(h_lim_less),
         ]
         slot = h_skid.o.payload
 
@@ -427,11 +432,10 @@ class CombineScatterUnit(wiring.Component):
         cur_gate = Signal(width)
         cur_addr = Signal(p.addr_width)
         cur_lim = Signal(limit_width)           # the slot's in-flight limit
-        cur_lim_less = Signal(limit_width)      # the limit less one
         room_ok = Signal()                      # a slot in hand, dropped or with room
         read_skid = m.submodules.read_skid = SkidBuffer(p.read_layout())
-        # ``room_ok`` is a choice among registers (below), so that the beat's ``ready`` is
-        # two LUTs from registers. It includes ``cur_loaded``, which implies ``running`` (the
+        # ``room_ok`` is a register (below), so that the beat's ``ready`` is one LUT from
+        # registers. It includes ``cur_loaded``, which implies ``running`` (the
         # slots are the run's, and the run ends after its last slot's last beat). A dropped
         # slot's beats are taken and discarded at full rate.
         m.d.comb += self.data.ready.eq((~cur_valid | read_skid.i.ready) & room_ok)
@@ -451,61 +455,48 @@ class CombineScatterUnit(wiring.Component):
                 m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1)]
         with m.If(load):
             m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid), cur_gate.eq(slot.gate),
-                         cur_addr.eq(slot.base), cur_lim.eq(slot.limit),
-                         cur_lim_less.eq(slot.limit_less)]
+                         cur_addr.eq(slot.base), cur_lim.eq(slot.limit)]
 
         # ---- in-flight count and the room flag ------------------------------------------------
-        # The in-flight count (beats between issue and write taken) is kept a cycle late:
-        # ``grows`` and ``shrinks`` register this cycle's change, and ``counted`` follows them
-        # a cycle later, so that no handshake reaches the count. The count of this cycle is
-        # ``counted + grows - shrinks``; ``counted_more`` and ``counted_less`` hold
-        # ``counted`` plus and minus one.
+        # ``count`` is the number of beats in flight (issued, write not yet taken) at the start
+        # of this cycle, kept beside ``count - 1`` and ``count + 1`` so that its next value is
+        # a choice among registers by this cycle's handshakes, and so that the compares below
+        # start from registers. (``count_less`` is read only when ``count`` is 1 or more.)
         retire = self.write.valid & self.write.ready
-        grows = Signal()
-        shrinks = Signal()
-        m.d.sync += [grows.eq(issue & ~retire), shrinks.eq(retire & ~issue)]
-        counted = Signal(limit_width)
-        counted_more = Signal(limit_width, init=1)
-        counted_less = Signal(limit_width, init=-1 % (1 << limit_width))
-        for reg in (counted, counted_more, counted_less):
-            m.d.sync += reg.eq(Mux(grows, reg + 1, Mux(shrinks, reg - 1, reg)))
+        grow = Signal()
+        shrink = Signal()
+        m.d.comb += [grow.eq(issue & ~retire), shrink.eq(retire & ~issue)]
+
+        def by_change(values):
+            """``values[d]`` for this cycle's change d of the in-flight count."""
+            return Mux(grow, values[1], Mux(shrink, values[-1], values[0]))
+
+        count = Signal(limit_width)
+        count_less = Signal(limit_width, init=-1 % (1 << limit_width))
+        count_more = Signal(limit_width, init=1)
+        m.d.sync += [
+            count.eq(by_change({-1: count_less, 0: count, 1: count_more})),
+            count_less.eq(by_change({-1: count_less - 1, 0: count_less, 1: count})),
+            count_more.eq(by_change({-1: count, 0: count_more, 1: count_more + 1})),
+        ]
         idle = Signal()                         # no beat in flight this cycle
-        m.d.comb += idle.eq(Mux(grows, 0, Mux(shrinks, counted == 1, counted == 0)))
+        m.d.comb += idle.eq(count == 0)
 
-        # ``room_ok`` = a slot in hand, and dropped or with in-flight < its limit, is split
-        # across a register: each cycle registers, for the in-flight count of the next cycle
-        # (this cycle's plus d, d = -1, 0, 1), whether the slot of the next cycle (the one
-        # loaded, else the current one while it has beats left) is dropped or has that count
-        # below its limit. That is ``counted + e < limit`` for e = d + (grows - shrinks):
-        # compares of registers (a short carry chain each), a choice by the registered
-        # ``grows``, ``shrinks``, then the reload choice. The next cycle picks one by its own
-        # ``grows`` and ``shrinks``.
-        def below(lim, lim_less, e):
-            # counted + e < limit, for every count at which the choice below reads it
-            # (``counted_less`` is read only when ``counted`` is 2 or more).
-            return {-2: counted_less <= lim, -1: counted <= lim, 0: counted < lim,
-                    1: counted < lim_less, 2: counted_more < lim_less}[e]
-
-        def by_change(values, d):
-            return Mux(grows, values[d + 1], Mux(shrinks, values[d - 1], values[d]))
-
-        below_cur = {e: below(cur_lim, cur_lim_less, e) for e in range(-2, 3)}
-        below_next = {e: below(slot.limit, slot.limit_less, e) for e in range(-2, 3)}
-        # Both outcomes of this cycle's beat are formed from registers, and the beat's take
-        # chooses last (one LUT after the take). A beat is taken only with a slot in hand.
-        room_if = {}
-        for d in (-1, 0, 1):
-            room_if[d] = Signal(name=f"room_if_{'less' if d < 0 else 'more' if d else 'same'}")
-            next_ok = ~slot.valid | by_change(below_next, d)
-            cur_ok = ~cur_valid | by_change(below_cur, d)
-            if_taken = Signal(name=f"{room_if[d].name}_taken")
-            if_held = Signal(name=f"{room_if[d].name}_held")
-            m.d.comb += [
-                if_taken.eq(Mux(last_beat, h_skid.o.valid & next_ok, cur_ok)),
-                if_held.eq(Mux(cur_loaded, cur_ok, h_skid.o.valid & next_ok)),
-            ]
-            m.d.sync += room_if[d].eq(Mux(beat_take, if_taken, if_held))
-        m.d.comb += room_ok.eq(by_change(room_if, 0))
+        # ``room_ok`` (a slot in hand, and dropped or with fewer beats in flight than its
+        # limit) is a register, so that the beat's ``ready`` is one LUT from registers. Each
+        # cycle forms it for the next: for each change d of the count, whether the next cycle's
+        # slot (the skid buffer's when the slot in hand is done with, else the one in hand) is
+        # dropped or has ``count + d`` below its limit, a compare of registers each, then the
+        # choices by the slot's end and by the handshakes, last.
+        after = {-1: count_less, 0: count, 1: count_more}
+        switch = Signal()                       # the next cycle's slot is the skid buffer's
+        m.d.comb += switch.eq(cur_free)
+        room_next = {}
+        for d, value in after.items():
+            cur_ok = ~cur_valid | (value < cur_lim)
+            next_ok = h_skid.o.valid & (~slot.valid | (value < slot.limit))
+            room_next[d] = Mux(switch, next_ok, cur_ok)
+        m.d.sync += room_ok.eq(by_change(room_next))
 
         # ---- issue: read request, gate multiply ---------------------------------------------
         m.d.comb += [

@@ -74,8 +74,8 @@ run control's setup cycles); the header queue (the shared
 ``slot*H``, free-running inside a :class:`~moe_hw.stream.CreditPipeline` whose output register
 holds the front pair; the pair's ``i*H`` is counted as it is taken); issue (the group's pairs
 in a G-entry distributed-RAM table, read one item ahead into a register, each item writing
-back its pair's addresses of the next beat; the last-beat flag registered; two read requests into skid buffers, a descriptor into
-a queue of ``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a
+back its pair's addresses of the next beat; the last-beat flag registered; two read requests
+into skid buffers, which must both have room for any item to issue, a descriptor into a queue of ``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a
 datapath); join (the front descriptor with both responses, in its ring slot); an operand
 register and ``lanes`` multipliers; a product register (+0.0 for a lane without data);
 ``lanes`` adders with their feedback registers; the adder tree; all of it free-running into
@@ -367,9 +367,12 @@ class DispatchBackwardGateUnit(wiring.Component):
                                                             depth=p.max_outstanding)
         input_skid = m.submodules.input_skid = SkidBuffer(p.read_layout(p.input_addr_width))
         grad_skid = m.submodules.grad_skid = SkidBuffer(p.read_layout(p.grad_addr_width))
+        # An item issues when both request skid buffers have room, whether it reads or not:
+        # its ``valid`` is then two LUTs of registers (an item that does not read waits
+        # only while a read port stalls).
         m.d.comb += [
             pending.i_valid.eq(issuing & (~need_header | h_out.valid) &
-                               (~reads | (input_skid.i.ready & grad_skid.i.ready))),
+                               input_skid.i.ready & grad_skid.i.ready),
             issue.eq(pending.take),
             pending.payload.reads.eq(reads),
             pending.payload.enable.eq(enable),

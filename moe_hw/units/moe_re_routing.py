@@ -395,7 +395,7 @@ class MoeReRoutingUnit(wiring.Component):
                                           "prefix": p.row_width})
         # The unit's tables are LUT RAM with a pipelined read (BankedMemory): an inferred
         # block RAM has no output register, and a deep LUT RAM read is a long path.
-        m.submodules.blocks = blocks = BankedMemory(entry_layout, p.max_blocks)
+        m.submodules.blocks = blocks = BankedMemory(entry_layout, p.max_blocks, bank_depth=16)
         entries = Signal(range(p.max_blocks + 1))
         entries_full = Signal()                    # entries == max_blocks: a further block
         new_entry = out_count & out_nonzero        # is an error, and is not written
