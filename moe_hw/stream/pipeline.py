@@ -8,7 +8,7 @@ cost throughput: with ``o_ready`` high the pipeline accepts one item per cycle, 
 output stage never blocks the input.
 """
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -31,21 +31,27 @@ def delay(m, value, latency, en, *, name="delayed", reset_less=False):
     return value
 
 
-def replicated(m, value, *, name):
-    """Two registers that each load ``value`` every cycle: one copy of a broadcast value (a
-    gate every lane multiplies by) for each half of a wide datapath, so that no single
-    register drives the logic of every lane.
+def replicated(m, value, *, name, copies=2):
+    """``copies`` (1 to 4) registers that each load ``value`` every cycle: one copy of a
+    broadcast value (a gate every lane multiplies by) for each group of lanes of a wide
+    datapath, so that no single register, and no logic computed from it alone, drives the
+    lanes of every group. Returns the copies' values (``value`` a cycle late, each).
 
-    Yosys merges registers with the same input bit by bit (``opt_merge``), which would undo
-    the copies. The two copies therefore have opposite reset values in every bit (all zeros,
-    all ones), which makes each bit of one a different cell from the same bit of the other.
-    (Two is the most this can keep apart: a bit has two values.) The reset value is never
-    used: a copy is read only after a load."""
+    Yosys merges registers with the same input bit by bit (``opt_merge``), and then the
+    identical logic behind them, which would undo the copies. The copies therefore differ in
+    every bit: copy k has the reset value all ones when k is odd (all zeros when even), and
+    copies 2 and 3 hold the inverted value (read back through an inverter that folds into the
+    LUTs after them). A bit has two values and two reset values: four copies at most. The
+    reset value is never used: a copy is read only after a load."""
+    if not 1 <= copies <= 4:
+        raise ValueError(f"copies must be 1 to 4, not {copies!r}")
+    width = len(value)
     out = []
-    for copy in range(2):
-        reg = Signal(len(value), name=f"{name}_{copy}", init=-copy % (1 << len(value)))
-        m.d.sync += reg.eq(value)
-        out.append(reg)
+    for copy in range(copies):
+        invert = Const(-1 if copy >= 2 else 0, width)
+        reg = Signal(width, name=f"{name}_{copy}", init=-(copy % 2) % (1 << width))
+        m.d.sync += reg.eq(value ^ invert)
+        out.append(reg ^ invert if copy >= 2 else reg)
     return out
 
 

@@ -86,12 +86,12 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   count of any slot order (dropped slots included).
 
 Pipeline: header pipeline (``header_stages``, 4 at the default parameters: the mask; the token
-history compare; the in-flight limit of the nearest match in each group of four history
-entries; the nearest group's; the row address ``token*H`` alongside on registered DSP blocks), a header skid buffer (the header pipeline's
-enable depends on registers only); the current-slot register walks ``addr``; issue (read
-request into a skid buffer, in-flight count, the room look-ahead: compares of the in-flight
-count against the current and the next slot's limit; an operand register and ``lanes``
-multipliers ``gate * element``, free-running); the products wait in a FIFO (a
+history compare; the in-flight limit of the nearest match in each group of four history entries;
+the nearest group's; the row address ``token*H`` alongside on registered DSP blocks), a header skid
+buffer (the header pipeline's enable depends on registers only); the current-slot register walks
+``addr``; issue (read request into a skid buffer, in-flight count, the room look-ahead: compares of
+the in-flight count against the current and the next slot's limit; an operand register and
+``lanes`` multipliers ``gate * element``, free-running); the products wait in a FIFO (a
 :class:`~moe_hw.stream.RingQueue`, ``max_outstanding`` deep, without a full check: at most
 ``max_outstanding`` beats are in flight, and its write enable is a register) for the read data;
 ``lanes`` adders form ``old + product``, free-running too, into a write FIFO (a
@@ -100,9 +100,7 @@ multipliers ``gate * element``, free-running); the products wait in a FIFO (a
 pipelines.
 """
 
-import operator
 from dataclasses import dataclass
-from functools import reduce
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
@@ -435,9 +433,9 @@ class CombineScatterUnit(wiring.Component):
         room_ok = Signal()                      # a slot in hand, dropped or with room
         read_skid = m.submodules.read_skid = SkidBuffer(p.read_layout())
         # ``room_ok`` is a register (below), so that the beat's ``ready`` is one LUT from
-        # registers. It includes ``cur_loaded``, which implies ``running`` (the
-        # slots are the run's, and the run ends after its last slot's last beat). A dropped
-        # slot's beats are taken and discarded at full rate.
+        # registers. It includes ``cur_loaded``, which implies ``running`` (the slots are the
+        # run's, and the run ends after its last slot's last beat). A dropped slot's beats are
+        # taken and discarded at full rate.
         m.d.comb += self.data.ready.eq((~cur_valid | read_skid.i.ready) & room_ok)
         beat_take = self.data.valid & self.data.ready
         issue = Signal()

@@ -228,13 +228,14 @@ class DispatchUnit(wiring.Component):
         # Beats of dropped pairs travel the pipeline too, as items that write nothing, so
         # that the run's cycle count does not depend on which pairs are dropped.
         # The operands are registered first, next to each lane's multiplier.
-        # One copy of the gate register per half of the lanes (the gate fans out to every
-        # lane's operand logic).
-        gates = replicated(m, pair.gate, name="lane_gate")
+        # A copy of the gate register per group of up to four lanes (two copies at most
+        # lanes 8, four at 16): the gate fans out to every lane's operand logic, and the
+        # lanes that share a copy share the logic that classifies it too.
+        gates = replicated(m, pair.gate, name="lane_gate", copies=min(4, max(2, p.lanes // 4)))
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(gates[2 * lane // p.lanes]),
+            m.d.comb += [mul.a.eq(gates[len(gates) * lane // p.lanes]),
                          mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
                                         name=f"lane_data{lane}", reset_less=True)),
                          mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]

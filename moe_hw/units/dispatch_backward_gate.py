@@ -68,20 +68,21 @@ slot_latency + 2``, ``result_latency = 2 + mul_latency + (1 + levels) * add_late
 excess (a partial last group's padding, the pipeline) is fixed per run. Full rate holds with
 ``max_outstanding >= read_latency + 2``.
 
-Pipeline: run setup (P = tokens * top_k on a pipelined product of the held sizes, in the
-run control's setup cycles); the header queue (the shared
+Pipeline: run setup (P = tokens * top_k on a pipelined product of the held sizes, in the run
+control's setup cycles); the header queue (the shared
 :class:`~moe_hw.blocks.slot_address.SlotAddress`, mask and ``slot = index*C + location``, then
 ``slot*H``, free-running inside a :class:`~moe_hw.stream.CreditPipeline` whose output register
-holds the front pair; the pair's ``i*H`` is counted as it is taken); issue (the group's pairs
-in a G-entry distributed-RAM table, read one item ahead into a register, each item writing
-back its pair's addresses of the next beat; the last-beat flag registered; two read requests
-into skid buffers, which must both have room for any item to issue, a descriptor into a queue of ``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a
-datapath); join (the front descriptor with both responses, in its ring slot); an operand
-register and ``lanes`` multipliers; a product register (+0.0 for a lane without data);
-``lanes`` adders with their feedback registers; the adder tree; all of it free-running into
-the output queue (a :class:`~moe_hw.stream.CreditPipeline`: a pair's last beat joins only
-with a credit for its result), whose skid buffer drives ``grad_gate``: the consumer's
-``ready`` reaches only that buffer's output register.
+holds the front pair; the pair's ``i*H`` is counted as it is taken); issue (the group's pairs in a
+G-entry distributed-RAM table, read one item ahead into a register, each item writing back its
+pair's addresses of the next beat; the last-beat flag registered; two read requests into skid
+buffers, which must both have room for any item to issue, a descriptor into a queue of
+``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a datapath); join
+(the front descriptor with both responses, in its ring slot); an operand register and ``lanes``
+multipliers; a product register (+0.0 for a lane without data); ``lanes`` adders with their
+feedback registers; the adder tree; all of it free-running into the output queue (a
+:class:`~moe_hw.stream.CreditPipeline`: a pair's last beat joins only with a credit for its
+result), whose skid buffer drives ``grad_gate``: the consumer's ``ready`` reaches only that
+buffer's output register.
 """
 
 from dataclasses import dataclass

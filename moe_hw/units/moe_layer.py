@@ -92,29 +92,28 @@ filled rows::
     experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
                      + PHASE_EXIT
                      (0 when the phase is skipped: identity experts, H = 0 or R = 0)
-    combine        = combine.cycles(S, H, k, L + PORT_LATENCY) + combine_header_latency
-                                                                                  (H > 0)
-                     combine.cycles(S, H, k, L) = 2                               (H = 0)
+    combine        = COMBINE_START + combine.cycles(S, H, k, L + PORT_LATENCY)
+                     + combine_header_latency                                     (H > 0)
+                     COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with SUB_UNIT_START = 1 (the layer's decide cycle), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 4,
-PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to
-every read's latency, the write's to the expert phase's last write; the route phase's is
-hidden by the dispatch unit's own drain),
-combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup - 1)) with
-PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory
-read), PHASE_EXIT = 1, and ``dispatch.overhead``
-(:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.
-stall_free_cycles`` (P + E + OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.
-stall_free_cycles`) and ``combine.cycles`` (the combine-gather unit's K*S*B plus its windows'
-and pipeline's overhead, :meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the
-sub-units' own documented counts. Route and dispatch overlap completely: the dispatch unit
-starts with the first location and is never starved, even at one beat per pair. The ideal, one
-beat per cycle on the busiest port in every phase, is ``P*B + R*B + K*S*B`` (K = max(k, 1));
-the rest is fixed pipeline fill per phase. A phase is counted from the cycle ``phase`` first
-shows it (the start cycle for phase 1) to the cycle it first shows the next phase (or ``done``
-is high); the sub-units are started in the last cycle of the phase before theirs. A pause on
-any stream costs at most the cycles it lasts.
+with SUB_UNIT_START = 2 (the layer's decide cycle and a setup cycle), ROUTE_LATENCY = 7,
+EXPERT_OVERHEAD = 5, PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read
+request's adds to every read's latency, the write's to the expert phase's last write; the route
+phase's is hidden by the dispatch unit's own drain), combine_header_latency = max(0,
+PAIR_READ_LATENCY - (combine.setup - 1)) with PAIR_READ_LATENCY = 2 (0 at the defaults: the combine
+unit's setup hides the pair-memory read), PHASE_EXIT = 1, and ``dispatch.overhead``
+(:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.stall_free_cycles`` (P + E +
+OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
+(the combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
+:meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the sub-units' own documented
+counts. Route and dispatch overlap completely: the dispatch unit starts with the first location and
+is never starved, even at one beat per pair. The ideal, one beat per cycle on the busiest port in
+every phase, is ``P*B + R*B + K*S*B`` (K = max(k, 1)); the rest is fixed pipeline fill per phase. A
+phase is counted from the cycle ``phase`` first shows it (the start cycle for phase 1) to the cycle
+it first shows the next phase (or ``done`` is high); the route phase's sub-units are started
+SUB_UNIT_START cycles into it, the combine unit in the first cycle of its phase (COMBINE_START = 1:
+the start is registered). A pause on any stream costs at most the cycles it lasts.
 """
 
 from dataclasses import dataclass
@@ -131,9 +130,9 @@ from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
-from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
+from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
 from .locations import LocationsParams, LocationsUnit
@@ -171,12 +170,16 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: (the counter bank's three stages, output register), its write into the pair memory, the
     #: pair-memory read (two cycles: the block RAM and its output register).
     ROUTE_LATENCY = 7
-    #: The layer's own decide cycle: the sub-units start at the layer's ``begin``, one cycle
-    #: after its start cycle.
-    SUB_UNIT_START = START_LATENCY - 1
+    #: The layer's run control's setup (2): the decide cycle and one more, so that the
+    #: layer's ``begin``, which starts the sub-units, is a register (it reaches every
+    #: sub-unit's start logic, far across the die). The sub-units start two cycles after the
+    #: layer's start cycle.
+    RUN_SETUP = 2
+    SUB_UNIT_START = RUN_SETUP
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
-    #: command register, the row reader's issue and output registers, the write skid buffer.
-    EXPERT_OVERHEAD = 4
+    #: command register, the row reader's issue and output registers, the credit pipeline's
+    #: queue (its write and its skid buffer).
+    EXPERT_OVERHEAD = 5
     #: The skid buffer on each expert-buffer port (write, read request): a cycle on every
     #: write and on every read's round trip. (The dispatch unit's ``done`` comes two cycles
     #: after its last write leaves it, so the route phase does not see the write's.)
@@ -192,6 +195,8 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         return max(0, self.PAIR_READ_LATENCY - (self.combine.setup - 1))
     #: The cycle from a phase's last event (its units done) to the next phase (or ``done``).
     PHASE_EXIT = 1
+    #: The combine unit's start is registered: it starts in the first cycle of its phase.
+    COMBINE_START = 1
 
     def check(self):
         if self.max_tokens * self.max_top_k > 1 << 30:
@@ -260,8 +265,8 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         if affine and hidden and rows:
             experts = (rows * beats + memory_latency + self.mul_latency + self.add_latency +
                        self.EXPERT_OVERHEAD + 2 * self.PORT_LATENCY + self.PHASE_EXIT)
-        combine = self.combine.cycles(tokens, hidden, top_k, memory_latency + self.PORT_LATENCY,
-                                      reads=reads)
+        combine = self.COMBINE_START + self.combine.cycles(
+            tokens, hidden, top_k, memory_latency + self.PORT_LATENCY, reads=reads)
         if hidden:           # (with H = 0 the combine unit takes no header)
             combine += self.combine_header_latency
         return {"route_dispatch": self.SUB_UNIT_START + route + self.PHASE_EXIT,
@@ -339,7 +344,8 @@ class MoELayer(wiring.Component):
         m.submodules.combine = comb = CombineGatherUnit(p.combine)
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
-        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",))
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",),
+                                                setup=p.RUN_SETUP)
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
@@ -352,10 +358,15 @@ class MoELayer(wiring.Component):
         beats = Signal(range(p.max_beats + 1))
         expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
         phase = Signal(2)
-        in_route = phase == PHASES["route_dispatch"]
-        in_experts = phase == PHASES["experts"]
-        in_combine = phase == PHASES["combine"]
+        # The phase as one-hot registers beside it: a phase test is a register, not a decode.
+        in_route = Signal()
+        in_experts = Signal()
+        in_combine = Signal()
         m.d.comb += self.phase.eq(phase)
+
+        def enter(name):
+            m.d.sync += [phase.eq(PHASES[name]), in_route.eq(name == "route_dispatch"),
+                         in_experts.eq(name == "experts"), in_combine.eq(name == "combine")]
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = BlockMemory(
@@ -519,23 +530,41 @@ class MoELayer(wiring.Component):
             expert_r.addr.eq(work_r.data.expert),
         ]
         cmd_take = cmd.valid & cmd.ready
-        last_row = x_rows == 1
-        x_load = in_experts & (work_out != work_in) & (~x_loaded | (cmd_take & last_row))
+        # Whether the work list has an entry left (work_out != work_in) and whether the row
+        # in hand is its expert's last (x_rows == 1) are registers, so that a load is a few
+        # LUTs of registers and the command's ready. work_in holds still in the expert phase:
+        # ``work_left_after`` (work_out + 1 != work_in) becomes ``work_left`` at a load.
+        work_left = Signal()
+        work_left_after = Signal()
+        last_row = Signal()
+        x_load = in_experts & work_left & (~x_loaded | (cmd_take & last_row))
+        with m.If(x_load):
+            m.d.sync += [work_left.eq(work_left_after),
+                         work_left_after.eq(work_out + 2 != work_in)]
+        with m.Else():
+            m.d.sync += [work_left.eq(work_out != work_in),
+                         work_left_after.eq(work_out + 1 != work_in)]
         with m.If(cmd_take):
-            m.d.sync += [x_addr.eq(x_addr + hidden), x_rows.eq(x_rows - 1)]
+            m.d.sync += [x_addr.eq(x_addr + hidden), x_rows.eq(x_rows - 1),
+                         last_row.eq(x_rows == 2)]
             with m.If(last_row):
                 m.d.sync += x_loaded.eq(0)
         with m.If(x_load):
             m.d.sync += [x_loaded.eq(1), x_addr.eq(work_r.data.base),
-                         x_rows.eq(work_r.data.rows), x_scale.eq(expert_r.data.scale),
+                         x_rows.eq(work_r.data.rows), last_row.eq(work_r.data.rows == 1),
+                         x_scale.eq(expert_r.data.scale),
                          x_bias.eq(expert_r.data.bias), work_out.eq(work_out + 1)]
 
+        # The multiply-add runs freely inside a credit pipeline: no stall enable reaches the
+        # lanes' float pipelines, and the write port's ready reaches only the queue's skid
+        # buffer.
         beat = reader.beats
-        x_ctl = m.submodules.expert_pipeline = PipelineControl(p.mul_latency + p.add_latency)
-        en_x = x_ctl.en
-        m.d.comb += [x_ctl.i_valid.eq(beat.valid), beat.ready.eq(en_x)]
+        latency = p.mul_latency + p.add_latency
+        x_pipe = m.submodules.expert_pipeline = CreditPipeline(latency, p.write_layout())
+        m.d.comb += [x_pipe.i_valid.eq(beat.valid), beat.ready.eq(x_pipe.i_ready)]
+        en_x = Const(1)
         x_offset = Signal(p.addr_width)          # the beat's offset within its row
-        with m.If(beat.valid & beat.ready):
+        with m.If(x_pipe.take):
             m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
         bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x,
                      name="x_bias_m", reset_less=True)
@@ -549,19 +578,15 @@ class MoELayer(wiring.Component):
                          mul.en.eq(en_x),
                          add.a.eq(mul.product), add.b.eq(bias), add.en.eq(en_x)]
             results.append(add.sum)
-        latency = p.mul_latency + p.add_latency
         x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, en_x,
                          name="x_addr", reset_less=True)
         x_w_enable = delay(m, beat.payload.enable, latency, en_x, name="x_enable", reset_less=True)
-        x_skid = m.submodules.expert_skid = SkidBuffer(p.write_layout())
         m.d.comb += [
-            x_skid.i.valid.eq(x_ctl.o_valid),
-            x_ctl.o_ready.eq(x_skid.i.ready),
-            x_skid.i.payload.addr.eq(x_w_addr),
-            x_skid.i.payload.enable.eq(x_w_enable),
+            x_pipe.payload.addr.eq(x_w_addr),
+            x_pipe.payload.enable.eq(x_w_enable),
         ]
         for lane, value in enumerate(results):
-            m.d.comb += x_skid.i.payload.data[lane].eq(value)
+            m.d.comb += x_pipe.payload.data[lane].eq(value)
 
         # ---- the expert buffer's ports, shared by phase ----------------------------------------
         # Each port is driven by a skid buffer of its own, behind the choice by phase: the
@@ -583,7 +608,7 @@ class MoELayer(wiring.Component):
 
         # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_skid.o, in_experts)
+                                 disp.write, in_route, x_pipe.o, in_experts)
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
                                    reader.request, in_experts, comb.read_request, in_combine)
         m.d.comb += [
@@ -622,17 +647,20 @@ class MoELayer(wiring.Component):
         route_done = (in_route & loc.done & disp.done & ~write_port.o.valid &
                       (~affine | (params_in == num_experts)))
         run_experts = affine & (hidden != 0) & (work_in != 0)
-        experts_done = (in_experts & (work_out == work_in) & ~x_loaded & ~reader.busy &
-                        ~x_ctl.busy & ~x_skid.o.valid & ~write_port.o.valid)
+        experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
+                        ~x_pipe.busy & ~write_port.o.valid)
         to_combine = (route_done & ~run_experts) | experts_done
         finished = in_combine & comb.done
-        m.d.comb += [comb.start.eq(to_combine), ctl.finished.eq(finished)]
+        # The combine unit's start is registered (a cycle into its phase): the phase's end is
+        # decided from flags all over the layer, and the start reaches the unit's run control.
+        m.d.sync += comb.start.eq(to_combine)
+        m.d.comb += ctl.finished.eq(finished)
         with m.If(route_done & run_experts):
-            m.d.sync += phase.eq(PHASES["experts"])
+            enter("experts")
         with m.If(to_combine):
-            m.d.sync += phase.eq(PHASES["combine"])
+            enter("combine")
         with m.If(finished):
-            m.d.sync += phase.eq(PHASES["idle"])
+            enter("idle")
 
         with m.If(ctl.accept):
             m.d.sync += [
@@ -644,5 +672,5 @@ class MoELayer(wiring.Component):
                 x_loaded.eq(0), x_offset.eq(0), self.dropped.eq(0),
             ]
         with m.If(ctl.begin):
-            m.d.sync += phase.eq(PHASES["route_dispatch"])
+            enter("route_dispatch")
         return m
