@@ -417,11 +417,12 @@ class CombineGatherUnit(wiring.Component):
         two_len_over = Signal(sum_shape)          # 2 * window - beats
         two_len_over_less = Signal(sum_shape)
         beats_window = Signal(range(p.max_beats + window + 1))   # beats + window
+        beats_window_more = Signal(range(p.max_beats + window + 2))
         m.d.sync += [no_len_over.eq(-beats), no_len_over_less.eq(-1 - beats),
                      full_len_over.eq(window - beats), full_len_over_less.eq(window - 1 - beats),
                      two_len_over.eq(2 * window - beats),
                      two_len_over_less.eq(2 * window - 1 - beats),
-                     beats_window.eq(beats + window)]
+                     beats_window.eq(beats + window), beats_window_more.eq(beats + window + 1)]
 
         tail = ~over[-1]                         # to_end <= pass_left: the segment ends its row
         count = Mux(tail, to_end, pass_left)
@@ -730,7 +731,7 @@ class CombineGatherUnit(wiring.Component):
                          items_over.eq(items_in - beats),
                          items_over_less.eq(items_in - beats_more),
                          first_less_over.eq(items_in - beats_window),
-                         first_less_over_less.eq(items_in - beats_window - 1)]
+                         first_less_over_less.eq(items_in - beats_window_more)]
         with m.If(sizing):
             first_short = first_less[-1]
             short_items = first_items[:len(win_len)]
