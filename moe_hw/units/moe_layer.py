@@ -87,7 +87,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
 P = k*S pairs, B = ceil(H / lanes) beats per row and R = ``sum over e of min(count[e], C)``
 filled rows::
 
-    route_dispatch = SUB_UNIT_START + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
+    route_dispatch = sub_unit_start + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
                                           locations.stall_free_cycles(P, E)) + PHASE_EXIT
     experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
                      + PHASE_EXIT
@@ -97,22 +97,23 @@ filled rows::
                      COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with SUB_UNIT_START = 2 (the layer's decide cycle and a setup cycle), ROUTE_LATENCY = 7,
-EXPERT_OVERHEAD = 5, PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read
-request's adds to every read's latency, the write's to the expert phase's last write; the route
-phase's is hidden by the dispatch unit's own drain), combine_header_latency = max(0,
-PAIR_READ_LATENCY - (combine.setup - 1)) with PAIR_READ_LATENCY = 2 (0 at the defaults: the combine
-unit's setup hides the pair-memory read), PHASE_EXIT = 1, and ``dispatch.overhead``
-(:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.stall_free_cycles`` (P + E +
-OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
-(the combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
+with sub_unit_start = 1 + product_latency (the run control's setup: P = k*S on a pipelined product
+of the held sizes; 3 at the defaults), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 5, PORT_LATENCY = 1
+(the skid buffer on each expert-buffer port: the read request's adds to every read's latency, the
+write's to the expert phase's last write; the route phase's is hidden by the dispatch unit's own
+drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup - 1)) with
+PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory read),
+PHASE_EXIT = 1, and ``dispatch.overhead`` (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`),
+``locations.stall_free_cycles`` (P + E + OVERHEAD,
+:meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles`` (the
+combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
 :meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the sub-units' own documented
 counts. Route and dispatch overlap completely: the dispatch unit starts with the first location and
 is never starved, even at one beat per pair. The ideal, one beat per cycle on the busiest port in
 every phase, is ``P*B + R*B + K*S*B`` (K = max(k, 1)); the rest is fixed pipeline fill per phase. A
 phase is counted from the cycle ``phase`` first shows it (the start cycle for phase 1) to the cycle
 it first shows the next phase (or ``done`` is high); the route phase's sub-units are started
-SUB_UNIT_START cycles into it, the combine unit in the first cycle of its phase (COMBINE_START = 1:
+sub_unit_start cycles into it, the combine unit in the first cycle of its phase (COMBINE_START = 1:
 the start is registered). A pause on any stream costs at most the cycles it lasts.
 """
 
@@ -122,7 +123,7 @@ from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2
+from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
@@ -170,12 +171,6 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: (the counter bank's three stages, output register), its write into the pair memory, the
     #: pair-memory read (two cycles: the block RAM and its output register).
     ROUTE_LATENCY = 7
-    #: The layer's run control's setup (2): the decide cycle and one more, so that the
-    #: layer's ``begin``, which starts the sub-units, is a register (it reaches every
-    #: sub-unit's start logic, far across the die). The sub-units start two cycles after the
-    #: layer's start cycle.
-    RUN_SETUP = 2
-    SUB_UNIT_START = RUN_SETUP
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
     #: command register, the row reader's issue and output registers, the credit pipeline's
     #: queue (its write and its skid buffer).
@@ -197,6 +192,20 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     PHASE_EXIT = 1
     #: The combine unit's start is registered: it starts in the first cycle of its phase.
     COMBINE_START = 1
+
+    @property
+    def run_setup(self):
+        """The layer's run control's setup cycles: P = k*S on a pipelined product of the held
+        sizes (from the decide cycle on), which the sub-units take at the layer's ``begin``.
+        ``begin`` is then a register too (it reaches every sub-unit's start logic, far
+        across the die)."""
+        return 1 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
+
+    @property
+    def sub_unit_start(self):
+        """Cycles from the layer's start cycle to its sub-units' start: the run setup
+        (3 at the defaults)."""
+        return self.run_setup
 
     def check(self):
         if self.max_tokens * self.max_top_k > 1 << 30:
@@ -269,7 +278,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
             tokens, hidden, top_k, memory_latency + self.PORT_LATENCY, reads=reads)
         if hidden:           # (with H = 0 the combine unit takes no header)
             combine += self.combine_header_latency
-        return {"route_dispatch": self.SUB_UNIT_START + route + self.PHASE_EXIT,
+        return {"route_dispatch": self.sub_unit_start + route + self.PHASE_EXIT,
                 "experts": experts,
                 "combine": combine}
 
@@ -345,7 +354,7 @@ class MoELayer(wiring.Component):
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
         ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",),
-                                                setup=p.RUN_SETUP)
+                                                setup=p.run_setup)
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
@@ -626,8 +635,9 @@ class MoELayer(wiring.Component):
         # ---- control ----------------------------------------------------------------------------
         # The sub-units start with the layer (ctl.begin: not too big, S > 0); the combine unit
         # reads the layer's held sizes when the route (or expert) phase ends.
-        start_pairs = Signal.like(pairs)
-        m.d.comb += start_pairs.eq(self.tokens * self.top_k)
+        # P = k*S on a pipelined product of the held sizes, ready when the run begins.
+        m.d.comb += pairs.eq(pipelined_product(m, tokens, top_k, en=1, dsp=p.dsp,
+                                               name="pairs")[:len(pairs)])
         m.d.comb += [
             loc.start.eq(ctl.begin),
             loc.pairs.eq(pairs),
@@ -664,7 +674,7 @@ class MoELayer(wiring.Component):
 
         with m.If(ctl.accept):
             m.d.sync += [
-                affine.eq(self.affine), pairs.eq(start_pairs),
+                affine.eq(self.affine),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 w_token.eq(0), w_choice.eq(0), written.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
