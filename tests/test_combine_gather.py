@@ -108,12 +108,12 @@ def test_combine_gather_cycle_formula():
     assert PARAMS.accumulate_loop == PARAMS.window_items == loop
     assert PARAMS.accumulate_latency == 1 + PARAMS.mul_latency + 1 + PARAMS.add_latency
     overhead = PARAMS.overhead(MEMORY_LATENCY)
-    # start, decide and setup (tokens * beats), ring write, ring read and slot address,
-    # command queue (write, skid buffer), reader command, memory, reader skid buffer,
-    # operand registers, multiplier, adder operand registers, adder, output queue (write,
-    # skid buffer), its idle register, done
+    # start, decide and setup (tokens * beats), ring write, ring read, the pass's pair
+    # register and slot address, command queue (write, skid buffer), reader command, memory,
+    # reader skid buffer, operand registers, multiplier, adder operand registers, adder,
+    # output queue (write, skid buffer), its idle register, done
     assert PARAMS.setup == 4
-    assert overhead == (PARAMS.setup + 1 + 1 + 1 + slot_latency(PARAMS) + 2 + 1 + MEMORY_LATENCY
+    assert overhead == (PARAMS.setup + 1 + 1 + 1 + 1 + slot_latency(PARAMS) + 2 + 1 + MEMORY_LATENCY
                         + 1 + 1 + PARAMS.mul_latency + 1 + PARAMS.add_latency + 2 + 1 + 1)
     # 37 tokens x 8 beats = 296 items: whole windows and a last, short one, whose second
     # pass waits for its partial sums: loop - (296 % loop) more cycles.

@@ -116,10 +116,10 @@ def test_dispatch_backward_data_edge_sizes():
     check(variant(prob, gates=gates[:, :2], indices=indices[:, :2], locations=locations[:, :2],
                   buffer=grad[:, :3]), "verilator", 0.0)
     assert DispatchBackwardDataUnit.SUM_START == "first"
-    # start and setup, ring write, ring read and slot address, command queue, reader
-    # command, memory, reader skid buffer, operand registers, multiplier, adder operand
-    # registers, adder, output queue, its idle register and done
-    assert PARAMS.overhead(2) == (PARAMS.setup + 1 + 1 + 1 + slot_latency(PARAMS) + 2 + 1 + 2
+    # start and setup, ring write, ring read, the pass's pair register and slot address,
+    # command queue, reader command, memory, reader skid buffer, operand registers,
+    # multiplier, adder operand registers, adder, output queue, its idle register and done
+    assert PARAMS.overhead(2) == (PARAMS.setup + 1 + 1 + 1 + 1 + slot_latency(PARAMS) + 2 + 1 + 2
                                   + 1 + 1 + PARAMS.mul_latency + 1 + PARAMS.add_latency + 4)
 
 

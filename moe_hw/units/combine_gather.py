@@ -70,13 +70,13 @@ then). With the default window the only term above ``K * S * B`` is the last win
 ``(K-1) * max(0, add_stages + 2 - n_w)``, at most ``(K-1) * (add_stages + 1)`` cycles. A stall
 anywhere costs only the cycles it lasts.
 
-Pipeline: header ring (the headers of the current and next windows, replayed once per pass)
--> pass scheduler -> ring read | the shared :class:`~moe_hw.blocks.slot_address.SlotAddress`
-(mask and ``slot = index*C + location`` | ``addr = slot*H + beat*lanes``) -> command queue
--> row reader -> operand registers -> ``lanes`` float multipliers (gate * element, +0.0 for
-an invalid pair) -> accumulator read (registered address) -> operand registers -> ``lanes``
-float adders (with the partial sum, or START on the first pass) -> accumulator write-back
-(passes before the last) and output queue -> ``data``.
+Pipeline: header ring (the headers of the current and next windows, replayed once per pass) -> pass
+scheduler -> ring read -> the pass's pair registered | the shared
+:class:`~moe_hw.blocks.slot_address.SlotAddress` (mask and ``slot = index*C + location`` | ``addr =
+slot*H + beat*lanes``) -> command queue -> row reader -> operand registers -> ``lanes`` float
+multipliers (gate * element, +0.0 for an invalid pair) -> accumulator read (registered address) ->
+operand registers -> ``lanes`` float adders (with the partial sum, or START on the first pass) ->
+accumulator write-back (passes before the last) and output queue -> ``data``.
 
 No stall reaches the wide datapath. The command pipeline (ring read, slot address) and the
 multiply-accumulate pipeline each run with enable constant 1 inside a
@@ -138,8 +138,9 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
 
     @property
     def command_latency(self):
-        """Cycles of the command pipeline: ring read, then the slot address."""
-        return 1 + slot_latency(self)
+        """Cycles of the command pipeline: ring read, the pass's pair registered, then the
+        slot address."""
+        return 2 + slot_latency(self)
 
     def check(self):
         self.check_signed_fits("index_width", "max_capacity", "max_experts")
@@ -523,15 +524,21 @@ class CombineGatherUnit(wiring.Component):
             gate = header.gate[s1["pass_k"]]
             index = header.index[s1["pass_k"]]
             location = header.location[s1["pass_k"]]
+        # The pass's pair, chosen from the ring's word, is registered before the slot address
+        # (its mask compares start from registers).
+        gate, index, location = (delay(m, value, 1, 1, name=f"{name}_s2", reset_less=True)
+                                 for name, value in (("gate", gate), ("index", index),
+                                                     ("location", location)))
+        s2 = {name: delay(m, value, 1, 1, name=f"{name}_s2") for name, value in s1.items()}
         # The beat's element offset joins the row address at the slot address's last stage.
-        offset = Signal(len(s1["beat"]) + lanes_log2)
-        m.d.comb += offset.eq(s1["beat"] << lanes_log2)
+        offset = Signal(len(s2["beat"]) + lanes_log2)
+        m.d.comb += offset.eq(s2["beat"] << lanes_log2)
         slot_address = m.submodules.slot_address = SlotAddress.for_params(
             p, addr_width=p.addr_width, offset_width=len(offset))
         base, in_range = slot_address.follow(m, ctl, en=1, index=index, location=location)
         m.d.comb += slot_address.offset.eq(offset)
         s3 = {name: delay(m, value, slot_address.latency, 1, name=f"{name}_s3")
-              for name, value in s1.items()}
+              for name, value in s2.items()}
         s3["gate"] = delay(m, gate, slot_address.latency, 1, name="gate_s3")
         # top_k == 0 is held for the run: every pair is invalid.
         s3["valid"] = in_range & ~k_zero
