@@ -423,7 +423,9 @@ class CombineGatherUnit(wiring.Component):
                      full_len_over.eq(window - beats), full_len_over_less.eq(window - 1 - beats),
                      two_len_over.eq(2 * window - beats),
                      two_len_over_less.eq(2 * window - 1 - beats),
-                     beats_window.eq(beats + window), beats_window_more.eq(beats + window + 1)]
+                     beats_window.eq(beats + window),
+                     # (one adder: ``beats + window + 1`` became ``beats_more + window``)
+                     beats_window_more.eq(beats + (window + 1))]
 
         tail = ~over[-1]                         # to_end <= pass_left: the segment ends its row
         count = Mux(tail, to_end, pass_left)
