@@ -745,8 +745,9 @@ class CombineGatherUnit(wiring.Component):
             first_short = first_less[-1]
             short_items = first_items[:len(win_len)]
             first_len = Mux(first_short, short_items, window)
-            first_over = Mux(first_short, short_items - beats, window - beats)
-            first_over_less = Mux(first_short, short_items - beats_more, window - beats_more)
+            # (differences registered when the run began: a choice among registers here)
+            first_over = Mux(first_short, items_over, full_len_over)
+            first_over_less = Mux(first_short, items_over_less, full_len_over_less)
             m.d.sync += [
                 gen_active.eq(1), gen_idle.eq(0), win_len.eq(first_len), pass_left.eq(first_len),
                 over.eq(first_over), over_less.eq(first_over_less),
