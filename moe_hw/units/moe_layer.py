@@ -97,16 +97,16 @@ filled rows::
                      COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with sub_unit_start = 1 + product_latency (the run control's setup: P = k*S on a pipelined product
-of the held sizes; 3 at the defaults), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 5, PORT_LATENCY = 1
-(the skid buffer on each expert-buffer port: the read request's adds to every read's latency, the
-write's to the expert phase's last write; the route phase's is hidden by the dispatch unit's own
-drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup - 1)) with
-PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory read),
-PHASE_EXIT = 1, and ``dispatch.overhead`` (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`),
-``locations.stall_free_cycles`` (P + E + OVERHEAD,
-:meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles`` (the
-combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
+with sub_unit_start = 2 + product_latency (the run control's setup: P = k*S on a pipelined product
+of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 5,
+PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to every
+read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
+dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup -
+1)) with PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory
+read), PHASE_EXIT = 1, and ``dispatch.overhead``
+(:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.stall_free_cycles`` (P + E +
+OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
+(the combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
 :meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the sub-units' own documented
 counts. Route and dispatch overlap completely: the dispatch unit starts with the first location and
 is never starved, even at one beat per pair. The ideal, one beat per cycle on the busiest port in
@@ -196,15 +196,15 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     @property
     def run_setup(self):
         """The layer's run control's setup cycles: P = k*S on a pipelined product of the held
-        sizes (from the decide cycle on), which the sub-units take at the layer's ``begin``.
-        ``begin`` is then a register too (it reaches every sub-unit's start logic, far
-        across the die)."""
-        return 1 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
+        sizes (from the decide cycle on) and a fabric register after it, which the sub-units
+        take at the layer's ``begin``. ``begin`` is then a register too (it reaches every
+        sub-unit's start logic, far across the die)."""
+        return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
 
     @property
     def sub_unit_start(self):
         """Cycles from the layer's start cycle to its sub-units' start: the run setup
-        (3 at the defaults)."""
+        (4 at the defaults)."""
         return self.run_setup
 
     def check(self):
@@ -635,8 +635,10 @@ class MoELayer(wiring.Component):
         # ---- control ----------------------------------------------------------------------------
         # The sub-units start with the layer (ctl.begin: not too big, S > 0); the combine unit
         # reads the layer's held sizes when the route (or expert) phase ends.
-        # P = k*S on a pipelined product of the held sizes, ready when the run begins.
-        m.d.comb += pairs.eq(pipelined_product(m, tokens, top_k, en=1, dsp=p.dsp,
+        # P = k*S on a pipelined product of the held sizes, then a fabric register (the
+        # product leaves a DSP block, and the sub-units' start logic takes it), ready when the
+        # run begins.
+        m.d.sync += pairs.eq(pipelined_product(m, tokens, top_k, en=1, dsp=p.dsp,
                                                name="pairs")[:len(pairs)])
         m.d.comb += [
             loc.start.eq(ctl.begin),
