@@ -306,21 +306,18 @@ def shift_right_sticky_step(m, value, sticky, amount, bits, *, name, inverted_am
     it by Yosys's ``opt_merge``.)
     """
     width = len(value)
-    if inverted_amount is not None:
-        low, _ = shift_right_sticky_step(m, value, sticky, amount, bits, name=f"{name}_low")
-        high, sticky = shift_right_sticky_step(m, value, sticky, ~inverted_amount, bits,
-                                               name=f"{name}_high")
-        shifted = Signal(width, name=name)
-        m.d.comb += shifted.eq(Cat(low[:width // 2], high[width // 2:]))
-        return shifted, sticky
+    half = width // 2
+    high_amount = amount if inverted_amount is None else ~inverted_amount
     for bit in bits:
         distance = 1 << bit
         lost = value[:min(distance, width)].any()
+        moved = Cat(value[distance:], Const(0, min(distance, width)))     # value >> distance
         shifted = Signal(width, name=f"{name}_{bit}")
         new_sticky = Signal(name=f"{name}_{bit}_sticky")
         m.d.comb += [
-            shifted.eq(Mux(amount[bit], value >> distance, value)),
-            new_sticky.eq(sticky | (amount[bit] & lost)),
+            shifted.eq(Cat(Mux(amount[bit], moved[:half], value[:half]),
+                           Mux(high_amount[bit], moved[half:], value[half:]))),
+            new_sticky.eq(sticky | (high_amount[bit] & lost)),
         ]
         value, sticky = shifted, new_sticky
     return value, sticky

@@ -58,8 +58,10 @@ class RunControl(wiring.Component):
 
     Outputs for the unit: ``accept`` (start taken this cycle), ``decide`` (the cycle after),
     ``too_big`` and ``empty`` (valid in the ``decide`` cycle), ``begin`` (the run will go:
-    not too big, not empty; ``setup`` cycles after ``accept``), ``running``, and the held
-    ``size_<name>`` (from the cycle after ``accept``).
+    not too big, not empty; ``setup`` cycles after ``accept``), ``running``, ``stopped``
+    (``~running``, a register of its own: held inverted, so that Yosys keeps it apart, for
+    a unit's input far from the control whose handshake the run flag's net would reach),
+    and the held ``size_<name>`` (from the cycle after ``accept``).
     """
 
     def __init__(self, sizes, *, empty_when_zero=(), setup=1):
@@ -73,6 +75,7 @@ class RunControl(wiring.Component):
                 raise ValueError(f"empty_when_zero names {name!r}, which is not a size")
         members = {"start": In(1), "finished": In(1), "empty_also": In(1), "fault": In(1),
                    "accept": Out(1), "decide": Out(1), "begin": Out(1), "running": Out(1),
+                   "stopped": Out(1, init=1),
                    "too_big": Out(1), "empty": Out(1),
                    "busy": Out(1), "done": Out(1), "error": Out(1)}
         for name, maximum in self.sizes.items():
@@ -137,6 +140,7 @@ class RunControl(wiring.Component):
             m.d.comb += self.begin.eq(preparing & (left == 0))
         with m.If(self.begin):
             m.d.sync += running.eq(1)
+        m.d.sync += self.stopped.eq(~((running | self.begin) & ~self.finished))
         with m.If(self.fault & running):
             m.d.sync += self.error.eq(1)
         with m.If(self.finished):

@@ -487,13 +487,12 @@ class CombineScatterUnit(wiring.Component):
         # dropped or has ``count + d`` below its limit, a compare of registers each, then the
         # choices by the slot's end and by the handshakes, last.
         after = {-1: count_less, 0: count, 1: count_more}
-        switch = Signal()                       # the next cycle's slot is the skid buffer's
-        m.d.comb += switch.eq(cur_free)
         room_next = {}
         for d, value in after.items():
             cur_ok = ~cur_valid | (value < cur_lim)
             next_ok = h_skid.o.valid & (~slot.valid | (value < slot.limit))
-            room_next[d] = Mux(switch, next_ok, cur_ok)
+            # (``cur_free``: the next cycle's slot is the skid buffer's)
+            room_next[d] = Mux(cur_free, next_ok, cur_ok)
         m.d.sync += room_ok.eq(by_change(room_next))
 
         # ---- issue: read request, gate multiply ---------------------------------------------

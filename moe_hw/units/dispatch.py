@@ -197,15 +197,12 @@ class DispatchUnit(wiring.Component):
         # skid buffer here puts the take on the clock enable of lanes x 32 payload bits.)
         data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), skid=False)
         beats_in = data_in.o
-        # The data input's own copy of ``running``, held inverted so that Yosys keeps it apart
-        # from the run control's: the run flag's net spans the unit, and the input's take and
-        # credit count were on it.
-        data_closed = Signal(init=1)
-        m.d.sync += data_closed.eq(~((running | ctl.begin) & ~ctl.finished))
+        # The data input takes the run control's own copy of the run flag (``stopped``): the
+        # flag's net spans the unit, and the input's take and credit count were on it.
         m.d.comb += [
-            data_in.i_valid.eq(self.data.valid & ~data_closed),
+            data_in.i_valid.eq(self.data.valid & ~ctl.stopped),
             data_in.payload.eq(delay(m, self.data.payload, 1, 1, name="data_in", reset_less=True)),
-            self.data.ready.eq(data_in.i_ready & ~data_closed),
+            self.data.ready.eq(data_in.i_ready & ~ctl.stopped),
         ]
         # (A pair is in the queue only while the run is on.)
         m.d.comb += [

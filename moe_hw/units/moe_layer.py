@@ -87,7 +87,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
 P = k*S pairs, B = ceil(H / lanes) beats per row and R = ``sum over e of min(count[e], C)``
 filled rows::
 
-    route_dispatch = sub_unit_start + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
+    route_dispatch = run_setup + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
                                           locations.stall_free_cycles(P, E)) + PHASE_EXIT
     experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
                      + PHASE_EXIT
@@ -97,7 +97,7 @@ filled rows::
                      COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with sub_unit_start = 2 + product_latency (the run control's setup: P = k*S on a pipelined product
+with run_setup = 2 + product_latency (the run control's setup: P = k*S on a pipelined product
 of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 5,
 PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to every
 read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
@@ -113,7 +113,7 @@ is never starved, even at one beat per pair. The ideal, one beat per cycle on th
 every phase, is ``P*B + R*B + K*S*B`` (K = max(k, 1)); the rest is fixed pipeline fill per phase. A
 phase is counted from the cycle ``phase`` first shows it (the start cycle for phase 1) to the cycle
 it first shows the next phase (or ``done`` is high); the route phase's sub-units are started
-sub_unit_start cycles into it, the combine unit in the first cycle of its phase (COMBINE_START = 1:
+run_setup cycles into it, the combine unit in the first cycle of its phase (COMBINE_START = 1:
 the start is registered). A pause on any stream costs at most the cycles it lasts.
 """
 
@@ -198,14 +198,10 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         """The layer's run control's setup cycles: P = k*S on a pipelined product of the held
         sizes (from the decide cycle on) and a fabric register after it, which the sub-units
         take at the layer's ``begin``. ``begin`` is then a register too (it reaches every
-        sub-unit's start logic, far across the die)."""
+        sub-unit's start logic, far across the die). The sub-units start this many cycles
+        after the layer's start cycle (4 at the defaults)."""
         return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
 
-    @property
-    def sub_unit_start(self):
-        """Cycles from the layer's start cycle to its sub-units' start: the run setup
-        (4 at the defaults)."""
-        return self.run_setup
 
     def check(self):
         if self.max_tokens * self.max_top_k > 1 << 30:
@@ -278,7 +274,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
             tokens, hidden, top_k, memory_latency + self.PORT_LATENCY, reads=reads)
         if hidden:           # (with H = 0 the combine unit takes no header)
             combine += self.combine_header_latency
-        return {"route_dispatch": self.sub_unit_start + route + self.PHASE_EXIT,
+        return {"route_dispatch": self.run_setup + route + self.PHASE_EXIT,
                 "experts": experts,
                 "combine": combine}
 
@@ -571,11 +567,10 @@ class MoELayer(wiring.Component):
         latency = p.mul_latency + p.add_latency
         x_pipe = m.submodules.expert_pipeline = CreditPipeline(latency, p.write_layout())
         m.d.comb += [x_pipe.i_valid.eq(beat.valid), beat.ready.eq(x_pipe.i_ready)]
-        en_x = Const(1)
         x_offset = Signal(p.addr_width)          # the beat's offset within its row
         with m.If(x_pipe.take):
             m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
-        bias = delay(m, beat.payload.tag.bias, p.mul_latency, en_x,
+        bias = delay(m, beat.payload.tag.bias, p.mul_latency, 1,
                      name="x_bias_m", reset_less=True)
         results = []
         for lane in range(p.lanes):
@@ -584,12 +579,12 @@ class MoELayer(wiring.Component):
             m.submodules[f"expert_mul{lane}"] = mul
             m.submodules[f"expert_add{lane}"] = add
             m.d.comb += [mul.a.eq(beat.payload.tag.scale), mul.b.eq(beat.payload.data[lane]),
-                         mul.en.eq(en_x),
-                         add.a.eq(mul.product), add.b.eq(bias), add.en.eq(en_x)]
+                         mul.en.eq(1),
+                         add.a.eq(mul.product), add.b.eq(bias), add.en.eq(1)]
             results.append(add.sum)
-        x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, en_x,
+        x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, 1,
                          name="x_addr", reset_less=True)
-        x_w_enable = delay(m, beat.payload.enable, latency, en_x, name="x_enable", reset_less=True)
+        x_w_enable = delay(m, beat.payload.enable, latency, 1, name="x_enable", reset_less=True)
         m.d.comb += [
             x_pipe.payload.addr.eq(x_w_addr),
             x_pipe.payload.enable.eq(x_w_enable),
