@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .cli import parse_sets, run_main
 from .flows.emit import write_unit
-from .registry import design_points, unit_or_point, units
+from .registry import compositions, design_points, unit_or_point, units
 
 __all__ = ["main", "emit"]
 
@@ -28,6 +28,15 @@ def _list():
         for field in dataclasses.fields(unit.params):
             doc = field.metadata.get("doc", "")
             print(f"      {field.name:<16} default {field.default!r:<8} {doc}".rstrip())
+    print("\nCompositions (python -m moe_hw.run NAME [--in FILE.npz]: units' Verilog chained "
+          "on the host; no Verilog of their own):")
+    for composition in compositions().values():
+        print(f"\n  {composition.name}: {composition.summary}")
+        print(f"    checked against {composition.golden}; runs {', '.join(composition.units)}")
+        print(f"    run: in {', '.join(composition.inputs)}; run-time "
+              f"{', '.join(composition.runtime)}; out {', '.join(composition.outputs)}, cycles")
+        print(f"    settings: {', '.join(composition.settings)}")
+        print(f"    without --in: random data at {composition.describe_random({})}")
     print("\nDesign points (gen/*.toml; python -m moe_hw.gen emit POINT --out DIR):")
     for point in design_points().values():
         print(f"  {point.name:<12} {point.unit:<10} {point.description}")

@@ -7,6 +7,10 @@ does. Adding a unit adds one line to :func:`units`. Data flows one way: the entr
 this module, this module reads the declarations, the declarations read the hardware and the
 golden models.
 
+Host-level compositions (a :class:`~moe_hw.host.unit.Composition`, ``COMPOSITION`` in
+``moe_hw/host/C.py``) chain several units' hardware on the host; they have no Verilog of
+their own, so only ``run`` knows them (:func:`runnable`), and :func:`compositions` lists them.
+
 Design points are the TOML files of the project's ``gen/`` folder, shipped inside the
 package as ``moe_hw.design_points`` so that an installed wheel finds them too.
 """
@@ -18,8 +22,8 @@ from pathlib import Path
 
 from .params import ParameterError
 
-__all__ = ["units", "unit", "DesignPoint", "design_points", "design_point", "unit_or_point",
-           "parse_value"]
+__all__ = ["units", "unit", "compositions", "DesignPoint", "design_points", "design_point",
+           "unit_or_point", "runnable", "parse_value"]
 
 
 @functools.cache
@@ -32,6 +36,13 @@ def units():
                 combine_scatter, dispatch_backward_data, dispatch_backward_gate, moe_layer,
                 moe_re_routing, fmul, fadd)
     return {module.UNIT.name: module.UNIT for module in declared}
+
+
+@functools.cache
+def compositions():
+    """The host-level compositions by name (run by ``python -m moe_hw.run``)."""
+    from .host import ep_layer
+    return {module.COMPOSITION.name: module.COMPOSITION for module in (ep_layer,)}
 
 
 def unit(name):
@@ -97,5 +108,22 @@ def unit_or_point(name):
     points = design_points()
     if name in points:
         return units()[points[name].unit], points[name]
+    if name in compositions():
+        raise ParameterError(f"{name} is a host-level composition of "
+                             f"{', '.join(compositions()[name].units)}, with no Verilog of its "
+                             f"own: run it with python -m moe_hw.run {name}, or name one of "
+                             "its units")
     raise ParameterError(f"unit must be one of {', '.join(units())} or a design point "
                          f"({', '.join(points)}), not {name!r}")
+
+
+def runnable(name):
+    """What ``python -m moe_hw.run`` accepts: ``(Unit or Composition, DesignPoint or
+    None)`` for a unit, a composition or a design point name."""
+    if name in compositions():
+        return compositions()[name], None
+    if name in units() or name in design_points():
+        return unit_or_point(name)
+    raise ParameterError(f"unit must be one of {', '.join(units())}, a composition "
+                         f"({', '.join(compositions())}) or a design point "
+                         f"({', '.join(design_points())}), not {name!r}")

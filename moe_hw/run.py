@@ -3,6 +3,7 @@
     python -m moe_hw.run UNIT --in inputs.npz --out outputs.npz [--set NAME=VALUE ...]
                          [--sim verilator|icarus] [--stall P] [--seed N] [--no-check]
     python -m moe_hw.run POINT [--out outputs.npz]      # a design point from gen/, random data
+    python -m moe_hw.run ep_layer [--in inputs.npz] [--set NAME=VALUE ...]   # a composition
 
 Input keys are the golden model's arguments, output keys its results, plus ``cycles``; run-time
 values come from --set or from scalars in the npz. ``python -m moe_hw.run UNIT --help-unit``
@@ -11,6 +12,10 @@ lists a unit's keys; README.md has the table.
 Generation-time parameters (``python -m moe_hw.gen list``) come from --set; the ones not given
 are sized to the problem, and the number format follows the arrays' dtype. The result is
 checked bit for bit against the golden model unless --no-check is given.
+
+A composition (ep_layer) runs several units' Verilog one after another with the host moving
+the data between them; without --in it runs on random data at its default problem, whose
+sizes --set can change (python -m moe_hw.gen list shows them).
 """
 
 import argparse
@@ -23,8 +28,8 @@ import numpy as np
 
 from .cli import parse_sets, run_main
 from .host.checks import HostError
-from .host.unit import run
-from .registry import unit_or_point
+from .host.unit import Composition, run
+from .registry import runnable
 
 __all__ = ["main", "run_unit"]
 
@@ -35,11 +40,14 @@ def _progress(text):
 
 def run_unit(name, inputs, settings=None, *, sim="verilator", stall=0.0, seed=0, check=True,
              progress=None):
-    """Run unit (or design point) ``name`` on ``inputs`` (a dict of arrays); ``settings``
-    mixes generation-time parameters and run-time values. Returns an
+    """Run unit (or composition, or design point) ``name`` on ``inputs`` (a dict of arrays);
+    ``settings`` mixes generation-time parameters and run-time values. Returns an
     :class:`~moe_hw.host.unit.Outcome` (``outputs``, ``cycles``, ``report``, ``problems``)."""
-    unit, point = unit_or_point(name)
+    unit, point = runnable(name)
     settings = dict(settings or {})
+    if isinstance(unit, Composition):
+        return unit.run(inputs, settings, sim=sim, stall=stall, seed=seed, check=check,
+                        progress=progress)
     if point:
         settings = {**point.params, **settings}
     return run(unit, inputs, settings, sim=sim, stall=stall, seed=seed, check=check,
@@ -49,7 +57,8 @@ def run_unit(name, inputs, settings=None, *, sim="verilator", stall=0.0, seed=0,
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m moe_hw.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("unit", help="a unit (python -m moe_hw.gen list) or a design point")
+    parser.add_argument("unit", help="a unit or composition (python -m moe_hw.gen list) or a "
+                                     "design point")
     parser.add_argument("--in", dest="inputs", type=Path,
                         help="input .npz (optional for a design point: random data)")
     parser.add_argument("--out", type=Path, help="output .npz")
@@ -64,7 +73,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     def body():
-        unit, point = unit_or_point(args.unit)
+        unit, point = runnable(args.unit)
         settings = parse_sets(args.set)
         if args.inputs is not None:
             try:
@@ -78,6 +87,10 @@ def main(argv=None):
             settings = {**runtime, **settings}
             _progress(f"design point {point.name}: {point.description}; random inputs "
                       f"(seed {args.seed})")
+        elif isinstance(unit, Composition):
+            _progress(f"{unit.name}: random inputs at {unit.describe_random(settings)} "
+                      f"(seed {args.seed})")
+            inputs, settings = unit.random_inputs(settings, args.seed)
         else:
             raise HostError(f"unit {unit.name} needs --in FILE.npz (its inputs: "
                             f"{', '.join(unit.inputs)}; run-time values: "

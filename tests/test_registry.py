@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_hw.host.unit import Unit
-from moe_hw.params import UnitParams
-from moe_hw.registry import design_points, unit_or_point, units
+from moe_hw.host.unit import Composition, Unit
+from moe_hw.params import ParameterError, UnitParams
+from moe_hw.registry import compositions, design_points, runnable, unit_or_point, units
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOAT_BLOCKS = {"fmul", "fadd"}      # their hardware is the arithmetic block of arith/
@@ -69,3 +69,29 @@ def test_gen_list_shows_every_unit():
                             text=True, check=True)
     for name in units():
         assert f"  {name}: " in result.stdout
+
+
+@pytest.mark.parametrize("name", list(compositions()))
+def test_composition_is_found_by_name(name):
+    composition = compositions()[name]
+    assert isinstance(composition, Composition) and composition.name == name
+    assert (ROOT / "moe_hw/host" / f"{name}.py").is_file()
+    assert (ROOT / "tests" / f"test_{name}.py").is_file()
+    assert importlib.import_module(f"moe_hw.host.{name}").COMPOSITION is composition
+    assert composition.golden and composition.summary and composition.inputs
+    assert set(composition.units) <= set(units())
+    assert name not in units() and name not in design_points()
+    assert runnable(name) == (composition, None)
+
+
+def test_compositions_are_run_not_emitted():
+    for name in compositions():
+        with pytest.raises(ParameterError, match=f"{name} is a host-level composition.*no "
+                                                 "Verilog of its own"):
+            unit_or_point(name)
+    with pytest.raises(ParameterError, match="a composition"):
+        runnable("no_such_unit")
+    result = subprocess.run([sys.executable, "-m", "moe_hw.gen", "list"], capture_output=True,
+                            text=True, check=True)
+    for name in compositions():
+        assert f"  {name}: " in result.stdout.split("Compositions")[1]

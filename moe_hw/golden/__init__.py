@@ -8,6 +8,7 @@ sums in the documented order starting from +0.0.
 from .combine import combine_gather
 from .dispatch import (dispatch_backward_data, dispatch_backward_gate, dispatch_dropped,
                        dispatch_forward)
+from .expert_parallel import ep_dispatch
 from .expand import (PhysicalExpand, contiguous_strides, expand, expand_backward,
                      expand_strides, physical_expand, repeat)
 from .layer import moe_layer, top_k_routing
@@ -26,4 +27,5 @@ __all__ = [
     "PhysicalExpand", "contiguous_strides",
     "scan", "scan_layers", "stack_layer_params", "prefix_sum",
     "moe_layer", "top_k_routing",
+    "ep_dispatch",
 ]

@@ -17,6 +17,11 @@ Each unit ``U`` declares itself once, in ``moe_hw/host/U.py``, as an instance of
 
 ``python -m moe_hw.gen``, ``run``, ``bench`` (and the synthesis and exploration flows) read
 only this declaration (through :mod:`moe_hw.registry`); :func:`run` below is the one driver.
+
+A :class:`Composition` chains several units' hardware on the host (``moe_hw/host/C.py``,
+``COMPOSITION = C()``): each unit runs through :func:`run`, the host moves the data between
+them, and the whole is checked against one golden model. It has no Verilog of its own, so
+``python -m moe_hw.run`` knows it and ``gen emit``, ``bench`` and ``synth`` do not.
 """
 
 import dataclasses
@@ -27,7 +32,7 @@ import numpy as np
 from ..params import ParameterError, canonical_name
 from .checks import HostError
 
-__all__ = ["Unit", "Outcome", "BenchShape", "run"]
+__all__ = ["Unit", "Composition", "Outcome", "BenchShape", "run"]
 
 
 @dataclass(frozen=True)
@@ -237,3 +242,36 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
             outcome.report.append(f"check: bit-exact against {unit.golden}; scoreboard clean "
                                   "(nothing lost, duplicated, reordered or out of bounds)")
     return outcome
+
+
+class Composition:
+    """Base of a host-level composition's declaration (see the module docstring).
+
+    Subclasses set the class attributes and implement :meth:`run` (the composition's
+    :class:`Outcome`) and :meth:`random_inputs` (its problem when no input file is given)."""
+
+    name = None                # host/C.py, tests/test_C.py
+    summary = ""
+    golden = ""                # the golden model of the whole path
+    units = ()                 # the units it runs, by name
+    inputs = ()                # npz input keys
+    outputs = ()               # npz output keys (``cycles`` is added)
+    runtime = ()               # run-time values, from --set or scalars in the npz
+    settings = ()              # generation-time settings it passes on to its units
+    random_problem = {}        # name -> default: the problem run when no input file is given
+
+    def run(self, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,
+            check=True, progress=None):
+        """Run the units on ``inputs`` (npz-style arrays) and score the whole against the
+        golden model: an :class:`Outcome` (``params``: the units' parameters by unit name)."""
+        raise NotImplementedError
+
+    def random_inputs(self, settings, seed=0):
+        """``(inputs, settings)``: seeded random inputs at :attr:`random_problem`, whose
+        entries ``settings`` may override (they are taken out of the returned settings)."""
+        raise NotImplementedError
+
+    def describe_random(self, settings):
+        """The random problem's sizes, ``settings`` over the defaults, for a progress line."""
+        return ", ".join(f"{name}={(settings or {}).get(name, default)}"
+                         for name, default in self.random_problem.items())
