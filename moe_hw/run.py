@@ -24,6 +24,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from .cli import parse_sets, run_main
@@ -31,11 +32,20 @@ from .host.checks import HostError
 from .host.unit import Composition, run
 from .registry import runnable
 
-__all__ = ["main", "run_unit"]
+__all__ = ["main", "run_unit", "from_npz"]
 
 
 def _progress(text):
     print(f"[moe_hw.run] {text}", file=sys.stderr, flush=True)
+
+
+def from_npz(array):
+    """``array`` as read from an ``.npz`` file, with bfloat16 restored: NumPy stores an
+    ``ml_dtypes.bfloat16`` array as 2-byte raw values (dtype ``|V2``), which no other number
+    format of the project uses."""
+    if array.dtype == np.dtype("V2"):
+        return array.view(ml_dtypes.bfloat16)
+    return array
 
 
 def run_unit(name, inputs, settings=None, *, sim="verilator", stall=0.0, seed=0, check=True,
@@ -78,7 +88,7 @@ def main(argv=None):
         if args.inputs is not None:
             try:
                 with np.load(args.inputs) as npz:
-                    inputs = {key: npz[key] for key in npz.files}
+                    inputs = {key: from_npz(npz[key]) for key in npz.files}
             except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
                 raise HostError(f"--in {args.inputs} is not a readable .npz file: "
                                 f"{error}") from None

@@ -16,6 +16,7 @@ from moe_hw.host.checks import HostError
 from moe_hw.host.dispatch import UNIT
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
+from moe_hw.run import from_npz
 from moe_hw.units.dispatch import DispatchParams
 
 from conftest import STALLS, simulator_cases
@@ -174,3 +175,20 @@ def test_run_bad_input_file_is_one_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not a readable .npz file" in lines[0], result.stderr
+
+
+def test_run_reads_bfloat16_from_npz(tmp_path):
+    """NumPy writes a bfloat16 array to an npz as 2-byte raw values; ``--in`` reads them as
+    bfloat16 again (here through the bf16 multiplier), and ``from_npz`` restores an output."""
+    a = np.array([1.5, -2.0, 3e-3, 7.0, 0.0, -0.0], dtype=ml_dtypes.bfloat16)
+    b = np.array([2.0, 0.25, -1e30, 1e-30, 5.0, 3.0], dtype=ml_dtypes.bfloat16)
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    result = subprocess.run([sys.executable, "-m", "moe_hw.run", "fmul", "--in",
+                             str(tmp_path / "in.npz"), "--out", str(tmp_path / "out.npz")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "bf16" in result.stdout and "bit-exact" in result.stdout, result.stdout
+    with np.load(tmp_path / "out.npz") as npz:
+        product = from_npz(npz["product"])
+    assert product.dtype == ml_dtypes.bfloat16
+    assert np.array_equal((a * b).view(np.uint16), product.view(np.uint16))
