@@ -207,7 +207,13 @@ class CreditPipeline(wiring.Component):
     :class:`~moe_hw.stream.SkidBuffer` drives ``o`` (the default) or the ring itself;
     ``keep``: a one-bit payload field, items with 0 in it vanish at the output (the skid
     buffer's ``keep``; with ``skid`` only); ``alternate``: payload fields the skid buffer
-    holds in two registers written in turn (its ``alternate``; with ``skid`` only)."""
+    holds in two registers written in turn (its ``alternate``; with ``skid`` only);
+    ``ready_ahead``: ``i_ready`` is decided from registers alone, as if an item were taken
+    in every cycle, so that the take does not reach it (no loop from the flag through the
+    producer's valid back to it: dispatch's data input at 16 lanes, where the flag's nets
+    run across the wide datapath). It costs a credit in a cycle nothing is taken, so its
+    default depth is one more, ``latency + 4``: it is then never less ready than the exact
+    flag at ``latency + 3``."""
 
     #: Cycles the queue adds from the datapath's output to ``o.valid``.
     QUEUE_LATENCY = RingQueue.LATENCY
@@ -217,7 +223,8 @@ class CreditPipeline(wiring.Component):
     #: combinational flag (``busy`` is a register).
     IDLE_LATENCY = 1
 
-    def __init__(self, latency, shape, *, depth=None, skid=True, keep=None, alternate=()):
+    def __init__(self, latency, shape, *, depth=None, skid=True, keep=None, alternate=(),
+                 ready_ahead=False):
         if not isinstance(latency, int) or latency < 0:
             raise ValueError(f"latency must be a non-negative integer, not {latency!r}")
         if (keep is not None or alternate) and not skid:
@@ -228,7 +235,8 @@ class CreditPipeline(wiring.Component):
         self._alternate = tuple(alternate)
         #: Cycles from the datapath's output to ``o.valid``.
         self.queue_latency = self.QUEUE_LATENCY if self.skid else self.RING_LATENCY
-        self.depth = latency + 3 if depth is None else depth
+        self.ready_ahead = bool(ready_ahead)
+        self.depth = latency + 3 + self.ready_ahead if depth is None else depth
         if self.depth < 2:
             raise ValueError(f"depth must be at least 2, not {self.depth!r}")
         super().__init__({
@@ -271,8 +279,13 @@ class CreditPipeline(wiring.Component):
         grows = self.take & ~left
         shrinks = ~self.take & left
         m.d.sync += count.eq(Mux(grows, count + 1, Mux(shrinks, count - 1, count)))
-        ready_next = Mux(grows, count < self.depth - 1,
-                         Mux(shrinks, count < self.depth + 1, count < self.depth))
+        if self.ready_ahead:
+            # As if an item were taken this cycle: the next count is at most
+            # ``count + 1 - left``, so the take does not reach ``i_ready``.
+            ready_next = Mux(left, count < self.depth, count < self.depth - 1)
+        else:
+            ready_next = Mux(grows, count < self.depth - 1,
+                             Mux(shrinks, count < self.depth + 1, count < self.depth))
         # ``i_full`` is ``~i_ready``, a register of its own: a second copy of the flag for a
         # producer whose take fans out widely (kept apart from ``i_ready`` by the inversion).
         m.d.sync += [self.i_ready.eq(ready_next), self.i_full.eq(~ready_next)]

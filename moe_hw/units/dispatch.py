@@ -194,8 +194,10 @@ class DispatchUnit(wiring.Component):
         # output (only while the run is on, so that nothing is left in it after one): the
         # beat's handshake starts from registers, and taking a beat advances the ring's read
         # pointer copies only; the operand registers load the ring's read every cycle. (A
-        # skid buffer here puts the take on the clock enable of lanes x 32 payload bits.)
-        data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), skid=False)
+        # skid buffer here puts the take on the clock enable of lanes x 32 payload bits.) Its
+        # ready is decided a credit ahead, so that the take does not loop back into it.
+        data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), skid=False,
+                                                         ready_ahead=True)
         beats_in = data_in.o
         # The data input takes the run control's own copy of the run flag (``stopped``): the
         # flag's net spans the unit, and the input's take and credit count were on it.

@@ -88,7 +88,7 @@ P = k*S pairs, B = ceil(H / lanes) beats per row and R = ``sum over e of min(cou
 filled rows::
 
     route_dispatch = run_setup + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
-                                          locations.stall_free_cycles(P, E)) + PHASE_EXIT
+                          locations.stall_free_cycles(P, E) + TOTALS_LATENCY) + PHASE_EXIT
     experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
                      + PHASE_EXIT
                      (0 when the phase is skipped: identity experts, H = 0 or R = 0)
@@ -98,7 +98,9 @@ filled rows::
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
 with run_setup = 2 + product_latency (the run control's setup: P = k*S on a pipelined product
-of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, EXPERT_OVERHEAD = 5,
+of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, TOTALS_LATENCY = 1
+(the per-expert totals' two registers before the work list, less the cycle the location
+generator's ``done`` already comes after its last total), EXPERT_OVERHEAD = 5,
 PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to every
 read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
 dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup -
@@ -171,6 +173,10 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: (the counter bank's three stages, output register), its write into the pair memory, the
     #: pair-memory read (two cycles: the block RAM and its output register).
     ROUTE_LATENCY = 7
+    #: The per-expert totals pass two registers in front of the work list (the count with
+    #: its compares, then the filled rows); the location generator's ``done`` comes two
+    #: cycles after its last total left it, which hides one of them.
+    TOTALS_LATENCY = 1
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
     #: command register, the row reader's issue and output registers, the credit pipeline's
     #: queue (its write and its skid buffer).
@@ -263,7 +269,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
             return {"route_dispatch": EMPTY_CYCLES, "experts": 0, "combine": 0}
         pairs = top_k * tokens
         beats = -(-hidden // self.lanes)
-        route = self.locations.stall_free_cycles(pairs, num_experts)
+        route = self.locations.stall_free_cycles(pairs, num_experts) + self.TOTALS_LATENCY
         if pairs and hidden and capacity and num_experts:
             route = max(route, self.ROUTE_LATENCY + pairs * beats + self.dispatch.overhead)
         experts = 0
@@ -423,15 +429,35 @@ class MoELayer(wiring.Component):
         work_out = Signal(range(p.max_experts + 1))     # entries taken by the expert phase
         counts_in = Signal(range(p.max_experts + 1))    # totals received
         count_base = Signal(p.addr_width + 1)           # e*C*H of the next total
+        # The totals pass two registers before the list: the first holds the count with its
+        # compares (``count < C``, ``count != 0``), the second the filled rows ``min(count, C)``
+        # and whether there are any, so the list's write enable starts from a register.
+        total_valid = Signal()
+        total_count = Signal.like(loc.counts.payload.count)
+        total_below = Signal()                          # count < C
+        total_any = Signal()                            # count != 0
+        filled = Signal()                               # a total with rows != 0 in hand
+        filled_valid = Signal()
+        filled_rows = Signal(range(p.max_capacity + 1))
+        capacity_any = Signal()                         # C != 0 (held sizes)
         count = loc.counts.payload.count
-        rows = Mux(count < capacity, count, capacity)
+        m.d.sync += [
+            total_valid.eq(loc.counts.valid),
+            total_count.eq(count),
+            total_below.eq(count < capacity),
+            total_any.eq(count != 0),
+            capacity_any.eq(capacity != 0),
+            filled_valid.eq(total_valid),
+            filled_rows.eq(Mux(total_below, total_count, capacity)),
+            filled.eq(total_valid & Mux(total_below, total_any, capacity_any)),
+        ]
         m.d.comb += [
             loc.counts.ready.eq(1),
             work_w.addr.eq(work_in),
             work_w.data.base.eq(count_base),
-            work_w.data.rows.eq(rows),
+            work_w.data.rows.eq(filled_rows),
             work_w.data.expert.eq(counts_in),
-            work_w.en.eq(loc.counts.valid & (rows != 0)),
+            work_w.en.eq(filled),
         ]
         # C*H on a pipelined product of the held sizes (loaded at accept): ready from cycle
         # start + 1 + its latency (at most 4: operands of at most 31 bits), before the
@@ -441,9 +467,9 @@ class MoELayer(wiring.Component):
         assert span_latency <= 4, span_latency
         m.d.comb += expert_span.eq(pipelined_product(m, capacity, hidden, en=1, dsp=p.dsp,
                                                      name="expert_span"))
-        with m.If(loc.counts.valid):
+        with m.If(filled_valid):
             m.d.sync += [counts_in.eq(counts_in + 1), count_base.eq(count_base + expert_span)]
-            with m.If(rows != 0):
+            with m.If(filled):
                 m.d.sync += work_in.eq(work_in + 1)
 
         # ---- expert parameters ----------------------------------------------------------------
@@ -652,6 +678,7 @@ class MoELayer(wiring.Component):
             comb.num_experts.eq(num_experts),
         ]
         route_done = (in_route & loc.done & disp.done & ~write_port.o.valid &
+                      ~total_valid & ~filled_valid &
                       (~affine | (params_in == num_experts)))
         run_experts = affine & (hidden != 0) & (work_in != 0)
         experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
