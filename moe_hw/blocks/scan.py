@@ -56,11 +56,29 @@ from ..params import check_int
 from ..stream import CreditPipeline, delay
 from .run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 
-__all__ = ["Scan", "CountingStep", "PrefixSumStep", "FloatSumStep", "GROUP_SETUP"]
+__all__ = ["Scan", "scan_cycles", "scan_groups", "CountingStep", "PrefixSumStep",
+           "FloatSumStep", "GROUP_SETUP"]
 
 #: Cycles before each group's first issue: the sequences left, the group size and its
 #: period are each a register (no compare chain between them and the handshakes).
 GROUP_SETUP = 2
+
+
+def scan_groups(max_interleave, sequences):
+    """The group sizes of a run of ``sequences`` sequences."""
+    return [min(max_interleave, sequences - first)
+            for first in range(0, sequences, max_interleave)]
+
+
+def scan_cycles(latency, max_interleave, sequences, length):
+    """Exact stall-free cycles of a :class:`Scan` run, from the start cycle to the first cycle
+    ``done`` is high (see the module docstring), for a step of ``latency`` cycles."""
+    if sequences == 0 or length == 0:
+        return EMPTY_CYCLES
+    issue = sum(GROUP_SETUP + (length - 1) * max(n, latency + 1) + n
+                for n in scan_groups(max_interleave, sequences))
+    return (START_LATENCY + issue + latency + CreditPipeline.QUEUE_LATENCY
+            + CreditPipeline.IDLE_LATENCY + 1)
 
 
 def _member(component, name):
@@ -120,18 +138,12 @@ class Scan(wiring.Component):
 
     def groups(self, sequences):
         """The group sizes of a run of ``sequences`` sequences."""
-        return [min(self.max_interleave, sequences - first)
-                for first in range(0, sequences, self.max_interleave)]
+        return scan_groups(self.max_interleave, sequences)
 
     def cycles(self, sequences, length):
         """Exact stall-free cycles from the start cycle to the first cycle ``done`` is high
-        (see the module docstring)."""
-        if sequences == 0 or length == 0:
-            return EMPTY_CYCLES
-        issue = sum(GROUP_SETUP + (length - 1) * self.period(n) + n
-                    for n in self.groups(sequences))
-        return (START_LATENCY + issue + self.latency + CreditPipeline.QUEUE_LATENCY
-                + CreditPipeline.IDLE_LATENCY + 1)
+        (:func:`scan_cycles`)."""
+        return scan_cycles(self.latency, self.max_interleave, sequences, length)
 
     def elaborate(self, platform):
         m = Module()
