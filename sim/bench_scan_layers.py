@@ -31,8 +31,7 @@ async def scan_layers(dut):
     sink = StreamSink(dut, "output", Pauses(stall, seed + 2))
     actors = [param_source, input_source, sink]
 
-    work = len(params) + len(beats) * max(1, runtime["layers"])
-    cycles = await run_once(dut, actors, runtime, limit=40 * work + 2000, what="scan_layers",
+    cycles = await run_once(dut, actors, runtime, limit=40 * s["work"] + 2000, what="scan_layers",
                             moved=lambda: (len(sink.items), param_source.sent,
                                            input_source.sent))
     data = np.array([unpack_lanes(w, width, lanes) for w in sink.items],

@@ -52,6 +52,8 @@ class ScanLayers(Unit):
     runtime = ("relu",)
     ideal = "one layer-beat per cycle: S*L*ceil(H/lanes)"
     bench = "bench_scan_layers"
+    #: The run-time values driven on the unit's ports.
+    ports = ("tokens", "hidden", "layers", "relu")
 
     def build(self, params):
         return ScanLayersUnit(params)
@@ -115,12 +117,12 @@ class ScanLayers(Unit):
         self.fits(problem, params)
         stimulus = {name: self.lane_bits(problem[name], params)
                     for name in ("input", "scale", "bias")}
-        runtime = {"tokens": problem["tokens"], "hidden": problem["hidden"],
-                   "layers": problem["layers"], "relu": problem["relu"]}
+        runtime = {name: problem[name] for name in self.ports}
         empty = not (problem["tokens"] and problem["hidden"])
+        beats = 0 if empty else problem["tokens"] * self.beats(problem, params)
         return stimulus, {"lanes": params.lanes, "width": params.fmt.width, "runtime": runtime,
-                          "feed": not empty, "expected_beats": 0 if empty else
-                          problem["tokens"] * self.beats(problem, params)}
+                          "feed": not empty, "work": beats * problem["layers"]
+                          + len(stimulus["scale"])}
 
     def unpack(self, problem, params, results):
         tokens, hidden = problem["tokens"], problem["hidden"]
