@@ -72,7 +72,7 @@ def test_cycle_formula_full_rate():
     outcome = check(inputs, 1, "fp32")
     assert params.interleave == params.latency + 1 == 7
     groups = 4 * (2 + (layers - 1) * 7 + 7)
-    assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 2 + 2 + groups
+    assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
                               + params.latency + 2 + 1 + 1)
     assert outcome.ideal_cycles == tokens * beats * layers
 

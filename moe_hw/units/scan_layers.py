@@ -13,7 +13,9 @@ is float only.
 The hardware is the seed's point: one :class:`AffineLayerStep` (``lanes`` multipliers and
 adders), a carry store and a loop counter (the :class:`~moe_hw.blocks.scan.Scan` block), and
 a parameter memory of depth ``max_layers * ceil(max_hidden / lanes)`` read at the loop
-count. Only the parameter memory grows with ``max_layers``.
+count (the shared :class:`~moe_hw.blocks.block_memory.BlockMemory`: a registered two-cycle
+read, DP16KD blocks with their output registers on ECP5 with ``bram="ecp5"``). Only the
+parameter memory grows with ``max_layers``.
 
 Loop order (layer-outer over a token-beat buffer): every beat of every token is a sequence
 of the scan (carry: the beat's activations; x: its layer's parameters; length L). The scan
@@ -41,7 +43,7 @@ Streams and ports (payload fields least significant first; lanes: lane 0 first):
 Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles` =
 ``setup + 1 + L*B + LOAD_TO_SCAN + FETCH_START + scan_cycles(S*B, L)`` with
 B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
-LOAD_TO_SCAN = 1, FETCH_START = 2, and
+LOAD_TO_SCAN = 1, FETCH_START = 3, and
 ``scan_cycles(K, L) = START_LATENCY + sum over groups (GROUP_SETUP + (L-1) * max(n, D+1) + n)
 + D + 4``, groups of ``n = min(max_interleave, beats left)``. At full interleave that is
 about ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
@@ -50,7 +52,7 @@ about ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
 from dataclasses import dataclass
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
@@ -58,6 +60,7 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.scan import Scan, scan_cycles
 from ..params import LANES, UnitParams, param, resolve_params
@@ -70,7 +73,7 @@ __all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LOAD_TO_SCA
 LOAD_TO_SCAN = 1
 #: Cycles the scan's first issue waits for the first parameters: the fetch starts with the
 #: scan (its group set-up, the memory read, its queue), then stays ahead of it.
-FETCH_START = 2
+FETCH_START = 3
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class ScanLayersParams(FloatDatapathParams, UnitParams):
     mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
     add_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
     dsp: str = dsp_param()
+    bram: str = bram_param()
 
     @property
     def latency(self):
@@ -196,10 +200,8 @@ class ScanLayersUnit(wiring.Component):
 
         # ---- the parameter memory: L * B beats, layer-major --------------------------------
         depth = p.max_layers * p.max_beats
-        store = m.submodules.parameters = memory.Memory(
-            shape=p.params_layout(), depth=depth, init=[])
-        write = store.write_port()
-        read = store.read_port(transparent_for=())
+        store = m.submodules.parameters = BlockMemory(p.params_layout(), depth,
+                                                      target=p.bram)
         loading = Signal()
         load_addr = Signal(range(depth + 1))
         load_last = Signal()            # the next parameter beat is the last
@@ -207,8 +209,8 @@ class ScanLayersUnit(wiring.Component):
         total = pipelined_product(m, layers, beats, en=1, dsp="generic", name="load_total")
         m.d.comb += [
             self.layer_params.ready.eq(loading),
-            write.addr.eq(load_addr), write.data.eq(self.layer_params.payload),
-            write.en.eq(self.layer_params.valid & loading),
+            store.write_addr.eq(load_addr), store.write_data[0].eq(self.layer_params.payload),
+            store.write_en.eq(self.layer_params.valid & loading),
         ]
         scan_start = Signal()
         with m.If(ctl.begin):
@@ -238,12 +240,14 @@ class ScanLayersUnit(wiring.Component):
         # ---- the parameters in the scan's order -------------------------------------------
         # x[g, l, s] is layer l's parameters for the beat of the group's sequence s: beat
         # index (first_g + s) mod B, memory address l*B + beat. The generator follows the
-        # scan's groups (n = min(max_interleave, left)); the memory's registered read is a
-        # one-stage credit pipeline in front of the scan's ``x``.
-        fetch = m.submodules.fetch = CreditPipeline(1, p.params_layout())
+        # scan's groups (n = min(max_interleave, left)); the memory's registered read (two
+        # cycles, always enabled) is the datapath of a credit pipeline in front of the scan's
+        # ``x``.
+        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout())
         wiring.connect(m, fetch.o, scan.x)
         x_addr = Signal(range(depth))                # the address of the beat offered
-        m.d.comb += [read.addr.eq(x_addr), fetch.payload.eq(read.data)]
+        m.d.comb += [store.read_addr.eq(x_addr), store.read_en.eq(1),
+                     fetch.payload.eq(store.read_data[0])]
         left = Signal(range(max_sequences + 1))
         group = Signal(range(p.interleave + 1))
         slot = Signal(range(p.interleave))
