@@ -150,7 +150,7 @@ def test_prefix_sum_step(stall):
 
 
 @pytest.mark.parametrize("stall", STALLS)
-@pytest.mark.parametrize("format", ["fp32", "bf16"])
+@pytest.mark.parametrize("format", ["fp32", "bf16", "fp16"])
 def test_float_running_sum(format, stall):
     """A float running sum on FloatAdderCore: bit for bit the sequential sum in the format
     (one rounding per step, from init), every partial sum and the final one."""
