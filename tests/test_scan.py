@@ -126,6 +126,8 @@ def test_seed_example():
     (3, 2, 5, 4),          # groups of 2, 2 and 1, each below the period
     (0, 3, 7, 3),          # a combinational step
     (5, 8, 19, 3),         # groups of 8, 8, 3
+    (0, 1, 4, 1),          # one-cycle groups: the next group waits for its size
+    (1, 2, 5, 1),          # two-cycle groups
 ])
 def test_counting_step_interleaved(latency, interleave, sequences, length, stall):
     rng = np.random.default_rng(latency * 100 + sequences)

@@ -71,7 +71,7 @@ def test_cycle_formula_full_rate():
     inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, seed=3)
     outcome = check(inputs, 1, "fp32")
     assert params.interleave == params.latency + 1 == 7
-    groups = 4 * (2 + (layers - 1) * 7 + 7)
+    groups = 2 + 4 * ((layers - 1) * 7 + 7)        # the groups follow without a gap
     assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
                               + params.latency + 2 + 1 + 1)
     assert outcome.ideal_cycles == tokens * beats * layers

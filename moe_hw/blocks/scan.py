@@ -57,11 +57,15 @@ from ..stream import CreditPipeline, delay
 from .run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 
 __all__ = ["Scan", "scan_cycles", "scan_groups", "CountingStep", "PrefixSumStep",
-           "FloatSumStep", "GROUP_SETUP"]
+           "FloatSumStep", "GROUP_SETUP", "PENDING_LATENCY"]
 
-#: Cycles before each group's first issue: the sequences left, the group size and its
-#: period are each a register (no compare chain between them and the handshakes).
+#: Cycles from ``begin`` to the first group's first issue, beyond the one of ``begin``:
+#: the group size and its period are each a register (no compare chain between them and the
+#: handshakes).
 GROUP_SETUP = 2
+#: Cycles from a group's load to the cycle its successor can be loaded: a group that issues
+#: for fewer cycles leaves a gap of the difference.
+PENDING_LATENCY = 3
 
 
 def scan_groups(max_interleave, sequences):
@@ -75,8 +79,9 @@ def scan_cycles(latency, max_interleave, sequences, length):
     ``done`` is high (see the module docstring), for a step of ``latency`` cycles."""
     if sequences == 0 or length == 0:
         return EMPTY_CYCLES
-    issue = sum(GROUP_SETUP + (length - 1) * max(n, latency + 1) + n
-                for n in scan_groups(max_interleave, sequences))
+    spans = [(length - 1) * max(n, latency + 1) + n
+             for n in scan_groups(max_interleave, sequences)]
+    issue = GROUP_SETUP + sum(spans) + sum(max(0, PENDING_LATENCY - d) for d in spans[:-1])
     return (START_LATENCY + issue + latency + CreditPipeline.QUEUE_LATENCY
             + CreditPipeline.IDLE_LATENCY + 1)
 
@@ -170,10 +175,18 @@ class Scan(wiring.Component):
         last_slot = Signal()                               # slot == period - 1
         issuing = Signal()                                 # slot < n
         last_issue = Signal()                              # slot == n - 1
-        # setup[0]: ``left`` is current; setup[1]: ``group`` is; then the rounds run.
-        setup = Signal(2)
-        rounds = Signal()
+        rounds = Signal()                                  # a group is issuing
         final_group = Signal()
+        # The next group, worked out while the current one runs (from ``left``, in two
+        # register stages: ``pending_ready`` is high PENDING_LATENCY cycles after a group is
+        # loaded), so that groups follow each other without a gap when they last that long.
+        pending_group = Signal.like(group)
+        pending_period = Signal.like(period)
+        pending_final = Signal()
+        pending_ready = Signal()
+        compute = Signal()                                 # stage 1: group size, final flag
+        compute_period = Signal()                          # stage 2: its period
+        waiting = Signal()                                 # no group: load one when ready
 
         m.d.comb += [
             pipe.i_valid.eq(rounds & issuing & self.x.valid & (self.init.valid | ~first_round)),
@@ -182,35 +195,36 @@ class Scan(wiring.Component):
         ]
         take = pipe.take
         advance = rounds & (take | ~issuing)
+        # The group ends with its last issue: the bubbles after it would only wait for
+        # carries that no step of this group reads any more.
+        group_ends = advance & last_round & last_issue & issuing
+        load = pending_ready & (waiting | (group_ends & ~final_group))
 
+        # The first group is worked out from the decide cycle on (``left`` is loaded in the
+        # start cycle); an empty or too-big run never loads it.
         with m.If(ctl.accept):
-            m.d.sync += left.eq(self.sequences)
+            m.d.sync += [left.eq(self.sequences), pending_ready.eq(0), waiting.eq(0),
+                         compute.eq(1)]
         with m.If(ctl.begin):
-            m.d.sync += setup.eq(0b01)
-        with m.If(setup[0]):
-            m.d.sync += [group.eq(Mux(left > interleave, interleave, left)),
-                         final_group.eq(left <= interleave), setup.eq(0b10)]
-        # The flags of the next slot are registers (``last_slot``, ``last_issue``,
-        # ``issuing``): loaded here for the group's first slot, then as the slots advance.
-        group_period = Mux(group > latency + 1, group, latency + 1)
-        with m.If(setup[1]):
-            m.d.sync += [period.eq(group_period),
-                         left.eq(left - group), setup.eq(0), rounds.eq(1),
-                         slot.eq(0), round_.eq(0), first_round.eq(1),
-                         last_round.eq(length == 1), issuing.eq(1),
-                         last_issue.eq(group == 1), last_slot.eq(group_period == 1)]
+            m.d.sync += waiting.eq(1)
+        with m.If(compute):
+            m.d.sync += [pending_group.eq(Mux(left > interleave, interleave, left)),
+                         pending_final.eq(left <= interleave),
+                         compute.eq(0), compute_period.eq(1)]
+        with m.If(compute_period):
+            m.d.sync += [pending_period.eq(Mux(pending_group > latency + 1, pending_group,
+                                               latency + 1)),
+                         compute_period.eq(0), pending_ready.eq(1)]
         all_issued = Signal()
         with m.If(ctl.accept):
             m.d.sync += all_issued.eq(0)
         with m.If(advance):
-            # The group ends with its last issue: the bubbles after it would only wait for
-            # carries that no step of this group reads any more.
-            with m.If(last_round & last_issue & issuing):
+            with m.If(group_ends):
                 m.d.sync += rounds.eq(0)
                 with m.If(final_group):
                     m.d.sync += all_issued.eq(1)
                 with m.Else():
-                    m.d.sync += setup.eq(0b01)
+                    m.d.sync += waiting.eq(1)
             with m.Elif(last_slot):
                 m.d.sync += [slot.eq(0), issuing.eq(1), last_issue.eq(group == 1),
                              last_slot.eq(period == 1),
@@ -221,6 +235,16 @@ class Scan(wiring.Component):
                              last_issue.eq(slot + 2 == group)]
                 with m.If(last_issue):
                     m.d.sync += issuing.eq(0)
+        # Loading a group (after the above: it wins over the group's end). The flags of the
+        # next slot are registers (``last_slot``, ``last_issue``, ``issuing``): loaded here
+        # for the group's first slot, then as the slots advance.
+        with m.If(load):
+            m.d.sync += [group.eq(pending_group), period.eq(pending_period),
+                         final_group.eq(pending_final), left.eq(left - pending_group),
+                         pending_ready.eq(0), compute.eq(1), waiting.eq(0), rounds.eq(1),
+                         slot.eq(0), round_.eq(0), first_round.eq(1),
+                         last_round.eq(length == 1), issuing.eq(1),
+                         last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1)]
 
         # ---- the carry store and the step -----------------------------------------------------
         carry_width = Shape.cast(self.carry_shape).width

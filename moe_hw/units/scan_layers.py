@@ -44,9 +44,10 @@ Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles`
 ``setup + 1 + L*B + LOAD_TO_SCAN + FETCH_START + scan_cycles(S*B, L)`` with
 B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
 LOAD_TO_SCAN = 1, FETCH_START = 3, and
-``scan_cycles(K, L) = START_LATENCY + sum over groups (GROUP_SETUP + (L-1) * max(n, D+1) + n)
-+ D + 4``, groups of ``n = min(max_interleave, beats left)``. At full interleave that is
-about ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
+``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n)
++ D + 4`` (plus ``PENDING_LATENCY - span`` between two groups whose first spans fewer than
+PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats left)``. At full
+interleave that is ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
 """
 
 from dataclasses import dataclass
@@ -256,22 +257,28 @@ class ScanLayersUnit(wiring.Component):
         group_beat = Signal(range(p.max_beats))      # the beat of the group's first sequence
         layer_base = Signal(range(depth))
         generating = Signal()
-        setup = Signal(2)
         last_slot, last_layer, last_beat, final_group = (Signal(name=n) for n in (
             "x_last_slot", "x_last_layer", "x_last_beat", "x_final_group"))
+        # The next group's size is worked out while a group is fetched (as in the scan), so
+        # that the groups follow each other without a gap.
+        pending_group = Signal.like(group)
+        pending_final = Signal()
+        pending_ready = Signal()
+        compute = Signal()
+        waiting = Signal()
         m.d.comb += fetch.i_valid.eq(generating)
-        with m.If(scan_start):
-            m.d.sync += [left.eq(sequences), setup.eq(0b01), beat.eq(0), group_beat.eq(0)]
-        with m.If(setup[0]):
-            m.d.sync += [group.eq(Mux(left > p.interleave, p.interleave, left)),
-                         final_group.eq(left <= p.interleave), setup.eq(0b10)]
-        with m.If(setup[1]):
-            m.d.sync += [left.eq(left - group), setup.eq(0), generating.eq(1),
-                         slot.eq(0), layer.eq(0), layer_base.eq(0),
-                         last_slot.eq(group == 1), last_layer.eq(layers == 1),
-                         last_beat.eq(group_beat + 1 == beats), beat.eq(group_beat),
-                         x_addr.eq(group_beat)]
         next_beat = Mux(last_beat, 0, beat + 1)
+        group_ends = fetch.take & last_slot & last_layer
+        load = pending_ready & (waiting | (group_ends & ~final_group))
+        # A group loaded as the last one ends starts from the beat after its last one.
+        start_beat = Mux(generating, next_beat, group_beat)
+        with m.If(scan_start):
+            m.d.sync += [left.eq(sequences), compute.eq(1), pending_ready.eq(0),
+                         waiting.eq(1), group_beat.eq(0)]
+        with m.If(compute):
+            m.d.sync += [pending_group.eq(Mux(left > p.interleave, p.interleave, left)),
+                         pending_final.eq(left <= p.interleave),
+                         compute.eq(0), pending_ready.eq(1)]
         with m.If(fetch.take):
             with m.If(last_slot):
                 # The round's last beat: the next layer from the group's first beat, or the
@@ -284,11 +291,19 @@ class ScanLayersUnit(wiring.Component):
                 with m.If(last_layer):
                     m.d.sync += [generating.eq(0), group_beat.eq(next_beat)]
                     with m.If(~final_group):
-                        m.d.sync += setup.eq(0b01)
+                        m.d.sync += waiting.eq(1)
             with m.Else():
                 m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == group),
                              beat.eq(next_beat), last_beat.eq(next_beat + 1 == beats),
                              x_addr.eq(layer_base + next_beat)]
+        with m.If(load):                             # after the above: it wins
+            m.d.sync += [group.eq(pending_group), final_group.eq(pending_final),
+                         left.eq(left - pending_group), pending_ready.eq(0), compute.eq(1),
+                         waiting.eq(0), generating.eq(1),
+                         slot.eq(0), layer.eq(0), layer_base.eq(0),
+                         last_slot.eq(pending_group == 1), last_layer.eq(layers == 1),
+                         beat.eq(start_beat), group_beat.eq(start_beat),
+                         last_beat.eq(start_beat + 1 == beats), x_addr.eq(start_beat)]
 
         scan_started = Signal()
         with m.If(ctl.accept):
