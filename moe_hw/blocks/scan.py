@@ -40,11 +40,15 @@ ends with its last issue (the last round's bubbles are skipped: no step of the g
 a carry after it).
 
 Rate: one sequence alone runs one step every D + 1 cycles; ``max_interleave >= D + 1``
-sequences keep the step busy every cycle (one step per cycle). Stall-free, a run takes
-exactly :meth:`Scan.cycles` = ``START_LATENCY + sum over groups of (GROUP_SETUP + (T - 1) *
-period_g + n_g) + D + QUEUE_LATENCY + IDLE_LATENCY + 1`` cycles (the last three of
-:class:`~moe_hw.stream.CreditPipeline`, 2 + 1, and the done register) from the start cycle to the cycle
-``done`` is first seen, the last beat being taken as soon as it is offered.
+sequences keep the step busy every cycle (one step per cycle). The next group's size and
+period are worked out while a group issues, so the groups follow each other without a gap
+(a group that issues for fewer than :data:`PENDING_LATENCY` cycles leaves the difference).
+Stall-free, a run takes exactly :func:`scan_cycles` = ``START_LATENCY + GROUP_SETUP + sum
+over groups of span_g + sum over all groups but the last of max(0, PENDING_LATENCY -
+span_g) + D + QUEUE_LATENCY + IDLE_LATENCY + 1`` cycles, with ``span_g = (T - 1) *
+period_g + n_g`` (the last two latencies of :class:`~moe_hw.stream.CreditPipeline`, 2 + 1,
+and the done register) from the start cycle to the cycle ``done`` is first seen, the last
+beat being taken as soon as it is offered.
 """
 
 from amaranth.hdl import Module, Mux, Shape, Signal
