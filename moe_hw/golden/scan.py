@@ -6,7 +6,9 @@ memory of depth L indexed by a loop counter.
 
 import numpy as np
 
-__all__ = ["scan", "scan_layers", "stack_layer_params", "prefix_sum"]
+from ._common import add, mul
+
+__all__ = ["scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer"]
 
 
 def _length(name, xs):
@@ -111,3 +113,19 @@ def scan_layers(layer_fn, stacked_params, h):
     _length("stacked_params", stacked_params)
     h, _ = scan(lambda carry, params: (layer_fn(carry, params), None), h, stacked_params)
     return h
+
+
+def affine_layer(h, params, relu=False):
+    """The layer of the ``scan_layers`` units: ``relu?(scale * h + bias)`` elementwise, in the
+    format of ``h``: the product rounded, then the sum rounded (no FMA). ``params`` holds
+    ``scale`` and ``bias`` (broadcast against ``h``). relu keeps a NaN and a positive value
+    and gives +0 for anything else (-0 included).
+
+    ``scan_layers(lambda h, p: affine_layer(h, p, relu), {"scale": a, "bias": b}, h)`` with
+    ``a``, ``b`` [L, H] and ``h`` [S, H] is the units' golden model.
+    """
+    h = np.asarray(h)
+    y = add(mul(h, params["scale"]), params["bias"])
+    if relu:
+        y = np.where(np.isnan(y) | (y > 0), y, np.zeros((), dtype=y.dtype))
+    return y

@@ -82,10 +82,18 @@ class SkidBuffer(wiring.Component):
         if self._keep is not None:
             shown = Signal()
             i_keep = self.i.payload[self._keep]
-            # The skid slot's own copy of the keep bit (its place among the held fields).
+            # The skid slot's own copy of the keep bit (its place among the held fields:
+            # the held ranges before it, and its offset within its own range).
             offset = self._shape[self._keep].offset
-            skid_keep = skid[sum(stop - start for start, stop, alt in ranges
-                                 if not alt and stop <= offset)]
+            position = 0
+            for start, stop, alt in ranges:
+                if alt:
+                    continue
+                if start <= offset < stop:
+                    position += offset - start
+                    break
+                position += stop - start
+            skid_keep = skid[position]
         m.d.comb += [
             self.i.ready.eq(~skid_valid),
             self.o.valid.eq(shown),

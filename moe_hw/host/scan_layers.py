@@ -1,0 +1,184 @@
+"""The scan_layers unit's declaration and host adapter: L layers ``h = relu?(scale[l] * h +
+bias[l])`` on one layer datapath (SPEC 1.7, seed 003), checked bit for bit against
+``golden.scan_layers(golden.affine_layer, ...)``.
+
+npz inputs: ``input`` [S, H], ``scale`` [L, H], ``bias`` [L, H] (one float dtype: float32,
+float16 or bfloat16, which picks the format); run-time ``relu`` (0 or 1, ``--set`` or an npz
+scalar; default 0). Output: ``output`` [S, H]. A list of per-layer parameter dicts is
+stacked with :func:`stack_layers` (layers differing in names, shapes or dtypes are rejected,
+as ``golden.stack_layer_params`` does).
+"""
+
+import numpy as np
+
+from .. import golden
+from ..formats import FORMATS, from_bits, to_bits
+from ..golden.testing import random_floats
+from ..units.scan_layers import ScanLayersParams, ScanLayersUnit
+from .checks import HostError, check_dtype, check_maxima, compare_bits, format_of, need, \
+    runtime_int
+from .unit import Unit
+
+__all__ = ["UNIT", "ScanLayers", "stack_layers", "scan_layers_golden"]
+
+
+def stack_layers(layers):
+    """``(scale [L, H], bias [L, H])`` from a list of per-layer dicts ``{"scale", "bias"}``,
+    through ``golden.stack_layer_params`` (its structure errors become HostErrors)."""
+    try:
+        stacked = golden.stack_layer_params(layers)
+    except (TypeError, ValueError) as error:
+        raise HostError(str(error)) from None
+    if sorted(stacked) != ["bias", "scale"]:
+        raise HostError(f"a layer must have the parameters ['bias', 'scale'], not "
+                        f"{sorted(stacked)}")
+    return stacked["scale"], stacked["bias"]
+
+
+def scan_layers_golden(input, scale, bias, relu):
+    """The golden model of both units: ``golden.scan_layers`` with ``golden.affine_layer``."""
+    return golden.scan_layers(lambda h, params: golden.affine_layer(h, params, relu),
+                              {"scale": scale, "bias": bias}, input)
+
+
+class ScanLayers(Unit):
+    name = "scan_layers"
+    summary = ("PyTorch/XLA scan_layers: L layers relu?(a_l * h + b_l) on ONE layer datapath, "
+               "a parameter memory of depth L and a loop counter (SPEC 1.7)")
+    golden = "golden.scan_layers(golden.affine_layer)"
+    params = ScanLayersParams
+    inputs = ("input", "scale", "bias")
+    outputs = ("output",)
+    runtime = ("relu",)
+    ideal = "one layer-beat per cycle: S*L*ceil(H/lanes)"
+    bench = "bench_scan_layers"
+    #: The run-time values driven on the unit's ports.
+    ports = ("tokens", "hidden", "layers", "relu")
+
+    def build(self, params):
+        return ScanLayersUnit(params)
+
+    def problem(self, inputs, runtime):
+        input, scale, bias = (np.asarray(x) for x in need(inputs, self.name, self.inputs))
+        for name, array, what in (("input", input, "[S, H]"), ("scale", scale, "[L, H]"),
+                                  ("bias", bias, "[L, H]")):
+            if array.ndim != 2:
+                raise HostError(f"{name} must have 2 dimensions {what}, not shape {array.shape}")
+            format_of(array)
+        for name, array in (("scale", scale), ("bias", bias)):
+            if array.dtype != input.dtype:
+                raise HostError(f"{name} has dtype {array.dtype}, but input has {input.dtype}; "
+                                "they must match (the dtype picks the format)")
+        if scale.shape[0] != bias.shape[0]:
+            raise HostError(f"scale has {scale.shape[0]} layers but bias has {bias.shape[0]}; "
+                            "every layer must have both (layers must have the same structure)")
+        for name, array in (("scale", scale), ("bias", bias)):
+            if array.shape[1] != input.shape[1]:
+                raise HostError(f"{name} has shape {array.shape}, but input has H = "
+                                f"{input.shape[1]}: it must be [L, {input.shape[1]}]")
+        if scale.shape[0] == 0:
+            raise HostError("scale and bias must hold at least one layer, not 0 (as "
+                            "golden.stack_layer_params)")
+        relu = runtime_int("relu", runtime, inputs, default=0)
+        if relu not in (0, 1):
+            raise HostError(f"relu must be 0 or 1, not {relu}")
+        return {"input": input, "scale": scale, "bias": bias, "relu": relu,
+                "tokens": input.shape[0], "hidden": input.shape[1], "layers": scale.shape[0]}
+
+    def smallest(self, problem):
+        return dict(max_tokens=max(1, problem["tokens"]), max_hidden=max(1, problem["hidden"]),
+                    max_layers=problem["layers"])
+
+    def params_for(self, problem, settings):
+        settings = {"format": format_of(problem["input"]), **settings}
+        params = self.sized(settings, **self.smallest(problem))
+        self.fits(problem, params)
+        return params
+
+    def fits(self, problem, params):
+        check_dtype(params.format, input=problem["input"], scale=problem["scale"],
+                    bias=problem["bias"])
+        check_maxima(params, tokens=(problem["tokens"], "max_tokens"),
+                     hidden=(problem["hidden"], "max_hidden"),
+                     layers=(problem["layers"], "max_layers"))
+
+    def beats(self, problem, params):
+        return -(-problem["hidden"] // params.lanes)
+
+    def lane_bits(self, array, params):
+        """``array`` [R, H] as bit patterns [R * B, lanes] (beats, zero padded)."""
+        rows, hidden = array.shape
+        beats = -(-hidden // params.lanes)
+        padded = np.zeros((rows, beats * params.lanes), dtype=np.uint64)
+        padded[:, :hidden] = to_bits(array, params.fmt)
+        return padded.reshape(rows * beats, params.lanes)
+
+    def pack(self, problem, params, *, stall, seed):
+        self.fits(problem, params)
+        stimulus = {name: self.lane_bits(problem[name], params)
+                    for name in ("input", "scale", "bias")}
+        runtime = {name: problem[name] for name in self.ports}
+        empty = not (problem["tokens"] and problem["hidden"])
+        beats = 0 if empty else problem["tokens"] * self.beats(problem, params)
+        return stimulus, {"lanes": params.lanes, "width": params.fmt.width, "runtime": runtime,
+                          "feed": not empty, "work": beats * problem["layers"]
+                          + len(stimulus["scale"])}
+
+    def unpack(self, problem, params, results):
+        tokens, hidden = problem["tokens"], problem["hidden"]
+        data = np.asarray(results["data"], dtype=np.uint64)
+        if not (tokens and hidden):
+            return {"output": np.zeros((tokens, hidden), dtype=params.fmt.dtype)}
+        if data.shape[0] != tokens * self.beats(problem, params):   # scored as lost beats
+            return {"output": np.zeros((0, hidden), dtype=params.fmt.dtype)}
+        bits = data.reshape(tokens, -1)[:, :hidden].astype(params.fmt.uint_dtype)
+        return {"output": from_bits(bits, params.fmt)}
+
+    def score(self, problem, params, outputs, results):
+        want = scan_layers_golden(problem["input"], problem["scale"], problem["bias"],
+                                  problem["relu"])
+        findings = compare_bits("output", outputs["output"], want, params.fmt)
+        beats = problem["tokens"] * self.beats(problem, params) if problem["hidden"] else 0
+        got = len(results["data"])
+        if got != beats:
+            findings.append(f"output: {got} beats, expected {beats} (lost or duplicated)")
+        layer_beats = problem["layers"] * self.beats(problem, params) if beats else 0
+        for name, taken, expected in (("input", results["input_taken"], beats),
+                                      ("layer parameter", results["params_taken"],
+                                       layer_beats)):
+            if int(taken) != expected:
+                findings.append(f"{int(taken)} {name} beats taken, expected {expected}")
+        if int(results["error"]):
+            findings.append("the unit raised error")
+        if int(results["busy_after"]):
+            findings.append("the unit is still busy after done")
+        return findings
+
+    def ideal_cycles(self, problem, params):
+        return problem["tokens"] * problem["layers"] * self.beats(problem, params)
+
+    def cycles(self, problem, params):
+        return params.cycles(problem["tokens"], problem["hidden"], problem["layers"])
+
+    def describe(self, problem, params):
+        return (f"{self.name}: S={problem['tokens']} H={problem['hidden']} "
+                f"L={problem['layers']} relu={problem['relu']}, lanes={params.lanes}, "
+                f"{params.format}, layer latency {params.latency}")
+
+    def random_inputs(self, *, tokens, hidden, layers, format="fp32", seed=0):
+        """Seeded random ``input``, ``scale`` and ``bias`` (values near 1 in scale, so that
+        a deep stack stays finite; specials among the inputs)."""
+        rng = np.random.default_rng(seed)
+        dtype = FORMATS[format].dtype
+        input = random_floats(rng, (tokens, hidden), dtype)
+        scale = (1.0 + 0.25 * rng.standard_normal((layers, hidden))).astype(dtype)
+        bias = (0.5 * rng.standard_normal((layers, hidden))).astype(dtype)
+        return {"input": input, "scale": scale, "bias": bias}
+
+    def bench_problems(self, shape, seed=0):
+        inputs = self.random_inputs(tokens=shape.tokens, hidden=shape.hidden, layers=8,
+                                    format=shape.format, seed=seed)
+        return {"L=8": (inputs, {"lanes": shape.lanes, "relu": 1})}
+
+
+UNIT = ScanLayers()

@@ -1,0 +1,315 @@
+"""The scan_layers unit: L structurally identical layers on ONE layer datapath (SPEC 1.7,
+seed 003, the PyTorch/XLA ``scan_layers``).
+
+Each layer is the elementwise affine ``h = relu?(a_l * h + b_l)`` over a token's H elements,
+in ``format`` (fp32, fp16 or bf16): the product rounded, then the sum rounded (the project's
+:class:`~moe_hw.arith.fmul.FloatMultiplierCore` and
+:class:`~moe_hw.arith.fadd.FloatAdderCore`, no FMA), then relu when ``relu`` is set: a
+negative result (and -0) becomes +0, a NaN stays a NaN (the adder's NaN is the canonical,
+positive quiet NaN, so the sign bit alone decides). Bit-exact against
+``golden.scan_layers(golden.affine_layer, ...)``. There is no integer format: the golden model
+is float only.
+
+The hardware is the seed's point: one :class:`AffineLayerStep` (``lanes`` multipliers and
+adders), a carry store and a loop counter (the :class:`~moe_hw.blocks.scan.Scan` block), and
+a parameter memory of depth ``max_layers * ceil(max_hidden / lanes)`` read at the loop
+count (the shared :class:`~moe_hw.blocks.block_memory.BlockMemory`: a registered two-cycle
+read, DP16KD blocks with their output registers on ECP5 with ``bram="ecp5"``). Only the
+parameter memory grows with ``max_layers``.
+
+Loop order (layer-outer over a token-beat buffer): every beat of every token is a sequence
+of the scan (carry: the beat's activations; x: its layer's parameters; length L). The scan
+interleaves up to ``max_interleave`` consecutive beats (across tokens) and runs all L layers
+on them, one beat per cycle, before it takes the next ones: the layer datapath's latency
+``D = mul_latency + add_latency`` is hidden when ``max_interleave >= D + 1`` (the default).
+
+Streams and ports (payload fields least significant first; lanes: lane 0 first):
+
+``layer_params`` (in)
+    L * ceil(H / lanes) beats, layer-major: ``scale`` then ``bias``, ``lanes`` elements each
+    (a_l and b_l for elements ``lanes*b`` .. of layer l). Taken first, into the memory.
+``input`` (in)
+    S * ceil(H / lanes) beats, token-major: ``data`` (``lanes`` elements). Lanes past H on a
+    token's last beat are carried along and come out as whatever the layers make of them.
+``output`` (out)
+    S * ceil(H / lanes) beats in the same order: ``data`` after the L layers.
+``start``, ``tokens`` (S), ``hidden`` (H), ``layers`` (L), ``relu`` (in)
+    Sampled when ``start`` is high while idle (:class:`~moe_hw.blocks.run_control.RunControl`).
+``busy``, ``done``, ``error`` (out)
+    ``error`` (and nothing done) when a size exceeds its maximum. S, H or L zero: an empty
+    run, ``done`` after ``EMPTY_CYCLES``, nothing taken (the host rejects L = 0 as
+    ``golden.stack_layer_params`` does).
+
+Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles` =
+``setup + 1 + L*B + LOAD_TO_SCAN + FETCH_START + scan_cycles(S*B, L)`` with
+B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
+LOAD_TO_SCAN = 1, FETCH_START = 3, and
+``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n)
++ D + 4`` (plus ``PENDING_LATENCY - span`` between two groups whose first spans fewer than
+PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats left)``. At full
+interleave that is ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from ..arith.fadd import FloatAdderCore
+from ..arith.fmul import FloatMultiplierCore
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_memory import BlockMemory, bram_param
+from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
+from ..blocks.scan import Scan, scan_cycles
+from ..params import LANES, UnitParams, param, resolve_params
+from ..stream import CreditPipeline, delay
+
+__all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LOAD_TO_SCAN",
+           "FETCH_START"]
+
+#: Cycles from the last parameter beat's take to the scan's start cycle.
+LOAD_TO_SCAN = 1
+#: Cycles the scan's first issue waits for the first parameters: the fetch starts with the
+#: scan (its group set-up, the memory read, its queue), then stays ahead of it.
+FETCH_START = 3
+
+
+@dataclass(frozen=True)
+class ScanLayersParams(FloatDatapathParams, UnitParams):
+    """Generation-time parameters of :class:`ScanLayersUnit`."""
+
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_tokens: int = param(1024, minimum=1, maximum=1 << 24, doc="S")
+    max_hidden: int = param(1024, minimum=1, maximum=1 << 16, doc="H")
+    max_layers: int = param(32, minimum=1, maximum=1 << 12,
+                            doc="L: the parameter memory's depth in layers")
+    max_interleave: int | None = param(None, minimum=1, maximum=1 << 12, optional=True,
+                                       doc="beats the scan interleaves (the carry store); "
+                                           "None: mul + add latency + 1, the full rate")
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
+    add_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
+    dsp: str = dsp_param()
+    bram: str = bram_param()
+
+    @property
+    def latency(self):
+        """D: the layer datapath's cycles (multiply, then add)."""
+        return self.mul_latency + self.add_latency
+
+    @property
+    def interleave(self):
+        return self.latency + 1 if self.max_interleave is None else self.max_interleave
+
+    @property
+    def max_beats(self):
+        return -(-self.max_hidden // self.lanes)
+
+    @property
+    def setup(self):
+        """RunControl's setup: S * B and L * B on pipelined products."""
+        return max(product_latency(bits_for(self.max_tokens), bits_for(self.max_beats)),
+                   product_latency(bits_for(self.max_layers), bits_for(self.max_beats))) + 1
+
+    def cycles(self, tokens, hidden, layers):
+        """Exact stall-free cycles from the start cycle to the first cycle ``done`` is high."""
+        if not (tokens and hidden and layers):
+            return EMPTY_CYCLES
+        beats = -(-hidden // self.lanes)
+        return (self.setup + 1 + layers * beats + LOAD_TO_SCAN
+                + FETCH_START + scan_cycles(self.latency, self.interleave, tokens * beats,
+                                            layers))
+
+    def lanes_layout(self):
+        return data.ArrayLayout(self.fmt.width, self.lanes)
+
+    def params_layout(self):
+        return data.StructLayout({"scale": self.lanes_layout(), "bias": self.lanes_layout()})
+
+    def data_layout(self):
+        return data.StructLayout({"data": self.lanes_layout()})
+
+
+class AffineLayerStep(wiring.Component):
+    """The layer datapath as a scan step: ``carry_next = relu?(x.scale * carry + x.bias)``
+    over ``lanes`` elements, a free-running pipeline of ``latency = mul + add`` cycles (the
+    bias waits beside the multiplier). ``relu`` (in) is held for a run."""
+
+    def __init__(self, params):
+        self.params = p = params
+        self.latency = p.latency
+        super().__init__({"carry": In(p.lanes_layout()), "x": In(p.params_layout()),
+                          "relu": In(1), "carry_next": Out(p.lanes_layout())})
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        bias = delay(m, self.x.bias, p.mul_latency, 1, name="bias", reset_less=True)
+        relu = delay(m, self.relu, p.latency, 1, name="relu")
+        sign = p.fmt.width - 1
+        for lane in range(p.lanes):
+            mul = m.submodules[f"mul{lane}"] = FloatMultiplierCore(p.format, p.mul_latency,
+                                                                   dsp=p.dsp)
+            add = m.submodules[f"add{lane}"] = FloatAdderCore(p.format, p.add_latency)
+            m.d.comb += [mul.a.eq(self.x.scale[lane]), mul.b.eq(self.carry[lane]),
+                         mul.en.eq(1), add.a.eq(mul.product), add.b.eq(bias[lane]),
+                         add.en.eq(1),
+                         self.carry_next[lane].eq(Mux(relu & add.sum[sign], 0, add.sum))]
+        return m
+
+
+class ScanLayersUnit(wiring.Component):
+    """L layers of ``relu?(a_l * h + b_l)`` on one datapath; see the module docstring."""
+
+    def __init__(self, params=None, **kwargs):
+        params = resolve_params(ScanLayersParams, params, kwargs)
+        self.params = p = params
+        super().__init__({
+            "layer_params": In(stream.Signature(p.params_layout())),
+            "input": In(stream.Signature(p.data_layout())),
+            "output": Out(stream.Signature(p.data_layout())),
+            **run_ports(self.sizes),
+            "relu": In(1),
+        })
+
+    @property
+    def sizes(self):
+        p = self.params
+        return {"tokens": p.max_tokens, "hidden": p.max_hidden, "layers": p.max_layers}
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        lanes_log2 = ceil_log2(p.lanes)
+        max_sequences = p.max_tokens * p.max_beats
+        ctl = m.submodules.control = RunControl(
+            self.sizes, empty_when_zero=("tokens", "hidden", "layers"), setup=p.setup)
+        ctl.connect(m, self)
+        layers = ctl.size("layers")
+
+        beats = Signal(range(p.max_beats + 1))
+        relu = Signal()
+        with m.If(ctl.accept):
+            m.d.sync += [beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
+                         relu.eq(self.relu)]
+        # S * B, ready by ``begin`` (RunControl's setup covers the product's stages).
+        sequences = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp="generic",
+                                      name="sequences")[:bits_for(max_sequences)]
+
+        # ---- the parameter memory: L * B beats, layer-major --------------------------------
+        depth = p.max_layers * p.max_beats
+        store = m.submodules.parameters = BlockMemory(p.params_layout(), depth,
+                                                      target=p.bram)
+        loading = Signal()
+        load_addr = Signal(range(depth + 1))
+        load_last = Signal()            # the next parameter beat is the last
+        load_total = Signal(range(depth + 1))
+        total = pipelined_product(m, layers, beats, en=1, dsp="generic", name="load_total")
+        m.d.comb += [
+            self.layer_params.ready.eq(loading),
+            store.write_addr.eq(load_addr), store.write_data[0].eq(self.layer_params.payload),
+            store.write_en.eq(self.layer_params.valid & loading),
+        ]
+        scan_start = Signal()
+        with m.If(ctl.begin):
+            m.d.sync += [loading.eq(1), load_addr.eq(0), load_total.eq(total),
+                         load_last.eq(total == 1)]
+        with m.If(self.layer_params.valid & loading):
+            m.d.sync += [load_addr.eq(load_addr + 1), load_last.eq(load_addr + 2 == load_total)]
+            with m.If(load_last):
+                m.d.sync += [loading.eq(0), scan_start.eq(1)]
+        with m.If(scan_start):
+            m.d.sync += scan_start.eq(0)
+
+        # ---- the scan over the layers, one step datapath ---------------------------------
+        step = AffineLayerStep(p)
+        scan = m.submodules.scan = Scan(step, max_sequences=max_sequences,
+                                        max_length=p.max_layers,
+                                        max_interleave=p.interleave, ys=False)
+        m.d.comb += [
+            scan.start.eq(scan_start), scan.sequences.eq(sequences), scan.length.eq(layers),
+            step.relu.eq(relu),
+            scan.init.valid.eq(self.input.valid), self.input.ready.eq(scan.init.ready),
+            scan.init.payload.eq(self.input.payload.data),
+            self.output.valid.eq(scan.o.valid), scan.o.ready.eq(self.output.ready),
+            self.output.payload.data.eq(scan.o.payload.carry),
+        ]
+
+        # ---- the parameters in the scan's order -------------------------------------------
+        # x[g, l, s] is layer l's parameters for the beat of the group's sequence s: beat
+        # index (first_g + s) mod B, memory address l*B + beat. The generator follows the
+        # scan's groups (n = min(max_interleave, left)); the memory's registered read (two
+        # cycles, always enabled) is the datapath of a credit pipeline in front of the scan's
+        # ``x``.
+        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout())
+        wiring.connect(m, fetch.o, scan.x)
+        x_addr = Signal(range(depth))                # the address of the beat offered
+        m.d.comb += [store.read_addr.eq(x_addr), store.read_en.eq(1),
+                     fetch.payload.eq(store.read_data[0])]
+        left = Signal(range(max_sequences + 1))
+        group = Signal(range(p.interleave + 1))
+        slot = Signal(range(p.interleave))
+        layer = Signal(range(p.max_layers))
+        beat = Signal(range(p.max_beats))
+        group_beat = Signal(range(p.max_beats))      # the beat of the group's first sequence
+        layer_base = Signal(range(depth))
+        generating = Signal()
+        last_slot, last_layer, last_beat, final_group = (Signal(name=n) for n in (
+            "x_last_slot", "x_last_layer", "x_last_beat", "x_final_group"))
+        # The next group's size is worked out while a group is fetched (as in the scan), so
+        # that the groups follow each other without a gap.
+        pending_group = Signal.like(group)
+        pending_final = Signal()
+        pending_ready = Signal()
+        compute = Signal()
+        waiting = Signal()
+        m.d.comb += fetch.i_valid.eq(generating)
+        next_beat = Mux(last_beat, 0, beat + 1)
+        group_ends = fetch.take & last_slot & last_layer
+        load = pending_ready & (waiting | (group_ends & ~final_group))
+        # A group loaded as the last one ends starts from the beat after its last one.
+        start_beat = Mux(generating, next_beat, group_beat)
+        with m.If(scan_start):
+            m.d.sync += [left.eq(sequences), compute.eq(1), pending_ready.eq(0),
+                         waiting.eq(1), group_beat.eq(0)]
+        with m.If(compute):
+            m.d.sync += [pending_group.eq(Mux(left > p.interleave, p.interleave, left)),
+                         pending_final.eq(left <= p.interleave),
+                         compute.eq(0), pending_ready.eq(1)]
+        with m.If(fetch.take):
+            with m.If(last_slot):
+                # The round's last beat: the next layer from the group's first beat, or the
+                # next group from the beat after this one.
+                m.d.sync += [slot.eq(0), last_slot.eq(group == 1),
+                             layer.eq(layer + 1), last_layer.eq(layer + 2 == layers),
+                             layer_base.eq(layer_base + beats),
+                             beat.eq(group_beat), last_beat.eq(group_beat + 1 == beats),
+                             x_addr.eq(layer_base + beats + group_beat)]
+                with m.If(last_layer):
+                    m.d.sync += [generating.eq(0), group_beat.eq(next_beat)]
+                    with m.If(~final_group):
+                        m.d.sync += waiting.eq(1)
+            with m.Else():
+                m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == group),
+                             beat.eq(next_beat), last_beat.eq(next_beat + 1 == beats),
+                             x_addr.eq(layer_base + next_beat)]
+        with m.If(load):                             # after the above: it wins
+            m.d.sync += [group.eq(pending_group), final_group.eq(pending_final),
+                         left.eq(left - pending_group), pending_ready.eq(0), compute.eq(1),
+                         waiting.eq(0), generating.eq(1),
+                         slot.eq(0), layer.eq(0), layer_base.eq(0),
+                         last_slot.eq(pending_group == 1), last_layer.eq(layers == 1),
+                         beat.eq(start_beat), group_beat.eq(start_beat),
+                         last_beat.eq(start_beat + 1 == beats), x_addr.eq(start_beat)]
+
+        scan_started = Signal()
+        with m.If(ctl.accept):
+            m.d.sync += scan_started.eq(0)
+        with m.If(scan_start):
+            m.d.sync += scan_started.eq(1)
+        m.d.comb += ctl.finished.eq(ctl.running & scan_started & scan.done)
+        return m
+

@@ -1,0 +1,166 @@
+"""The scan_layers_unrolled unit: the same L layers as :mod:`~moe_hw.units.scan_layers`, as
+a chain of L copies of the layer datapath (generation-time L), for comparison (SPEC 1.7: the
+cost the scan avoids). Bit-exact against the same golden model,
+``golden.scan_layers(golden.affine_layer, ...)``.
+
+Each copy l is a parameter memory of ``ceil(max_hidden / lanes)`` beats (layer l's ``scale``
+and ``bias``), read at the beat index that travels with the data, and one
+:class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``1 + D`` cycles per layer
+(``D = mul_latency + add_latency``). The chain is free running behind a credit-counted output
+queue (:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells
+and the queue grow linearly with L.
+
+Streams and ports: as :class:`~moe_hw.units.scan_layers.ScanLayersUnit` (``layer_params``,
+``input``, ``output``, ``start``, ``tokens``, ``hidden``, ``relu``, ``busy``, ``done``,
+``error``), without the ``layers`` size: L is the parameter ``layers``.
+
+Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersUnrolledParams.cycles` =
+``setup + 1 + L*B + S*B + L*(D + 1) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
+pipelined product, plus one).
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import memory, stream, wiring
+from amaranth.utils import bits_for, ceil_log2
+
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.product import pipelined_product, product_latency
+from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
+from ..params import LANES, UnitParams, param, resolve_params
+from ..stream import CreditPipeline, delay
+from .scan_layers import AffineLayerStep, ScanLayersParams
+
+__all__ = ["ScanLayersUnrolledParams", "ScanLayersUnrolledUnit"]
+
+
+@dataclass(frozen=True)
+class ScanLayersUnrolledParams(FloatDatapathParams, UnitParams):
+    """Generation-time parameters of :class:`ScanLayersUnrolledUnit`."""
+
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(4, choices=LANES)
+    max_tokens: int = param(1024, minimum=1, maximum=1 << 24, doc="S")
+    max_hidden: int = param(1024, minimum=1, maximum=1 << 16, doc="H")
+    layers: int = param(2, minimum=1, maximum=1 << 10, doc="L: the copies of the layer")
+    mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
+    add_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
+    dsp: str = dsp_param()
+
+    @property
+    def layer(self):
+        """The one layer's parameters (the datapath each copy is)."""
+        return ScanLayersParams(format=self.format, lanes=self.lanes, max_tokens=self.max_tokens,
+                                max_hidden=self.max_hidden, max_layers=1,
+                                mul_stages=self.mul_stages, add_stages=self.add_stages,
+                                dsp=self.dsp)
+
+    @property
+    def latency(self):
+        """Cycles through the chain: per layer, the parameter read and the datapath."""
+        return self.layers * (1 + self.mul_latency + self.add_latency)
+
+    @property
+    def max_beats(self):
+        return -(-self.max_hidden // self.lanes)
+
+    @property
+    def setup(self):
+        return product_latency(bits_for(self.max_tokens), bits_for(self.max_beats)) + 1
+
+    def cycles(self, tokens, hidden, layers=None):
+        """Exact stall-free cycles from the start cycle to the first cycle ``done`` is high."""
+        if not (tokens and hidden):
+            return EMPTY_CYCLES
+        beats = -(-hidden // self.lanes)
+        return (self.setup + 1 + self.layers * beats + tokens * beats + self.latency
+                + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
+
+
+class ScanLayersUnrolledUnit(wiring.Component):
+    """L copies of the layer datapath in a chain; see the module docstring."""
+
+    def __init__(self, params=None, **kwargs):
+        params = resolve_params(ScanLayersUnrolledParams, params, kwargs)
+        self.params = p = params
+        layer = p.layer
+        super().__init__({
+            "layer_params": wiring.In(stream.Signature(layer.params_layout())),
+            "input": wiring.In(stream.Signature(layer.data_layout())),
+            "output": wiring.Out(stream.Signature(layer.data_layout())),
+            **run_ports(self.sizes),
+            "relu": wiring.In(1),
+        })
+
+    @property
+    def sizes(self):
+        return {"tokens": self.params.max_tokens, "hidden": self.params.max_hidden}
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        layer = p.layer
+        lanes_log2 = ceil_log2(p.lanes)
+        max_total = p.max_tokens * p.max_beats
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens", "hidden"),
+                                                setup=p.setup)
+        ctl.connect(m, self)
+        beats = Signal(range(p.max_beats + 1))
+        relu = Signal()
+        with m.If(ctl.accept):
+            m.d.sync += [beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
+                         relu.eq(self.relu)]
+        total = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp="generic",
+                                  name="total")[:bits_for(max_total)]
+
+        # ---- load: L * B parameter beats, layer-major, into the copies' memories ---------
+        loading = Signal()
+        load_layer = Signal(range(p.layers))
+        load_beat = Signal(range(p.max_beats))
+        streaming = Signal()
+        load_take = self.layer_params.valid & loading
+        m.d.comb += self.layer_params.ready.eq(loading)
+        with m.If(ctl.begin):
+            m.d.sync += [loading.eq(1), load_layer.eq(0), load_beat.eq(0)]
+        with m.If(load_take):
+            with m.If(load_beat + 1 == beats):
+                m.d.sync += [load_beat.eq(0), load_layer.eq(load_layer + 1)]
+                with m.If(load_layer == p.layers - 1):
+                    m.d.sync += [loading.eq(0), streaming.eq(1)]
+            with m.Else():
+                m.d.sync += load_beat.eq(load_beat + 1)
+
+        # ---- the chain ----------------------------------------------------------------------
+        chain = m.submodules.chain = CreditPipeline(p.latency, layer.data_layout())
+        wiring.connect(m, chain.o, wiring.flipped(self.output))
+        left = Signal(range(max_total + 1))
+        all_in = Signal()
+        m.d.comb += [chain.i_valid.eq(self.input.valid & streaming),
+                     self.input.ready.eq(chain.i_ready & streaming)]
+        beat = Signal(range(p.max_beats))
+        with m.If(ctl.begin):
+            m.d.sync += [left.eq(total), beat.eq(0), all_in.eq(0)]
+        with m.If(chain.take):
+            m.d.sync += [left.eq(left - 1), beat.eq(Mux(beat + 1 == beats, 0, beat + 1))]
+            with m.If(left == 1):
+                m.d.sync += [streaming.eq(0), all_in.eq(1)]
+        h, tag = self.input.payload.data, beat
+        for index in range(p.layers):
+            store = m.submodules[f"parameters{index}"] = memory.Memory(
+                shape=layer.params_layout(), depth=p.max_beats, init=[])
+            write = store.write_port()
+            read = store.read_port(transparent_for=())
+            step = m.submodules[f"layer{index}"] = AffineLayerStep(layer)
+            m.d.comb += [
+                write.addr.eq(load_beat), write.data.eq(self.layer_params.payload),
+                write.en.eq(load_take & (load_layer == index)),
+                read.addr.eq(tag),
+                step.carry.eq(delay(m, h, 1, 1, name=f"h{index}", reset_less=True)),
+                step.x.eq(read.data), step.relu.eq(relu),
+            ]
+            tag = delay(m, tag, 1 + step.latency, 1, name=f"beat{index}", reset_less=True)
+            h = step.carry_next
+        m.d.comb += chain.payload.data.eq(h)
+        m.d.comb += ctl.finished.eq(ctl.running & all_in & ~chain.busy)
+        return m
