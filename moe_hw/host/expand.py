@@ -252,7 +252,7 @@ class Expand(Unit):
         width = params.element_width
         want = self.want(problem)
         findings = compare_values("output bits", outputs["output"].view(_UINT[width]),
-                                  np.ascontiguousarray(want).view(_UINT[width]))
+                                  np.array(want, copy=True).view(_UINT[width]))
         findings += compare_log("output beats", beat_log(results, params),
                                 expected_beats(problem, params, want))
         for what, got, want_value in (
@@ -338,7 +338,8 @@ def random_elements(rng, shape, fmt):
     if fmt == "int8":
         return rng.integers(-128, 128, shape).astype(np.int8)
     from ..golden.testing import random_floats
-    return random_floats(rng, shape, ELEMENT_DTYPES[fmt], specials=0.2)
+    size = int(np.prod(shape))
+    return random_floats(rng, size, ELEMENT_DTYPES[fmt], specials=0.2).reshape(shape)
 
 
 UNIT = Expand()
