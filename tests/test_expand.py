@@ -1,4 +1,4 @@
-"""The expand unit (OneFlow ``expand`` and ``repeat``, SPEC 1.6) on its emitted Verilog (cocotb,
+"""The expand unit (OneFlow ``expand``, SPEC 1.6) on its emitted Verilog (cocotb,
 Verilator, and Icarus on a few cases), every case with and without random valid/ready stalls
 on both streams, scored bit for bit against ``golden.expand`` / ``golden.repeat`` with a
 scoreboard over every output beat (nothing lost, duplicated or reordered; lane enables and
@@ -17,7 +17,6 @@ from moe_hw.blocks.run_control import EMPTY_CYCLES
 from moe_hw.golden.expand import _addresses, _plan
 from moe_hw.host.checks import HostError
 from moe_hw.host.expand import UNIT, odometer_addresses, plan, random_elements, stimulus
-from moe_hw.host.repeat import UNIT as REPEAT
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand import ExpandParams
@@ -76,67 +75,48 @@ def expand_case(shape, sizes, fmt, seed=0):
 
 CASES = {
     # seed 002: [4, 1, 3, 5] -> [2, 1, 4, 4, 3, 5], out_stride [0, 0, 15, 0, 5, 1]
-    "seed_fp32": ("expand", "fp32", lambda: expand_case([4, 1, 3, 5], [2, 1, 4, 4, 3, 5],
+    "seed_fp32": ("fp32", lambda: expand_case([4, 1, 3, 5], [2, 1, 4, 4, 3, 5],
                                                          "fp32")),
-    "seed_int8": ("expand", "int8", lambda: expand_case([4, 1, 3, 5], [2, 1, 4, 4, 3, 5],
+    "seed_int8": ("int8", lambda: expand_case([4, 1, 3, 5], [2, 1, 4, 4, 3, 5],
                                                          "int8")),
     # seed 002 example 2 with -1 for kept dims
-    "seed_keep_bf16": ("expand", "bf16", lambda: expand_case([1, 4, 3, 5],
+    "seed_keep_bf16": ("bf16", lambda: expand_case([1, 4, 3, 5],
                                                               [2, 1, 2, -1, -1, 5], "bf16")),
     # an innermost broadcast: every beat repeats one element (a gate across H)
-    "inner_broadcast_int8": ("expand", "int8", lambda: expand_case([6, 1], [6, 37], "int8")),
-    "inner_broadcast_fp32": ("expand", "fp32", lambda: expand_case([9, 1], [9, 6], "fp32")),
+    "inner_broadcast_int8": ("int8", lambda: expand_case([6, 1], [6, 37], "int8")),
+    "inner_broadcast_fp32": ("fp32", lambda: expand_case([9, 1], [9, 6], "fp32")),
     # kept runs shorter than the lanes: a beat gathers several runs
-    "short_runs_int8": ("expand", "int8", lambda: expand_case([5, 3], [7, 5, 3], "int8")),
-    "short_runs_bf16": ("expand", "bf16", lambda: expand_case([3, 1, 2], [4, 3, 5, 2],
+    "short_runs_int8": ("int8", lambda: expand_case([5, 3], [7, 5, 3], "int8")),
+    "short_runs_bf16": ("bf16", lambda: expand_case([3, 1, 2], [4, 3, 5, 2],
                                                                "bf16")),
     # a broadcast of a whole row
-    "row_broadcast_bf16": ("expand", "bf16", lambda: expand_case([1, 13], [11, 13], "bf16")),
+    "row_broadcast_bf16": ("bf16", lambda: expand_case([1, 13], [11, 13], "bf16")),
     # 0-dim input, a one-element output and a broadcast scalar
-    "scalar_fp32": ("expand", "fp32", lambda: expand_case([], [], "fp32")),
-    "scalar_broadcast_int8": ("expand", "int8", lambda: expand_case([], [3, 1, 7], "int8")),
+    "scalar_fp32": ("fp32", lambda: expand_case([], [], "fp32")),
+    "scalar_broadcast_int8": ("int8", lambda: expand_case([], [3, 1, 7], "int8")),
     # zero-sized dims: empty runs that finish
-    "zero_kept_fp32": ("expand", "fp32", lambda: expand_case([0, 3], [2, 0, 3], "fp32")),
-    "zero_keep_int8": ("expand", "int8", lambda: expand_case([3, 0], [2, 3, -1], "int8")),
+    "zero_kept_fp32": ("fp32", lambda: expand_case([0, 3], [2, 0, 3], "fp32")),
+    "zero_keep_int8": ("int8", lambda: expand_case([3, 0], [2, 3, -1], "int8")),
     # random shapes up to rank 6 in every format, some with a 0-sized dim
-    **{f"random{index}_{fmt}": ("expand", fmt, (lambda index=index, fmt=fmt: expand_case(
+    **{f"random{index}_{fmt}": (fmt, (lambda index=index, fmt=fmt: expand_case(
         *random_expand(np.random.default_rng(index), 6 - index % 3, zeros=index % 4 == 3),
         fmt, seed=index)))
        for index, fmt in enumerate(["fp32", "bf16", "int8"] * 3)},
-    # repeat: the seed's example ([3, 1, 5] by [2, 5, 3, 1] -> [2, 15, 3, 5]), k = 2 tokens
-    "repeat_seed_fp32": ("repeat", "fp32", lambda: {
-        "input": random_elements(np.random.default_rng(5), (3, 1, 5), "fp32"),
-        "repeat_size": np.array([2, 5, 3, 1])}),
-    "repeat_tokens_int8": ("repeat", "int8", lambda: {
-        "input": random_elements(np.random.default_rng(6), (4, 9), "int8"),
-        "repeat_size": np.array([2, 1])}),
-    **{f"repeat_random{index}_{fmt}": ("repeat", fmt, (lambda index=index, fmt=fmt: {
-        "input": random_elements(np.random.default_rng(index + 50),
-                                 tuple(int(v) for v in np.random.default_rng(index)
-                                       .integers(0 if index == 2 else 1, 4, 2)), fmt),
-        "repeat_size": np.random.default_rng(index + 9).integers(1, 4, 2 + index % 2)}))
-       for index, fmt in enumerate(["bf16", "int8", "fp32"])},
 }
 
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize(("sim", "name"), simulator_cases(
-    CASES, icarus=["seed_fp32", "zero_kept_fp32", "repeat_seed_fp32"]))
+    CASES, icarus=["seed_fp32", "zero_kept_fp32"]))
 def test_expand_cases(sim, name, stall):
-    kind, fmt, make = CASES[name]
+    fmt, make = CASES[name]
     inputs = make()
-    unit = UNIT if kind == "expand" else REPEAT
     index = sorted(CASES).index(name)
-    outcome = check(unit, inputs, fmt, sim=sim, stall=stall, seed=index)
-    if kind == "expand":
-        want = golden.expand(inputs["input"], inputs["expand_size"])
-    else:
-        want = golden.repeat(inputs["input"], inputs["repeat_size"])
+    outcome = check(UNIT, inputs, fmt, sim=sim, stall=stall, seed=index)
+    want = golden.expand(inputs["input"], inputs["expand_size"])
     assert outcome.outputs["output"].shape == want.shape
     if name == "seed_fp32":
         assert outcome.problem["out_stride"] == [0, 0, 15, 0, 5, 1]
-    if name == "repeat_seed_fp32":
-        assert outcome.outputs["output"].shape == (2, 15, 3, 5)
 
 
 def test_expand_one_beat_per_cycle_on_chip():
@@ -177,36 +157,23 @@ def test_planner_seed_strides():
     assert the_plan.digits == [0, 0, 0, 0, 1, 1]
 
 
-@pytest.mark.parametrize(("kind", "shape", "sizes", "message"), [
-    ("expand", (4, 3), [-1, 4, 3], r"expand_size\[0\] is a new dim and must be >= 1, not -1"),
-    ("expand", (3,), [0, 3], r"expand_size\[0\] is a new dim and must be >= 1, not 0"),
-    ("expand", (4, 3), [4, 5], r"expand_size\[1\] must be 3 or -1 .* not 5"),
-    ("expand", (4, 1), [0, 2], r"expand_size\[0\] must be 4 or -1 .* not 0"),
-    ("expand", (4, 1), [4, -2], r"expand_size\[1\] must be >= 1 or -1 .* not -2"),
-    ("expand", (2,), [1, 1, 1, 1, 1, 9, 2],
+@pytest.mark.parametrize(("shape", "sizes", "message"), [
+    ((4, 3), [-1, 4, 3], r"expand_size\[0\] is a new dim and must be >= 1, not -1"),
+    ((3,), [0, 3], r"expand_size\[0\] is a new dim and must be >= 1, not 0"),
+    ((4, 3), [4, 5], r"expand_size\[1\] must be 3 or -1 .* not 5"),
+    ((4, 1), [0, 2], r"expand_size\[0\] must be 4 or -1 .* not 0"),
+    ((4, 1), [4, -2], r"expand_size\[1\] must be >= 1 or -1 .* not -2"),
+    ((2,), [1, 1, 1, 1, 1, 9, 2],
      r"expand_size\[6\] = 2 is past the unit's max_rank of 6"),
-    ("expand", (2, 3), [2], r"expand_size must have at least as many dims as the input"),
-    ("repeat", (2, 3), [2, 0], r"repeat_size\[1\] must be >= 1, not 0"),
-    ("repeat", (2, 3), [-1, 1], r"repeat_size\[0\] must be >= 1, not -1"),
-    ("repeat", (2,), [1, 1, 1, 1, 1, 1, 3], r"repeat_size\[6\] = 3 is past the unit's max_rank"),
+    ((2, 3), [2], r"expand_size must have at least as many dims as the input"),
 ])
-def test_expand_bad_sizes(kind, shape, sizes, message):
+def test_expand_bad_sizes(shape, sizes, message):
     """One clear error naming the dim and its value (SPEC 1.6), before anything is built."""
-    unit = UNIT if kind == "expand" else REPEAT
-    key = "expand_size" if kind == "expand" else "repeat_size"
-    inputs = {"input": np.zeros(shape, np.float32), key: np.array(sizes)}
+    inputs = {"input": np.zeros(shape, np.float32), "expand_size": np.array(sizes)}
     with pytest.raises(HostError, match=message):
-        run(unit, inputs, params=PARAMS["fp32"])
+        run(UNIT, inputs, params=PARAMS["fp32"])
     with pytest.raises(HostError, match=message):
-        run(unit, inputs)          # sized to the problem: the same rules (max_rank 6)
-
-
-def test_repeat_address_dims_above_max_rank():
-    """Repeat doubles each repeated dim; when the merged address dims exceed max_rank the
-    error says so."""
-    inputs = {"input": np.zeros((2, 3, 2, 3), np.float32), "repeat_size": np.array([2, 2, 2, 2])}
-    with pytest.raises(HostError, match=r"needs 8 address dims .* above the unit's max_rank of 6"):
-        run(REPEAT, inputs)
+        run(UNIT, inputs)          # sized to the problem: the same rules (max_rank 6)
 
 
 @pytest.mark.parametrize(("inputs", "message"), [
