@@ -26,12 +26,20 @@ from .checks import HostError, compare_log, compare_values, need
 from .unit import Unit
 
 __all__ = ["UNIT", "Expand", "Plan", "plan", "odometer_addresses", "ELEMENT_DTYPES",
-           "format_of_elements"]
+           "format_of_elements", "element_array"]
 
 #: Element dtypes by format name.
 ELEMENT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
                   "bf16": np.dtype(ml_dtypes.bfloat16), "int8": np.dtype(np.int8)}
 _UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32}
+
+
+def element_array(input):
+    """``input`` as an array; a 2-byte void array is bfloat16 as an npz file stores it."""
+    input = np.asarray(input)
+    if input.dtype.kind == "V" and input.dtype.itemsize == 2:
+        input = input.view(ml_dtypes.bfloat16)
+    return input
 
 
 def format_of_elements(array):
@@ -188,7 +196,7 @@ class Expand(Unit):
     # ---- adapter ---------------------------------------------------------------------
     def problem(self, inputs, runtime):
         input, expand_size = need(inputs, self.name, self.inputs)
-        input = np.asarray(input)
+        input = element_array(input)
         format_of_elements(input)
         expand_size = size_list("expand_size", expand_size)
         try:

@@ -13,7 +13,7 @@ import numpy as np
 from .. import golden
 from ..golden.expand import _plan as expand_plan, _repeat_plan as repeat_plan
 from .checks import HostError, need
-from .expand import UNIT as EXPAND, Expand, format_of_elements, size_list
+from .expand import UNIT as EXPAND, Expand, element_array, format_of_elements, size_list
 
 __all__ = ["UNIT", "Repeat"]
 
@@ -27,7 +27,7 @@ class Repeat(Expand):
 
     def problem(self, inputs, runtime):
         input, repeat_size = need(inputs, self.name, self.inputs)
-        input = np.asarray(input)
+        input = element_array(input)
         format_of_elements(input)
         repeat_size = size_list("repeat_size", repeat_size)
         try:
@@ -46,6 +46,13 @@ class Repeat(Expand):
 
     def want(self, problem):
         return golden.repeat(problem["repeat_input"], problem["repeat_size"])
+
+    def describe(self, problem, params):
+        return (f"repeat: input {list(problem['repeat_input'].shape)} by "
+                f"{problem['repeat_size']} -> output {problem['repeat_output_shape']} (expand "
+                f"{list(problem['input'].shape)} -> {problem['output_shape']}, out_stride "
+                f"{problem['out_stride']}), {params.format}, lanes={params.lanes}, "
+                f"max_rank={params.max_rank}, max_input={params.max_input}")
 
     def simulate(self, params, stimulus, settings, **kwargs):
         # The very same hardware and bench as expand (one Verilator model for both).
