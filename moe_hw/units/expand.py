@@ -42,8 +42,9 @@ the planner computes. Dim d of a lane holds ``y_d = x_d + k_d - s_d`` and ``q_d 
 of the address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out of dim d is
 ``c_d = (y_d >= 0) | ((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs), and each
 register adds one of four planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d + c_{d+1} -
-c_d*s_d`` to y_d and q_d, that times t_d to a_d. Counters and adders only, no run-time
-multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside the loop.
+c_d*s_d`` to y_d and q_d, that times t_d to a_d: both sums, with and without the carry in,
+are formed in parallel with the lookahead, which then only chooses between them. Counters
+and adders only, no run-time multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside the loop.
 
 The buffer: ``lanes`` copies, one per output lane, each a
 :class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
@@ -278,10 +279,18 @@ class ExpandUnit(wiring.Component):
                                  a[d].eq(self.plan.a0[lane][d])]
             with m.Elif(take):
                 for d in range(rank):
-                    step = Cat(carry[d], carry[d + 1])
-                    m.d.sync += [y[d].eq(y[d] + plan.dy[d][step]),
-                                 q[d].eq(q[d] + plan.dy[d][step]),
-                                 a[d].eq(a[d] + plan.da[d][step])]
+                    # Without a carry in, dim d wraps when y_d >= 0 (step 0 or 1); with one,
+                    # when q_d >= 0 (step 2 or 3). Both sums are formed from registers in
+                    # parallel with the lookahead, which then only chooses between them.
+                    no_carry, with_carry = ~y[d][-1], ~q[d][-1]
+                    for reg, steps in ((y[d], plan.dy[d]), (q[d], plan.dy[d]),
+                                       (a[d], plan.da[d])):
+                        low = reg + Mux(no_carry, steps[1], steps[0])
+                        if d == rank - 1:      # the innermost dim: no carry in
+                            m.d.sync += reg.eq(low)
+                        else:
+                            high = reg + Mux(with_carry, steps[3], steps[2])
+                            m.d.sync += reg.eq(Mux(carry[d + 1], high, low))
             # The address, its row in the lane's copy and its element in the row.
             addr = _sum_tree(m, a, name=f"lane{lane}_addr")
             copy = copies[lane]
