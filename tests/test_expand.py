@@ -41,8 +41,8 @@ def check(unit, inputs, fmt, *, sim="verilator", stall=0.0, seed=0):
     n_out = outcome.problem["output_elements"]
     if stall == 0.0:
         lanes = params.lanes
-        want = (-(-n_in // lanes) + -(-n_out // lanes) + params.tree_latency + 10 if n_out
-                else EMPTY_CYCLES)
+        want = (params.max_rank + lanes + -(-n_in // lanes) + -(-n_out // lanes)
+                + params.tree_latency + 10 if n_out else EMPTY_CYCLES)
         assert outcome.cycles == outcome.expected_cycles == want
     return outcome
 
@@ -121,12 +121,13 @@ def test_expand_cases(sim, name, stall):
 
 def test_expand_one_beat_per_cycle_on_chip():
     """A broadcast of a gate column to many lanes: the output phase runs at one beat per
-    cycle; only the load beats and the fixed overhead come on top."""
+    cycle; only the plan beats (6 dims + 16 lanes), the load beats and the fixed overhead
+    come on top."""
     params = PARAMS["int8"]
     inputs = expand_case([48, 1], [48, 64], "int8")
     outcome = check(UNIT, inputs, "int8")
     assert outcome.ideal_cycles == 48 * 64 // 16
-    assert outcome.cycles == outcome.ideal_cycles + 3 + params.overhead
+    assert outcome.cycles == outcome.ideal_cycles + 22 + 3 + params.overhead
 
 
 def test_planner_matches_golden_addresses():
@@ -204,6 +205,7 @@ def test_expand_hostile_sizes(size):
     assert int(results["error"]) == 1
     assert int(results["cycles"]) == EMPTY_CYCLES
     assert len(results["data"]) == 0 and int(results["input_taken"]) == 0
+    assert int(results["plan_taken"]) == 0
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -219,9 +221,10 @@ def test_expand_bad_params(changes, message):
 
 
 def test_expand_cycle_formula():
-    """The documented formula: load beats + output beats + overhead (13 at rank 6: run control
-    2, address tree 3, buffer read 3, lane select 1, queue 2, busy 1, done 1)."""
+    """The documented formula: plan beats (max_rank + lanes) + load beats + output beats +
+    overhead (13 at rank 6: run control 2, address tree 3, buffer read 3, lane select 1,
+    queue 2, busy 1, done 1)."""
     params = ExpandParams()
     assert params.overhead == 13
-    assert params.cycles(1024, 1024 * 512) == 64 + 32768 + 13
+    assert params.cycles(1024, 1024 * 512) == 22 + 64 + 32768 + 13
     assert params.cycles(5, 0) == EMPTY_CYCLES

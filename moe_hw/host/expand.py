@@ -99,19 +99,24 @@ class Plan:
         """Dims the generator needs: the merged dims that are not size 1."""
         return sum(s != 1 for s, _ in self.dims)
 
-    def word(self, params):
-        """The ``plan`` port's value: the fields of :meth:`ExpandParams.plan_layout`, first
-        field least significant, each array element in index order."""
-        digit, addr = params.digit_width, params.addr_width
-        fields = ([(v, digit) for steps in self.dy for v in steps]
-                  + [(v, addr) for steps in self.da for v in steps]
-                  + [(v, digit) for lane in self.y0 for v in lane]
-                  + [(v, addr) for lane in self.a0 for v in lane])
-        word, offset = 0, 0
-        for value, width in fields:
-            word |= (value & ((1 << width) - 1)) << offset
-            offset += width
-        return word
+    def beats(self, params):
+        """The ``plan`` stream's beats (:meth:`ExpandParams.plan_layout`, ``digit`` then
+        ``addr``, first field least significant, entries in index order): each dim's steps,
+        then each lane's start values."""
+        entries = max(params.max_rank, 4)
+
+        def word(digits, addrs):
+            fields = ([(v, params.digit_width) for v in digits]
+                      + [(0, params.digit_width)] * (entries - len(digits))
+                      + [(v, params.addr_width) for v in addrs])
+            value, offset = 0, 0
+            for field, width in fields:
+                value |= (field & ((1 << width) - 1)) << offset
+                offset += width
+            return value
+
+        return ([word(dy, da) for dy, da in zip(self.dy, self.da)]
+                + [word(y0, a0) for y0, a0 in zip(self.y0, self.a0)])
 
 
 def plan(input_shape, expand_size, params):
@@ -263,7 +268,9 @@ class Expand(Unit):
                                   np.array(want, copy=True).view(_UINT[width]))
         findings += compare_log("output beats", beat_log(results, params),
                                 expected_beats(problem, params, want))
+        plan_beats = params.plan_beats if problem["output_elements"] else 0
         for what, got, want_value in (
+                ("plan beats taken", results["plan_taken"], plan_beats),
                 ("input beats taken", results["input_taken"], input_beats(problem, params)),
                 ("error", results["error"], 0), ("busy after done", results["busy_after"], 0)):
             findings += compare_values(what, [int(got)], [int(want_value)])
@@ -300,7 +307,7 @@ def input_beats(problem, params):
 
 def stimulus(problem, params, the_plan):
     """The bench's ``(stimulus, settings)``: the input's beats (lanes elements each, the last
-    padded with zeros) and the run-time sizes and plan."""
+    padded with zeros), the run-time sizes and the plan's beats (none for an empty run)."""
     lanes, width = params.lanes, params.element_width
     beats = input_beats(problem, params)
     bits = np.zeros(beats * lanes, np.uint64)
@@ -308,10 +315,10 @@ def stimulus(problem, params, the_plan):
         flat = np.ascontiguousarray(problem["input"]).reshape(-1).view(_UINT[width])
         bits[:flat.size] = flat
     runtime = {"input_elements": problem["input_elements"],
-               "output_elements": problem["output_elements"],
-               "plan": the_plan.word(params)}
+               "output_elements": problem["output_elements"]}
     return ({"input": bits.reshape(beats, lanes)},
             {"lanes": lanes, "width": width, "runtime": {k: int(v) for k, v in runtime.items()},
+             "plan": the_plan.beats(params) if problem["output_elements"] else [],
              "expected_beats": int(-(-problem["output_elements"] // lanes))})
 
 

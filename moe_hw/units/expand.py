@@ -26,9 +26,13 @@ Streams and ports (payload fields are listed least significant first):
     ``error`` and the run does nothing; ``output_elements == 0`` is an empty run (nothing
     loaded, nothing out).
 ``plan`` (in)
-    The address generator's run-time plan (:meth:`ExpandParams.plan_layout`), sampled with
-    ``start``; the host planner (:func:`moe_hw.host.expand.plan`) computes it from the
-    input shape and the expand sizes.
+    The address generator's run-time plan, ``max_rank + lanes`` beats taken first in a run
+    (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
+    ``max(max_rank, 4)``): beat d < ``max_rank`` holds dim d's four steps of y_d and of a_d
+    (below), beat ``max_rank + l`` lane l's start values of every dim. The host planner
+    (:func:`moe_hw.host.expand.plan`) computes it from the input shape and the expand sizes.
+    (A stream rather than a port sampled with ``start``: the plan of 16 lanes by 6 dims is
+    thousands of bits.)
 ``busy``, ``done``, ``error`` (out)
     ``done`` rises when the last beat has left and stays high until the next start.
 
@@ -53,10 +57,13 @@ input beat); lane l reads the row of its address from its own copy and keeps the
 the address's low bits. Memory: ``lanes * ceil(max_input / lanes) * lanes`` elements, that
 is ``lanes`` times the input (lanes 16, fp32, max_input 256: 128 Kbit of LUT RAM).
 
+A run takes the plan, then the input, then streams the output.
+
 Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
-:meth:`ExpandParams.cycles` = ``ceil(n_in / lanes) + ceil(n_out / lanes) +``
-:attr:`ExpandParams.overhead`, the load beats, the output beats, and a fixed overhead
-(run control, the address tree, the memory read, the lane select, the output queue, done);
+:meth:`ExpandParams.cycles` = ``max_rank + lanes + ceil(n_in / lanes) + ceil(n_out / lanes)
++`` :attr:`ExpandParams.overhead`, the plan beats, the load beats, the output beats, and a
+fixed overhead (run control, the address tree, the memory read, the lane select, the output
+queue, done);
 an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
 cycles it lasts.
 """
@@ -134,25 +141,27 @@ class ExpandParams(UnitParams):
         return (START_LATENCY + self.read_latency + CreditPipeline.QUEUE_LATENCY
                 + CreditPipeline.IDLE_LATENCY + 1)
 
+    @property
+    def plan_beats(self):
+        """Beats of the plan stream: one per dim, one per lane."""
+        return self.max_rank + self.lanes
+
     def cycles(self, input_elements, output_elements):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is
         high)."""
         if output_elements == 0:
             return EMPTY_CYCLES
-        return (-(-input_elements // self.lanes) + -(-output_elements // self.lanes)
-                + self.overhead)
+        return (self.plan_beats + -(-input_elements // self.lanes)
+                + -(-output_elements // self.lanes) + self.overhead)
 
     def plan_layout(self):
-        """The run-time plan: per dim, the four steps of y_d (``dy``) and of a_d (``da``),
-        indexed by ``2*c_{d+1} + c_d``; per lane and dim the start values ``y0`` and ``a0``
-        (dim 0 outermost)."""
-        digit = signed(self.digit_width)
-        addr = self.addr_width
+        """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each.
+        Dim d's beat: the steps of y_d and of a_d, entry ``2*c_{d+1} + c_d``; lane l's beat:
+        the start y_d and a_d of dim d in entry d (dim 0 outermost)."""
+        entries = max(self.max_rank, 4)
         return data.StructLayout({
-            "dy": data.ArrayLayout(data.ArrayLayout(digit, 4), self.max_rank),
-            "da": data.ArrayLayout(data.ArrayLayout(addr, 4), self.max_rank),
-            "y0": data.ArrayLayout(data.ArrayLayout(digit, self.max_rank), self.lanes),
-            "a0": data.ArrayLayout(data.ArrayLayout(addr, self.max_rank), self.lanes),
+            "digit": data.ArrayLayout(signed(self.digit_width), entries),
+            "addr": data.ArrayLayout(self.addr_width, entries),
         })
 
     def input_layout(self):
@@ -190,7 +199,7 @@ class ExpandUnit(wiring.Component):
         super().__init__({
             "input_data": In(stream.Signature(p.input_layout())),
             "output": Out(stream.Signature(p.output_layout())),
-            "plan": In(p.plan_layout()),
+            "plan": In(stream.Signature(p.plan_layout())),
             **run_ports(self.sizes),
         })
 
@@ -220,10 +229,13 @@ class ExpandUnit(wiring.Component):
         out_last = Signal()                  # the beat in hand is the last (a register)
         generating = Signal()                # an output beat is still to be issued
         last_en = Signal(lanes)
-        plan = Signal(p.plan_layout())
+        # The plan beat expected next, one-hot: dims 0 .. max_rank-1, then the lanes.
+        plan_next = Signal(p.plan_beats, init=1)
+        plan_open = Signal()                 # a plan beat is still to come
         with m.If(ctl.accept):
             m.d.sync += [
-                plan.eq(self.plan),
+                plan_next.eq(1),
+                plan_open.eq(1),
                 load_row.eq(0),
                 load_left.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
                 load_open.eq(self.input_elements != 0),
@@ -232,13 +244,32 @@ class ExpandUnit(wiring.Component):
                 last_en.eq(last_enable_of(self.output_elements, lanes)),
             ]
 
-        # ---- load: every input beat is one row of every lane's copy ------------------------
         copies = []
         for lane in range(lanes):
             copy = BankedMemory(data.ArrayLayout(p.element_width, lanes), p.rows)
             m.submodules[f"copy{lane}"] = copy
             copies.append(copy)
-        loading = running & load_open
+        # ---- the plan: the dims' steps, then the lanes' start values -------------------------
+        planning = running & plan_open
+        plan_take = self.plan.valid & planning
+        m.d.comb += self.plan.ready.eq(planning)
+        dy = [Signal(data.ArrayLayout(signed(p.digit_width), 4), name=f"dim{d}_dy")
+              for d in range(rank)]
+        da = [Signal(data.ArrayLayout(p.addr_width, 4), name=f"dim{d}_da") for d in range(rank)]
+        with m.If(plan_take):
+            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
+            with m.If(plan_next[-1]):
+                m.d.sync += plan_open.eq(0)
+                # (A hostile run with no input but some output generates at once.)
+                with m.If(~load_open):
+                    m.d.sync += generating.eq(1)
+        for d in range(rank):
+            with m.If(plan_take & plan_next[d]):
+                m.d.sync += [dy[d][i].eq(self.plan.payload.digit[i]) for i in range(4)]
+                m.d.sync += [da[d][i].eq(self.plan.payload.addr[i]) for i in range(4)]
+
+        # ---- load: every input beat is one row of every lane's copy ------------------------
+        loading = running & ~plan_open & load_open
         load_take = self.input_data.valid & loading
         m.d.comb += self.input_data.ready.eq(loading)
         for copy in copies:
@@ -249,9 +280,6 @@ class ExpandUnit(wiring.Component):
             m.d.sync += [load_row.eq(load_row + 1), load_left.eq(load_left - 1)]
             with m.If(load_left == 1):
                 m.d.sync += [load_open.eq(0), generating.eq(1)]
-        # (A hostile run with no input but some output generates from the start.)
-        with m.If(ctl.begin & ~load_open):
-            m.d.sync += generating.eq(1)
 
         # ---- the output pipeline: free-running, behind a credit-counted queue --------------
         pipe = m.submodules.output_pipe = CreditPipeline(p.read_latency, p.output_layout())
@@ -262,7 +290,8 @@ class ExpandUnit(wiring.Component):
             m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 2)]
             with m.If(out_last):
                 m.d.sync += generating.eq(0)
-        m.d.comb += ctl.finished.eq(running & ~load_open & ~generating & ~pipe.busy)
+        m.d.comb += ctl.finished.eq(running & ~plan_open & ~load_open & ~generating &
+                                    ~pipe.busy)
 
         # ---- the lanes' odometers ----------------------------------------------------------
         for lane in range(lanes):
@@ -272,19 +301,18 @@ class ExpandUnit(wiring.Component):
             carry = [Const(0)] * (rank + 1)  # carry[d]: out of dim d; carry[rank] = 0
             for d in reversed(range(rank)):
                 carry[d] = ~y[d][-1] | (~q[d][-1] & carry[d + 1])
-            with m.If(ctl.accept):
+            with m.If(plan_take & plan_next[rank + lane]):
                 for d in range(rank):
-                    m.d.sync += [y[d].eq(self.plan.y0[lane][d]),
-                                 q[d].eq(self.plan.y0[lane][d] + 1),
-                                 a[d].eq(self.plan.a0[lane][d])]
+                    m.d.sync += [y[d].eq(self.plan.payload.digit[d]),
+                                 q[d].eq(self.plan.payload.digit[d] + 1),
+                                 a[d].eq(self.plan.payload.addr[d])]
             with m.Elif(take):
                 for d in range(rank):
                     # Without a carry in, dim d wraps when y_d >= 0 (step 0 or 1); with one,
                     # when q_d >= 0 (step 2 or 3). Both sums are formed from registers in
                     # parallel with the lookahead, which then only chooses between them.
                     no_carry, with_carry = ~y[d][-1], ~q[d][-1]
-                    for reg, steps in ((y[d], plan.dy[d]), (q[d], plan.dy[d]),
-                                       (a[d], plan.da[d])):
+                    for reg, steps in ((y[d], dy[d]), (q[d], dy[d]), (a[d], da[d])):
                         low = reg + Mux(no_carry, steps[1], steps[0])
                         if d == rank - 1:      # the innermost dim: no carry in
                             m.d.sync += reg.eq(low)
