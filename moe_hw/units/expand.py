@@ -244,11 +244,6 @@ class ExpandUnit(wiring.Component):
                 last_en.eq(last_enable_of(self.output_elements, lanes)),
             ]
 
-        copies = []
-        for lane in range(lanes):
-            copy = BankedMemory(data.ArrayLayout(p.element_width, lanes), p.rows)
-            m.submodules[f"copy{lane}"] = copy
-            copies.append(copy)
         # ---- the plan: the dims' steps, then the lanes' start values -------------------------
         planning = running & plan_open
         plan_take = self.plan.valid & planning
@@ -269,6 +264,11 @@ class ExpandUnit(wiring.Component):
                 m.d.sync += [da[d][i].eq(self.plan.payload.addr[i]) for i in range(4)]
 
         # ---- load: every input beat is one row of every lane's copy ------------------------
+        copies = []
+        for lane in range(lanes):
+            copy = BankedMemory(data.ArrayLayout(p.element_width, lanes), p.rows)
+            m.submodules[f"copy{lane}"] = copy
+            copies.append(copy)
         loading = running & ~plan_open & load_open
         load_take = self.input_data.valid & loading
         m.d.comb += self.input_data.ready.eq(loading)
