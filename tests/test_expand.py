@@ -228,3 +228,16 @@ def test_expand_cycle_formula():
     assert params.overhead == 13
     assert params.cycles(1024, 1024 * 512) == 22 + 64 + 32768 + 13
     assert params.cycles(5, 0) == EMPTY_CYCLES
+
+
+def test_expand_bench_problems_on_chip_efficiency():
+    """The benchmark's problems (python -m moe_hw.bench) plan on the on-chip path, and the
+    exact cycle formula puts a [1024, 1] gate and a [1, 512] row broadcast to [1024, 512] at
+    lanes 16 above 0.99 of a beat per cycle (the README's simulated figures)."""
+    from moe_hw.host.unit import BenchShape
+    for variant, (inputs, settings) in UNIT.bench_problems(BenchShape()).items():
+        problem = UNIT.problem(inputs, {})
+        params = UNIT.params_for(problem, settings)
+        assert params.lanes == 16 and params.max_input >= problem["input_elements"]
+        efficiency = UNIT.ideal_cycles(problem, params) / UNIT.cycles(problem, params)
+        assert efficiency > 0.99, (variant, efficiency)
