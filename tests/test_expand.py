@@ -241,3 +241,23 @@ def test_expand_bench_problems_on_chip_efficiency():
         assert params.lanes == 16 and params.max_input >= problem["input_elements"]
         efficiency = UNIT.ideal_cycles(problem, params) / UNIT.cycles(problem, params)
         assert efficiency > 0.99, (variant, efficiency)
+
+
+def test_expand_run_command(tmp_path):
+    """``python -m moe_hw.run expand`` on an npz file (bfloat16, which an npz file stores as
+    2-byte voids): the keys ``input`` and ``expand_size`` in, ``output`` and ``cycles`` out,
+    bit-exact."""
+    from moe_hw.run import main
+    inputs = expand_case([3, 1, 2], [2, 3, 4, 2], "bf16", seed=3)
+    np.savez(tmp_path / "in.npz", **inputs)
+    params = PARAMS["bf16"]
+    sets = [f"--set={name}={getattr(params, name)}"
+            for name in ("format", "lanes", "max_rank", "max_input", "max_output")]
+    assert main(["expand", "--in", str(tmp_path / "in.npz"), "--out",
+                 str(tmp_path / "out.npz"), *sets]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        assert sorted(out.files) == ["cycles", "output"]
+        want = golden.expand(inputs["input"], inputs["expand_size"])
+        assert out["output"].shape == want.shape
+        assert (out["output"].view(np.uint16) == want.view(np.uint16)).all()
+        assert int(out["cycles"]) == params.cycles(6, 48)

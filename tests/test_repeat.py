@@ -80,3 +80,22 @@ def test_repeat_address_dims_above_max_rank():
     with pytest.raises(HostError, match=r"needs 8 address dims .* above the unit's max_rank "
                                         r"of 6"):
         run(UNIT, inputs)
+
+
+def test_repeat_run_command(tmp_path):
+    """``python -m moe_hw.run repeat`` on an npz file: ``input`` and ``repeat_size`` in,
+    ``output`` and ``cycles`` out, the seed's example bit-exact."""
+    from moe_hw.run import main
+    inputs = repeat_case((3, 1, 5), [2, 5, 3, 1], "fp32", seed=4)
+    np.savez(tmp_path / "in.npz", **inputs)
+    params = PARAMS["fp32"]
+    sets = [f"--set={name}={getattr(params, name)}"
+            for name in ("format", "lanes", "max_rank", "max_input", "max_output")]
+    assert main(["repeat", "--in", str(tmp_path / "in.npz"), "--out",
+                 str(tmp_path / "out.npz"), *sets]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        assert sorted(out.files) == ["cycles", "output"]
+        want = golden.repeat(inputs["input"], inputs["repeat_size"])
+        assert out["output"].shape == (2, 15, 3, 5)
+        assert (out["output"].view(np.uint32) == want.view(np.uint32)).all()
+        assert int(out["cycles"]) == params.cycles(15, 2 * 15 * 3 * 5)
