@@ -40,6 +40,11 @@ class SimulationError(RuntimeError):
 
 
 def _sim_dir():
+    # A source checkout runs its own benches (an editable install elsewhere maps moe_hw.sim to
+    # that other checkout's sim/).
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "sim" / "harness.py").is_file():
+        return checkout / "sim"
     from .. import sim
     path = Path(sim.__file__).parent
     if not (path / "harness.py").is_file():

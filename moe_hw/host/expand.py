@@ -1,0 +1,360 @@
+"""The expand unit's declaration, host adapter and planner (SPEC 1.6, OneFlow ``expand``):
+a user's input and expand sizes in, the expanded tensor out, scored bit for bit against
+``golden.expand`` with a scoreboard over every output beat.
+
+npz inputs: ``input`` (any shape; float32, float16, bfloat16 or int8: moved as bits, never
+changed) and ``expand_size`` (an integer array, one entry per output dim: a size, or -1 to
+keep a dim). Output: ``output``, the expanded tensor.
+
+The planner (:func:`plan`) turns the input shape and the expand sizes into the address
+generator's run-time plan: the output shape and ``out_stride`` (``golden.expand_strides``'s
+rules and errors), the size-1 dims dropped and the contiguous runs merged, then the lanes'
+odometer steps and start values (:mod:`moe_hw.units.expand` explains them).
+:func:`odometer_addresses` runs the plan the way the hardware does, in Python.
+"""
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from .. import golden
+from ..blocks.row_reader import last_enable
+from ..golden.expand import _plan as expand_plan
+from ..units.expand import ELEMENT_FORMATS, ExpandParams, ExpandUnit
+from .checks import HostError, compare_log, compare_values, need
+from .unit import Unit
+
+__all__ = ["UNIT", "Expand", "Plan", "plan", "odometer_addresses", "ELEMENT_DTYPES",
+           "format_of_elements", "element_array"]
+
+#: Element dtypes by format name.
+ELEMENT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
+                  "bf16": np.dtype(ml_dtypes.bfloat16), "int8": np.dtype(np.int8)}
+_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32}
+
+
+def element_array(input):
+    """``input`` as an array; a 2-byte void array is bfloat16 as an npz file stores it."""
+    input = np.asarray(input)
+    if input.dtype.kind == "V" and input.dtype.itemsize == 2:
+        input = input.view(ml_dtypes.bfloat16)
+    return input
+
+
+def format_of_elements(array):
+    for name, dtype in ELEMENT_DTYPES.items():
+        if array.dtype == dtype:
+            return name
+    raise HostError(f"input must have dtype float32, float16, bfloat16 or int8, not "
+                    f"{array.dtype}")
+
+
+def size_list(name, sizes):
+    """``sizes`` (an npz array or a sequence) as a list of ints, or an error naming it."""
+    sizes = np.asarray(sizes)
+    if sizes.ndim > 1 or (sizes.size and sizes.dtype.kind not in "iu"):
+        raise HostError(f"{name} must be a one-dimensional integer array, not {sizes.dtype} "
+                        f"of shape {sizes.shape}")
+    return [int(v) for v in sizes.reshape(-1)]
+
+
+def check_rank(name, sizes, max_rank):
+    """A size list with more dims than the unit's ``max_rank`` is an error naming the first
+    dim past it."""
+    if len(sizes) > max_rank:
+        raise HostError(f"{name}[{max_rank}] = {sizes[max_rank]} is past the unit's max_rank "
+                        f"of {max_rank} ({name} has {len(sizes)} dims)")
+
+
+class Plan:
+    """The address generator's run-time plan for one expand (see :func:`plan`)."""
+
+    def __init__(self, output_shape, out_stride, dims, digits, lanes):
+        self.output_shape = output_shape      # the expand's output shape
+        self.out_stride = out_stride          # golden.expand_strides
+        self.dims = dims                      # the hardware's (s_d, t_d), max_rank of them
+        self.digits = digits                  # k_d: ``lanes`` in the output's mixed radix
+        self.lanes = lanes
+        self.output_elements = math.prod(output_shape)
+        self.dy = [[k + cin - wrap * s for cin in (0, 1) for wrap in (0, 1)]
+                   for (s, _), k in zip(dims, digits)]
+        self.da = [[step * t for step in steps] for steps, (_, t) in zip(self.dy, dims)]
+        self.y0, self.a0 = [], []
+        for lane in range(lanes):
+            x = self.digits_of(lane % self.output_elements if self.output_elements else 0)
+            self.y0.append([xd + k - s for xd, k, (s, _) in zip(x, digits, dims)])
+            self.a0.append([xd * t for xd, (_, t) in zip(x, dims)])
+
+    def digits_of(self, element):
+        """The mixed-radix digits of a flat output element over :attr:`dims`."""
+        x = []
+        for s, _ in reversed(self.dims):
+            x.append(element % s)
+            element //= s
+        return x[::-1]
+
+    @property
+    def rank(self):
+        """Dims the generator needs: the merged dims that are not size 1."""
+        return sum(s != 1 for s, _ in self.dims)
+
+    def beats(self, params):
+        """The ``plan`` stream's beats (:meth:`ExpandParams.plan_layout`, ``digit`` then
+        ``addr``, first field least significant, entries in index order): each dim's steps,
+        then each lane's start values."""
+        entries = max(params.max_rank, 4)
+
+        def word(digits, addrs):
+            fields = ([(v, params.digit_width) for v in digits]
+                      + [(0, params.digit_width)] * (entries - len(digits))
+                      + [(v, params.addr_width) for v in addrs])
+            value, offset = 0, 0
+            for field, width in fields:
+                value |= (field & ((1 << width) - 1)) << offset
+                offset += width
+            return value
+
+        return ([word(dy, da) for dy, da in zip(self.dy, self.da)]
+                + [word(y0, a0) for y0, a0 in zip(self.y0, self.a0)])
+
+
+def plan(input_shape, expand_size, params):
+    """The plan of ``expand(input of input_shape, expand_size)`` on a unit of ``params``.
+
+    Raises HostError naming the offending dim and its value: ``golden.expand_strides``'s
+    rules (-1 on a new dim, a non-1 dim changed, a size below -1) and the unit's ``max_rank``.
+    """
+    check_rank("expand_size", list(expand_size), params.max_rank)
+    try:
+        output_shape, out_stride = expand_plan(input_shape, expand_size)
+    except (TypeError, ValueError) as error:
+        raise HostError(str(error)) from None
+    return plan_of(output_shape, out_stride, params)
+
+
+def plan_of(output_shape, out_stride, params):
+    """The plan from an output shape and its ``out_stride`` (already checked)."""
+    merged = []
+    # An empty run's plan is never used: all dims size 1.
+    walk = zip(output_shape, out_stride) if math.prod(output_shape) else ()
+    for s, t in walk:
+        if s == 1:
+            continue
+        # dim (s0, t0) then (s, t) is one run of addresses when t0 == s*t (0 == 0 too).
+        if merged and merged[-1][1] == s * t:
+            merged[-1] = (merged[-1][0] * s, t)
+        else:
+            merged.append((s, t))
+    if len(merged) > params.max_rank:
+        raise HostError(f"the expand needs {len(merged)} address dims ({merged}), above the "
+                        f"unit's max_rank of {params.max_rank}")
+    dims = [(1, 0)] * (params.max_rank - len(merged)) + merged
+    digits, inner = [], 1
+    for s, _ in reversed(dims):
+        digits.append((params.lanes // inner) % s)
+        inner *= s
+    return Plan(list(output_shape), list(out_stride), dims, digits[::-1], params.lanes)
+
+
+def odometer_addresses(the_plan, beats):
+    """The read address of every lane of ``beats`` output beats, stepping the plan exactly
+    as the hardware's odometers do ([beats, lanes]; modulo nothing, as the true values)."""
+    rank = len(the_plan.dims)
+    out = np.zeros((beats, the_plan.lanes), np.int64)
+    for lane in range(the_plan.lanes):
+        y = list(the_plan.y0[lane])
+        q = [v + 1 for v in y]
+        a = list(the_plan.a0[lane])
+        for beat in range(beats):
+            out[beat, lane] = sum(a)
+            carry = [0] * (rank + 1)
+            for d in reversed(range(rank)):
+                carry[d] = int(y[d] >= 0 or (q[d] >= 0 and carry[d + 1]))
+            for d in range(rank):
+                step = 2 * carry[d + 1] + carry[d]
+                y[d] += the_plan.dy[d][step]
+                q[d] += the_plan.dy[d][step]
+                a[d] += the_plan.da[d][step]
+    return out
+
+
+class Expand(Unit):
+    name = "expand"
+    summary = ("OneFlow expand: an N-D stride address generator (counters and adders) over an "
+               "on-chip buffer copied per lane, one output beat per cycle for every stride "
+               "pattern (SPEC 1.6)")
+    golden = "golden.expand"
+    params = ExpandParams
+    inputs = ("input", "expand_size")
+    outputs = ("output",)
+    runtime = ()
+    ideal = "one beat per cycle: ceil(output elements / lanes)"
+
+    @property
+    def bench(self):
+        return "bench_expand"
+
+    def build(self, params):
+        return ExpandUnit(params)
+
+    # ---- adapter ---------------------------------------------------------------------
+    def problem(self, inputs, runtime):
+        input, expand_size = need(inputs, self.name, self.inputs)
+        input = element_array(input)
+        format_of_elements(input)
+        expand_size = size_list("expand_size", expand_size)
+        try:
+            output_shape, out_stride = expand_plan(input.shape, expand_size)
+        except (TypeError, ValueError) as error:
+            raise HostError(str(error)) from None
+        return self.expand_problem(input, expand_size, output_shape, out_stride,
+                                   sizes=("expand_size", expand_size))
+
+    @staticmethod
+    def expand_problem(input, expand_size, output_shape, out_stride, *, sizes):
+        """The problem dict of an expand (``sizes``: the user's size argument, for errors)."""
+        return {"input": input, "expand_size": list(expand_size),
+                "output_shape": list(output_shape), "out_stride": list(out_stride),
+                "input_elements": int(input.size),
+                "output_elements": int(math.prod(output_shape)), "sizes": sizes}
+
+    def params_for(self, problem, settings):
+        settings = {"format": format_of_elements(problem["input"]), **settings}
+        params = self.sized(settings, max_input=max(1, problem["input_elements"]),
+                            max_output=max(1, problem["output_elements"]))
+        self.plan(problem, params)
+        return params
+
+    def plan(self, problem, params):
+        """The problem's plan on ``params``; errors name the user's dim and value."""
+        if ELEMENT_FORMATS[format_of_elements(problem["input"])] != params.element_width:
+            raise HostError(f"input has dtype {problem['input'].dtype}, but the unit's format "
+                            f"is {params.format}")
+        name, sizes = problem["sizes"]
+        check_rank(name, sizes, params.max_rank)
+        for what, value, maximum in (
+                ("input elements", problem["input_elements"], "max_input"),
+                ("output elements", problem["output_elements"], "max_output")):
+            if value > getattr(params, maximum):
+                raise HostError(f"{what} ({value}) exceed the unit's {maximum} of "
+                                f"{getattr(params, maximum)}")
+        return plan_of(problem["output_shape"], problem["out_stride"], params)
+
+    def pack(self, problem, params, *, stall, seed):
+        the_plan = self.plan(problem, params)
+        return stimulus(problem, params, the_plan)
+
+    def unpack(self, problem, params, results):
+        n = problem["output_elements"]
+        data = results["data"].reshape(-1)
+        bits = np.zeros(n, _UINT[params.element_width])
+        if data.size >= n:
+            bits[:] = data[:n]
+        dtype = problem["input"].dtype
+        return {"output": bits.view(dtype).reshape(self.output_shape(problem))}
+
+    @staticmethod
+    def output_shape(problem):
+        return problem["output_shape"]
+
+    def want(self, problem):
+        return golden.expand(problem["input"], problem["expand_size"])
+
+    def score(self, problem, params, outputs, results):
+        width = params.element_width
+        want = self.want(problem)
+        findings = compare_values("output bits", outputs["output"].view(_UINT[width]),
+                                  np.array(want, copy=True).view(_UINT[width]))
+        findings += compare_log("output beats", beat_log(results, params),
+                                expected_beats(problem, params, want))
+        plan_beats = params.plan_beats if problem["output_elements"] else 0
+        for what, got, want_value in (
+                ("plan beats taken", results["plan_taken"], plan_beats),
+                ("input beats taken", results["input_taken"], input_beats(problem, params)),
+                ("error", results["error"], 0), ("busy after done", results["busy_after"], 0)):
+            findings += compare_values(what, [int(got)], [int(want_value)])
+        return findings
+
+    def ideal_cycles(self, problem, params):
+        return -(-problem["output_elements"] // params.lanes)
+
+    def cycles(self, problem, params):
+        return params.cycles(problem["input_elements"], problem["output_elements"])
+
+    def describe(self, problem, params):
+        return (f"{self.name}: input {list(problem['input'].shape)} -> output "
+                f"{self.output_shape(problem)} (out_stride {problem['out_stride']}), "
+                f"{params.format}, lanes={params.lanes}, max_rank={params.max_rank}, "
+                f"max_input={params.max_input}")
+
+    def bench_problems(self, shape, seed=0):
+        rng = np.random.default_rng(seed)
+        fmt = shape.format if shape.format in ELEMENT_DTYPES else "fp32"
+        gate = random_elements(rng, (shape.tokens, 1), fmt)
+        row = random_elements(rng, (1, shape.hidden), fmt)
+        size = np.array([shape.tokens, shape.hidden], np.int64)
+        return {"gate": ({"input": gate, "expand_size": size}, {"lanes": shape.lanes}),
+                "row": ({"input": row, "expand_size": size}, {"lanes": shape.lanes})}
+
+
+def input_beats(problem, params):
+    """Input beats the unit takes: none for an empty output."""
+    if problem["output_elements"] == 0:
+        return 0
+    return -(-problem["input_elements"] // params.lanes)
+
+
+def stimulus(problem, params, the_plan):
+    """The bench's ``(stimulus, settings)``: the input's beats (lanes elements each, the last
+    padded with zeros), the run-time sizes and the plan's beats (none for an empty run)."""
+    lanes, width = params.lanes, params.element_width
+    beats = input_beats(problem, params)
+    bits = np.zeros(beats * lanes, np.uint64)
+    if beats:
+        flat = np.ascontiguousarray(problem["input"]).reshape(-1).view(_UINT[width])
+        bits[:flat.size] = flat
+    runtime = {"input_elements": problem["input_elements"],
+               "output_elements": problem["output_elements"]}
+    return ({"input": bits.reshape(beats, lanes)},
+            {"lanes": lanes, "width": width, "runtime": {k: int(v) for k, v in runtime.items()},
+             "plan": the_plan.beats(params) if problem["output_elements"] else [],
+             "expected_beats": int(-(-problem["output_elements"] // lanes))})
+
+
+def beat_log(results, params):
+    """The output beats as logged: data on the enabled lanes only (the others carry any
+    element), enables and last flags."""
+    lanes = params.lanes
+    enable = results["enable"].astype(np.int64)
+    on = ((enable[:, None] >> np.arange(lanes)) & 1).astype(bool)
+    data = np.where(on, results["data"].reshape(len(enable), lanes), 0)
+    return {"data": data, "enable": enable, "last": results["last"].astype(np.int64)}
+
+
+def expected_beats(problem, params, want):
+    """The expected beat log of ``want`` (the golden output)."""
+    lanes, width = params.lanes, params.element_width
+    n = problem["output_elements"]
+    beats = -(-n // lanes)
+    data = np.zeros(beats * lanes, np.uint64)
+    data[:n] = np.ascontiguousarray(want).reshape(-1).view(_UINT[width])
+    enable = np.full(beats, (1 << lanes) - 1, np.int64)
+    last = np.zeros(beats, np.int64)
+    if beats:
+        enable[-1] = last_enable(n, lanes)
+        last[-1] = 1
+    return {"data": data.reshape(beats, lanes), "enable": enable, "last": last}
+
+
+def random_elements(rng, shape, fmt):
+    """Random elements of format ``fmt``: int8 uniform; floats with NaN / Inf / -0.0 /
+    subnormals among them."""
+    if fmt == "int8":
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    from ..golden.testing import random_floats
+    size = int(np.prod(shape))
+    return random_floats(rng, size, ELEMENT_DTYPES[fmt], specials=0.2).reshape(shape)
+
+
+UNIT = Expand()

@@ -1,0 +1,72 @@
+"""The repeat unit's declaration and host adapter (SPEC 1.6, OneFlow ``repeat``): repeat runs
+on the expand hardware. The host planner maps it to reshape + expand + reshape as seed 002
+does (``golden.repeat``'s own mapping): a dim of size n > 1 repeated r > 1 times becomes the
+pair (1, n) expanded to (r, n), a size-1 dim is expanded to r, new dims are expanded to their
+repeat. The unit streams the expand's output, which in C order is the repeat's output.
+
+npz inputs: ``input`` (any shape; float32, float16, bfloat16 or int8) and ``repeat_size`` (an
+integer array, each entry >= 1, at least as many as the input's dims). Output: ``output``.
+"""
+
+import numpy as np
+
+from .. import golden
+from ..golden.expand import _plan as expand_plan, _repeat_plan as repeat_plan
+from .checks import HostError, need
+from .expand import UNIT as EXPAND, Expand, element_array, format_of_elements, size_list
+
+__all__ = ["UNIT", "Repeat"]
+
+
+class Repeat(Expand):
+    name = "repeat"
+    summary = ("OneFlow repeat on the expand unit's hardware: reshape + expand + reshape "
+               "planned on the host (SPEC 1.6)")
+    golden = "golden.repeat"
+    inputs = ("input", "repeat_size")
+
+    def problem(self, inputs, runtime):
+        input, repeat_size = need(inputs, self.name, self.inputs)
+        input = element_array(input)
+        format_of_elements(input)
+        repeat_size = size_list("repeat_size", repeat_size)
+        try:
+            input_reshape, expand_size, output_shape = repeat_plan(input.shape, repeat_size)
+            expand_output, out_stride = expand_plan(input_reshape, expand_size)
+        except (TypeError, ValueError) as error:
+            raise HostError(str(error)) from None
+        problem = self.expand_problem(input.reshape(input_reshape), expand_size, expand_output,
+                                      out_stride, sizes=("repeat_size", repeat_size))
+        return {**problem, "repeat_size": repeat_size, "repeat_input": input,
+                "repeat_output_shape": output_shape}
+
+    @staticmethod
+    def output_shape(problem):
+        return problem["repeat_output_shape"]
+
+    def want(self, problem):
+        return golden.repeat(problem["repeat_input"], problem["repeat_size"])
+
+    def describe(self, problem, params):
+        return (f"repeat: input {list(problem['repeat_input'].shape)} by "
+                f"{problem['repeat_size']} -> output {problem['repeat_output_shape']} (expand "
+                f"{list(problem['input'].shape)} -> {problem['output_shape']}, out_stride "
+                f"{problem['out_stride']}), {params.format}, lanes={params.lanes}, "
+                f"max_rank={params.max_rank}, max_input={params.max_input}")
+
+    def simulate(self, params, stimulus, settings, **kwargs):
+        # The very same hardware and bench as expand (one Verilator model for both).
+        return EXPAND.simulate(params, stimulus, settings, **kwargs)
+
+    def bench_problems(self, shape, seed=0):
+        rng = np.random.default_rng(seed)
+        from .expand import ELEMENT_DTYPES, random_elements
+        fmt = shape.format if shape.format in ELEMENT_DTYPES else "fp32"
+        # The on-chip path holds lanes copies of the input: a few token rows, not all S.
+        tokens = random_elements(rng, (min(shape.tokens, 8), shape.hidden), fmt)
+        return {f"k{shape.top_k}": ({"input": tokens,
+                                     "repeat_size": np.array([shape.top_k, 1], np.int64)},
+                                    {"lanes": shape.lanes})}
+
+
+UNIT = Repeat()

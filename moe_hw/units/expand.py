@@ -1,0 +1,346 @@
+"""The expand unit: OneFlow ``expand`` as an N-D stride address generator (SPEC 1.6, seed 002).
+
+Output element x = (x_0, .., x_{R-1}), in C order, is ``input_flat[sum_d x_d * out_stride[d]]``.
+Elements are moved, never changed: the ``format`` only sets the element width (32 bits for
+fp32, 16 for fp16 and bf16, 8 for int8). ``repeat`` runs on the same hardware (the host maps
+it to reshape + expand + reshape, :mod:`moe_hw.host.repeat`).
+
+On-chip path (the only one built so far): the whole input is first loaded into an on-chip
+buffer, then the output streams out at one beat of ``lanes`` elements per cycle for every
+stride pattern (an innermost broadcast, kept runs shorter than ``lanes``, a broadcast row):
+each lane reads its own copy of the buffer.
+
+Streams and ports (payload fields are listed least significant first):
+
+``input_data`` (in)
+    The input, flat in C order, ``ceil(input_elements / lanes)`` beats: ``data`` (``lanes``
+    elements, lane 0 first; the lanes past the end of the last beat are ignored).
+``output`` (out)
+    The output, flat in C order, ``ceil(output_elements / lanes)`` beats: ``data``,
+    ``enable`` (lane enables: partial on the last beat when the output is not a multiple of
+    ``lanes``; the disabled lanes carry some element of the input) and ``last`` (the last
+    beat).
+``start``, ``input_elements``, ``output_elements`` (in)
+    Run-time sizes, sampled when ``start`` is high while idle
+    (:class:`~moe_hw.blocks.run_control.RunControl`); a size above its maximum sets
+    ``error`` and the run does nothing; ``output_elements == 0`` is an empty run (nothing
+    loaded, nothing out).
+``plan`` (in)
+    The address generator's run-time plan, ``max_rank + lanes`` beats taken first in a run
+    (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
+    ``max(max_rank, 4)``): beat d < ``max_rank`` holds dim d's four steps of y_d and of a_d
+    (below), beat ``max_rank + l`` lane l's start values of every dim. The host planner
+    (:func:`moe_hw.host.expand.plan`) computes it from the input shape and the expand sizes.
+    (A stream rather than a port sampled with ``start``: the plan of 16 lanes by 6 dims is
+    thousands of bits.)
+``busy``, ``done``, ``error`` (out)
+    ``done`` rises when the last beat has left and stays high until the next start.
+
+The address generator. The host planner drops the size-1 output dims, merges neighbouring
+dims that are one run of addresses (a kept dim over a contiguous kept dim; two broadcast
+dims), and pads the result in front with size-1 dims to ``max_rank`` dims of sizes s_d and
+strides t_d. Lane l walks the output elements l, l + lanes, l + 2*lanes, ...: an odometer
+that adds K = ``lanes`` per beat in the mixed radix of the output shape, whose digits k_d
+the planner computes. Dim d of a lane holds ``y_d = x_d + k_d - s_d`` and ``q_d = y_d + 1``
+(two's complement: their sign bits are the wrap flags, registers, no compare) and its share
+of the address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out of dim d is
+``c_d = (y_d >= 0) | ((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs), and each
+register adds one of four planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d + c_{d+1} -
+c_d*s_d`` to y_d and q_d, that times t_d to a_d: both sums, with and without the carry in,
+are formed in parallel with the lookahead, which then only chooses between them. Counters
+and adders only, no run-time multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside the loop.
+
+The buffer: ``lanes`` copies, one per output lane, each a
+:class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
+``lanes`` elements. A load beat writes one row of every copy (so the load takes one cycle per
+input beat); lane l reads the row of its address from its own copy and keeps the element at
+the address's low bits. Memory: ``lanes * ceil(max_input / lanes) * lanes`` elements, that
+is ``lanes`` times the input (lanes 16, fp32, max_input 256: 128 Kbit of LUT RAM).
+
+A run takes the plan, then the input, then streams the output.
+
+Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
+:meth:`ExpandParams.cycles` = ``max_rank + lanes + ceil(n_in / lanes) + ceil(n_out / lanes)
++`` :attr:`ExpandParams.overhead`, the plan beats, the load beats, the output beats, and a
+fixed overhead (run control, the address tree, the memory read, the lane select, the output
+queue, done);
+an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
+cycles it lasts.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from ..blocks.banked_memory import BankedMemory
+from ..blocks.row_reader import last_enable_of
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
+from ..params import LANES, ParameterError, UnitParams, param, resolve_params
+from ..stream import CreditPipeline
+
+__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS"]
+
+#: Element formats and their widths (the unit moves bits; nothing else differs).
+ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
+
+
+@dataclass(frozen=True)
+class ExpandParams(UnitParams):
+    """Generation-time parameters of :class:`ExpandUnit`."""
+
+    format: str = param("fp32", choices=tuple(ELEMENT_FORMATS), doc="sets the element width")
+    lanes: int = param(16, choices=LANES)
+    max_rank: int = param(6, minimum=1, maximum=16, doc="dims of expand_size")
+    max_input: int = param(256, minimum=1, maximum=1 << 20,
+                           doc="input elements held on chip (lanes copies of them)")
+    max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
+
+    def check(self):
+        if -(-self.max_input // self.lanes) > 1 << 16:
+            raise ParameterError(f"max_input must be at most {self.lanes << 16} at lanes "
+                                 f"{self.lanes}, not {self.max_input}")
+
+    @property
+    def element_width(self):
+        return ELEMENT_FORMATS[self.format]
+
+    @property
+    def rows(self):
+        """Rows of ``lanes`` elements in each copy of the buffer."""
+        return -(-self.max_input // self.lanes)
+
+    @property
+    def addr_width(self):
+        """Bits of an element address (and of a dim's share of it), modulo 2**addr_width."""
+        return max(1, ceil_log2(self.rows * self.lanes))
+
+    @property
+    def digit_width(self):
+        """Bits of a dim's y_d = x_d + k_d - s_d and of its steps (-s_d .. s_d)."""
+        return bits_for(self.max_output) + 1
+
+    @property
+    def tree_latency(self):
+        """Registered levels of the address adder tree (at least one)."""
+        return max(1, ceil_log2(self.max_rank))
+
+    @property
+    def read_latency(self):
+        """Cycles from a beat's take to its elements at the queue: the adder tree, the
+        buffer read, the lane select."""
+        return self.tree_latency + BankedMemory.latency + 1
+
+    @property
+    def overhead(self):
+        """Stall-free cycles beyond one per load beat and one per output beat: run control
+        (start, decide), the read pipeline (:attr:`read_latency`), the output queue
+        (:attr:`CreditPipeline.QUEUE_LATENCY`), the queue's busy flag and done."""
+        return (START_LATENCY + self.read_latency + CreditPipeline.QUEUE_LATENCY
+                + CreditPipeline.IDLE_LATENCY + 1)
+
+    @property
+    def plan_beats(self):
+        """Beats of the plan stream: one per dim, one per lane."""
+        return self.max_rank + self.lanes
+
+    def cycles(self, input_elements, output_elements):
+        """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is
+        high)."""
+        if output_elements == 0:
+            return EMPTY_CYCLES
+        return (self.plan_beats + -(-input_elements // self.lanes)
+                + -(-output_elements // self.lanes) + self.overhead)
+
+    def plan_layout(self):
+        """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each.
+        Dim d's beat: the steps of y_d and of a_d, entry ``2*c_{d+1} + c_d``; lane l's beat:
+        the start y_d and a_d of dim d in entry d (dim 0 outermost)."""
+        entries = max(self.max_rank, 4)
+        return data.StructLayout({
+            "digit": data.ArrayLayout(signed(self.digit_width), entries),
+            "addr": data.ArrayLayout(self.addr_width, entries),
+        })
+
+    def input_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes)})
+
+    def output_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes),
+                                  "enable": self.lanes, "last": 1})
+
+
+def _sum_tree(m, values, *, name):
+    """The registered pairwise sum of ``values`` (modulo their width): one register level per
+    halving, at least one."""
+    width = len(values[0])
+    level = 0
+    while True:
+        pairs = [values[i:i + 2] for i in range(0, len(values), 2)]
+        regs = []
+        for index, pair in enumerate(pairs):
+            reg = Signal(width, name=f"{name}_l{level}_{index}", reset_less=True)
+            m.d.sync += reg.eq(pair[0] + pair[1] if len(pair) == 2 else pair[0])
+            regs.append(reg)
+        values, level = regs, level + 1
+        if len(values) == 1:
+            return values[0]
+
+
+class ExpandUnit(wiring.Component):
+    """The stride address generator in front of a per-lane replicated on-chip buffer, one
+    output beat per cycle. See the module docstring for the protocol."""
+
+    def __init__(self, params=None, **kwargs):
+        params = resolve_params(ExpandParams, params, kwargs)
+        self.params = p = params
+        super().__init__({
+            "input_data": In(stream.Signature(p.input_layout())),
+            "output": Out(stream.Signature(p.output_layout())),
+            "plan": In(stream.Signature(p.plan_layout())),
+            **run_ports(self.sizes),
+        })
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"input_elements": p.max_input, "output_elements": p.max_output}
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        lanes, rank = p.lanes, p.max_rank
+        lanes_log2 = ceil_log2(lanes)
+
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("output_elements",))
+        ctl.connect(m, self)
+        running = ctl.running
+
+        # ---- run registers, loaded with start ---------------------------------------------
+        max_in_beats = p.rows
+        max_out_beats = -(-p.max_output // lanes)
+        load_row = Signal(range(max(2, max_in_beats)))
+        load_left = Signal(range(max_in_beats + 1))
+        load_open = Signal()                 # an input beat is still to come
+        out_left = Signal(range(max_out_beats + 1))
+        out_last = Signal()                  # the beat in hand is the last (a register)
+        generating = Signal()                # an output beat is still to be issued
+        last_en = Signal(lanes)
+        # The plan beat expected next, one-hot: dims 0 .. max_rank-1, then the lanes.
+        plan_next = Signal(p.plan_beats, init=1)
+        plan_open = Signal()                 # a plan beat is still to come
+        with m.If(ctl.accept):
+            m.d.sync += [
+                plan_next.eq(1),
+                plan_open.eq(1),
+                load_row.eq(0),
+                load_left.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
+                load_open.eq(self.input_elements != 0),
+                out_left.eq((self.output_elements + (lanes - 1)) >> lanes_log2),
+                out_last.eq(self.output_elements <= lanes),
+                last_en.eq(last_enable_of(self.output_elements, lanes)),
+            ]
+
+        # ---- the plan: the dims' steps, then the lanes' start values -------------------------
+        planning = running & plan_open
+        plan_take = self.plan.valid & planning
+        m.d.comb += self.plan.ready.eq(planning)
+        dy = [Signal(data.ArrayLayout(signed(p.digit_width), 4), name=f"dim{d}_dy")
+              for d in range(rank)]
+        da = [Signal(data.ArrayLayout(p.addr_width, 4), name=f"dim{d}_da") for d in range(rank)]
+        with m.If(plan_take):
+            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
+            with m.If(plan_next[-1]):
+                m.d.sync += plan_open.eq(0)
+                # (A hostile run with no input but some output generates at once.)
+                with m.If(~load_open):
+                    m.d.sync += generating.eq(1)
+        for d in range(rank):
+            with m.If(plan_take & plan_next[d]):
+                m.d.sync += [dy[d][i].eq(self.plan.payload.digit[i]) for i in range(4)]
+                m.d.sync += [da[d][i].eq(self.plan.payload.addr[i]) for i in range(4)]
+
+        # ---- load: every input beat is one row of every lane's copy ------------------------
+        copies = []
+        for lane in range(lanes):
+            copy = BankedMemory(data.ArrayLayout(p.element_width, lanes), p.rows)
+            m.submodules[f"copy{lane}"] = copy
+            copies.append(copy)
+        loading = running & ~plan_open & load_open
+        load_take = self.input_data.valid & loading
+        m.d.comb += self.input_data.ready.eq(loading)
+        for copy in copies:
+            m.d.comb += [copy.write_addr.eq(load_row),
+                         copy.write_data.eq(self.input_data.payload.data),
+                         copy.write_en.eq(load_take)]
+        with m.If(load_take):
+            m.d.sync += [load_row.eq(load_row + 1), load_left.eq(load_left - 1)]
+            with m.If(load_left == 1):
+                m.d.sync += [load_open.eq(0), generating.eq(1)]
+
+        # ---- the output pipeline: free-running, behind a credit-counted queue --------------
+        pipe = m.submodules.output_pipe = CreditPipeline(p.read_latency, p.output_layout())
+        wiring.connect(m, pipe.o, wiring.flipped(self.output))
+        m.d.comb += pipe.i_valid.eq(running & generating)
+        take = pipe.take
+        with m.If(take):
+            m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 2)]
+            with m.If(out_last):
+                m.d.sync += generating.eq(0)
+        m.d.comb += ctl.finished.eq(running & ~plan_open & ~load_open & ~generating &
+                                    ~pipe.busy)
+
+        # ---- the lanes' odometers ----------------------------------------------------------
+        for lane in range(lanes):
+            y = [Signal(signed(p.digit_width), name=f"lane{lane}_y{d}") for d in range(rank)]
+            q = [Signal(signed(p.digit_width), name=f"lane{lane}_q{d}") for d in range(rank)]
+            a = [Signal(p.addr_width, name=f"lane{lane}_a{d}") for d in range(rank)]
+            carry = [Const(0)] * (rank + 1)  # carry[d]: out of dim d; carry[rank] = 0
+            for d in reversed(range(rank)):
+                carry[d] = ~y[d][-1] | (~q[d][-1] & carry[d + 1])
+            with m.If(plan_take & plan_next[rank + lane]):
+                for d in range(rank):
+                    m.d.sync += [y[d].eq(self.plan.payload.digit[d]),
+                                 q[d].eq(self.plan.payload.digit[d] + 1),
+                                 a[d].eq(self.plan.payload.addr[d])]
+            with m.Elif(take):
+                for d in range(rank):
+                    # Without a carry in, dim d wraps when y_d >= 0 (step 0 or 1); with one,
+                    # when q_d >= 0 (step 2 or 3). Both sums are formed from registers in
+                    # parallel with the lookahead, which then only chooses between them.
+                    no_carry, with_carry = ~y[d][-1], ~q[d][-1]
+                    for reg, steps in ((y[d], dy[d]), (q[d], dy[d]), (a[d], da[d])):
+                        low = reg + Mux(no_carry, steps[1], steps[0])
+                        if d == rank - 1:      # the innermost dim: no carry in
+                            m.d.sync += reg.eq(low)
+                        else:
+                            high = reg + Mux(with_carry, steps[3], steps[2])
+                            m.d.sync += reg.eq(Mux(carry[d + 1], high, low))
+            # The address, its row in the lane's copy and its element in the row.
+            addr = _sum_tree(m, a, name=f"lane{lane}_addr")
+            copy = copies[lane]
+            m.d.comb += [copy.read_addr.eq(addr >> lanes_log2), copy.read_en.eq(1)]
+            element = Signal(p.element_width, name=f"lane{lane}_element", reset_less=True)
+            if lanes_log2:
+                col = addr[:lanes_log2]
+                for stage in range(BankedMemory.latency):
+                    reg = Signal(lanes_log2, name=f"lane{lane}_col{stage}", reset_less=True)
+                    m.d.sync += reg.eq(col)
+                    col = reg
+                m.d.sync += element.eq(copy.read_data[col])
+            else:
+                m.d.sync += element.eq(copy.read_data[0])
+            m.d.comb += pipe.payload.data[lane].eq(element)
+
+        # The beat's lane enables and last flag travel beside it.
+        flags = Signal(lanes + 1)
+        m.d.comb += flags.eq(Cat(Mux(out_last, last_en, (1 << lanes) - 1), out_last))
+        for stage in range(p.read_latency):
+            reg = Signal(lanes + 1, name=f"flags{stage}", reset_less=True)
+            m.d.sync += reg.eq(flags)
+            flags = reg
+        m.d.comb += [pipe.payload.enable.eq(flags[:lanes]), pipe.payload.last.eq(flags[lanes])]
+        return m
