@@ -10,7 +10,8 @@ Streams and ports (payload fields are listed least significant first):
     ``count`` (its beats, at least 1), ``tail`` (the segment ends its row, so its last beat
     carries the row's partial lane enables ``last_enable``), ``skip`` (read nothing: the
     segment's beats come out as zeros; a dropped or out-of-range row) and, when the reader was
-    built with a ``tag_layout``, ``tag`` (carried to every beat of the segment).
+    built with a ``tag_layout``, ``tag`` (carried to every beat of the segment; a field named
+    by ``step_tag`` advances by ``lanes`` with each beat, like ``addr``).
 ``request`` (out)
     The memory read port's request stream: ``addr`` (element address of lane 0) and
     ``enable`` (the lanes wanted; lane l reads element ``addr + l``). ``count`` requests per
@@ -85,11 +86,14 @@ class RowReader(wiring.Component):
     ``None``), ``outstanding`` (the in-flight queue depth: beats issued but not yet out),
     ``alternate_data`` (the beats' data leaves the output skid buffer from two registers
     written in turn, :class:`~moe_hw.stream.SkidBuffer`'s ``alternate``: for a consumer that
-    registers the data, so that ``beats.ready`` reaches no clock enable of the data).
+    registers the data, so that ``beats.ready`` reaches no clock enable of the data),
+    ``step_tag`` (the name of an unsigned tag field that is ``tag.FIELD + k*lanes`` on the
+    segment's beat k: a second address, a write address for the beats, counted beside the
+    read address rather than added after the reader).
     """
 
     def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16,
-                 alternate_data=False):
+                 alternate_data=False, step_tag=None):
         self.lanes = check_choice("lanes", lanes, LANES)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.addr_width = check_int("addr_width", addr_width, minimum=1, maximum=64)
@@ -97,6 +101,9 @@ class RowReader(wiring.Component):
         self.outstanding = check_int("outstanding", outstanding, minimum=2, maximum=4096)
         self.tag_layout = tag_layout
         self.alternate_data = bool(alternate_data)
+        if step_tag is not None and (tag_layout is None or step_tag not in tag_layout.members):
+            raise ValueError(f"step_tag: no field {step_tag!r} in the tag layout {tag_layout!r}")
+        self.step_tag = step_tag
         command = {"addr": addr_width, "count": range(max_count + 1), "tail": 1, "skip": 1}
         beat = {"data": data.ArrayLayout(width, lanes), "enable": lanes, "last": 1}
         if tag_layout is not None:
@@ -162,18 +169,25 @@ class RowReader(wiring.Component):
         if self.tag_layout is not None:
             m.d.comb += [tags.w_en.eq(issue), tags.w_data.eq(cur_tag)]
 
-        with m.If(issue):
-            m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
-                         cur_last.eq(cur_left == 2)]
-            with m.If(cur_last):
-                m.d.sync += cur_loaded.eq(0)
+        # The segment registers change when a beat issues or while none is loaded, and then
+        # load the next command (the current one ends, or none was loaded) or step. The choice
+        # is made from registers alone, and the memory's ``ready`` passes one LUT (``issue``,
+        # or'ed with ``~cur_loaded``) to the clock enable: with nothing to load, the registers
+        # take the command port's idle payload, which ``cur_loaded`` = 0 keeps unseen.
         cmd = self.command.payload
-        with m.If(self.command.valid & self.command.ready):
-            m.d.sync += [cur_loaded.eq(1), cur_addr.eq(cmd.addr), cur_left.eq(cmd.count),
-                         cur_last.eq(cmd.count == 1),
-                         cur_tail.eq(cmd.tail), cur_skip.eq(cmd.skip)]
-            if self.tag_layout is not None:
-                m.d.sync += cur_tag.eq(cmd.tag)
+        with m.If(issue | ~cur_loaded):
+            with m.If(cur_last | ~cur_loaded):
+                m.d.sync += [cur_loaded.eq(self.command.valid), cur_addr.eq(cmd.addr),
+                             cur_left.eq(cmd.count), cur_last.eq(cmd.count == 1),
+                             cur_tail.eq(cmd.tail), cur_skip.eq(cmd.skip)]
+                if self.tag_layout is not None:
+                    m.d.sync += cur_tag.eq(cmd.tag)
+            with m.Else():
+                m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
+                             cur_last.eq(cur_left == 2)]
+                if self.step_tag is not None:
+                    field = cur_tag[self.step_tag]
+                    m.d.sync += field.eq(field + lanes)
 
         # ---- join the head of the queue with its response ---------------------------------
         head = inflight.r_data

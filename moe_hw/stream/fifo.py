@@ -48,23 +48,29 @@ class RegisteredFIFO(wiring.Component):
         # The head loads whenever it is free: from the ring if that holds an entry, else the
         # entry being written (which the ring then skips).
         ring = m.submodules.ring = Ring(self.w_data.shape(), max(1, self.depth - 1))
+        in_ring = Signal()                  # the ring holds an entry (a register, see below)
         free = ~self.r_rdy | read
-        loads = free & (ring.nonempty | write)
+        loads = free & (in_ring | write)
         m.d.comb += [
             ring.w_en.eq(write), ring.w_data.eq(self.w_data),
             ring.r_en.eq(loads),
         ]
         with m.If(loads):
-            m.d.sync += self.r_data.eq(Mux(ring.nonempty, ring.r_data, self.w_data))
-        m.d.sync += self.r_rdy.eq(ring.nonempty | write | ~free)
+            m.d.sync += self.r_data.eq(Mux(in_ring, ring.r_data, self.w_data))
+        m.d.sync += self.r_rdy.eq(in_ring | write | ~free)
 
-        # The level, and w_rdy as the compare of the next level, chosen by the handshakes
-        # (no carry chain between them and the register).
+        # The level, and the flags as compares of the next level, chosen by the handshakes (no
+        # carry chain between them and the register). The head holds an entry whenever the
+        # FIFO does, so the ring holds one when the FIFO holds two: ``in_ring`` is that compare,
+        # chosen by ``write`` and ``read`` like ``w_rdy``, rather than the ring's own count,
+        # which the head's load (a LUT after both) would update.
         grows = write & ~read
         shrinks = read & ~write
         m.d.sync += [
             self.level.eq(Mux(grows, self.level + 1, Mux(shrinks, self.level - 1, self.level))),
             self.w_rdy.eq(Mux(grows, self.level != self.depth - 1,
                               Mux(shrinks, 1, self.level != self.depth))),
+            in_ring.eq(Mux(grows, self.level >= 1, Mux(shrinks, self.level >= 3,
+                                                       self.level >= 2))),
         ]
         return m

@@ -493,7 +493,7 @@ class MoeReRoutingUnit(wiring.Component):
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=p.element_width, addr_width=p.addr_width,
             max_count=p.max_beats, outstanding=p.max_outstanding,
-            tag_layout=data.StructLayout({"elem": p.addr_width}))
+            tag_layout=data.StructLayout({"elem": p.addr_width}), step_tag="elem")
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         m.d.comb += reader.last_enable.eq(last_en)
@@ -567,16 +567,13 @@ class MoeReRoutingUnit(wiring.Component):
                          cur_row.eq(block.row),
                          cur_elem.eq(block.elem)]
 
-        # ---- the write port: a beat's address is its row's plus lanes per beat ------------------
+        # ---- the write port: a beat's address is its row's plus lanes per beat, counted by the
+        # reader beside the read address (its ``step_tag``) ------------------------------------
         m.submodules.write_skid = write_skid = SkidBuffer(p.write_layout())
-        beat_offset = Signal(p.addr_width)
-        beat_take = reader.beats.valid & reader.beats.ready
-        with m.If(beat_take):
-            m.d.sync += beat_offset.eq(Mux(reader.beats.payload.last, 0, beat_offset + p.lanes))
         m.d.comb += [
             write_skid.i.valid.eq(reader.beats.valid),
             reader.beats.ready.eq(write_skid.i.ready),
-            write_skid.i.payload.addr.eq(reader.beats.payload.tag.elem + beat_offset),
+            write_skid.i.payload.addr.eq(reader.beats.payload.tag.elem),
             write_skid.i.payload.data.eq(reader.beats.payload.data),
             write_skid.i.payload.enable.eq(reader.beats.payload.enable),
         ]
@@ -636,6 +633,6 @@ class MoeReRoutingUnit(wiring.Component):
                 reads_pending.eq(1), read_expert.eq(0),
                 offsets_written.eq(0), offsets_left.eq(held["num_experts"]),
                 offsets_complete.eq(0), bad.eq(0), entries.eq(0), entries_full.eq(0),
-                entries_pending.eq(0), src_row.eq(0), src_elem.eq(0), beat_offset.eq(0),
+                entries_pending.eq(0), src_row.eq(0), src_elem.eq(0),
             ]
         return m
