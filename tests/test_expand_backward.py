@@ -6,14 +6,17 @@ output beat (nothing lost, duplicated or reordered; lane enables and the last fl
 and grad_output beats taken. Stall-free runs must take exactly the documented count
 (:meth:`ExpandBackwardParams.cycles`)::
 
-    (max_rank + 1) + items + G*W*ceil(rows / W) - (W - 1 - (rows - 1) % W) + F + 2*L + 12
+    (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+                   + F + 3*L + 12
 
 (items: one per grad_output beat in the reduce and rows modes, one per element in elements
-mode; rows = ceil(input elements / lanes); G = L + 3 banks, W = L + 1 drain rows in turn,
+mode; rows = ceil(input elements / lanes); G = L + 3 banks, drained a pair per pass, W = L + 1
+drain rows in turn,
 F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L), L the adder latency). Integer-valued data,
 for which every summation order gives the same bits, is also checked against the plain
 sequential ``golden.expand_backward``. Bad sizes fail on the host with one line naming the
-parameter and the value. Two Verilator builds (fp32 at 4 lanes, bf16 at 8) serve every case.
+parameter and the value. Three Verilator builds (fp32 at 4 lanes, bf16 at 8, and fp32 with a
+4-stage adder: G = 7, an odd number of banks) serve every case.
 """
 
 import ml_dtypes
@@ -37,8 +40,10 @@ PARAMS = {
                                  max_output=4096),
     "bf16": ExpandBackwardParams(format="bf16", lanes=8, max_rank=4, max_input=64,
                                  max_output=4096),
+    "fp32_l4": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
+                                    max_output=4096, add_stages=4),
 }
-DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
+DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp32_l4": np.float32}
 
 
 def backward_case(input_shape, expand_size, fmt, seed=0, *, integers=False):
@@ -59,13 +64,13 @@ def expected_cycles(params, n_in, n_out, mode):
     if n_out == 0:
         return EMPTY_CYCLES
     lanes, lat = params.lanes, params.add_latency
-    g, w = lat + 3, lat + 1
+    pairs, w = -(-(lat + 3) // 2), lat + 1
     items = n_out if mode == "elements" else n_out // lanes
     rows = -(-n_in // lanes)
     front = max(max(1, (params.max_rank - 1).bit_length()),
                 1 + (lanes.bit_length() - 1) * lat)
-    return (params.max_rank + 1 + items + g * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
-            + front + 2 * lat + 12)
+    return (params.max_rank + 1 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
+            + front + 3 * lat + 12)
 
 
 def check(inputs, fmt, *, sim="verilator", stall=0.0, seed=0, mode=None):
@@ -106,6 +111,12 @@ CASES = {
     "scalar_bf16": ("bf16", "reduce", lambda: backward_case([], [3, 8], "bf16", 8)),
     # a zero-sized dim: an empty run
     "empty_fp32": ("fp32", "elements", lambda: backward_case([0, 1], [3, -1, 4], "fp32")),
+    # an odd number of banks (G = 7): the drain's last pass adds the last bank to +0.0;
+    # 13 rows: three drain groups of W = 5, the last one short
+    "odd_banks_reduce": ("fp32_l4", "reduce", lambda: backward_case([13, 4, 1], [13, 4, 8],
+                                                                    "fp32_l4", 9)),
+    "odd_banks_elements": ("fp32_l4", "elements", lambda: backward_case([9, 1], [9, 3],
+                                                                        "fp32_l4", 10)),
 }
 
 
@@ -146,13 +157,13 @@ def test_expand_backward_order_is_visible():
 
 
 def test_expand_backward_cycle_formula():
-    """The documented formula at the defaults (fp32, L = 11: G = 14, W = 12, lanes 16, F =
-    45) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64 rows in 6
-    groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
+    """The documented formula at the defaults (fp32, L = 11: G = 14 in 7 pairs, W = 12, lanes
+    16, F = 45) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
+    rows in 6 groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
     params = ExpandBackwardParams()
-    assert (params.banks, params.ring, params.front_latency) == (14, 12, 45)
-    assert params.cycles(1024, 1024 * 512, "reduce") == 7 + 32768 + 1000 + 45 + 22 + 12
-    assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 500 + 45 + 22 + 12
+    assert (params.banks, params.pairs, params.ring, params.front_latency) == (14, 7, 12, 45)
+    assert params.cycles(1024, 1024 * 512, "reduce") == 7 + 32768 + 496 + 45 + 33 + 12
+    assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 248 + 45 + 33 + 12
     assert params.cycles(3, 0, "elements") == EMPTY_CYCLES
     for args in ((1024, 1024 * 512, "reduce"), (512, 1024 * 512, "rows"), (7, 63, "elements")):
         assert params.cycles(*args) == expected_cycles(params, *args)
@@ -216,7 +227,7 @@ def test_expand_backward_hostile_mode():
 @pytest.mark.parametrize(("changes", "message"), [
     ({"lanes": 3}, "lanes must be 1, 2, 4, 8 or 16, not 3"),
     ({"format": "int8"}, "format must be fp32, fp16 or bf16, not 'int8'"),
-    ({"add_stages": 1}, "add_stages must be an integer between 2 and 16, not 1"),
+    ({"add_stages": 0}, "add_stages must be an integer between 1 and 16, not 0"),
     ({"max_input": 0}, "max_input must be an integer between 1 and"),
 ])
 def test_expand_backward_bad_params(changes, message):

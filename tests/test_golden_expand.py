@@ -157,7 +157,7 @@ def test_expand_backward_against_float64_and_signed_zero():
 
 def reference_expand_backward_hw(grad_output, input_shape, expand_size, lanes, latency):
     """The hardware order written out as loops: items by mode, bank k % (latency + 3), then
-    the banks summed in order from +0.0."""
+    the banks summed in pairs, the pairs in order from +0.0."""
     out_stride = expand_strides(input_shape, expand_size)
     mode = backward_mode(grad_output.shape, out_stride, lanes)
     flat = grad_output.reshape(-1)
@@ -181,8 +181,10 @@ def reference_expand_backward_hw(grad_output, input_shape, expand_size, lanes, l
         for a, v in item:
             partial[k % banks, a] = add(partial[k % banks, a], v)
     result = np.zeros(n_in, grad_output.dtype)
-    for bank in partial:
-        result = add(result, bank)
+    for s in range(0, banks, 2):
+        pair = add(partial[s], partial[s + 1]) if s + 1 < banks else \
+            add(partial[s], np.zeros(n_in, grad_output.dtype))
+        result = add(result, pair)
     return result.reshape(input_shape), mode
 
 

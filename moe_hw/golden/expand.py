@@ -206,8 +206,9 @@ def expand_backward_hw(grad_output, input_shape, expand_size, lanes, adder_laten
     2. G = :func:`expand_backward_banks` ``(adder_latency)`` banks each hold a partial
        ``input_grad``, starting at +0.0: item k adds into bank ``k % G``, each element in
        item order, rounding after each addition.
-    3. ``input_grad = (((+0.0 + bank_0) + bank_1) + ..) + bank_{G-1}``, rounding after each
-       addition.
+    3. the banks are summed in pairs, and the pairs in order: ``input_grad = ((+0.0 +
+       (bank_0 + bank_1)) + (bank_2 + bank_3)) + ..``, rounding after each addition (when
+       G is odd the last pair is ``bank_{G-1} + +0.0``).
 
     Every addition rounds to nearest even in the format of ``grad_output`` (+0.0 + -0.0 =
     +0.0). With integer-valued data small enough to be exact, every order gives the bits of
@@ -241,9 +242,11 @@ def expand_backward_hw(grad_output, input_shape, expand_size, lanes, adder_laten
         addr = item_addr[first:first + banks]
         bank = np.arange(len(addr))[:, None]
         partial[bank, addr] = add(partial[bank, addr], item_value[first:first + banks])
+    if banks % 2:
+        partial = np.concatenate([partial, np.zeros_like(partial[:1])])
     input_grad = np.zeros(max(1, n_in), dtype=grad_output.dtype)
-    for s in range(banks):
-        input_grad = add(input_grad, partial[s])
+    for s in range(0, banks, 2):
+        input_grad = add(input_grad, add(partial[s], partial[s + 1]))
     return input_grad[:n_in].reshape(input_shape)
 
 

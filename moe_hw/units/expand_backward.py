@@ -26,11 +26,15 @@ L + 3 cycles per beat. The unit removes the stall at two levels:
   the same bank (G items, at least G cycles, later) reads its result: one item per cycle,
   any address pattern, no hazard check.
 
-At the end the G banks are summed per element, ``(((+0.0 + bank_0) + bank_1) + ..) +
-bank_{G-1}``, on the same ``lanes`` adders: rows go in groups of W = L + 1, and for each bank
-in turn the group's rows are read one per cycle, so that a row's partial goes round the adder
-and a feedback register in exactly W cycles (the latency interleaving of
-:mod:`moe_hw.units.dispatch_backward_gate`); each bank word read is cleared behind the read,
+At the end the G banks are summed per element, a pair at a time: ``((+0.0 + (bank_0 +
+bank_1)) + (bank_2 + bank_3)) + ..`` (the last pair of an odd G is ``bank_{G-1} + +0.0``).
+The even and the odd banks are two memories, so a pair is one read of each, summed by a
+pre-adder per lane; the pairs go into the partial on the accumulation's own ``lanes`` adders.
+Rows go in groups of W = L + 1, and for each pair in turn the group's rows are read one per
+cycle, so that a row's partial goes round the adder and a feedback register in exactly W
+cycles (the latency interleaving of :mod:`moe_hw.units.dispatch_backward_gate`); a pass
+(one pair over a group) starts only when the output queue has room for the group's W
+results, since its reads cannot wait. Each bank word read is cleared behind the read,
 so the banks are +0.0 again for the next run (a reset in the middle of a run leaves them
 dirty). The summation order is therefore exactly ``golden.expand_backward_hw(grad_output,
 input_shape, expand_size, lanes, add_latency)``.
@@ -58,24 +62,28 @@ Streams and ports (payload fields are listed least significant first):
 
 Rate: one item per cycle, so one ``grad_output`` beat per cycle in the ``reduce`` and
 ``rows`` modes and ``1 / lanes`` of a beat per cycle in ``elements`` mode; then the drain,
-``G * W`` cycles per group of W rows. Stall-free, a run takes exactly
+``ceil(G / 2) * W`` cycles per group of W rows (about G / 2 per row of ``lanes`` input
+elements). Stall-free, a run takes exactly
 :meth:`ExpandBackwardParams.cycles` cycles from the start cycle to the first cycle ``done``
 is high::
 
-    (max_rank + 1) + items + G*W*ceil(rows / W) - (W - 1 - (rows - 1) % W) + F + 2*L + 12
+    (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+                   + F + 3*L + 12
 
 with ``items`` = ``output_elements`` (``elements``) or ``output_elements / lanes``, ``rows =
 ceil(input_elements / lanes)``, F = :attr:`ExpandBackwardParams.front_latency` (the address
 tree or the lane tree, whichever is longer: ``max(ceil(log2(max_rank)), 1 + log2(lanes)*L)``);
 the plan beats, one cycle per item, the drain up to its last real row (a last group of fewer
-than W rows ends early), and 12 more: run control 2, the memory read in the last item's
-write and in the drain 2 + 2, the flush's spare cycle and the switch to the drain 1 + 1, the
-output queue 2, busy 1, done 1. An empty run takes
+than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 12 more:
+run control 2, the memory read in the last item's write and in the drain 2 + 2, the flush's
+spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. An empty run takes
 :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs at most its own cycles plus,
 on the output, up to W per drain pass.
 
-Memory: one :class:`~moe_hw.blocks.block_memory.BlockMemory` of ``G * 2**ceil(log2(rows))``
-words of ``lanes`` elements (bank in the high address bits), a write enable per lane.
+Memory: two :class:`~moe_hw.blocks.block_memory.BlockMemory` (the even and the odd banks),
+each ``ceil(G / 2) * 2**ceil(log2(rows))`` words of ``lanes`` elements (the bank's half in
+the high address bits), a write enable per lane. Adders: ``lanes - 1`` in the lane tree,
+``lanes`` accumulators, ``lanes`` drain pre-adders.
 """
 
 from dataclasses import dataclass
@@ -108,9 +116,9 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
     max_input: int = param(1024, minimum=1, maximum=1 << 20,
                            doc="input gradient elements held on chip (G banks of them)")
     max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
-    # At least 2: with a one-cycle adder a drain pass of W = 2 rows would come round before
-    # the output queue has emptied, and the exact cycle count would depend on it.
-    add_stages: int | None = param(None, minimum=2, maximum=16, optional=True,
+    # At least 1: the accumulation interleaves banks and rows; a combinational adder would
+    # close a combinational loop through its own output.
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
                                    doc="None: the adder's default depth for the format")
     bram: str = bram_param()
 
@@ -155,8 +163,14 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         return ceil_log2(self.rows)
 
     @property
+    def pairs(self):
+        """Pairs of banks, summed one pair per drain pass: ``ceil(G / 2)``."""
+        return -(-self.banks // 2)
+
+    @property
     def memory_depth(self):
-        return self.banks << self.row_bits
+        """Words of each of the two memories (the even banks, the odd banks)."""
+        return self.pairs << self.row_bits
 
     def items(self, output_elements, mode):
         """Items of a run: one per element in ``elements`` mode, one per beat otherwise."""
@@ -169,7 +183,7 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         rows = max(1, -(-input_elements // self.lanes))
         w = self.ring
         groups = -(-rows // w)
-        return self.banks * w * groups - (w - 1 - (rows - 1) % w)
+        return self.pairs * w * groups - (w - 1 - (rows - 1) % w)
 
     def cycles(self, input_elements, output_elements, mode):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is
@@ -178,7 +192,7 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
             return EMPTY_CYCLES
         return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
                 + self.flush + 1 + self.drain_cycles(input_elements)
-                + BlockMemory.latency + self.add_latency
+                + BlockMemory.latency + 2 * self.add_latency
                 + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     def grad_output_layout(self):
@@ -299,79 +313,111 @@ class ExpandBackwardUnit(wiring.Component):
         values = [Mux(mode == rows_mode, beat[j], Mux(mode == reduce, reduced, element))
                   for j in range(lanes)]
 
-        # ---- the accumulator: G banks in one memory, bank in the high address bits ------------
-        memory = m.submodules.banks = BlockMemory(width, p.memory_depth, granules=lanes,
-                                                  target=p.bram)
+        # ---- the accumulator: G banks in two memories, even and odd banks -------------------
+        # Bank b is in memory b % 2 at row-major address (row, b // 2): an item reads both
+        # memories and keeps its own bank's word, the drain reads a pair of banks per cycle.
+        memories = []
+        for parity in range(2):
+            memory = BlockMemory(width, p.memory_depth, granules=lanes, target=p.bram)
+            m.submodules[("even_banks", "odd_banks")[parity]] = memory
+            memories.append(memory)
+        even, odd = memories
         read = BlockMemory.latency
+        addr_width = len(even.read_addr)
         draining = Signal()                  # the drain has begun (adders in drain use)
         drain_issue = Signal()
-        drain_addr = Signal(len(memory.read_addr))
-        rmw_addr = Cat(row[:p.row_bits], item_bank)[:len(memory.read_addr)]
-        m.d.comb += [memory.read_addr.eq(Mux(draining, drain_addr, rmw_addr)),
-                     memory.read_en.eq(1)]
+        drain_addr = Signal(addr_width)
+        item_parity = item_bank[0] if banks > 1 else Const(0)
+        rmw_addr = Cat(row[:p.row_bits], item_bank[1:])[:addr_width]
+        for memory in memories:
+            m.d.comb += [memory.read_addr.eq(Mux(draining, drain_addr, rmw_addr)),
+                         memory.read_en.eq(1)]
+        parity_read = delay(m, item_parity, read, 1, name="parity_read", reset_less=True)
 
-        # The drain's partials: the adder's sum a cycle later, +0.0 where bank 0 starts a row.
+        # The drain: a pre-adder per lane sums the pair of banks (+0.0 for the missing odd
+        # bank of an odd G); the ring adder adds the pairs into the partial, which is the
+        # adder's sum a cycle later, +0.0 where the first pair starts a row.
         restart = Signal()
-        drain_b_on = delay(m, drain_issue, read, 1, name="drain_b_on")
+        last_pass_signal = Signal()          # the drain's pass is the last pair of banks
+        pair_on = delay(m, drain_issue, read, 1, name="pair_on")
+        odd_on = delay(m, drain_issue & ((banks % 2 == 0) | ~last_pass_signal), read, 1,
+                       name="odd_on")
+        ring_on = delay(m, pair_on, lat, 1, name="ring_on")
         values_read = [delay(m, v, read, 1, name=f"value{j}_read", reset_less=True)
                        for j, v in enumerate(values)]
         sums = []
         for j in range(lanes):
+            pre = FloatAdderCore(p.format, lat)
+            m.submodules[f"pair{j}"] = pre
+            m.d.comb += [pre.a.eq(Mux(pair_on, even.read_data[j], 0)),
+                         pre.b.eq(Mux(odd_on, odd.read_data[j], 0)), pre.en.eq(1)]
             acc = FloatAdderCore(p.format, lat)
             m.submodules[f"acc{j}"] = acc
             partial = Signal(width, name=f"partial{j}")
             m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
-            old = memory.read_data[j]
+            old = Mux(parity_read, odd.read_data[j], even.read_data[j])
             m.d.comb += [
                 acc.a.eq(Mux(draining, partial, old)),
-                acc.b.eq(Mux(draining, Mux(drain_b_on, old, 0), values_read[j])),
+                acc.b.eq(Mux(draining, Mux(ring_on, pre.sum, 0), values_read[j])),
                 acc.en.eq(1),
             ]
             sums.append(acc.sum)
 
-        # Writes: an item's sum read + L cycles after its front, or a drain read's clear a
-        # cycle after it.
+        # Writes: an item's sum read + L cycles after its front into its bank's memory, or a
+        # drain read's clear (both memories) a cycle after it.
         write_en = delay(m, enables, read + lat, 1, name="write_en")
+        write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
         write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
         clear_en = delay(m, drain_issue, 1, 1, name="clear_en")
         clear_addr = delay(m, drain_addr, 1, 1, name="clear_addr", reset_less=True)
-        m.d.comb += [
-            memory.write_en.eq(Mux(clear_en, all_lanes, write_en)),
-            memory.write_addr.eq(Mux(clear_en, clear_addr, write_addr)),
-        ]
-        for j in range(lanes):
-            m.d.comb += memory.write_data[j].eq(Mux(clear_en, 0, sums[j]))
+        for parity, memory in enumerate(memories):
+            mine = write_odd if parity else ~write_odd
+            m.d.comb += [
+                memory.write_en.eq(Mux(clear_en, all_lanes, Mux(mine, write_en, 0))),
+                memory.write_addr.eq(Mux(clear_en, clear_addr, write_addr)),
+            ]
+            for j in range(lanes):
+                m.d.comb += memory.write_data[j].eq(Mux(clear_en, 0, sums[j]))
 
         # ---- flush, then the drain ------------------------------------------------------------
         with m.If(flushing):
             m.d.sync += flush_left.eq(flush_left - 1)
             with m.If(flush_left == 0):
                 m.d.sync += [flushing.eq(0), draining.eq(1)]
-        out = m.submodules.output_pipe = CreditPipeline(read + lat, p.input_grad_layout(),
-                                                        depth=ring + read + lat + 3)
+        latency = read + 2 * lat
+        depth = 2 * ring + latency + 3
+        out = m.submodules.output_pipe = CreditPipeline(latency, p.input_grad_layout(),
+                                                        depth=depth)
         wiring.connect(m, out.o, wiring.flipped(self.input_grad))
-        # rho counts every drain cycle modulo W; a pass (one bank over a group of W rows)
-        # starts only at rho == 0, so the rows keep their ring slots whatever waits.
+        # Results not yet taken by the consumer: a last pass starts only when the queue has
+        # room for all W of its results (its takes cannot wait: the rows keep ring slots).
+        pending = Signal(range(depth + 1))
+        delivered = self.input_grad.valid & self.input_grad.ready
+        m.d.sync += pending.eq(pending + out.take - delivered)
+        # rho counts every drain cycle modulo W; a pass (one pair of banks over a group of W
+        # rows) starts only at rho == 0, so the rows keep their ring slots whatever waits.
         rho = Signal(range(ring))
-        drain_bank = Signal(range(banks))
+        drain_pair = Signal(range(p.pairs))
         group_row = Signal(range(p.rows + ring + 1))
         last_group = Signal()                # group_row + W >= rows
         pass_on = Signal()                   # the current pass issues
         drain_open = Signal()                # a pass is still to come
-        last_pass = drain_bank == banks - 1
+        m.d.comb += last_pass_signal.eq(drain_pair == p.pairs - 1)
+        last_pass = last_pass_signal
         starts = draining & drain_open & (rho == 0)
-        go = starts & ~(last_pass & out.busy)
+        go = starts & ~(last_pass & (pending > depth - ring - 2))
         drain_row = group_row + rho
         real = drain_row < run_rows
         m.d.comb += [
             drain_issue.eq(Mux(rho == 0, go, pass_on)),
-            drain_addr.eq(Cat(drain_row[:p.row_bits], drain_bank)[:len(drain_addr)]),
-            restart.eq(delay(m, drain_issue & (drain_bank == 0), 1, 1, name="restart_next")),
+            drain_addr.eq(Cat(drain_row[:p.row_bits], drain_pair)[:addr_width]),
+            restart.eq(delay(m, drain_issue & (drain_pair == 0), 1 + lat, 1,
+                             name="restart_next")),
             out.i_valid.eq(drain_issue & last_pass & real),
             out.payload.data.eq(Cat(*sums)),
         ]
         flags = Cat(Mux(drain_row == run_rows - 1, last_en, all_lanes), drain_row == run_rows - 1)
-        flags = delay(m, flags, read + lat, 1, name="flags", reset_less=True)
+        flags = delay(m, flags, latency, 1, name="flags", reset_less=True)
         m.d.comb += [out.payload.enable.eq(flags[:lanes]), out.payload.last.eq(flags[lanes])]
         with m.If(draining & drain_open):
             m.d.sync += rho.eq(Mux(rho == ring - 1, 0, rho + 1))
@@ -380,9 +426,9 @@ class ExpandBackwardUnit(wiring.Component):
             with m.If((rho == ring - 1) & pass_on):
                 m.d.sync += pass_on.eq(0)
                 with m.If(~last_pass):
-                    m.d.sync += drain_bank.eq(drain_bank + 1)
+                    m.d.sync += drain_pair.eq(drain_pair + 1)
                 with m.Else():
-                    m.d.sync += [drain_bank.eq(0), group_row.eq(group_row + ring),
+                    m.d.sync += [drain_pair.eq(0), group_row.eq(group_row + ring),
                                  last_group.eq(group_row + 2 * ring >= run_rows)]
                     with m.If(last_group):
                         m.d.sync += drain_open.eq(0)
@@ -390,6 +436,6 @@ class ExpandBackwardUnit(wiring.Component):
 
         with m.If(ctl.begin):
             m.d.sync += [draining.eq(0), flushing.eq(0), drain_open.eq(1), rho.eq(0),
-                         drain_bank.eq(0), group_row.eq(0), pass_on.eq(0),
+                         drain_pair.eq(0), group_row.eq(0), pass_on.eq(0), pending.eq(0),
                          last_group.eq(run_rows <= ring)]
         return m
