@@ -1,6 +1,8 @@
-"""cocotb bench for the expand unit (``expand`` and ``repeat`` share it): drives the run-time
-sizes (``settings["runtime"]``), streams the plan's beats (``settings["plan"]``, packed by
-the host) and the input's beats in with random pauses,
+"""cocotb bench for the expand unit (``expand``, ``repeat`` and ``expand_backward`` share it):
+drives the run-time sizes (``settings["runtime"]``), streams the plan's beats
+(``settings["plan"]``, packed by the host) and the input's beats in with random pauses (the
+unit's input and output streams are ``settings["streams"]``, by default ``input_data`` and
+``output``; ``expand_backward`` takes ``grad_output`` and gives ``input_grad``),
 takes every output beat with random ready pauses, and records the output beats, the input
 beats taken, the status outputs and the exact cycle count. The host side
 (``moe_hw.host.expand``) scores them."""
@@ -18,20 +20,21 @@ async def expand(dut):
     s, st = run.settings, run.stimulus
     lanes, width, runtime = s["lanes"], s["width"], s["runtime"]
 
-    in_layout = run.layout("input_data__payload")
+    in_name, out_name = s.get("streams", ("input_data", "output"))
+    in_layout = run.layout(f"{in_name}__payload")
     beats = [in_layout.pack(data=pack_lanes(row, width)) for row in st["input"].astype(np.uint64)]
 
     await reset(dut, inputs=["start", *runtime])
     stall, seed = s["stall"], s["seed"]
     plan = StreamSource(dut, "plan", [int(word) for word in s["plan"]], Pauses(stall, seed + 2))
-    source = StreamSource(dut, "input_data", beats, Pauses(stall, seed))
-    sink = StreamSink(dut, "output", Pauses(stall, seed + 1))
+    source = StreamSource(dut, in_name, beats, Pauses(stall, seed))
+    sink = StreamSink(dut, out_name, Pauses(stall, seed + 1))
     cycles = await run_once(dut, [plan, source, sink], runtime,
                             limit=40 * (s["expected_beats"] + len(beats) + len(s["plan"]))
                             + 2000, what=run.manifest["top"],
                             moved=lambda: (len(sink.items), source.sent, plan.sent))
 
-    out = run.layout("output__payload")
+    out = run.layout(f"{out_name}__payload")
     data = np.array([unpack_lanes(out.unpack(w, "data"), width, lanes) for w in sink.items],
                     dtype=np.uint64).reshape(len(sink.items), lanes)
     run.save(data=data,

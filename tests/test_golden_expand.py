@@ -8,7 +8,9 @@ import pytest
 
 from moe_hw.golden import (contiguous_strides, expand, expand_backward, expand_strides,
                            physical_expand, repeat)
-from moe_hw.golden.expand import _repeat_plan
+from moe_hw.golden._common import add
+from moe_hw.golden.expand import (_repeat_plan, backward_mode, expand_backward_hw,
+                                  merged_dims)
 from moe_hw.golden.testing import bit_equal, random_floats
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
@@ -151,6 +153,96 @@ def test_expand_backward_against_float64_and_signed_zero():
     negative = np.full((3, 2), -0.0, np.float16)
     assert bit_equal(expand_backward(negative, [1, 2], [3, 2]), np.zeros((1, 2), np.float16))
     assert bit_equal(expand_backward(negative, [3, 2], [3, 2]), np.zeros((3, 2), np.float16))
+
+
+def reference_expand_backward_hw(grad_output, input_shape, expand_size, lanes, latency):
+    """The hardware order written out as loops: items by mode, bank k % (latency + 3), then
+    the banks summed in pairs, the pairs in order from +0.0."""
+    out_stride = expand_strides(input_shape, expand_size)
+    mode = backward_mode(grad_output.shape, out_stride, lanes)
+    flat = grad_output.reshape(-1)
+    address = [sum(a * s for a, s in zip(x, out_stride)) for x in np.ndindex(grad_output.shape)]
+    n_in = int(np.prod(input_shape))
+    banks = latency + 3
+    partial = np.zeros((banks, n_in), grad_output.dtype)
+    items = []
+    if mode == "elements":
+        items = [[(address[e], flat[e])] for e in range(flat.size)]
+    elif mode == "rows":
+        items = [[(address[e], flat[e]) for e in range(b, b + lanes)]
+                 for b in range(0, flat.size, lanes)]
+    else:
+        for b in range(0, flat.size, lanes):
+            values = list(flat[b:b + lanes])
+            while len(values) > 1:
+                values = [add(values[2 * m], values[2 * m + 1]) for m in range(len(values) // 2)]
+            items.append([(address[b], values[0])])
+    for k, item in enumerate(items):
+        for a, v in item:
+            partial[k % banks, a] = add(partial[k % banks, a], v)
+    result = np.zeros(n_in, grad_output.dtype)
+    for s in range(0, banks, 2):
+        pair = add(partial[s], partial[s + 1]) if s + 1 < banks else \
+            add(partial[s], np.zeros(n_in, grad_output.dtype))
+        result = add(result, pair)
+    return result.reshape(input_shape), mode
+
+
+@pytest.mark.parametrize("input_shape, expand_size, lanes, mode", [
+    ([3, 1], [3, 8], 4, "reduce"),          # a gate broadcast across H
+    ([1, 8], [5, 8], 4, "rows"),            # a row broadcast over tokens
+    ([4, 1, 3, 5], [2, 1, 4, 4, 3, 5], 4, "elements"),
+    ([2, 1], [3, 2, 16], 16, "reduce"),
+    ([1, 4], [9, 4], 8, "elements"),        # a beat goes to each element twice
+    ([], [5, 3], 2, "elements"),
+    ([1], [6], 1, "reduce"),
+    ([0, 1], [3, -1, 4], 4, "elements"),
+])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("latency", [1, 4, 11])
+def test_expand_backward_hw_matches_loop(dtype, latency, input_shape, expand_size, lanes, mode):
+    rng = np.random.default_rng(lanes + latency)
+    output_shape = expand(np.zeros(input_shape), expand_size).shape
+    grad_output = random_floats(rng, output_shape, dtype)
+    got = expand_backward_hw(grad_output, input_shape, expand_size, lanes, latency)
+    want, want_mode = reference_expand_backward_hw(grad_output, input_shape, expand_size,
+                                                   lanes, latency)
+    assert want_mode == mode
+    assert bit_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_expand_backward_hw_integers_match_sequential(dtype):
+    """Integer-valued data small enough to be exact: every summation order gives the bits of
+    the sequential expand_backward; random data does not (the order is visible)."""
+    rng = np.random.default_rng(5)
+    for input_shape, expand_size in (([6, 1], [6, 64]), ([1, 16], [12, 16]),
+                                     ([3, 1, 2], [4, 3, 5, 2])):
+        output_shape = expand(np.zeros(input_shape), expand_size).shape
+        grad_output = rng.integers(-4, 5, output_shape).astype(dtype)
+        for lanes, latency in ((4, 1), (16, 11), (8, 2)):
+            assert bit_equal(expand_backward_hw(grad_output, input_shape, expand_size, lanes,
+                                                latency),
+                             expand_backward(grad_output, input_shape, expand_size))
+    grad_output = random_floats(rng, (6, 64), np.float32, specials=0.0)
+    assert not bit_equal(expand_backward_hw(grad_output, [6, 1], [6, 64], 16, 11),
+                         expand_backward(grad_output, [6, 1], [6, 64]))
+
+
+def test_expand_backward_hw_bad_arguments():
+    grad = np.zeros((3, 4), np.float32)
+    with pytest.raises(ValueError, match="lanes must be a power of two from 1 to 16, not 3"):
+        expand_backward_hw(grad, [3, 1], [3, 4], 3, 4)
+    with pytest.raises(ValueError, match="adder_latency must be a positive integer, not 0"):
+        expand_backward_hw(grad, [3, 1], [3, 4], 4, 0)
+    with pytest.raises(ValueError, match=r"expand_size\[1\] must be >= 1 or -1"):
+        expand_backward_hw(grad, [3, 1], [3, -4], 4, 2)
+
+
+def test_merged_dims_seed():
+    assert merged_dims([2, 1, 4, 4, 3, 5], [0, 0, 15, 0, 5, 1]) == \
+        [(2, 0), (4, 15), (4, 0), (15, 1)]
+    assert merged_dims([3, 0], [0, 1]) == []
 
 
 def test_zero_sized():

@@ -6,7 +6,7 @@ from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_st
                          leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
                          shift_bits, shift_left_step, shift_right_sticky_step, unpack)
 
-__all__ = ["FloatAdderCore", "FloatAdder", "DEFAULT_ADDER_STAGES"]
+__all__ = ["FloatAdderCore", "FloatAdder", "DEFAULT_ADDER_STAGES", "adder_tree"]
 
 #: Default pipeline depth per format: every register boundary of :class:`FloatAdderCore`
 #: gets one register, so that no stage has more than a few LUT levels and a carry chain
@@ -213,6 +213,25 @@ class FloatAdderCore(FloatCore):
         out = regs.boundary("rounded", sum=packed)
         m.d.comb += self.sum.eq(out.sum)
         return m
+
+
+def adder_tree(m, values, format, latency, *, name="tree"):
+    """The fixed pairwise float sum of ``values`` (a power of two of them, raw bit patterns):
+    while more than one remains, ``p[m] = p[2m] + p[2m + 1]``, one free-running
+    :class:`FloatAdderCore` of ``latency`` per pair (submodules ``{name}{level}_{pos}``). The
+    sum comes ``log2(len(values)) * latency`` cycles after its operands."""
+    level = 0
+    while len(values) > 1:
+        reduced = []
+        for pos in range(len(values) // 2):
+            add = FloatAdderCore(format, latency)
+            m.submodules[f"{name}{level}_{pos}"] = add
+            m.d.comb += [add.a.eq(values[2 * pos]), add.b.eq(values[2 * pos + 1]),
+                         add.en.eq(1)]
+            reduced.append(add.sum)
+        values = reduced
+        level += 1
+    return values[0]
 
 
 class FloatAdder(FloatStreamUnit):

@@ -10,7 +10,7 @@ from .dispatch import (dispatch_backward_data, dispatch_backward_gate, dispatch_
                        dispatch_forward)
 from .expert_parallel import ep_dispatch
 from .expand import (PhysicalExpand, contiguous_strides, expand, expand_backward,
-                     expand_strides, physical_expand, repeat)
+                     expand_backward_hw, expand_strides, physical_expand, repeat)
 from .layer import moe_layer, top_k_routing
 from .locations import capacity_from_factor, compute_locations, expert_counts
 from .rerouting import moe_re_routing
@@ -23,7 +23,7 @@ __all__ = [
     "sparse_dispatch_indices", "sparse_dispatch", "sparse_combine", "expert_to_gates",
     "combine_gather",
     "moe_re_routing",
-    "expand", "expand_backward", "repeat", "expand_strides", "physical_expand",
+    "expand", "expand_backward", "expand_backward_hw", "repeat", "expand_strides", "physical_expand",
     "PhysicalExpand", "contiguous_strides",
     "scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer",
     "moe_layer", "top_k_routing",

@@ -17,8 +17,9 @@ import numpy as np
 
 from ._common import add, check_count, float_array
 
-__all__ = ["expand", "expand_backward", "repeat", "expand_strides", "physical_expand",
-           "PhysicalExpand", "contiguous_strides"]
+__all__ = ["expand", "expand_backward", "expand_backward_hw", "expand_backward_banks",
+           "backward_mode", "BACKWARD_MODES", "merged_dims", "repeat", "expand_strides",
+           "physical_expand", "PhysicalExpand", "contiguous_strides"]
 
 
 def _sizes(name, sizes):
@@ -131,6 +132,122 @@ def expand_backward(grad_output, input_shape, expand_size):
         for r in range(readers.shape[1]):
             input_grad = add(input_grad, grads[:, r])
     return input_grad.reshape(input_shape)
+
+
+def merged_dims(output_shape, out_stride):
+    """The address dims of an expand, ``[(size, stride), ...]`` outermost first: the size-1
+    dims dropped, and neighbouring dims that are one run of addresses merged (a dim
+    ``(s0, t0)`` followed by ``(s, t)`` with ``t0 == s*t``: a kept dim over a contiguous kept
+    dim, or two broadcast dims). Kept and broadcast dims then alternate. An empty output has
+    no dims. Example: [2, 1, 4, 4, 3, 5] with strides [0, 0, 15, 0, 5, 1] gives
+    [(2, 0), (4, 15), (4, 0), (15, 1)]."""
+    merged = []
+    walk = zip(output_shape, out_stride) if int(np.prod(output_shape, dtype=np.int64)) else ()
+    for s, t in walk:
+        if s == 1:
+            continue
+        if merged and merged[-1][1] == s * t:
+            merged[-1] = (merged[-1][0] * s, t)
+        else:
+            merged.append((s, t))
+    return merged
+
+
+#: The backward unit's modes, by their code on its ``mode`` port.
+BACKWARD_MODES = ("elements", "reduce", "rows")
+
+
+def backward_mode(output_shape, out_stride, lanes):
+    """How the backward unit takes the output gradient, from the innermost address dim
+    ``(s0, t0)`` (:func:`merged_dims`):
+
+    ``"reduce"``
+        a broadcast dim (t0 = 0) with ``s0 % lanes == 0``: every lane of a beat goes to the
+        same input element, so a beat is one item, the pairwise sum of its lanes;
+    ``"rows"``
+        a kept dim (t0 = 1) with ``s0 % lanes == 0``: lane j of a beat goes to input element
+        ``a + j``, a a multiple of ``lanes``, so a beat is one item, a row of ``lanes``
+        elements;
+    ``"elements"``
+        anything else (a beat's lanes go to several, possibly repeated, elements): every
+        output element is an item of its own.
+    """
+    dims = merged_dims(output_shape, out_stride)
+    if dims and dims[-1][0] % lanes == 0:
+        return "reduce" if dims[-1][1] == 0 else "rows"
+    return "elements"
+
+
+def expand_backward_banks(adder_latency):
+    """G, the backward unit's accumulator banks: item k adds into bank ``k % G``. A bank's
+    read-modify-write takes the memory's two-cycle read, the adder and the write, so the
+    same bank is read again only after its last write has landed: ``G = adder_latency + 3``."""
+    return check_count("adder_latency", adder_latency, minimum=1) + 3
+
+
+def _pairwise(values):
+    """The fixed pairwise tree over the last axis (a power of two): while more than one
+    remains, ``p[m] = p[2m] + p[2m + 1]``, rounding after each addition."""
+    while values.shape[-1] > 1:
+        values = add(values[..., 0::2], values[..., 1::2])
+    return values[..., 0]
+
+
+def expand_backward_hw(grad_output, input_shape, expand_size, lanes, adder_latency):
+    """:func:`expand_backward` in exactly the hardware's summation order (the unit
+    ``expand_backward`` with ``lanes`` lanes and an adder of latency ``adder_latency``).
+
+    1. The output gradient, flat in C order, becomes a sequence of items k = 0, 1, .. by the
+       :func:`backward_mode`: in ``"reduce"`` mode item k is beat k (elements ``k*lanes`` ..
+       ``k*lanes + lanes - 1``, all read from one input element), its value the fixed
+       pairwise tree over its lanes (``p[m] = p[2m] + p[2m + 1]``); in ``"rows"`` mode item
+       k is beat k, lane j adding to input element ``a_k + j``; in ``"elements"`` mode item
+       k is output element k.
+    2. G = :func:`expand_backward_banks` ``(adder_latency)`` banks each hold a partial
+       ``input_grad``, starting at +0.0: item k adds into bank ``k % G``, each element in
+       item order, rounding after each addition.
+    3. the banks are summed in pairs, and the pairs in order: ``input_grad = ((+0.0 +
+       (bank_0 + bank_1)) + (bank_2 + bank_3)) + ..``, rounding after each addition (when
+       G is odd the last pair is ``bank_{G-1} + +0.0``).
+
+    Every addition rounds to nearest even in the format of ``grad_output`` (+0.0 + -0.0 =
+    +0.0). With integer-valued data small enough to be exact, every order gives the bits of
+    :func:`expand_backward`.
+    """
+    lanes = check_count("lanes", lanes, minimum=1)
+    if lanes > 16 or lanes & (lanes - 1):
+        raise ValueError(f"lanes must be a power of two from 1 to 16, not {lanes}")
+    banks = expand_backward_banks(adder_latency)
+    output_shape, out_stride = _plan(input_shape, expand_size)
+    grad_output = float_array("grad_output", grad_output)
+    if list(grad_output.shape) != output_shape:
+        raise ValueError(f"grad_output must have the expanded shape {tuple(output_shape)}, "
+                         f"not {grad_output.shape}")
+    input_shape = _shape("input_shape", input_shape)
+    n_in = int(np.prod(input_shape, dtype=np.int64))
+    grads = grad_output.reshape(-1)
+    addresses = _addresses(output_shape, out_stride)[:grads.size]
+    mode = backward_mode(output_shape, out_stride, lanes)
+    if mode == "elements":
+        item_addr, item_value = addresses[:, None], grads[:, None]
+    elif mode == "reduce":
+        item_addr = addresses[::lanes, None]
+        item_value = _pairwise(grads.reshape(-1, lanes))[:, None]
+    else:
+        item_addr, item_value = addresses.reshape(-1, lanes), grads.reshape(-1, lanes)
+    partial = np.zeros((banks, max(1, n_in)), dtype=grad_output.dtype)
+    # Items k .. k + G - 1 add into different banks, and an item's elements are distinct:
+    # each chunk of G items is one vectorised addition.
+    for first in range(0, len(item_addr), banks):
+        addr = item_addr[first:first + banks]
+        bank = np.arange(len(addr))[:, None]
+        partial[bank, addr] = add(partial[bank, addr], item_value[first:first + banks])
+    if banks % 2:
+        partial = np.concatenate([partial, np.zeros_like(partial[:1])])
+    input_grad = np.zeros(max(1, n_in), dtype=grad_output.dtype)
+    for s in range(0, banks, 2):
+        input_grad = add(input_grad, add(partial[s], partial[s + 1]))
+    return input_grad[:n_in].reshape(input_shape)
 
 
 def _repeat_plan(input_shape, repeat_size):

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable
-from ..golden.expand import _plan as expand_plan
+from ..golden.expand import _plan as expand_plan, merged_dims
 from ..units.expand import ELEMENT_FORMATS, ExpandParams, ExpandUnit
 from .checks import HostError, compare_log, compare_values, need
 from .unit import Unit
@@ -133,28 +133,22 @@ def plan(input_shape, expand_size, params):
     return plan_of(output_shape, out_stride, params)
 
 
-def plan_of(output_shape, out_stride, params):
-    """The plan from an output shape and its ``out_stride`` (already checked)."""
-    merged = []
-    # An empty run's plan is never used: all dims size 1.
-    walk = zip(output_shape, out_stride) if math.prod(output_shape) else ()
-    for s, t in walk:
-        if s == 1:
-            continue
-        # dim (s0, t0) then (s, t) is one run of addresses when t0 == s*t (0 == 0 too).
-        if merged and merged[-1][1] == s * t:
-            merged[-1] = (merged[-1][0] * s, t)
-        else:
-            merged.append((s, t))
+def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
+    """The plan from an output shape and its ``out_stride`` (already checked): odometers
+    that advance ``step`` output elements per beat (default ``params.lanes``), the start
+    values of ``odometers`` lanes (default ``params.lanes``; lane l starts at element l)."""
+    step = params.lanes if step is None else step
+    merged = merged_dims(output_shape, out_stride)
     if len(merged) > params.max_rank:
         raise HostError(f"the expand needs {len(merged)} address dims ({merged}), above the "
                         f"unit's max_rank of {params.max_rank}")
     dims = [(1, 0)] * (params.max_rank - len(merged)) + merged
     digits, inner = [], 1
     for s, _ in reversed(dims):
-        digits.append((params.lanes // inner) % s)
+        digits.append((step // inner) % s)
         inner *= s
-    return Plan(list(output_shape), list(out_stride), dims, digits[::-1], params.lanes)
+    return Plan(list(output_shape), list(out_stride), dims, digits[::-1],
+                params.lanes if odometers is None else odometers)
 
 
 def odometer_addresses(the_plan, beats):

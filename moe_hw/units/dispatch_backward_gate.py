@@ -93,7 +93,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.fadd import FloatAdderCore
+from ..arith.fadd import FloatAdderCore, adder_tree
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
@@ -506,21 +506,11 @@ class DispatchBackwardGateUnit(wiring.Component):
         # ---- the fixed pairwise tree: p[m] = p[2m] + p[2m + 1] ---------------------------------
         # A pair's final partials leave the adders add_latency cycles after its last item
         # entered them; the tree takes them then.
-        level = 0
-        while len(partials) > 1:
-            reduced = []
-            for pos in range(len(partials) // 2):
-                add = FloatAdderCore(p.format, p.add_latency)
-                m.submodules[f"tree{level}_{pos}"] = add
-                m.d.comb += [add.a.eq(partials[2 * pos]), add.b.eq(partials[2 * pos + 1]),
-                             add.en.eq(1)]
-                reduced.append(add.sum)
-            partials = reduced
-            level += 1
+        total = adder_tree(m, partials, p.format, p.add_latency, name="tree")
         # The result of a pair that reads nothing is +0.0 (its items touched no partial).
         empty_result = delay(m, join & head.result & ~head.reads, p.result_latency, 1,
                              name="empty_result")
-        m.d.comb += out.payload.value.eq(Mux(empty_result, 0, partials[0]))
+        m.d.comb += out.payload.value.eq(Mux(empty_result, 0, total))
         wiring.connect(m, wiring.flipped(self.grad_gate), out.o)
 
         # ---- control ----------------------------------------------------------------------------

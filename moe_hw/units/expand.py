@@ -81,22 +81,16 @@ from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_po
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import CreditPipeline
 
-__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS"]
+__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "StrideAddressParams", "dim_steps",
+           "odometer", "sum_tree"]
 
 #: Element formats and their widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
 
 
-@dataclass(frozen=True)
-class ExpandParams(UnitParams):
-    """Generation-time parameters of :class:`ExpandUnit`."""
-
-    format: str = param("fp32", choices=tuple(ELEMENT_FORMATS), doc="sets the element width")
-    lanes: int = param(16, choices=LANES)
-    max_rank: int = param(6, minimum=1, maximum=16, doc="dims of expand_size")
-    max_input: int = param(256, minimum=1, maximum=1 << 20,
-                           doc="input elements held on chip (lanes copies of them)")
-    max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
+class StrideAddressParams:
+    """What the expand units' parameter classes share: the address generator's sizes and
+    its plan layout (fields ``lanes``, ``max_rank``, ``max_input``, ``max_output``)."""
 
     def check(self):
         if -(-self.max_input // self.lanes) > 1 << 16:
@@ -104,12 +98,8 @@ class ExpandParams(UnitParams):
                                  f"{self.lanes}, not {self.max_input}")
 
     @property
-    def element_width(self):
-        return ELEMENT_FORMATS[self.format]
-
-    @property
     def rows(self):
-        """Rows of ``lanes`` elements in each copy of the buffer."""
+        """Rows of ``lanes`` elements that hold ``max_input`` elements."""
         return -(-self.max_input // self.lanes)
 
     @property
@@ -126,6 +116,32 @@ class ExpandParams(UnitParams):
     def tree_latency(self):
         """Registered levels of the address adder tree (at least one)."""
         return max(1, ceil_log2(self.max_rank))
+
+    def plan_layout(self):
+        """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each.
+        Dim d's beat: the steps of y_d and of a_d, entry ``2*c_{d+1} + c_d``; lane l's beat:
+        the start y_d and a_d of dim d in entry d (dim 0 outermost)."""
+        entries = max(self.max_rank, 4)
+        return data.StructLayout({
+            "digit": data.ArrayLayout(signed(self.digit_width), entries),
+            "addr": data.ArrayLayout(self.addr_width, entries),
+        })
+
+
+@dataclass(frozen=True)
+class ExpandParams(StrideAddressParams, UnitParams):
+    """Generation-time parameters of :class:`ExpandUnit`."""
+
+    format: str = param("fp32", choices=tuple(ELEMENT_FORMATS), doc="sets the element width")
+    lanes: int = param(16, choices=LANES)
+    max_rank: int = param(6, minimum=1, maximum=16, doc="dims of expand_size")
+    max_input: int = param(256, minimum=1, maximum=1 << 20,
+                           doc="input elements held on chip (lanes copies of them)")
+    max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
+
+    @property
+    def element_width(self):
+        return ELEMENT_FORMATS[self.format]
 
     @property
     def read_latency(self):
@@ -154,16 +170,6 @@ class ExpandParams(UnitParams):
         return (self.plan_beats + -(-input_elements // self.lanes)
                 + -(-output_elements // self.lanes) + self.overhead)
 
-    def plan_layout(self):
-        """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each.
-        Dim d's beat: the steps of y_d and of a_d, entry ``2*c_{d+1} + c_d``; lane l's beat:
-        the start y_d and a_d of dim d in entry d (dim 0 outermost)."""
-        entries = max(self.max_rank, 4)
-        return data.StructLayout({
-            "digit": data.ArrayLayout(signed(self.digit_width), entries),
-            "addr": data.ArrayLayout(self.addr_width, entries),
-        })
-
     def input_layout(self):
         return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes)})
 
@@ -172,7 +178,53 @@ class ExpandParams(UnitParams):
                                   "enable": self.lanes, "last": 1})
 
 
-def _sum_tree(m, values, *, name):
+def dim_steps(m, p, payload, loads):
+    """The dims' step registers ``(dy, da)`` of the address generator: dim d's four steps of
+    y_d and of a_d, loaded from the plan beat ``payload`` in a cycle ``loads[d]`` is high."""
+    dy = [Signal(data.ArrayLayout(signed(p.digit_width), 4), name=f"dim{d}_dy")
+          for d in range(p.max_rank)]
+    da = [Signal(data.ArrayLayout(p.addr_width, 4), name=f"dim{d}_da")
+          for d in range(p.max_rank)]
+    for d in range(p.max_rank):
+        with m.If(loads[d]):
+            m.d.sync += [dy[d][i].eq(payload.digit[i]) for i in range(4)]
+            m.d.sync += [da[d][i].eq(payload.addr[i]) for i in range(4)]
+    return dy, da
+
+
+def odometer(m, p, dy, da, *, load, start, take, name):
+    """One lane's odometer (see the module docstring): loads its start values from the plan
+    beat ``start`` when ``load`` is high, else steps by the planned constants when ``take``
+    is high. Returns the dims' shares of the address, ``[a_0, .., a_{R-1}]`` (registers);
+    the address is their sum (:func:`sum_tree`)."""
+    rank = p.max_rank
+    y = [Signal(signed(p.digit_width), name=f"{name}_y{d}") for d in range(rank)]
+    q = [Signal(signed(p.digit_width), name=f"{name}_q{d}") for d in range(rank)]
+    a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
+    carry = [Const(0)] * (rank + 1)  # carry[d]: out of dim d; carry[rank] = 0
+    for d in reversed(range(rank)):
+        carry[d] = ~y[d][-1] | (~q[d][-1] & carry[d + 1])
+    with m.If(load):
+        for d in range(rank):
+            m.d.sync += [y[d].eq(start.digit[d]), q[d].eq(start.digit[d] + 1),
+                         a[d].eq(start.addr[d])]
+    with m.Elif(take):
+        for d in range(rank):
+            # Without a carry in, dim d wraps when y_d >= 0 (step 0 or 1); with one,
+            # when q_d >= 0 (step 2 or 3). Both sums are formed from registers in
+            # parallel with the lookahead, which then only chooses between them.
+            no_carry, with_carry = ~y[d][-1], ~q[d][-1]
+            for reg, steps in ((y[d], dy[d]), (q[d], dy[d]), (a[d], da[d])):
+                low = reg + Mux(no_carry, steps[1], steps[0])
+                if d == rank - 1:      # the innermost dim: no carry in
+                    m.d.sync += reg.eq(low)
+                else:
+                    high = reg + Mux(with_carry, steps[3], steps[2])
+                    m.d.sync += reg.eq(Mux(carry[d + 1], high, low))
+    return a
+
+
+def sum_tree(m, values, *, name):
     """The registered pairwise sum of ``values`` (modulo their width): one register level per
     halving, at least one."""
     width = len(values[0])
@@ -248,9 +300,6 @@ class ExpandUnit(wiring.Component):
         planning = running & plan_open
         plan_take = self.plan.valid & planning
         m.d.comb += self.plan.ready.eq(planning)
-        dy = [Signal(data.ArrayLayout(signed(p.digit_width), 4), name=f"dim{d}_dy")
-              for d in range(rank)]
-        da = [Signal(data.ArrayLayout(p.addr_width, 4), name=f"dim{d}_da") for d in range(rank)]
         with m.If(plan_take):
             m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
             with m.If(plan_next[-1]):
@@ -258,10 +307,8 @@ class ExpandUnit(wiring.Component):
                 # (A hostile run with no input but some output generates at once.)
                 with m.If(~load_open):
                     m.d.sync += generating.eq(1)
-        for d in range(rank):
-            with m.If(plan_take & plan_next[d]):
-                m.d.sync += [dy[d][i].eq(self.plan.payload.digit[i]) for i in range(4)]
-                m.d.sync += [da[d][i].eq(self.plan.payload.addr[i]) for i in range(4)]
+        dy, da = dim_steps(m, p, self.plan.payload, [plan_take & plan_next[d]
+                                                      for d in range(rank)])
 
         # ---- load: every input beat is one row of every lane's copy ------------------------
         copies = []
@@ -295,32 +342,10 @@ class ExpandUnit(wiring.Component):
 
         # ---- the lanes' odometers ----------------------------------------------------------
         for lane in range(lanes):
-            y = [Signal(signed(p.digit_width), name=f"lane{lane}_y{d}") for d in range(rank)]
-            q = [Signal(signed(p.digit_width), name=f"lane{lane}_q{d}") for d in range(rank)]
-            a = [Signal(p.addr_width, name=f"lane{lane}_a{d}") for d in range(rank)]
-            carry = [Const(0)] * (rank + 1)  # carry[d]: out of dim d; carry[rank] = 0
-            for d in reversed(range(rank)):
-                carry[d] = ~y[d][-1] | (~q[d][-1] & carry[d + 1])
-            with m.If(plan_take & plan_next[rank + lane]):
-                for d in range(rank):
-                    m.d.sync += [y[d].eq(self.plan.payload.digit[d]),
-                                 q[d].eq(self.plan.payload.digit[d] + 1),
-                                 a[d].eq(self.plan.payload.addr[d])]
-            with m.Elif(take):
-                for d in range(rank):
-                    # Without a carry in, dim d wraps when y_d >= 0 (step 0 or 1); with one,
-                    # when q_d >= 0 (step 2 or 3). Both sums are formed from registers in
-                    # parallel with the lookahead, which then only chooses between them.
-                    no_carry, with_carry = ~y[d][-1], ~q[d][-1]
-                    for reg, steps in ((y[d], dy[d]), (q[d], dy[d]), (a[d], da[d])):
-                        low = reg + Mux(no_carry, steps[1], steps[0])
-                        if d == rank - 1:      # the innermost dim: no carry in
-                            m.d.sync += reg.eq(low)
-                        else:
-                            high = reg + Mux(with_carry, steps[3], steps[2])
-                            m.d.sync += reg.eq(Mux(carry[d + 1], high, low))
+            a = odometer(m, p, dy, da, load=plan_take & plan_next[rank + lane],
+                         start=self.plan.payload, take=take, name=f"lane{lane}")
             # The address, its row in the lane's copy and its element in the row.
-            addr = _sum_tree(m, a, name=f"lane{lane}_addr")
+            addr = sum_tree(m, a, name=f"lane{lane}_addr")
             copy = copies[lane]
             m.d.comb += [copy.read_addr.eq(addr >> lanes_log2), copy.read_en.eq(1)]
             element = Signal(p.element_width, name=f"lane{lane}_element", reset_less=True)

@@ -1,0 +1,441 @@
+"""The expand backward unit: ``input_grad_flat[addr(x)] += grad_output[x]`` (SPEC 1.6
+backward, OneFlow ``expand``'s gradient), fp32 / fp16 / bf16.
+
+``addr(x) = sum_d x_d * out_stride[d]`` is the forward unit's address (a broadcast or new dim
+has stride 0), formed by the same stride address generator (:func:`~moe_hw.units.expand.
+odometer`, planned on the host by :func:`moe_hw.host.expand.plan_of`). The output gradient
+streams in, the input gradient is accumulated on chip and streamed out at the end.
+
+The problem: every output element adds into an input element, and in the common case (a gate
+broadcast across H, the innermost dim broadcast) every element of a beat and of many beats in
+a row adds into the same one: a read-modify-write through an adder of latency L would stall
+L + 3 cycles per beat. The unit removes the stall at two levels:
+
+- within a beat, by the host's choice of *mode* (:func:`golden.expand.backward_mode
+  <moe_hw.golden.expand.backward_mode>`), sent on the ``mode`` port. ``reduce`` (innermost
+  dim broadcast, its size a multiple of ``lanes``): all lanes of a beat go to one element,
+  so a fixed pairwise adder tree sums the beat into one item. ``rows`` (innermost dim kept,
+  its size a multiple of ``lanes``): lane j of a beat goes to element ``a + j`` with ``a`` a
+  multiple of ``lanes``, so the beat is one item, a row of the accumulator. ``elements``
+  (any other stride pattern, where a beat's lanes go to several elements, some perhaps more
+  than once): every element is an item, one per cycle, so such a beat takes ``lanes`` cycles;
+- across items, by latency interleaving: the accumulator is G = L + 3 banks
+  (:func:`golden.expand.expand_backward_banks <moe_hw.golden.expand.expand_backward_banks>`)
+  of the whole input gradient, item k adding into bank ``k % G``. A bank's read-modify-write
+  (the memory's 2-cycle read, the adder, the write) takes L + 3 cycles, so the next item of
+  the same bank (G items, at least G cycles, later) reads its result: one item per cycle,
+  any address pattern, no hazard check.
+
+At the end the G banks are summed per element, a pair at a time: ``((+0.0 + (bank_0 +
+bank_1)) + (bank_2 + bank_3)) + ..`` (the last pair of an odd G is ``bank_{G-1} + +0.0``).
+The even and the odd banks are two memories, so a pair is one read of each, summed by a
+pre-adder per lane; the pairs go into the partial on the accumulation's own ``lanes`` adders.
+Rows go in groups of W = L + 1, and for each pair in turn the group's rows are read one per
+cycle, so that a row's partial goes round the adder and a feedback register in exactly W
+cycles (the latency interleaving of :mod:`moe_hw.units.dispatch_backward_gate`); a pass
+(one pair over a group) starts only when the output queue has room for the group's W
+results, since its reads cannot wait. Each bank word read is cleared behind the read,
+so the banks are +0.0 again for the next run (a reset in the middle of a run leaves them
+dirty). The summation order is therefore exactly ``golden.expand_backward_hw(grad_output,
+input_shape, expand_size, lanes, add_latency)``.
+
+Streams and ports (payload fields are listed least significant first):
+
+``plan`` (in)
+    The address generator's plan, ``max_rank + 1`` beats taken first in a run
+    (:meth:`~moe_hw.units.expand.StrideAddressParams.plan_layout`): each dim's steps, then
+    the start values of the one odometer (element 0), which advances ``lanes`` elements per
+    beat in the ``reduce`` and ``rows`` modes and one per element in ``elements`` mode.
+``grad_output`` (in)
+    The output gradient, flat in C order, ``ceil(output_elements / lanes)`` beats: ``data``
+    (``lanes`` elements, lane 0 first; lanes past the end are ignored).
+``input_grad`` (out)
+    The input gradient, flat in C order, ``ceil(input_elements / lanes)`` beats: ``data``,
+    ``enable`` (partial on the last beat) and ``last``.
+``start``, ``input_elements``, ``output_elements``, ``mode`` (in)
+    Run-time sizes (the forward's names: ``input_elements`` is the input gradient's size) and
+    the mode (0 ``elements``, 1 ``reduce``, 2 ``rows``), sampled when ``start`` is high
+    while idle (:class:`~moe_hw.blocks.run_control.RunControl`); a value above its maximum
+    sets ``error`` and the run does nothing; ``output_elements == 0`` is an empty run.
+``busy``, ``done``, ``error`` (out)
+    ``done`` rises when the last beat has left and stays high until the next start.
+
+Rate: one item per cycle, so one ``grad_output`` beat per cycle in the ``reduce`` and
+``rows`` modes and ``1 / lanes`` of a beat per cycle in ``elements`` mode; then the drain,
+``ceil(G / 2) * W`` cycles per group of W rows (about G / 2 per row of ``lanes`` input
+elements). Stall-free, a run takes exactly
+:meth:`ExpandBackwardParams.cycles` cycles from the start cycle to the first cycle ``done``
+is high::
+
+    (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+                   + F + 3*L + 12
+
+with ``items`` = ``output_elements`` (``elements``) or ``output_elements / lanes``, ``rows =
+ceil(input_elements / lanes)``, F = :attr:`ExpandBackwardParams.front_latency` (the address
+tree or the lane tree, whichever is longer: ``max(ceil(log2(max_rank)), 1 + log2(lanes)*L)``);
+the plan beats, one cycle per item, the drain up to its last real row (a last group of fewer
+than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 12 more:
+run control 2, the memory read in the last item's write and in the drain 2 + 2, the flush's
+spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. An empty run takes
+:data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs at most its own cycles plus,
+on the output, up to W per drain pass.
+
+Memory: two :class:`~moe_hw.blocks.block_memory.BlockMemory` (the even and the odd banks),
+each ``ceil(G / 2) * 2**ceil(log2(rows))`` words of ``lanes`` elements (the bank's half in
+the high address bits), a write enable per lane. Adders: ``lanes - 1`` in the lane tree,
+``lanes`` accumulators, ``lanes`` drain pre-adders.
+"""
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..arith.fadd import FloatAdderCore, adder_tree
+from ..arith.params import FORMAT_NAMES, FloatDatapathParams
+from ..blocks.block_memory import BlockMemory, bram_param
+from ..blocks.row_reader import last_enable_of
+from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
+from ..golden.expand import BACKWARD_MODES, expand_backward_banks
+from ..params import LANES, UnitParams, param, resolve_params
+from ..stream import CreditPipeline, delay
+from .expand import StrideAddressParams, dim_steps, odometer, sum_tree
+
+__all__ = ["ExpandBackwardParams", "ExpandBackwardUnit"]
+
+
+@dataclass(frozen=True)
+class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams):
+    """Generation-time parameters of :class:`ExpandBackwardUnit`."""
+
+    format: str = param("fp32", choices=FORMAT_NAMES)
+    lanes: int = param(16, choices=LANES)
+    max_rank: int = param(6, minimum=1, maximum=16, doc="dims of expand_size")
+    max_input: int = param(1024, minimum=1, maximum=1 << 20,
+                           doc="input gradient elements held on chip (G banks of them)")
+    max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
+    # At least 1: the accumulation interleaves banks and rows; a combinational adder would
+    # close a combinational loop through its own output.
+    add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
+                                   doc="None: the adder's default depth for the format")
+    bram: str = bram_param()
+
+    @property
+    def banks(self):
+        """G: the accumulator banks, item k adds into bank ``k % G``."""
+        return expand_backward_banks(self.add_latency)
+
+    @property
+    def ring(self):
+        """W: rows reduced round-robin in the drain (a partial goes round the adder and its
+        feedback register in ``add_latency + 1`` cycles)."""
+        return self.add_latency + 1
+
+    @property
+    def element_width(self):
+        return self.fmt.width
+
+    @property
+    def lane_levels(self):
+        return ceil_log2(self.lanes)
+
+    @property
+    def front_latency(self):
+        """F: cycles from an item's take to its address and value at the accumulator: the
+        address adder tree, or the beat register and the lane tree, whichever is longer."""
+        return max(self.tree_latency, 1 + self.lane_levels * self.add_latency)
+
+    @property
+    def flush(self):
+        """Cycles the drain waits after the last item's take, so that the item's write (its
+        front, the read, the add) has landed before the first drain read."""
+        return self.front_latency + BlockMemory.latency + self.add_latency + 1
+
+    @property
+    def plan_beats(self):
+        """Beats of the plan stream: one per dim, one for the odometer's start."""
+        return self.max_rank + 1
+
+    @property
+    def row_bits(self):
+        return ceil_log2(self.rows)
+
+    @property
+    def pairs(self):
+        """Pairs of banks, summed one pair per drain pass: ``ceil(G / 2)``."""
+        return -(-self.banks // 2)
+
+    @property
+    def memory_depth(self):
+        """Words of each of the two memories (the even banks, the odd banks)."""
+        return self.pairs << self.row_bits
+
+    def items(self, output_elements, mode):
+        """Items of a run: one per element in ``elements`` mode, one per beat otherwise."""
+        if mode == "elements":
+            return output_elements
+        return -(-output_elements // self.lanes)
+
+    def drain_cycles(self, input_elements):
+        """Stall-free cycles of the drain up to its last real row's issue (inclusive)."""
+        rows = max(1, -(-input_elements // self.lanes))
+        w = self.ring
+        groups = -(-rows // w)
+        return self.pairs * w * groups - (w - 1 - (rows - 1) % w)
+
+    def cycles(self, input_elements, output_elements, mode):
+        """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is
+        high); see the module docstring."""
+        if output_elements == 0:
+            return EMPTY_CYCLES
+        return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
+                + self.flush + 1 + self.drain_cycles(input_elements)
+                + BlockMemory.latency + 2 * self.add_latency
+                + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
+
+    def grad_output_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.fmt.width, self.lanes)})
+
+    def input_grad_layout(self):
+        return data.StructLayout({"data": data.ArrayLayout(self.fmt.width, self.lanes),
+                                  "enable": self.lanes, "last": 1})
+
+
+class ExpandBackwardUnit(wiring.Component):
+    """The stride address generator in front of G interleaved accumulator banks; see the
+    module docstring for the protocol, the summation order and the timing."""
+
+    def __init__(self, params=None, **kwargs):
+        params = resolve_params(ExpandBackwardParams, params, kwargs)
+        self.params = p = params
+        super().__init__({
+            "plan": In(stream.Signature(p.plan_layout())),
+            "grad_output": In(stream.Signature(p.grad_output_layout())),
+            "input_grad": Out(stream.Signature(p.input_grad_layout())),
+            **run_ports(self.sizes),
+        })
+
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order."""
+        p = self.params
+        return {"input_elements": p.max_input, "output_elements": p.max_output,
+                "mode": len(BACKWARD_MODES) - 1}
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        lanes, rank, width = p.lanes, p.max_rank, p.fmt.width
+        lanes_log2 = ceil_log2(lanes)
+        lat = p.add_latency
+        banks, ring = p.banks, p.ring
+        all_lanes = (1 << lanes) - 1
+        elements, reduce, rows_mode = (BACKWARD_MODES.index(name)
+                                       for name in ("elements", "reduce", "rows"))
+
+        ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("output_elements",))
+        ctl.connect(m, self)
+        running = ctl.running
+
+        # ---- run registers, loaded with start ---------------------------------------------
+        max_items = p.max_output
+        mode = Signal(range(len(BACKWARD_MODES)))
+        items_left = Signal(range(max_items + 1))
+        items_open = Signal()                # an item is still to be taken
+        run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
+        last_en = Signal(lanes)
+        plan_next = Signal(p.plan_beats, init=1)
+        plan_open = Signal()
+        lane = Signal(range(lanes))          # elements mode: the element's lane in its beat
+        bank = Signal(range(banks))          # the next item's bank, k % G
+        with m.If(ctl.accept):
+            m.d.sync += [
+                mode.eq(self.mode),
+                items_left.eq(Mux(self.mode == elements, self.output_elements,
+                                  (self.output_elements + (lanes - 1)) >> lanes_log2)),
+                items_open.eq(1),
+                run_rows.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
+                last_en.eq(last_enable_of(self.input_elements, lanes)),
+                plan_next.eq(1), plan_open.eq(1), lane.eq(0), bank.eq(0),
+            ]
+
+        # ---- the plan: the dims' steps, then the odometer's start -------------------------
+        plan_take = self.plan.valid & running & plan_open
+        m.d.comb += self.plan.ready.eq(running & plan_open)
+        with m.If(plan_take):
+            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
+            with m.If(plan_next[-1]):
+                m.d.sync += plan_open.eq(0)
+        dy, da = dim_steps(m, p, self.plan.payload, [plan_take & plan_next[d]
+                                                      for d in range(rank)])
+
+        # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
+        accumulating = running & ~plan_open & items_open
+        take = self.grad_output.valid & accumulating
+        last_of_beat = (mode != elements) | (lane == lanes - 1) | (items_left == 1)
+        m.d.comb += self.grad_output.ready.eq(accumulating & last_of_beat)
+        flushing = Signal()
+        flush_left = Signal(range(p.flush + 1))
+        with m.If(take):
+            m.d.sync += [items_left.eq(items_left - 1),
+                         bank.eq(Mux(bank == banks - 1, 0, bank + 1)),
+                         lane.eq(Mux(last_of_beat, 0, lane + 1))]
+            with m.If(items_left == 1):
+                m.d.sync += [items_open.eq(0), flushing.eq(1), flush_left.eq(p.flush)]
+
+        a = odometer(m, p, dy, da, load=plan_take & plan_next[rank],
+                     start=self.plan.payload, take=take, name="odometer")
+        addr = sum_tree(m, a, name="addr")           # tree_latency after the take
+        front = p.front_latency
+        addr = delay(m, addr, front - p.tree_latency, 1, name="item_addr", reset_less=True)
+        data_in = self.grad_output.payload.data
+        beat = [delay(m, data_in[j], 1, 1, name=f"beat{j}", reset_less=True)
+                for j in range(lanes)]
+        element = delay(m, data_in[lane], 1, 1, name="element", reset_less=True)
+        reduced = adder_tree(m, beat, p.format, lat, name="lane_tree")
+        spare = front - 1 - p.lane_levels * lat
+        reduced = delay(m, reduced, spare, 1, name="reduced", reset_less=True)
+        beat = [delay(m, v, front - 1, 1, name=f"beat{j}_front", reset_less=True)
+                for j, v in enumerate(beat)]
+        element = delay(m, element, front - 1, 1, name="element_front", reset_less=True)
+        item_valid = delay(m, take, front, 1, name="item_valid")
+        item_bank = delay(m, bank, front, 1, name="item_bank", reset_less=True)
+
+        # The item at the accumulator: its row, bank, lane values and lane enables.
+        row = addr[lanes_log2:]
+        single = Signal(lanes)               # the one lane of a reduce or elements item
+        m.d.comb += single.eq(Const(1, lanes) << addr[:lanes_log2] if lanes_log2 else 1)
+        enables = Signal(lanes)
+        m.d.comb += enables.eq(Mux(item_valid & (row < run_rows),
+                                   Mux(mode == rows_mode, all_lanes, single), 0))
+        values = [Mux(mode == rows_mode, beat[j], Mux(mode == reduce, reduced, element))
+                  for j in range(lanes)]
+
+        # ---- the accumulator: G banks in two memories, even and odd banks -------------------
+        # Bank b is in memory b % 2 at row-major address (row, b // 2): an item reads both
+        # memories and keeps its own bank's word, the drain reads a pair of banks per cycle.
+        memories = []
+        for parity in range(2):
+            memory = BlockMemory(width, p.memory_depth, granules=lanes, target=p.bram)
+            m.submodules[("even_banks", "odd_banks")[parity]] = memory
+            memories.append(memory)
+        even, odd = memories
+        read = BlockMemory.latency
+        addr_width = len(even.read_addr)
+        draining = Signal()                  # the drain has begun (adders in drain use)
+        drain_issue = Signal()
+        drain_addr = Signal(addr_width)
+        item_parity = item_bank[0] if banks > 1 else Const(0)
+        rmw_addr = Cat(row[:p.row_bits], item_bank[1:])[:addr_width]
+        for memory in memories:
+            m.d.comb += [memory.read_addr.eq(Mux(draining, drain_addr, rmw_addr)),
+                         memory.read_en.eq(1)]
+        parity_read = delay(m, item_parity, read, 1, name="parity_read", reset_less=True)
+
+        # The drain: a pre-adder per lane sums the pair of banks (+0.0 for the missing odd
+        # bank of an odd G); the ring adder adds the pairs into the partial, which is the
+        # adder's sum a cycle later, +0.0 where the first pair starts a row.
+        restart = Signal()
+        last_pass_signal = Signal()          # the drain's pass is the last pair of banks
+        pair_on = delay(m, drain_issue, read, 1, name="pair_on")
+        odd_on = delay(m, drain_issue & ((banks % 2 == 0) | ~last_pass_signal), read, 1,
+                       name="odd_on")
+        ring_on = delay(m, pair_on, lat, 1, name="ring_on")
+        values_read = [delay(m, v, read, 1, name=f"value{j}_read", reset_less=True)
+                       for j, v in enumerate(values)]
+        sums = []
+        for j in range(lanes):
+            pre = FloatAdderCore(p.format, lat)
+            m.submodules[f"pair{j}"] = pre
+            m.d.comb += [pre.a.eq(Mux(pair_on, even.read_data[j], 0)),
+                         pre.b.eq(Mux(odd_on, odd.read_data[j], 0)), pre.en.eq(1)]
+            acc = FloatAdderCore(p.format, lat)
+            m.submodules[f"acc{j}"] = acc
+            partial = Signal(width, name=f"partial{j}")
+            m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
+            old = Mux(parity_read, odd.read_data[j], even.read_data[j])
+            m.d.comb += [
+                acc.a.eq(Mux(draining, partial, old)),
+                acc.b.eq(Mux(draining, Mux(ring_on, pre.sum, 0), values_read[j])),
+                acc.en.eq(1),
+            ]
+            sums.append(acc.sum)
+
+        # Writes: an item's sum read + L cycles after its front into its bank's memory, or a
+        # drain read's clear (both memories) a cycle after it.
+        write_en = delay(m, enables, read + lat, 1, name="write_en")
+        write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
+        write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
+        clear_en = delay(m, drain_issue, 1, 1, name="clear_en")
+        clear_addr = delay(m, drain_addr, 1, 1, name="clear_addr", reset_less=True)
+        for parity, memory in enumerate(memories):
+            mine = write_odd if parity else ~write_odd
+            m.d.comb += [
+                memory.write_en.eq(Mux(clear_en, all_lanes, Mux(mine, write_en, 0))),
+                memory.write_addr.eq(Mux(clear_en, clear_addr, write_addr)),
+            ]
+            for j in range(lanes):
+                m.d.comb += memory.write_data[j].eq(Mux(clear_en, 0, sums[j]))
+
+        # ---- flush, then the drain ------------------------------------------------------------
+        with m.If(flushing):
+            m.d.sync += flush_left.eq(flush_left - 1)
+            with m.If(flush_left == 0):
+                m.d.sync += [flushing.eq(0), draining.eq(1)]
+        latency = read + 2 * lat
+        depth = 2 * ring + latency + 3
+        out = m.submodules.output_pipe = CreditPipeline(latency, p.input_grad_layout(),
+                                                        depth=depth)
+        wiring.connect(m, out.o, wiring.flipped(self.input_grad))
+        # Results not yet taken by the consumer: a last pass starts only when the queue has
+        # room for all W of its results (its takes cannot wait: the rows keep ring slots).
+        pending = Signal(range(depth + 1))
+        delivered = self.input_grad.valid & self.input_grad.ready
+        m.d.sync += pending.eq(pending + out.take - delivered)
+        # rho counts every drain cycle modulo W; a pass (one pair of banks over a group of W
+        # rows) starts only at rho == 0, so the rows keep their ring slots whatever waits.
+        rho = Signal(range(ring))
+        drain_pair = Signal(range(p.pairs))
+        group_row = Signal(range(p.rows + ring + 1))
+        last_group = Signal()                # group_row + W >= rows
+        pass_on = Signal()                   # the current pass issues
+        drain_open = Signal()                # a pass is still to come
+        m.d.comb += last_pass_signal.eq(drain_pair == p.pairs - 1)
+        last_pass = last_pass_signal
+        starts = draining & drain_open & (rho == 0)
+        go = starts & ~(last_pass & (pending > depth - ring - 2))
+        drain_row = group_row + rho
+        real = drain_row < run_rows
+        m.d.comb += [
+            drain_issue.eq(Mux(rho == 0, go, pass_on)),
+            drain_addr.eq(Cat(drain_row[:p.row_bits], drain_pair)[:addr_width]),
+            restart.eq(delay(m, drain_issue & (drain_pair == 0), 1 + lat, 1,
+                             name="restart_next")),
+            out.i_valid.eq(drain_issue & last_pass & real),
+            out.payload.data.eq(Cat(*sums)),
+        ]
+        flags = Cat(Mux(drain_row == run_rows - 1, last_en, all_lanes), drain_row == run_rows - 1)
+        flags = delay(m, flags, latency, 1, name="flags", reset_less=True)
+        m.d.comb += [out.payload.enable.eq(flags[:lanes]), out.payload.last.eq(flags[lanes])]
+        with m.If(draining & drain_open):
+            m.d.sync += rho.eq(Mux(rho == ring - 1, 0, rho + 1))
+            with m.If(rho == 0):
+                m.d.sync += pass_on.eq(go)
+            with m.If((rho == ring - 1) & pass_on):
+                m.d.sync += pass_on.eq(0)
+                with m.If(~last_pass):
+                    m.d.sync += drain_pair.eq(drain_pair + 1)
+                with m.Else():
+                    m.d.sync += [drain_pair.eq(0), group_row.eq(group_row + ring),
+                                 last_group.eq(group_row + 2 * ring >= run_rows)]
+                    with m.If(last_group):
+                        m.d.sync += drain_open.eq(0)
+        m.d.comb += ctl.finished.eq(running & draining & ~drain_open & ~out.busy)
+
+        with m.If(ctl.begin):
+            m.d.sync += [draining.eq(0), flushing.eq(0), drain_open.eq(1), rho.eq(0),
+                         drain_pair.eq(0), group_row.eq(0), pass_on.eq(0), pending.eq(0),
+                         last_group.eq(run_rows <= ring)]
+        return m

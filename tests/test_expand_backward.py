@@ -1,0 +1,264 @@
+"""The expand_backward unit (SPEC 1.6 backward: ``input_grad[addr(x)] += grad_output[x]``) on
+its emitted Verilog (cocotb, Verilator, and Icarus on a small case), every case with and
+without random valid/ready stalls on every stream, scored bit for bit against
+``golden.expand_backward_hw`` (the hardware's summation order) with a scoreboard over every
+output beat (nothing lost, duplicated or reordered; lane enables and the last flag), the plan
+and grad_output beats taken. Stall-free runs must take exactly the documented count
+(:meth:`ExpandBackwardParams.cycles`)::
+
+    (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+                   + F + 3*L + 12
+
+(items: one per grad_output beat in the reduce and rows modes, one per element in elements
+mode; rows = ceil(input elements / lanes); G = L + 3 banks, drained a pair per pass, W = L + 1
+drain rows in turn,
+F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L), L the adder latency). Integer-valued data,
+for which every summation order gives the same bits, is also checked against the plain
+sequential ``golden.expand_backward``. Bad sizes fail on the host with one line naming the
+parameter and the value. Three Verilator builds (fp32 at 4 lanes, bf16 at 8, and fp32 with a
+4-stage adder: G = 7, an odd number of banks) serve every case.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from moe_hw import golden
+from moe_hw.blocks.run_control import EMPTY_CYCLES
+from moe_hw.golden.expand import _plan
+from moe_hw.golden.testing import bit_equal, random_floats
+from moe_hw.host.checks import HostError
+from moe_hw.host.expand_backward import UNIT
+from moe_hw.host.unit import run
+from moe_hw.params import ParameterError
+from moe_hw.units.expand_backward import ExpandBackwardParams
+
+from conftest import STALLS, simulator_cases
+
+PARAMS = {
+    "fp32": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
+                                 max_output=4096),
+    "bf16": ExpandBackwardParams(format="bf16", lanes=8, max_rank=4, max_input=64,
+                                 max_output=4096),
+    "fp32_l4": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
+                                    max_output=4096, add_stages=4),
+}
+DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp32_l4": np.float32}
+
+
+def backward_case(input_shape, expand_size, fmt, seed=0, *, integers=False):
+    rng = np.random.default_rng(seed)
+    output_shape = _plan(input_shape, expand_size)[0]
+    n = int(np.prod(output_shape))
+    if integers:
+        grad = rng.integers(-8, 9, n).astype(DTYPES[fmt])
+    else:
+        grad = random_floats(rng, n, DTYPES[fmt], specials=0.1)
+    return {"grad_output": grad.reshape(output_shape),
+            "input_shape": np.array(input_shape, np.int64),
+            "expand_size": np.array(expand_size, np.int64)}
+
+
+def expected_cycles(params, n_in, n_out, mode):
+    """The docstring's formula, written out from the parameters."""
+    if n_out == 0:
+        return EMPTY_CYCLES
+    lanes, lat = params.lanes, params.add_latency
+    pairs, w = -(-(lat + 3) // 2), lat + 1
+    items = n_out if mode == "elements" else n_out // lanes
+    rows = -(-n_in // lanes)
+    front = max(max(1, (params.max_rank - 1).bit_length()),
+                1 + (lanes.bit_length() - 1) * lat)
+    return (params.max_rank + 1 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
+            + front + 3 * lat + 12)
+
+
+def check(inputs, fmt, *, sim="verilator", stall=0.0, seed=0, mode=None):
+    """Run, require bit-exact with a clean scoreboard, the mode, and the exact stall-free
+    count."""
+    params = PARAMS[fmt]
+    outcome = run(UNIT, inputs, params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    problem = outcome.problem
+    if mode is not None:
+        assert UNIT.mode(problem, params) == mode
+    if stall == 0.0:
+        want = expected_cycles(params, problem["input_elements"], problem["output_elements"],
+                               UNIT.mode(problem, params))
+        assert outcome.cycles == outcome.expected_cycles == want
+    return outcome
+
+
+CASES = {
+    # a gate broadcast across H ([S, 1] -> [S, H]): every beat is one item, its lanes' sum
+    "gate_fp32": ("fp32", "reduce", lambda: backward_case([6, 1], [6, 8], "fp32")),
+    "gate_bf16": ("bf16", "reduce", lambda: backward_case([5, 1], [5, 16], "bf16", 1)),
+    # an innermost broadcast shorter than a beat: a beat adds into two or three elements
+    "inner_broadcast_fp32": ("fp32", "elements", lambda: backward_case([5, 1], [5, 3],
+                                                                       "fp32", 2)),
+    # a kept innermost dim in whole beats (a row broadcast over tokens): rows
+    "row_fp32": ("fp32", "rows", lambda: backward_case([1, 8], [5, 8], "fp32", 3)),
+    "row_bf16": ("bf16", "rows", lambda: backward_case([1, 16], [3, 16], "bf16", 4)),
+    # a kept innermost dim shorter than a beat: elements
+    "kept_short_bf16": ("bf16", "elements", lambda: backward_case([5, 3], [4, 5, 3],
+                                                                  "bf16", 5)),
+    # rank 3 and more: broadcast and kept dims alternating
+    "rank4_reduce_fp32": ("fp32", "reduce", lambda: backward_case([3, 1, 2, 1], [3, 4, 2, 8],
+                                                                  "fp32", 6)),
+    "rank4_elements_fp32": ("fp32", "elements", lambda: backward_case([4, 1, 3, 5],
+                                                                      [4, 4, 3, 5], "fp32", 7)),
+    # a 0-dim input: every element adds into the one input element
+    "scalar_bf16": ("bf16", "reduce", lambda: backward_case([], [3, 8], "bf16", 8)),
+    # a zero-sized dim: an empty run
+    "empty_fp32": ("fp32", "elements", lambda: backward_case([0, 1], [3, -1, 4], "fp32")),
+    # an odd number of banks (G = 7): the drain's last pass adds the last bank to +0.0;
+    # 13 rows: three drain groups of W = 5, the last one short
+    "odd_banks_reduce": ("fp32_l4", "reduce", lambda: backward_case([13, 4, 1], [13, 4, 8],
+                                                                    "fp32_l4", 9)),
+    "odd_banks_elements": ("fp32_l4", "elements", lambda: backward_case([9, 1], [9, 3],
+                                                                        "fp32_l4", 10)),
+}
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize(("sim", "name"), simulator_cases(CASES, icarus=["gate_fp32"]))
+def test_expand_backward_cases(sim, name, stall):
+    fmt, mode, make = CASES[name]
+    inputs = make()
+    index = sorted(CASES).index(name)
+    outcome = check(inputs, fmt, sim=sim, stall=stall, seed=index, mode=mode)
+    assert list(outcome.outputs["input_grad"].shape) == list(inputs["input_shape"])
+
+
+@pytest.mark.parametrize(("fmt", "shape", "sizes"), [
+    ("fp32", [6, 1], [6, 16]),          # reduce
+    ("bf16", [1, 16], [7, 16]),         # rows
+    ("fp32", [3, 1, 2], [4, 3, 5, 2]),  # elements
+])
+def test_expand_backward_integers_match_sequential(fmt, shape, sizes):
+    """Integer-valued data small enough to be exact: every summation order gives the same
+    bits, so the hardware matches the plain sequential golden.expand_backward too."""
+    inputs = backward_case(shape, sizes, fmt, 11, integers=True)
+    outcome = check(inputs, fmt)
+    want = golden.expand_backward(inputs["grad_output"], shape, sizes)
+    assert bit_equal(outcome.outputs["input_grad"], want)
+
+
+def test_expand_backward_order_is_visible():
+    """With random data the hardware's order differs from the sequential one (so the
+    bit-exact check above really checks the order)."""
+    inputs = backward_case([4, 1], [4, 64], "fp32", 12)
+    inputs["grad_output"] = random_floats(np.random.default_rng(12), (4, 64), np.float32,
+                                          specials=0.0)
+    params = PARAMS["fp32"]
+    hw = golden.expand_backward_hw(inputs["grad_output"], [4, 1], [4, 64], params.lanes,
+                                   params.add_latency)
+    assert not bit_equal(hw, golden.expand_backward(inputs["grad_output"], [4, 1], [4, 64]))
+
+
+def test_expand_backward_cycle_formula():
+    """The documented formula at the defaults (fp32, L = 11: G = 14 in 7 pairs, W = 12, lanes
+    16, F = 45) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
+    rows in 6 groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
+    params = ExpandBackwardParams()
+    assert (params.banks, params.pairs, params.ring, params.front_latency) == (14, 7, 12, 45)
+    assert params.cycles(1024, 1024 * 512, "reduce") == 7 + 32768 + 496 + 45 + 33 + 12
+    assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 248 + 45 + 33 + 12
+    assert params.cycles(3, 0, "elements") == EMPTY_CYCLES
+    for args in ((1024, 1024 * 512, "reduce"), (512, 1024 * 512, "rows"), (7, 63, "elements")):
+        assert params.cycles(*args) == expected_cycles(params, *args)
+
+
+def test_expand_backward_bench_problems():
+    """The benchmark's problems plan in the fast modes at lanes 16 (python -m moe_hw.bench
+    expand_backward prints the simulated figures)."""
+    from moe_hw.host.unit import BenchShape
+    problems = UNIT.bench_problems(BenchShape())
+    modes = {}
+    for variant, (inputs, settings) in problems.items():
+        problem = UNIT.problem(inputs, {})
+        params = UNIT.params_for(problem, settings)
+        modes[variant] = UNIT.mode(problem, params)
+    assert modes == {"gate": "reduce", "row": "rows"}
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    (backward_case([4, 3], [2, 4, 3], "fp32") | {"expand_size": np.array([-1, 4, 3])},
+     r"expand_size\[0\] is a new dim and must be >= 1, not -1"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"expand_size": np.array([4, -2])},
+     r"expand_size\[1\] must be >= 1 or -1 .* not -2"),
+    (backward_case([4, 3], [4, 3], "fp32") | {"expand_size": np.array([4, 5])},
+     r"expand_size\[1\] must be 3 or -1 .* not 5"),
+    (backward_case([2], [1, 1, 1, 9, 2], "fp32"),
+     r"expand_size\[4\] = 2 is past the unit's max_rank of 4"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"input_shape": np.array([4, -1])},
+     r"input_shape\[1\] must be a non-negative size, not -1"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"grad_output": np.zeros((4, 3), np.float32)},
+     r"grad_output must have the expanded shape \[4, 2\], not \[4, 3\]"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"grad_output": np.zeros((4, 2), np.float64)},
+     r"grad_output must have dtype float32, float16 or bfloat16, not float64"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"input_shape": np.array([4.0, 1.0])},
+     r"input_shape must be a one-dimensional integer array"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"grad_output": np.zeros((4, 2), np.float16)},
+     r"grad_output has dtype float16, but the unit's format is fp32"),
+    (backward_case([100], [100], "fp32"), r"input elements \(100\) exceed the unit's "
+     r"max_input of 64"),
+    ({"grad_output": np.zeros(3, np.float32)}, r"lacks input_shape"),
+])
+def test_expand_backward_bad_inputs(inputs, message):
+    """One line naming the parameter and its value, before anything is built."""
+    with pytest.raises(HostError, match=message):
+        run(UNIT, inputs, params=PARAMS["fp32"])
+
+
+def test_expand_backward_hostile_mode():
+    """A mode above its maximum driven straight into the hardware: error, done after
+    EMPTY_CYCLES, nothing taken, nothing out."""
+    params = PARAMS["fp32"]
+    problem = UNIT.problem(backward_case([3, 1], [3, 4], "fp32"), {})
+    stimulus, settings = UNIT.pack(problem, params, stall=0.0, seed=0)
+    settings["runtime"]["mode"] = 3
+    results = UNIT.simulate(params, stimulus, settings)
+    assert int(results["error"]) == 1
+    assert int(results["cycles"]) == EMPTY_CYCLES
+    assert len(results["data"]) == 0 and int(results["input_taken"]) == 0
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"lanes": 3}, "lanes must be 1, 2, 4, 8 or 16, not 3"),
+    ({"format": "int8"}, "format must be fp32, fp16 or bf16, not 'int8'"),
+    ({"add_stages": 0}, "add_stages must be an integer between 1 and 16, not 0"),
+    ({"max_input": 0}, "max_input must be an integer between 1 and"),
+])
+def test_expand_backward_bad_params(changes, message):
+    with pytest.raises(ParameterError, match=message):
+        ExpandBackwardParams(**changes)
+
+
+def test_expand_backward_run_command(tmp_path, capsys):
+    """``python -m moe_hw.run expand_backward`` on an npz file (bfloat16, stored as 2-byte
+    voids): ``grad_output``, ``input_shape``, ``expand_size`` in; ``input_grad`` and
+    ``cycles`` out, bit-exact; a bad size fails with one line."""
+    from moe_hw.run import main
+    inputs = backward_case([3, 1], [3, 16], "bf16", seed=3)
+    np.savez(tmp_path / "in.npz", **inputs)
+    params = PARAMS["bf16"]
+    sets = [f"--set={name}={getattr(params, name)}"
+            for name in ("format", "lanes", "max_rank", "max_input", "max_output")]
+    assert main(["expand_backward", "--in", str(tmp_path / "in.npz"), "--out",
+                 str(tmp_path / "out.npz"), *sets]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        assert sorted(out.files) == ["cycles", "input_grad"]
+        got = out["input_grad"].view(ml_dtypes.bfloat16)
+        want = golden.expand_backward_hw(inputs["grad_output"], [3, 1], [3, 16], 8,
+                                         params.add_latency)
+        assert bit_equal(got, want)
+        assert int(out["cycles"]) == params.cycles(3, 48, "reduce")
+    np.savez(tmp_path / "bad.npz", **(inputs | {"expand_size": np.array([3, 0])}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["expand_backward", "--in", str(tmp_path / "bad.npz"), "--out",
+              str(tmp_path / "o.npz"), *sets])
+    assert exit.value.code != 0
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "expand_size[1] must be >= 1 or -1 (input dim 1 has size 1), not 0")
