@@ -54,7 +54,7 @@ def backward_case(input_shape, expand_size, fmt, seed=0, *, integers=False):
         grad = rng.integers(-8, 9, n).astype(DTYPES[fmt])
     else:
         grad = random_floats(rng, n, DTYPES[fmt], specials=0.1)
-    return {"grad_output": grad.reshape(output_shape),
+    return {"output_grad": grad.reshape(output_shape),
             "input_shape": np.array(input_shape, np.int64),
             "expand_size": np.array(expand_size, np.int64)}
 
@@ -140,7 +140,7 @@ def test_expand_backward_integers_match_sequential(fmt, shape, sizes):
     bits, so the hardware matches the plain sequential golden.expand_backward too."""
     inputs = backward_case(shape, sizes, fmt, 11, integers=True)
     outcome = check(inputs, fmt)
-    want = golden.expand_backward(inputs["grad_output"], shape, sizes)
+    want = golden.expand_backward(inputs["output_grad"], shape, sizes)
     assert bit_equal(outcome.outputs["input_grad"], want)
 
 
@@ -148,12 +148,12 @@ def test_expand_backward_order_is_visible():
     """With random data the hardware's order differs from the sequential one (so the
     bit-exact check above really checks the order)."""
     inputs = backward_case([4, 1], [4, 64], "fp32", 12)
-    inputs["grad_output"] = random_floats(np.random.default_rng(12), (4, 64), np.float32,
+    inputs["output_grad"] = random_floats(np.random.default_rng(12), (4, 64), np.float32,
                                           specials=0.0)
     params = PARAMS["fp32"]
-    hw = golden.expand_backward_hw(inputs["grad_output"], [4, 1], [4, 64], params.lanes,
+    hw = golden.expand_backward_hw(inputs["output_grad"], [4, 1], [4, 64], params.lanes,
                                    params.add_latency)
-    assert not bit_equal(hw, golden.expand_backward(inputs["grad_output"], [4, 1], [4, 64]))
+    assert not bit_equal(hw, golden.expand_backward(inputs["output_grad"], [4, 1], [4, 64]))
 
 
 def test_expand_backward_cycle_formula():
@@ -193,17 +193,17 @@ def test_expand_backward_bench_problems():
      r"expand_size\[4\] = 2 is past the unit's max_rank of 4"),
     (backward_case([4, 1], [4, 2], "fp32") | {"input_shape": np.array([4, -1])},
      r"input_shape\[1\] must be a non-negative size, not -1"),
-    (backward_case([4, 1], [4, 2], "fp32") | {"grad_output": np.zeros((4, 3), np.float32)},
-     r"grad_output must have the expanded shape \[4, 2\], not \[4, 3\]"),
-    (backward_case([4, 1], [4, 2], "fp32") | {"grad_output": np.zeros((4, 2), np.float64)},
-     r"grad_output must have dtype float32, float16 or bfloat16, not float64"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"output_grad": np.zeros((4, 3), np.float32)},
+     r"output_grad must have the expanded shape \[4, 2\], not \[4, 3\]"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"output_grad": np.zeros((4, 2), np.float64)},
+     r"output_grad must have dtype float32, float16 or bfloat16, not float64"),
     (backward_case([4, 1], [4, 2], "fp32") | {"input_shape": np.array([4.0, 1.0])},
      r"input_shape must be a one-dimensional integer array"),
-    (backward_case([4, 1], [4, 2], "fp32") | {"grad_output": np.zeros((4, 2), np.float16)},
-     r"grad_output has dtype float16, but the unit's format is fp32"),
+    (backward_case([4, 1], [4, 2], "fp32") | {"output_grad": np.zeros((4, 2), np.float16)},
+     r"output_grad has dtype float16, but the unit's format is fp32"),
     (backward_case([100], [100], "fp32"), r"input elements \(100\) exceed the unit's "
      r"max_input of 64"),
-    ({"grad_output": np.zeros(3, np.float32)}, r"lacks input_shape"),
+    ({"output_grad": np.zeros(3, np.float32)}, r"lacks input_shape"),
 ])
 def test_expand_backward_bad_inputs(inputs, message):
     """One line naming the parameter and its value, before anything is built."""
@@ -237,7 +237,7 @@ def test_expand_backward_bad_params(changes, message):
 
 def test_expand_backward_run_command(tmp_path, capsys):
     """``python -m moe_hw.run expand_backward`` on an npz file (bfloat16, stored as 2-byte
-    voids): ``grad_output``, ``input_shape``, ``expand_size`` in; ``input_grad`` and
+    voids): ``output_grad``, ``input_shape``, ``expand_size`` in; ``input_grad`` and
     ``cycles`` out, bit-exact; a bad size fails with one line."""
     from moe_hw.run import main
     inputs = backward_case([3, 1], [3, 16], "bf16", seed=3)
@@ -250,7 +250,7 @@ def test_expand_backward_run_command(tmp_path, capsys):
     with np.load(tmp_path / "out.npz") as out:
         assert sorted(out.files) == ["cycles", "input_grad"]
         got = out["input_grad"].view(ml_dtypes.bfloat16)
-        want = golden.expand_backward_hw(inputs["grad_output"], [3, 1], [3, 16], 8,
+        want = golden.expand_backward_hw(inputs["output_grad"], [3, 1], [3, 16], 8,
                                          params.add_latency)
         assert bit_equal(got, want)
         assert int(out["cycles"]) == params.cycles(3, 48, "reduce")
@@ -262,3 +262,14 @@ def test_expand_backward_run_command(tmp_path, capsys):
     assert exit.value.code != 0
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "expand_size[1] must be >= 1 or -1 (input dim 1 has size 1), not 0")
+
+
+def test_expand_backward_expand_size_defaults_to_the_expanded_shape():
+    """Without ``expand_size`` the host plans the expanded shape itself: the same problem."""
+    unit = UNIT
+    inputs = backward_case([2, 1, 3], [4, 2, 5, 3], "fp32", seed=5)
+    given = unit.problem(inputs, {})
+    default = unit.problem({k: v for k, v in inputs.items() if k != "expand_size"}, {})
+    assert default["expand_size"] == [4, 2, 5, 3]
+    assert default["out_stride"] == given["out_stride"]
+    assert default["output_shape"] == given["output_shape"]

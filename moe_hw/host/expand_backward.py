@@ -1,11 +1,12 @@
 """The expand_backward unit's declaration and host adapter (SPEC 1.6 backward):
-``input_grad_flat[addr(x)] += grad_output[x]``, scored bit for bit against
+``input_grad_flat[addr(x)] += output_grad[x]``, scored bit for bit against
 ``golden.expand_backward_hw`` (the hardware's summation order: :mod:`moe_hw.units.
 expand_backward`) with a scoreboard over every output beat.
 
-npz inputs: ``grad_output`` (the expanded shape; float32, float16 or bfloat16),
-``input_shape`` (an integer array, the forward input's shape) and ``expand_size`` (an integer
-array, as for ``expand``). Output: ``input_grad`` (of ``input_shape``).
+npz inputs: ``output_grad`` (the expanded shape; float32, float16 or bfloat16),
+``input_shape`` (an integer array, the forward input's shape) and optionally ``expand_size``
+(an integer array, as for ``expand``; by default the expanded shape). Output: ``input_grad``
+(of ``input_shape``).
 
 The plan is the forward's (:func:`moe_hw.host.expand.plan_of`, the same checks and errors),
 with one odometer that advances ``lanes`` elements per beat in the ``reduce`` and ``rows``
@@ -36,22 +37,22 @@ def format_of_grad(array):
     for name in ("fp32", "fp16", "bf16"):
         if array.dtype == ELEMENT_DTYPES[name]:
             return name
-    raise HostError(f"grad_output must have dtype float32, float16 or bfloat16, not "
+    raise HostError(f"output_grad must have dtype float32, float16 or bfloat16, not "
                     f"{array.dtype}")
 
 
 class ExpandBackward(Unit):
     name = "expand_backward"
-    summary = ("the gradient of expand: input_grad[addr(x)] += grad_output[x] on the stride "
+    summary = ("the gradient of expand: input_grad[addr(x)] += output_grad[x] on the stride "
                "address generator, a lane tree and G = L + 3 latency-interleaved accumulator "
                "banks; one beat per cycle when the innermost dim is broadcast or kept in "
                "whole beats, one element per cycle otherwise (SPEC 1.6)")
     golden = "golden.expand_backward_hw"
     params = ExpandBackwardParams
-    inputs = ("grad_output", "input_shape", "expand_size")
+    inputs = ("output_grad", "input_shape")      # and optionally expand_size
     outputs = ("input_grad",)
     runtime = ()
-    ideal = "one beat per cycle: ceil(grad_output elements / lanes)"
+    ideal = "one beat per cycle: ceil(output_grad elements / lanes)"
 
     @property
     def bench(self):
@@ -62,25 +63,28 @@ class ExpandBackward(Unit):
 
     # ---- adapter ---------------------------------------------------------------------
     def problem(self, inputs, runtime):
-        grad_output, input_shape, expand_size = need(inputs, self.name, self.inputs)
-        grad_output = element_array(grad_output)
-        format_of_grad(grad_output)
+        output_grad, input_shape = need(inputs, self.name, self.inputs)
+        output_grad = element_array(output_grad)
+        format_of_grad(output_grad)
         input_shape = size_list("input_shape", input_shape)
-        expand_size = size_list("expand_size", expand_size)
+        # The expanded shape names every size, so expand_size is optional: by default it is
+        # that shape (new dims in front, broadcast dims at their size, kept dims as they are).
+        expand_size = size_list("expand_size", inputs.get("expand_size",
+                                                          np.array(output_grad.shape)))
         try:
             output_shape, out_stride = expand_plan(input_shape, expand_size)
         except (TypeError, ValueError) as error:
             raise HostError(str(error)) from None
-        if list(grad_output.shape) != output_shape:
-            raise HostError(f"grad_output must have the expanded shape {output_shape}, not "
-                            f"{list(grad_output.shape)}")
-        return {"grad_output": grad_output, "input_shape": input_shape,
+        if list(output_grad.shape) != output_shape:
+            raise HostError(f"output_grad must have the expanded shape {output_shape}, not "
+                            f"{list(output_grad.shape)}")
+        return {"output_grad": output_grad, "input_shape": input_shape,
                 "expand_size": expand_size, "output_shape": output_shape,
                 "out_stride": out_stride, "input_elements": math.prod(input_shape),
                 "output_elements": math.prod(output_shape)}
 
     def params_for(self, problem, settings):
-        settings = {"format": format_of_grad(problem["grad_output"]), **settings}
+        settings = {"format": format_of_grad(problem["output_grad"]), **settings}
         params = self.sized(settings, max_input=max(1, problem["input_elements"]),
                             max_output=max(1, problem["output_elements"]))
         self.plan(problem, params)
@@ -92,8 +96,8 @@ class ExpandBackward(Unit):
 
     def plan(self, problem, params):
         """The problem's plan on ``params``; errors name the parameter and its value."""
-        if FORMATS[params.format].dtype != problem["grad_output"].dtype:
-            raise HostError(f"grad_output has dtype {problem['grad_output'].dtype}, but the "
+        if FORMATS[params.format].dtype != problem["output_grad"].dtype:
+            raise HostError(f"output_grad has dtype {problem['output_grad'].dtype}, but the "
                             f"unit's format is {params.format}")
         check_rank("expand_size", problem["expand_size"], params.max_rank)
         for what, value, maximum in (
@@ -113,7 +117,7 @@ class ExpandBackward(Unit):
         beats = -(-n_out // lanes)
         bits = np.zeros(beats * lanes, np.uint64)
         if beats:
-            bits[:n_out] = np.ascontiguousarray(problem["grad_output"]).reshape(-1).view(
+            bits[:n_out] = np.ascontiguousarray(problem["output_grad"]).reshape(-1).view(
                 _UINT[width])
         runtime = {"input_elements": problem["input_elements"], "output_elements": n_out,
                    "mode": BACKWARD_MODES.index(self.mode(problem, params))}
@@ -130,11 +134,11 @@ class ExpandBackward(Unit):
         bits = np.zeros(n, _UINT[params.fmt.width])
         if data.size >= n:
             bits[:] = data[:n]
-        dtype = problem["grad_output"].dtype
+        dtype = problem["output_grad"].dtype
         return {"input_grad": bits.view(dtype).reshape(problem["input_shape"])}
 
     def want(self, problem, params):
-        return golden.expand_backward_hw(problem["grad_output"], problem["input_shape"],
+        return golden.expand_backward_hw(problem["output_grad"], problem["input_shape"],
                                          problem["expand_size"], params.lanes,
                                          params.add_latency)
 
@@ -148,7 +152,7 @@ class ExpandBackward(Unit):
         grad_beats = -(-problem["output_elements"] // params.lanes)
         for what, got, want_value in (
                 ("plan beats taken", results["plan_taken"], plan_beats),
-                ("grad_output beats taken", results["input_taken"], grad_beats),
+                ("output_grad beats taken", results["input_taken"], grad_beats),
                 ("error", results["error"], 0), ("busy after done", results["busy_after"], 0)):
             findings += compare_values(what, [int(got)], [int(want_value)])
         return findings
@@ -161,7 +165,7 @@ class ExpandBackward(Unit):
                              self.mode(problem, params))
 
     def describe(self, problem, params):
-        return (f"{self.name}: grad_output {problem['output_shape']} -> input_grad "
+        return (f"{self.name}: output_grad {problem['output_shape']} -> input_grad "
                 f"{problem['input_shape']} (out_stride {problem['out_stride']}, "
                 f"{self.mode(problem, params)} mode), {params.format}, lanes={params.lanes}, "
                 f"G={params.banks}, max_input={params.max_input}")
@@ -172,9 +176,9 @@ class ExpandBackward(Unit):
         size = np.array([shape.tokens, shape.hidden], np.int64)
         grad = random_floats(rng, shape.tokens * shape.hidden, ELEMENT_DTYPES[fmt],
                              specials=0.0).reshape(shape.tokens, shape.hidden)
-        return {"gate": ({"grad_output": grad, "input_shape": np.array([shape.tokens, 1]),
+        return {"gate": ({"output_grad": grad, "input_shape": np.array([shape.tokens, 1]),
                           "expand_size": size}, {"lanes": shape.lanes}),
-                "row": ({"grad_output": grad, "input_shape": np.array([1, shape.hidden]),
+                "row": ({"output_grad": grad, "input_shape": np.array([1, shape.hidden]),
                          "expand_size": size}, {"lanes": shape.lanes})}
 
 
