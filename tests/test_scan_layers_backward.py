@@ -1,0 +1,113 @@
+"""The backward pass of scan_layers (SPEC 1.7, backward): the golden model
+golden.scan_layers_backward, checked against a float64 backward pass written out by hand on
+integer-valued data (where every summation order gives the same bits), and its rules (relu's
+derivative at 0, the token order of the sums)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from moe_hw import golden
+
+
+def float64_backward(scale, bias, relu, input, grad_output):
+    """The backward pass in float64, the textbook way (NumPy's own sums): the reference of
+    the order-independent check."""
+    scale, bias = scale.astype(np.float64), bias.astype(np.float64)
+    h = [input.astype(np.float64)]
+    pre = []
+    for a, b in zip(scale, bias):
+        pre.append(a * h[-1] + b)
+        h.append(np.maximum(pre[-1], 0.0) if relu else pre[-1])
+    grad = grad_output.astype(np.float64)
+    grad_scale, grad_bias = np.zeros_like(scale), np.zeros_like(scale)
+    for layer in reversed(range(len(scale))):
+        if relu:
+            grad = grad * (pre[layer] > 0)            # derivative 0 at exactly 0
+        grad_bias[layer] = grad.sum(axis=0)
+        grad_scale[layer] = (grad * h[layer]).sum(axis=0)
+        grad = grad * scale[layer]
+    return grad, grad_scale, grad_bias
+
+
+def integer_problem(rng, tokens, hidden, layers, dtype):
+    """Small integer values: every product and sum is exact in ``dtype`` (magnitudes stay far
+    below 2**8), so rounding never happens and the order of the sums cannot matter."""
+    return {"input": rng.integers(-3, 4, (tokens, hidden)).astype(dtype),
+            "scale": rng.choice([-1, 1, 2], (layers, hidden)).astype(dtype),
+            "bias": rng.integers(-2, 3, (layers, hidden)).astype(dtype),
+            "grad_output": rng.integers(-2, 3, (tokens, hidden)).astype(dtype)}
+
+
+@pytest.mark.parametrize("relu", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_golden_backward_matches_float64_on_integers(relu, dtype):
+    rng = np.random.default_rng(relu)
+    p = integer_problem(rng, 6, 5, 3, dtype)
+    got = golden.scan_layers_backward(p["scale"], p["bias"], relu, p["input"],
+                                      p["grad_output"])
+    want = float64_backward(p["scale"], p["bias"], relu, p["input"], p["grad_output"])
+    for name, g, w in zip(("grad_input", "grad_scale", "grad_bias"), got, want):
+        assert g.dtype == np.dtype(dtype), name
+        assert np.all(np.abs(w) < 256) and np.array_equal(w, np.round(w)), name
+        assert np.array_equal(g.astype(np.float64), w), name
+
+
+def test_relu_derivative_at_zero_is_zero():
+    """A pre-activation of exactly +0 or -0 blocks the gradient; a positive one passes it;
+    a NaN pre-activation passes it (PyTorch's threshold_backward on the relu result)."""
+    input = np.float32([[1.0, -1.0, 2.0, 3.0, np.nan]])
+    scale = np.float32([[1.0, 1.0, 1.0, -1.0, 1.0]])
+    bias = np.float32([[-1.0, 1.0, -1.5, 3.0, 0.0]])   # pre: +0, +0, 0.5, +0, NaN
+    grad = np.float32([[5.0, 5.0, 5.0, 5.0, 5.0]])
+    grad_input, grad_scale, grad_bias = golden.scan_layers_backward(scale, bias, 1, input,
+                                                                    grad)
+    assert grad_bias.tolist() == [[0.0, 0.0, 5.0, 0.0, 5.0]]
+    assert grad_input[0, :4].tolist() == [0.0, 0.0, 5.0, -0.0]
+    assert not np.signbit(grad_input[0, 0]) and np.signbit(grad_input[0, 3])  # +0 * -1
+    no_relu = golden.scan_layers_backward(scale, bias, 0, input, grad)[2]
+    assert no_relu.tolist() == [[5.0] * 5]
+
+
+def test_token_sum_is_sequential_in_token_order():
+    """The sums over tokens add token 0, 1, ... from +0.0, rounding after each add: not
+    NumPy's pairwise sum, and not any other order."""
+    big, tiny = np.float32(2 ** 24), np.float32(1.0)
+    values = np.float32([[big], [tiny], [tiny], [-big]])
+    assert golden.token_sum(values)[0] == 0.0          # (2^24 + 1) rounds back to 2^24
+    assert golden.token_sum(values[::-1])[0] == 2.0       # the other order: exact
+    assert golden.token_sum(np.float32([[-0.0], [-0.0]]))[0] == 0.0
+    assert not np.signbit(golden.token_sum(np.float32([[-0.0]]))[0])   # +0.0 + -0.0 = +0.0
+    assert golden.token_sum(np.zeros((0, 3), np.float32)).tolist() == [0.0, 0.0, 0.0]
+    # the scale gradient of one layer without relu is token_sum(grad_output * input)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((9, 4)).astype(np.float32)
+    g = rng.standard_normal((9, 4)).astype(np.float32)
+    a = rng.standard_normal((1, 4)).astype(np.float32)
+    grad_input, grad_scale, grad_bias = golden.scan_layers_backward(a, a * 0, 0, x, g)
+    want = np.zeros(4, np.float32)
+    for t in range(9):
+        want = want + g[t] * x[t]
+    assert np.array_equal(grad_scale[0], want)
+    assert np.array_equal(grad_input, g * a[0])
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"grad_output": np.zeros((3, 4), np.float32)}, ValueError,
+     r"grad_output has shape \(3, 4\), but input has shape \(2, 4\)"),
+    ({"bias": np.zeros((3, 4), np.float32)}, ValueError,
+     r"bias has shape \(3, 4\), but scale has shape \(2, 4\)"),
+    ({"scale": np.zeros((2, 5), np.float32), "bias": np.zeros((2, 5), np.float32)},
+     ValueError, r"scale has shape \(2, 5\), but input has H = 4"),
+    ({"scale": np.zeros((0, 4), np.float32), "bias": np.zeros((0, 4), np.float32)},
+     ValueError, "at least one layer, not 0"),
+    ({"grad_output": np.zeros((2, 4), np.float16)}, TypeError,
+     "grad_output has dtype float16, but input has float32"),
+    ({"relu": 2}, ValueError, "relu must be 0 or 1, not 2"),
+])
+def test_golden_errors(change, error, match):
+    args = {"scale": np.ones((2, 4), np.float32), "bias": np.zeros((2, 4), np.float32),
+            "relu": 0, "input": np.ones((2, 4), np.float32),
+            "grad_output": np.ones((2, 4), np.float32), **change}
+    with pytest.raises(error, match=match):
+        golden.scan_layers_backward(**args)
