@@ -111,3 +111,69 @@ def test_golden_errors(change, error, match):
             "grad_output": np.ones((2, 4), np.float32), **change}
     with pytest.raises(error, match=match):
         golden.scan_layers_backward(**args)
+
+
+# ---- the unit on its emitted Verilog ---------------------------------------------------------
+
+from moe_hw.blocks.run_control import EMPTY_CYCLES  # noqa: E402
+from moe_hw.host.checks import HostError  # noqa: E402
+from moe_hw.host.scan_layers_backward import UNIT  # noqa: E402
+from moe_hw.host.unit import run  # noqa: E402
+from moe_hw.params import ParameterError  # noqa: E402
+from moe_hw.units.scan_layers_backward import ScanLayersBackwardParams, sweep_plan  # noqa: E402
+
+from conftest import STALLS, simulator_cases  # noqa: E402
+
+# Short float pipelines (A = 3: a token takes max(B, 4) cycles) keep the builds quick; one
+# build per format and storage mode.
+PARAMS = {(fmt, checkpoint): ScanLayersBackwardParams(
+              format=fmt, lanes=4, max_tokens=12, max_hidden=16, max_layers=5,
+              mul_stages=3, add_stages=3, checkpoint=checkpoint)
+          for fmt in ("fp32", "bf16") for checkpoint in (0, 2)}
+
+
+def check(inputs, relu, format, checkpoint=0, sim="verilator", stall=0.0, seed=0):
+    """Run the unit; bit-exact and scoreboard clean; stall-free: the exact cycle count."""
+    params = PARAMS[format, checkpoint]
+    outcome = run(UNIT, inputs, {"relu": relu}, params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    if stall == 0.0:
+        tokens, hidden = inputs["input"].shape
+        assert outcome.cycles == params.cycles(tokens, hidden, inputs["scale"].shape[0])
+    return outcome
+
+
+CASES = {
+    # name: (tokens, hidden, layers, relu, format, checkpoint)
+    "one_token": (1, 3, 2, 1, "fp32", 0),          # one item a sweep: padded to A + 1
+    "partial_beat": (5, 7, 3, 1, "fp32", 0),       # H not a multiple of lanes
+    "full_rate": (6, 16, 4, 0, "fp32", 0),         # B = 4 = A + 1: one item per cycle
+    "bf16_relu": (7, 13, 5, 1, "bf16", 0),
+    "checkpoint": (9, 10, 5, 1, "fp32", 2),        # segments {0,1} {2,3} {4}: recompute
+    "checkpoint_even": (4, 6, 4, 1, "bf16", 2),    # two full segments
+    "one_layer": (3, 5, 1, 1, "fp32", 2),          # L = 1: no forward sweep
+    "no_tokens": (0, 8, 3, 1, "fp32", 0),          # S = 0: nothing in, zero sums
+}
+
+
+def case_inputs(name):
+    tokens, hidden, layers, relu, format, checkpoint = CASES[name]
+    seed = list(CASES).index(name)
+    return (UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, format=format,
+                               seed=seed), relu, format, checkpoint)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("sim, case", simulator_cases(
+    list(CASES), icarus=["partial_beat", "checkpoint", "no_tokens"]))
+def test_scan_layers_backward_cases(sim, case, stall):
+    inputs, relu, format, checkpoint = case_inputs(case)
+    outcome = check(inputs, relu, format, checkpoint, sim, stall, seed=5)
+    tokens, hidden = inputs["input"].shape
+    layers = inputs["scale"].shape[0]
+    assert outcome.outputs["grad_input"].shape == (tokens, hidden)
+    assert outcome.outputs["grad_scale"].shape == (layers, hidden)
+    if case == "no_tokens":
+        assert not outcome.outputs["grad_bias"].any()
+        if stall == 0.0:
+            assert outcome.cycles == EMPTY_CYCLES

@@ -128,7 +128,8 @@ def affine_layer(h, params, relu=False):
     h = np.asarray(h)
     y = add(mul(h, params["scale"]), params["bias"])
     if relu:
-        y = np.where(np.isnan(y) | (y > 0), y, np.zeros((), dtype=y.dtype))
+        with np.errstate(invalid="ignore"):       # ml_dtypes warns on a NaN compare
+            y = np.where(np.isnan(y) | (y > 0), y, np.zeros((), dtype=y.dtype))
     return y
 
 
@@ -203,7 +204,8 @@ def scan_layers_backward(scale, bias, relu, input, grad_output):
         h = activations[layer]
         if relu:
             out = affine_layer(h, {"scale": scale[layer], "bias": bias[layer]}, relu=True)
-            grad = np.where(out == 0, zero, grad)
+            with np.errstate(invalid="ignore"):
+                grad = np.where(out == 0, zero, grad)
         grad_bias[layer] = token_sum(grad)
         grad_scale[layer] = token_sum(mul(grad, h))
         grad = mul(grad, scale[layer])
