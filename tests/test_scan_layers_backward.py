@@ -313,3 +313,25 @@ def test_cell_count_is_flat_in_layers():
         ScanLayersBackwardParams(max_layers=n, **small))) for n in (2, 16)}
     assert abs(cost[16].cells - cost[2].cells) <= 0.05 * cost[2].cells, cost
     assert cost[16].memory_bits > 4 * cost[2].memory_bits, cost
+
+
+def test_run_command(tmp_path):
+    """``python -m moe_hw.run scan_layers_backward`` on an npz file (bfloat16, stored as
+    2-byte voids; relu as an npz scalar): the keys in and out, bit-exact."""
+    from moe_hw.run import main
+    inputs = UNIT.random_inputs(tokens=4, hidden=6, layers=3, format="bf16", seed=9)
+    np.savez(tmp_path / "in.npz", relu=np.int64(1), **inputs)
+    params = PARAMS["bf16", 0]
+    sets = [f"--set={name}={getattr(params, name)}"
+            for name in ("format", "lanes", "max_tokens", "max_hidden", "max_layers",
+                         "checkpoint", "mul_stages", "add_stages")]
+    assert main(["scan_layers_backward", "--in", str(tmp_path / "in.npz"), "--out",
+                 str(tmp_path / "out.npz"), *sets]) == 0
+    want = golden.scan_layers_backward(inputs["scale"], inputs["bias"], 1, inputs["input"],
+                                       inputs["grad_output"])
+    with np.load(tmp_path / "out.npz") as out:
+        assert sorted(out.files) == ["cycles", "grad_bias", "grad_input", "grad_scale"]
+        for name, w in zip(("grad_input", "grad_scale", "grad_bias"), want):
+            assert out[name].shape == w.shape
+            assert (out[name].view(np.uint16) == w.view(np.uint16)).all(), name
+        assert int(out["cycles"]) == params.cycles(4, 6, 3)
