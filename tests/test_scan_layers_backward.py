@@ -291,10 +291,10 @@ def test_host_names_missing_input():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"checkpoint": 40}, r"checkpoint must be at most max_layers \(32\), not 40"),
+    ({"checkpoint": 40}, r"checkpoint must be at most max_layers \(16\), not 40"),
     ({"checkpoint": -1}, "checkpoint must be an integer between 0 and 4096, not -1"),
     ({"max_tokens": 4096, "max_hidden": 4096},
-     "the activation memory needs 32 slabs .* more than 1048576"),
+     "the activation memory needs 16 slabs .* more than 1048576"),
     ({"lanes": 3}, "lanes must be 1, 2, 4, 8 or 16, not 3"),
 ])
 def test_parameter_errors(kwargs, match):

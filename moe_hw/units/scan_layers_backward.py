@@ -136,9 +136,11 @@ class ScanLayersBackwardParams(FloatDatapathParams, UnitParams):
 
     format: str = param("fp32", choices=FORMAT_NAMES)
     lanes: int = param(4, choices=LANES)
-    max_tokens: int = param(256, minimum=1, maximum=1 << 20, doc="S")
-    max_hidden: int = param(512, minimum=1, maximum=1 << 16, doc="H")
-    max_layers: int = param(32, minimum=1, maximum=1 << 12,
+    # Modest defaults: Amaranth writes every memory's initial contents into the Verilog, and
+    # the activation memory is max_layers * max_tokens * ceil(max_hidden / lanes) beats.
+    max_tokens: int = param(64, minimum=1, maximum=1 << 20, doc="S")
+    max_hidden: int = param(256, minimum=1, maximum=1 << 16, doc="H")
+    max_layers: int = param(16, minimum=1, maximum=1 << 12,
                             doc="L: the parameter memory's depth in layers")
     checkpoint: int = param(0, minimum=0, maximum=1 << 12,
                             doc="c: keep every c-th activation and recompute the others "
