@@ -182,16 +182,16 @@ def test_scan_layers_backward_cases(sim, case, stall):
 def test_cycle_formula_full_rate():
     """B = A + 1 = 4: one item per cycle in every sweep. Stall-free, from start to done:
     ``setup + 1 + max(L*B, S*B) + 2 + sweeps * (S*B + drain + 2) + 1`` with ``drain = Z + 1``,
-    Z = 2 (memory read) + M + A (the layer) + 1 (mask) + M + A (product, sum) = 15, and
+    Z = 2 (memory read) + M + A (the layer) + 3 (mask) + M + A (product, sum) = 17, and
     ``sweeps = 2L - 1`` storing all activations."""
     params = PARAMS["fp32", 0]
     tokens, hidden, layers = 6, 16, 4
     inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, seed=3)
     outcome = check(inputs, 1, "fp32")
     items = tokens * 4
-    assert params.period(hidden) == 4 and params.drain == 16
+    assert params.period(hidden) == 4 and params.drain == 18
     assert outcome.cycles == (params.setup + 1 + max(layers * 4, items) + 2
-                              + (2 * layers - 1) * (items + 16 + 2) + 1)
+                              + (2 * layers - 1) * (items + 18 + 2) + 1)
     assert outcome.ideal_cycles == (2 * layers - 1) * items
 
 
