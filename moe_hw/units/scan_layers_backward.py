@@ -309,9 +309,9 @@ class ScanLayersBackwardUnit(wiring.Component):
         with m.If(ctl.decide):
             m.d.sync += period.eq(Mux(beats > p.add_latency + 1, beats, p.add_latency + 1))
         # S * B and L * B, ready by ``begin`` (RunControl's setup covers the products).
-        items = pipelined_product(m, tokens, beats, en=1, dsp="generic",
+        items = pipelined_product(m, tokens, beats, en=1, dsp=p.dsp,
                                   name="items")[:bits_for(p.slab_words)]
-        param_beats = pipelined_product(m, layers, beats, en=1, dsp="generic",
+        param_beats = pipelined_product(m, layers, beats, en=1, dsp=p.dsp,
                                         name="param_beats")[:bits_for(p.max_layers *
                                                                        p.max_beats)]
 
