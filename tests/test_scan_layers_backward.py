@@ -182,16 +182,16 @@ def test_scan_layers_backward_cases(sim, case, stall):
 def test_cycle_formula_full_rate():
     """B = A + 1 = 4: one item per cycle in every sweep. Stall-free, from start to done:
     ``setup + 1 + max(L*B, S*B) + 2 + sweeps * (S*B + drain + 2) + 1`` with ``drain = Z + 1``,
-    Z = 2 (memory read) + M + A (the layer) + 3 (mask) + M + A (product, sum) = 17, and
+    Z = 3 (memory read) + M + A (the layer) + 3 (mask) + M + A (product, sum) = 18, and
     ``sweeps = 2L - 1`` storing all activations."""
     params = PARAMS["fp32", 0]
     tokens, hidden, layers = 6, 16, 4
     inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, seed=3)
     outcome = check(inputs, 1, "fp32")
     items = tokens * 4
-    assert params.period(hidden) == 4 and params.drain == 18
+    assert params.period(hidden) == 4 and params.drain == 19
     assert outcome.cycles == (params.setup + 1 + max(layers * 4, items) + 2
-                              + (2 * layers - 1) * (items + 18 + 2) + 1)
+                              + (2 * layers - 1) * (items + 19 + 2) + 1)
     assert outcome.ideal_cycles == (2 * layers - 1) * items
 
 
@@ -312,7 +312,7 @@ def test_cell_count_is_flat_in_layers():
     cost = {n: cell_count(lambda n=n: ScanLayersBackwardUnit(
         ScanLayersBackwardParams(max_layers=n, **small))) for n in (2, 16)}
     assert abs(cost[16].cells - cost[2].cells) <= 0.05 * cost[2].cells, cost
-    assert cost[16].memory_bits > 4 * cost[2].memory_bits, cost
+    assert cost[16].memory_bits > 3 * cost[2].memory_bits, cost
 
 
 def test_run_command(tmp_path):

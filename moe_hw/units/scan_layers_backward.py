@@ -111,6 +111,10 @@ LOAD_TO_SWEEP = 2
 #: Cycles of a sweep beyond its issue slots and its drain: the decision of the next sweep
 #: and the set-up of its addresses.
 SWEEP_OVERHEAD = 2
+#: Cycles from an item's issue to its operands: the memories' registered read, then one
+#: register more (the activation memory's row multiplexer on ECP5 otherwise reached the
+#: multipliers' first stage: 162.4 MHz).
+READ_LATENCY = BlockMemory.latency + 1
 #: Cycles from ``h_{l+1}`` to ``g_pre``: ``h_{l+1}`` registered, its zero test registered (one
 #: flag a lane), then the choice between g and +0.0 registered. The test fed straight from
 #: the adder's output logic into the multipliers' input registers (as their synchronous
@@ -198,8 +202,8 @@ class ScanLayersBackwardParams(FloatDatapathParams, UnitParams):
 
     @property
     def forward_latency(self):
-        """F: issue to ``h_{l+1}`` (the memory read, the layer)."""
-        return BlockMemory.latency + self.latency
+        """F: issue to ``h_{l+1}`` (the memory read and its register, the layer)."""
+        return READ_LATENCY + self.latency
 
     @property
     def grad_latency(self):
@@ -461,12 +465,17 @@ class ScanLayersBackwardUnit(wiring.Component):
         m.d.comb += [params_mem.read_addr.eq(row_base + beat), params_mem.read_en.eq(1),
                      acts.read_addr.eq(read_base + item), acts.read_en.eq(1),
                      grads.read_addr.eq(item), grads.read_en.eq(1)]
-        read = BlockMemory.latency
+        read = READ_LATENCY
         valid_r = delay(m, issue, read, 1, name="valid_r")
         first_r = delay(m, token_first, read, 1, name="first_r", reset_less=True)
-        h = acts.read_data[0]
-        g = grads.read_data[0]
-        layer_params = params_mem.read_data[0]
+        # a register after each memory: the activations' row multiplexer (a memory deeper
+        # than one row of DP16KD blocks) then ends in it, not in the multipliers' first stage
+        h = p.lanes_layout()(delay(m, acts.read_data[0].as_value(), 1, 1, name="h_read",
+                                   reset_less=True))
+        g = p.lanes_layout()(delay(m, grads.read_data[0].as_value(), 1, 1, name="g_read",
+                                   reset_less=True))
+        layer_params = p.params_layout()(delay(m, params_mem.read_data[0].as_value(), 1, 1,
+                                               name="params_read", reset_less=True))
 
         step = m.submodules.layer = AffineLayerStep(p)
         m.d.comb += [step.carry.eq(h), step.x.eq(layer_params), step.relu.eq(relu)]
