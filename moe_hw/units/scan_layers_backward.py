@@ -33,7 +33,8 @@ The hardware: one layer datapath, reused for every layer and every pass:
 * the backward part: the mask, ``lanes`` multipliers for ``g_pre * a_l`` and as many for
   ``g_pre * h_l``, ``2 * lanes`` adders accumulating ``grad_scale`` and ``grad_bias``.
 
-Memories (:class:`~moe_hw.blocks.block_memory.BlockMemory`, a two-cycle registered read, and a register of the unit after it):
+Memories (:class:`~moe_hw.blocks.block_memory.BlockMemory`, a two-cycle registered read,
+and a register of the unit after it):
 the parameters (``max_layers * ceil(max_hidden / lanes)`` beats, read at ``l * Bmax + b``),
 the activations (``slabs`` slabs of ``max_tokens * ceil(max_hidden / lanes)`` beats, slab
 ``s`` at ``s * SBmax``), the gradient ``g`` (one slab, read and rewritten in place by every
