@@ -127,7 +127,7 @@ from conftest import STALLS, simulator_cases  # noqa: E402
 # Short float pipelines (A = 3: a token takes max(B, 4) cycles) keep the builds quick; one
 # build per format and storage mode.
 PARAMS = {(fmt, checkpoint): ScanLayersBackwardParams(
-              format=fmt, lanes=4, max_tokens=12, max_hidden=16, max_layers=5,
+              format=fmt, lanes=4, max_tokens=12, max_hidden=20, max_layers=5,
               mul_stages=3, add_stages=3, checkpoint=checkpoint)
           for fmt in ("fp32", "bf16") for checkpoint in (0, 2)}
 
@@ -145,9 +145,9 @@ def check(inputs, relu, format, checkpoint=0, sim="verilator", stall=0.0, seed=0
 
 CASES = {
     # name: (tokens, hidden, layers, relu, format, checkpoint)
-    "one_token": (1, 3, 2, 1, "fp32", 0),          # one item a sweep: padded to A + 1
+    "one_token": (1, 3, 2, 1, "fp32", 0),          # one item a sweep: padded to A + 2
     "partial_beat": (5, 7, 3, 1, "fp32", 0),       # H not a multiple of lanes
-    "full_rate": (6, 16, 4, 0, "fp32", 0),         # B = 4 = A + 1: one item per cycle
+    "full_rate": (6, 20, 4, 0, "fp32", 0),         # B = 5 = A + 2: one item per cycle
     "bf16_relu": (7, 13, 5, 1, "bf16", 0),
     "checkpoint": (9, 10, 5, 1, "fp32", 2),        # segments {0,1} {2,3} {4}: recompute
     "checkpoint_even": (4, 6, 4, 1, "bf16", 2),    # two full segments
@@ -180,17 +180,17 @@ def test_scan_layers_backward_cases(sim, case, stall):
 
 
 def test_cycle_formula_full_rate():
-    """B = A + 1 = 4: one item per cycle in every sweep. Stall-free, from start to done:
+    """B = A + 2 = 5: one item per cycle in every sweep. Stall-free, from start to done:
     ``setup + 1 + max(L*B, S*B) + 2 + sweeps * (S*B + drain + 2) + 1`` with ``drain = Z + 1``,
     Z = 3 (memory read) + M + A (the layer) + 3 (mask) + M + A (product, sum) = 18, and
     ``sweeps = 2L - 1`` storing all activations."""
     params = PARAMS["fp32", 0]
-    tokens, hidden, layers = 6, 16, 4
+    tokens, hidden, layers = 6, 20, 4
     inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, seed=3)
     outcome = check(inputs, 1, "fp32")
-    items = tokens * 4
-    assert params.period(hidden) == 4 and params.drain == 19
-    assert outcome.cycles == (params.setup + 1 + max(layers * 4, items) + 2
+    items = tokens * 5
+    assert params.period(hidden) == 5 and params.drain == 19
+    assert outcome.cycles == (params.setup + 1 + max(layers * 5, items) + 2
                               + (2 * layers - 1) * (items + 19 + 2) + 1)
     assert outcome.ideal_cycles == (2 * layers - 1) * items
 

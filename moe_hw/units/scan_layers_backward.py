@@ -20,10 +20,10 @@ as PyTorch's ``threshold_backward`` does.
 Summation order (``golden.token_sum``): per element, sequential in token order from +0.0.
 The items of a sweep come token-major (token t, beat b), so an element's accumulator is
 revisited every B = ceil(H / lanes) cycles; it lives in a small memory of B entries read
-(asynchronously) as the item's products arrive and written back ``add_latency`` (A) cycles
-later. A token therefore takes ``period = max(B, A + 1)`` cycles: from H >= lanes * (A + 1)
-on (H >= 176 at 16 fp32 lanes and the default adder) one item per cycle, below that the
-padding keeps the sum sequential.
+(asynchronously, into a register) the cycle before the item's products arrive and written
+back ``add_latency`` (A) cycles after they do. A token therefore takes ``period = max(B,
+A + 2)`` cycles: from H >= lanes * (A + 2) on (H >= 208 at 16 fp32 lanes and the default
+adder, A = 11) one item per cycle, below that the padding keeps the sum sequential.
 
 The hardware: one layer datapath, reused for every layer and every pass:
 
@@ -229,8 +229,9 @@ class ScanLayersBackwardParams(FloatDatapathParams, UnitParams):
                    product_latency(bits_for(self.max_layers), bits_for(self.max_beats))) + 1
 
     def period(self, hidden):
-        """Cycles per token in a sweep: B, or A + 1 when fewer (the accumulators' loop)."""
-        return max(-(-hidden // self.lanes), self.add_latency + 1)
+        """Cycles per token in a sweep: B, or A + 2 when fewer (the accumulators' loop: the
+        read register, the adder)."""
+        return max(-(-hidden // self.lanes), self.add_latency + 2)
 
     def sweeps(self, layers):
         return sweep_plan(layers, self.checkpoint)
@@ -306,13 +307,13 @@ class ScanLayersBackwardUnit(wiring.Component):
         tokens = ctl.size("tokens")
 
         beats = Signal(range(p.max_beats + 1))
-        period = Signal(range(max(p.max_beats, p.add_latency + 1) + 1))
+        period = Signal(range(max(p.max_beats, p.add_latency + 2) + 1))
         relu = Signal()
         with m.If(ctl.accept):
             m.d.sync += [beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                          relu.eq(self.relu)]
         with m.If(ctl.decide):
-            m.d.sync += period.eq(Mux(beats > p.add_latency + 1, beats, p.add_latency + 1))
+            m.d.sync += period.eq(Mux(beats > p.add_latency + 2, beats, p.add_latency + 2))
         # S * B and L * B, ready by ``begin`` (RunControl's setup covers the products).
         items = pipelined_product(m, tokens, beats, en=1, dsp=p.dsp,
                                   name="items")[:bits_for(p.slab_words)]
@@ -523,15 +524,21 @@ class ScanLayersBackwardUnit(wiring.Component):
         gl = p.grad_latency
         valid_g = delay(m, valid_r, gl - read, 1, name="valid_g")
         backward_g = delay(m, backward, gl, 1, name="backward_g", reset_less=True)
-        first_g = delay(m, first_r, gl - read, 1, name="first_g", reset_less=True)
-        beat_g = delay(m, beat, gl, 1, name="beat_g", reset_less=True)
+        # the accumulator is read a cycle ahead, into a register (+0.0 for the first token):
+        # the read's address-to-data path then ends there, not in the adders
+        first_early = delay(m, first_r, gl - read - 1, 1, name="first_early",
+                            reset_less=True)
+        beat_early = delay(m, beat, gl - 1, 1, name="beat_early", reset_less=True)
+        beat_g = delay(m, beat_early, 1, 1, name="beat_g", reset_less=True)
         item_g = delay(m, item, gl, 1, name="item_g", reset_less=True)
         sums_layout = p.params_layout()
         acc = m.submodules.accumulators = memory.Memory(shape=sums_layout,
                                                         depth=max(p.max_beats, 2), init=[])
         acc_read = acc.read_port(domain="comb")
         acc_write = acc.write_port()
-        m.d.comb += acc_read.addr.eq(beat_g)
+        m.d.comb += acc_read.addr.eq(beat_early)
+        running = Signal(sums_layout, name="running_sums")
+        m.d.sync += running.eq(Mux(first_early, 0, acc_read.data))
         for lane in range(p.lanes):
             mul_grad = m.submodules[f"mul_grad{lane}"] = FloatMultiplierCore(
                 p.format, p.mul_latency, dsp=p.dsp)
@@ -547,9 +554,9 @@ class ScanLayersBackwardUnit(wiring.Component):
                 mul_scale.en.eq(1),
                 g_new[lane].eq(mul_grad.product),
                 # the first token adds to +0.0: the sums start from +0.0
-                add_scale.a.eq(Mux(first_g, 0, acc_read.data.scale[lane])),
+                add_scale.a.eq(running.scale[lane]),
                 add_scale.b.eq(mul_scale.product), add_scale.en.eq(1),
-                add_bias.a.eq(Mux(first_g, 0, acc_read.data.bias[lane])),
+                add_bias.a.eq(running.bias[lane]),
                 add_bias.b.eq(g_pre_g[lane]), add_bias.en.eq(1),
                 grad_scale[lane].eq(add_scale.sum), grad_bias[lane].eq(add_bias.sum),
             ]
