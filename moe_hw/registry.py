@@ -31,13 +31,12 @@ def units():
     """The unit declarations by name, in ``gen list`` order."""
     from .host import (combine_gather, combine_scatter, dispatch, dispatch_backward_data,
                        dispatch_backward_gate, expand, expand_backward, fadd, fmul, locations,
-                       moe_layer,
-                       moe_re_routing, repeat, scan_layers, scan_layers_unrolled,
-                       sparse_gather, sparse_index)
+                       moe_layer, moe_re_routing, repeat, scan_layers, scan_layers_backward,
+                       scan_layers_unrolled, sparse_gather, sparse_index)
     declared = (dispatch, locations, sparse_index, sparse_gather, combine_gather,
                 combine_scatter, dispatch_backward_data, dispatch_backward_gate, moe_layer,
                 moe_re_routing, expand, repeat, expand_backward, scan_layers,
-                scan_layers_unrolled, fmul, fadd)
+                scan_layers_unrolled, scan_layers_backward, fmul, fadd)
     return {module.UNIT.name: module.UNIT for module in declared}
 
 

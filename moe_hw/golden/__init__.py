@@ -14,7 +14,8 @@ from .expand import (PhysicalExpand, contiguous_strides, expand, expand_backward
 from .layer import moe_layer, top_k_routing
 from .locations import capacity_from_factor, compute_locations, expert_counts
 from .rerouting import moe_re_routing
-from .scan import affine_layer, prefix_sum, scan, scan_layers, stack_layer_params
+from .scan import (affine_layer, prefix_sum, scan, scan_layers, scan_layers_backward,
+                   stack_layer_params, token_sum)
 from .sparse import expert_to_gates, sparse_combine, sparse_dispatch, sparse_dispatch_indices
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "expand", "expand_backward", "expand_backward_hw", "repeat", "expand_strides", "physical_expand",
     "PhysicalExpand", "contiguous_strides",
     "scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer",
+    "scan_layers_backward", "token_sum",
     "moe_layer", "top_k_routing",
     "ep_dispatch",
 ]

@@ -6,9 +6,10 @@ memory of depth L indexed by a loop counter.
 
 import numpy as np
 
-from ._common import add, mul
+from ._common import add, float_array, mul
 
-__all__ = ["scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer"]
+__all__ = ["scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer",
+           "scan_layers_backward", "token_sum"]
 
 
 def _length(name, xs):
@@ -127,5 +128,85 @@ def affine_layer(h, params, relu=False):
     h = np.asarray(h)
     y = add(mul(h, params["scale"]), params["bias"])
     if relu:
-        y = np.where(np.isnan(y) | (y > 0), y, np.zeros((), dtype=y.dtype))
+        with np.errstate(invalid="ignore"):       # ml_dtypes warns on a NaN compare
+            y = np.where(np.isnan(y) | (y > 0), y, np.zeros((), dtype=y.dtype))
     return y
+
+
+def token_sum(values):
+    """The sum over tokens of ``values`` [S, H] as the backward unit adds it: per element,
+    from +0.0, the tokens in order 0, 1, ..., S-1, rounded after every add (a sequential sum;
+    +0.0 for S = 0). Returns [H] in the format of ``values``."""
+    values = np.asarray(values)
+    total = np.zeros(values.shape[1:], dtype=values.dtype)
+    for row in values:
+        total = add(total, row)
+    return total
+
+
+def scan_layers_backward(scale, bias, relu, input, grad_output):
+    """The backward pass of ``scan_layers(affine_layer)`` (SPEC 1.7, backward): returns
+    ``(grad_input [S, H], grad_scale [L, H], grad_bias [L, H])``.
+
+    Forward: ``h_0 = input``, ``h_{l+1} = relu?(a_l * h_l + b_l)`` (:func:`affine_layer`,
+    ``a_l = scale[l]``, ``b_l = bias[l]``). Backward, for l = L-1 down to 0, with ``g`` the
+    gradient with respect to ``h_{l+1}`` (``grad_output`` for l = L-1)::
+
+        g_pre          = g, or with relu +0.0 where the pre-activation a_l*h_l + b_l <= 0
+        grad_bias[l]   = token_sum(g_pre)
+        grad_scale[l]  = token_sum(g_pre * h_l)
+        g (for h_l)    = g_pre * a_l
+
+    relu's derivative at a pre-activation of exactly 0 (+0 or -0) is 0, as in PyTorch;
+    a NaN pre-activation passes the gradient, as PyTorch's ``threshold_backward`` on the
+    relu result does (``result <= 0`` is false for NaN). Both follow from the rule used
+    here and in the hardware: g_pre is +0.0 where ``h_{l+1}`` (the relu's result, never
+    -0) is +0.0.
+
+    Arithmetic: in the format of ``input`` (float32, float16 or bfloat16), every product
+    and every sum rounded once to nearest even (no FMA), as the unit's multipliers and
+    adders do. The sums over tokens are :func:`token_sum`: per element, sequential in
+    token order from +0.0. The forward activations are recomputed here with the same
+    rounding, so storing all of them or recomputing them from checkpoints gives the same
+    bits.
+    """
+    input = float_array("input", input, ndim=2, what="[S, H]")
+    grad_output = float_array("grad_output", grad_output, ndim=2, what="[S, H]")
+    scale = float_array("scale", scale, ndim=2, what="[L, H]")
+    bias = float_array("bias", bias, ndim=2, what="[L, H]")
+    for name, array in (("grad_output", grad_output), ("scale", scale), ("bias", bias)):
+        if array.dtype != input.dtype:
+            raise TypeError(f"{name} has dtype {array.dtype}, but input has {input.dtype}; "
+                            f"they must share one format")
+    if grad_output.shape != input.shape:
+        raise ValueError(f"grad_output has shape {grad_output.shape}, but input has shape "
+                         f"{input.shape}; they must match")
+    if scale.shape != bias.shape:
+        raise ValueError(f"bias has shape {bias.shape}, but scale has shape {scale.shape}; "
+                         f"they must match")
+    if scale.shape[1] != input.shape[1]:
+        raise ValueError(f"scale has shape {scale.shape}, but input has H = {input.shape[1]}: "
+                         f"it must be [L, {input.shape[1]}]")
+    if scale.shape[0] == 0:
+        raise ValueError("scale and bias must hold at least one layer, not 0")
+    if relu not in (0, 1, False, True):
+        raise ValueError(f"relu must be 0 or 1, not {relu!r}")
+    layers = scale.shape[0]
+    zero = np.zeros((), dtype=input.dtype)
+    activations = [input]
+    for layer in range(layers - 1):
+        activations.append(affine_layer(activations[-1], {"scale": scale[layer],
+                                                          "bias": bias[layer]}, relu))
+    grad_scale = np.zeros(scale.shape, dtype=input.dtype)
+    grad_bias = np.zeros(scale.shape, dtype=input.dtype)
+    grad = grad_output
+    for layer in reversed(range(layers)):
+        h = activations[layer]
+        if relu:
+            out = affine_layer(h, {"scale": scale[layer], "bias": bias[layer]}, relu=True)
+            with np.errstate(invalid="ignore"):
+                grad = np.where(out == 0, zero, grad)
+        grad_bias[layer] = token_sum(grad)
+        grad_scale[layer] = token_sum(mul(grad, h))
+        grad = mul(grad, scale[layer])
+    return grad, grad_scale, grad_bias
