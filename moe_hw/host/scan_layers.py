@@ -41,6 +41,44 @@ def scan_layers_golden(input, scale, bias, relu):
                               {"scale": scale, "bias": bias}, input)
 
 
+def layer_problem(unit, inputs, runtime):
+    """A scan_layers unit's checked npz arrays and run-time values: ``input`` [S, H], ``scale``
+    and ``bias`` [L, H], and any further inputs of ``unit.inputs`` as [S, H] arrays (the
+    backward pass's ``grad_output``), all of one float dtype; ``relu`` 0 or 1."""
+    arrays = {name: np.asarray(array)
+              for name, array in zip(unit.inputs, need(inputs, unit.name, unit.inputs))}
+    input, scale, bias = arrays["input"], arrays["scale"], arrays["bias"]
+    streams = [name for name in arrays if name not in ("input", "scale", "bias")]
+    for name, array in arrays.items():
+        what = "[L, H]" if name in ("scale", "bias") else "[S, H]"
+        if array.ndim != 2:
+            raise HostError(f"{name} must have 2 dimensions {what}, not shape {array.shape}")
+        format_of(array)
+    for name, array in arrays.items():
+        if name != "input" and array.dtype != input.dtype:
+            raise HostError(f"{name} has dtype {array.dtype}, but input has {input.dtype}; "
+                            "they must match (the dtype picks the format)")
+    for name in streams:
+        if arrays[name].shape != input.shape:
+            raise HostError(f"{name} has shape {arrays[name].shape}, but input has shape "
+                            f"{input.shape}; they must match ([S, H])")
+    if scale.shape[0] != bias.shape[0]:
+        raise HostError(f"scale has {scale.shape[0]} layers but bias has {bias.shape[0]}; "
+                        "every layer must have both (layers must have the same structure)")
+    for name, array in (("scale", scale), ("bias", bias)):
+        if array.shape[1] != input.shape[1]:
+            raise HostError(f"{name} has shape {array.shape}, but input has H = "
+                            f"{input.shape[1]}: it must be [L, {input.shape[1]}]")
+    if scale.shape[0] == 0:
+        raise HostError("scale and bias must hold at least one layer, not 0 (as "
+                        "golden.stack_layer_params)")
+    relu = runtime_int("relu", runtime, inputs, default=0)
+    if relu not in (0, 1):
+        raise HostError(f"relu must be 0 or 1, not {relu}")
+    return {**arrays, "relu": relu, "tokens": input.shape[0], "hidden": input.shape[1],
+            "layers": scale.shape[0]}
+
+
 class ScanLayers(Unit):
     name = "scan_layers"
     summary = ("PyTorch/XLA scan_layers: L layers relu?(a_l * h + b_l) on ONE layer datapath, "
@@ -59,31 +97,7 @@ class ScanLayers(Unit):
         return ScanLayersUnit(params)
 
     def problem(self, inputs, runtime):
-        input, scale, bias = (np.asarray(x) for x in need(inputs, self.name, self.inputs))
-        for name, array, what in (("input", input, "[S, H]"), ("scale", scale, "[L, H]"),
-                                  ("bias", bias, "[L, H]")):
-            if array.ndim != 2:
-                raise HostError(f"{name} must have 2 dimensions {what}, not shape {array.shape}")
-            format_of(array)
-        for name, array in (("scale", scale), ("bias", bias)):
-            if array.dtype != input.dtype:
-                raise HostError(f"{name} has dtype {array.dtype}, but input has {input.dtype}; "
-                                "they must match (the dtype picks the format)")
-        if scale.shape[0] != bias.shape[0]:
-            raise HostError(f"scale has {scale.shape[0]} layers but bias has {bias.shape[0]}; "
-                            "every layer must have both (layers must have the same structure)")
-        for name, array in (("scale", scale), ("bias", bias)):
-            if array.shape[1] != input.shape[1]:
-                raise HostError(f"{name} has shape {array.shape}, but input has H = "
-                                f"{input.shape[1]}: it must be [L, {input.shape[1]}]")
-        if scale.shape[0] == 0:
-            raise HostError("scale and bias must hold at least one layer, not 0 (as "
-                            "golden.stack_layer_params)")
-        relu = runtime_int("relu", runtime, inputs, default=0)
-        if relu not in (0, 1):
-            raise HostError(f"relu must be 0 or 1, not {relu}")
-        return {"input": input, "scale": scale, "bias": bias, "relu": relu,
-                "tokens": input.shape[0], "hidden": input.shape[1], "layers": scale.shape[0]}
+        return layer_problem(self, inputs, runtime)
 
     def smallest(self, problem):
         return dict(max_tokens=max(1, problem["tokens"]), max_hidden=max(1, problem["hidden"]),

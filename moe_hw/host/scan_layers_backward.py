@@ -15,9 +15,8 @@ from .. import golden
 from ..formats import FORMATS, from_bits
 from ..golden.testing import random_floats
 from ..units.scan_layers_backward import ScanLayersBackwardParams, ScanLayersBackwardUnit
-from .checks import HostError, check_dtype, check_maxima, compare_bits, format_of, need, \
-    runtime_int
-from .scan_layers import UNIT as FORWARD
+from .checks import check_dtype, check_maxima, compare_bits, format_of
+from .scan_layers import UNIT as FORWARD, layer_problem
 from .unit import Unit
 
 __all__ = ["UNIT", "ScanLayersBackward"]
@@ -42,37 +41,7 @@ class ScanLayersBackward(Unit):
         return ScanLayersBackwardUnit(params)
 
     def problem(self, inputs, runtime):
-        input, scale, bias, grad_output = (np.asarray(x) for x in
-                                           need(inputs, self.name, self.inputs))
-        for name, array, what in (("input", input, "[S, H]"), ("scale", scale, "[L, H]"),
-                                  ("bias", bias, "[L, H]"),
-                                  ("grad_output", grad_output, "[S, H]")):
-            if array.ndim != 2:
-                raise HostError(f"{name} must have 2 dimensions {what}, not shape {array.shape}")
-            format_of(array)
-        for name, array in (("scale", scale), ("bias", bias), ("grad_output", grad_output)):
-            if array.dtype != input.dtype:
-                raise HostError(f"{name} has dtype {array.dtype}, but input has {input.dtype}; "
-                                "they must match (the dtype picks the format)")
-        if grad_output.shape != input.shape:
-            raise HostError(f"grad_output has shape {grad_output.shape}, but input has shape "
-                            f"{input.shape}; they must match ([S, H])")
-        if scale.shape[0] != bias.shape[0]:
-            raise HostError(f"scale has {scale.shape[0]} layers but bias has {bias.shape[0]}; "
-                            "every layer must have both (layers must have the same structure)")
-        for name, array in (("scale", scale), ("bias", bias)):
-            if array.shape[1] != input.shape[1]:
-                raise HostError(f"{name} has shape {array.shape}, but input has H = "
-                                f"{input.shape[1]}: it must be [L, {input.shape[1]}]")
-        if scale.shape[0] == 0:
-            raise HostError("scale and bias must hold at least one layer, not 0 (as "
-                            "golden.stack_layer_params)")
-        relu = runtime_int("relu", runtime, inputs, default=0)
-        if relu not in (0, 1):
-            raise HostError(f"relu must be 0 or 1, not {relu}")
-        return {"input": input, "scale": scale, "bias": bias, "grad_output": grad_output,
-                "relu": relu, "tokens": input.shape[0], "hidden": input.shape[1],
-                "layers": scale.shape[0]}
+        return layer_problem(self, inputs, runtime)
 
     def smallest(self, problem):
         return dict(max_tokens=max(1, problem["tokens"]), max_hidden=max(1, problem["hidden"]),
