@@ -154,7 +154,8 @@ class ScanLayersBackward(Unit):
         return inputs
 
     def bench_problems(self, shape, seed=0):
-        inputs = self.random_inputs(tokens=256, hidden=shape.hidden, layers=32,
+        # 256 tokens at the default shape (the README's figures); fewer when the shape is smaller.
+        inputs = self.random_inputs(tokens=min(shape.tokens, 256), hidden=shape.hidden, layers=32,
                                     format=shape.format, seed=seed)
         return {"L=32 store all": (inputs, {"lanes": shape.lanes, "relu": 1, "checkpoint": 0}),
                 "L=32 checkpoint 8": (inputs, {"lanes": shape.lanes, "relu": 1,
