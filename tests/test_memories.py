@@ -76,13 +76,17 @@ def test_block_memory_errors():
         BlockMemory(8, 0)
 
 
-@pytest.mark.parametrize("width, depth", [(40, 200), (7, 64), (16, 1)])
-def test_banked_memory_reads_what_was_written(width, depth):
+@pytest.mark.parametrize("width, depth, bank_depth, latency",
+                         [(40, 200, 64, 3), (7, 64, 64, 3), (16, 1, 64, 3),
+                          (12, 600, 16, 4), (5, 600, 2, 5)])
+def test_banked_memory_reads_what_was_written(width, depth, bank_depth, latency):
     """Random writes and reads with random read enables, against a dictionary. A read's
     address is registered at one enabled edge and the banks are read at the next: the word
     is the one written by the writes given two or more cycles before that second edge (a
-    write is registered, then written)."""
-    dut = BankedMemory(width, depth)
+    write is registered, then written); it is out ``latency`` enabled edges after the
+    address (3 up to 8 banks, a cycle more per level of the select tree: 38 banks, 300)."""
+    dut = BankedMemory(width, depth, bank_depth=bank_depth)
+    assert dut.latency == BankedMemory.read_latency(depth, bank_depth) == latency
     rng = np.random.default_rng(width + depth)
     writes = []                     # (cycle, address, value)
     mismatches = []
@@ -114,8 +118,8 @@ def test_banked_memory_reads_what_was_written(width, depth):
             await ctx.tick()
             if write_en:
                 writes.append((cycle, write_addr, value))
-            if read_en and len(expected) >= 2:   # the word read at the last edge but one
-                want, got = expected[-2], ctx.get(dut.read_data)
+            if read_en and len(expected) >= latency - 1:   # read latency - 1 edges ago
+                want, got = expected[1 - latency], ctx.get(dut.read_data)
                 if want is not None and got != want:
                     mismatches.append((cycle, got, want))
 

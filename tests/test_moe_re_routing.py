@@ -53,7 +53,7 @@ def check(inputs, settings=None, *, sim="verilator", stall=0.0, seed=0, params=N
         beats = -(-hidden // params.lanes) if hidden else 0
         passes = ranks * experts + experts
         if num_tokens and ranks and experts:
-            want = (num_tokens * beats + passes + params.MOVE_OVERHEAD + params.product_latency
+            want = (num_tokens * beats + passes + params.move_overhead + params.product_latency
                     + outcome.problem["memory_latency"])
         elif experts:
             want = passes + params.COUNT_OVERHEAD
@@ -298,7 +298,7 @@ def test_moe_re_routing_defaults_and_sizing():
     # The formula: A*ceil(H/lanes) + N*E + E + overhead; 4096 x 7168 bf16 at 16 lanes.
     params = MoeReRoutingParams(lanes=16)
     cycles = params.cycles(4096, 7168, 16, 16, 2)
-    assert cycles == 4096 * 448 + 16 * 16 + 16 + params.MOVE_OVERHEAD + \
+    assert cycles == 4096 * 448 + 16 * 16 + 16 + params.move_overhead + \
         params.product_latency + 2
     assert 4096 * 448 / cycles >= 0.99
 

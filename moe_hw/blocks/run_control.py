@@ -115,13 +115,18 @@ class RunControl(wiring.Component):
             self.running.eq(running),
             self.busy.eq(deciding | preparing | running),
         ]
-        go = deciding & ~self.too_big & ~self.empty
+        # ``clear`` (neither too big nor empty) is registered beside the flags, so that
+        # ``begin`` is one gate of two registers: the OR of the flags stays off the path
+        # from ``begin`` into the unit's first counters.
+        clear = Signal()
+        go = deciding & clear
         m.d.sync += deciding.eq(self.accept)
         with m.If(self.accept):
             m.d.sync += [self.size(name).eq(getattr(self, name)) for name in self.sizes]
             m.d.sync += [self.done.eq(0), self.error.eq(0),
                          too_big_flags.eq(Cat(*too_big)),
-                         empty_flags.eq(Cat(*empty, self.empty_also))]
+                         empty_flags.eq(Cat(*empty, self.empty_also)),
+                         clear.eq(~Cat(*too_big, *empty, self.empty_also).any())]
         with m.If(deciding):
             with m.If(self.too_big):
                 m.d.sync += [self.error.eq(1), self.done.eq(1)]

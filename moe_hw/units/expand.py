@@ -147,7 +147,7 @@ class ExpandParams(StrideAddressParams, UnitParams):
     def read_latency(self):
         """Cycles from a beat's take to its elements at the queue: the adder tree, the
         buffer read, the lane select."""
-        return self.tree_latency + BankedMemory.latency + 1
+        return self.tree_latency + BankedMemory.read_latency(self.rows) + 1
 
     @property
     def overhead(self):
@@ -351,7 +351,7 @@ class ExpandUnit(wiring.Component):
             element = Signal(p.element_width, name=f"lane{lane}_element", reset_less=True)
             if lanes_log2:
                 col = addr[:lanes_log2]
-                for stage in range(BankedMemory.latency):
+                for stage in range(copy.latency):
                     reg = Signal(lanes_log2, name=f"lane{lane}_col{stage}", reset_less=True)
                     m.d.sync += reg.eq(col)
                     col = reg

@@ -73,10 +73,10 @@ Cycles (stall-free, from the start cycle to the first cycle ``done`` is high, wi
 that answers a request taken at the end of cycle u from cycle u + L;
 :meth:`MoeReRoutingParams.cycles`)::
 
-    A*ceil(H/lanes) + N*E + E + MOVE_OVERHEAD + product_latency + L     (a move)
+    A*ceil(H/lanes) + N*E + E + move_overhead + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``MOVE_OVERHEAD`` = 25, ``COUNT_OVERHEAD`` = 13 and ``product_latency`` = 2 for operands of
+with ``move_overhead`` = 26 (25 for ``max_blocks`` <= 128), ``COUNT_OVERHEAD`` = 13 and ``product_latency`` = 2 for operands of
 up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
 N = 0, or counts the unit refuses.
 
@@ -109,6 +109,8 @@ __all__ = ["MoeReRoutingParams", "MoeReRoutingUnit", "ELEMENT_FORMATS", "COUNT_T
 ELEMENT_FORMATS = {"int8": 8, "fp16": 16, "bf16": 16}
 #: Experts per counter bank (64 words of LUT RAM each).
 BANK_EXPERTS = 64
+#: Entries per LUT-RAM bank of the block table (one LUT-RAM row: a short read).
+BLOCK_BANK_DEPTH = 16
 #: Count types: (bits, signed).
 COUNT_TYPES = {"int32": (32, True), "int64": (64, True), "uint32": (32, False),
                "uint64": (64, False)}
@@ -141,15 +143,19 @@ class MoeReRoutingParams(UnitParams):
     ``expert_token_num`` queue (its write, its skid buffer, its busy flag: a register, a
     cycle behind the beats), the drained register and the done register. Pass 2's
     read-outs follow pass 1's counts without a gap (the bank forwards in order)."""
-    MOVE_OVERHEAD = START_LATENCY + 23
-    """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-    product's latency and the memory's (25): start and decide; the end of pass 2 up to the
-    check of the sum, as above; the block pipeline (the entry read, three cycles, the offset
-    read, three, the destination row; then the product) and its queue (two: the queue's
-    write and its skid buffer); the token generator's block register, the command skid
-    buffer, the row reader's segment register; after the memory, the reader's skid buffer,
-    the write skid buffer, the drained register and the done register. Later blocks and
-    tokens follow back to back."""
+    @property
+    def move_overhead(self):
+        """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
+        product's latency and the memory's (26 at the default ``max_blocks``): start and
+        decide; the end of pass 2 up to the check of the sum, as above; the block pipeline
+        (the entry read, four cycles for 9-64 banks of 16 entries, three up to 8; the offset
+        read, three up to 512 experts, four above; the destination row; then the product) and its queue (two: the queue's
+        write and its skid buffer); the token generator's block register, the command skid
+        buffer, the row reader's segment register; after the memory, the reader's skid
+        buffer, the write skid buffer, the drained register and the done register. Later
+        blocks and tokens follow back to back."""
+        return (START_LATENCY + 17 + BankedMemory.read_latency(self.max_blocks, BLOCK_BANK_DEPTH)
+                + BankedMemory.read_latency(self.max_experts))
 
     @property
     def element_width(self):
@@ -212,7 +218,7 @@ class MoeReRoutingParams(UnitParams):
         passes = num_ranks * num_experts + num_experts
         if not (valid and self.moves(tokens, hidden, num_ranks, num_experts)):
             return passes + self.COUNT_OVERHEAD
-        return (tokens * -(-hidden // self.lanes) + passes + self.MOVE_OVERHEAD +
+        return (tokens * -(-hidden // self.lanes) + passes + self.move_overhead +
                 self.product_latency + memory_latency)
 
     def count_layout(self):
@@ -395,7 +401,8 @@ class MoeReRoutingUnit(wiring.Component):
                                           "prefix": p.row_width})
         # The unit's tables are LUT RAM with a pipelined read (BankedMemory): an inferred
         # block RAM has no output register, and a deep LUT RAM read is a long path.
-        m.submodules.blocks = blocks = BankedMemory(entry_layout, p.max_blocks, bank_depth=16)
+        m.submodules.blocks = blocks = BankedMemory(entry_layout, p.max_blocks,
+                                                    bank_depth=BLOCK_BANK_DEPTH)
         entries = Signal(range(p.max_blocks + 1))
         entries_full = Signal()                    # entries == max_blocks: a further block
         new_entry = out_count & out_nonzero        # is an error, and is not written
@@ -439,8 +446,8 @@ class MoeReRoutingUnit(wiring.Component):
         # ---- the move: entries -> destination rows and addresses -> block queue -----------------
         # Stages: the entry read (3), the offset read (3), dst = offset + prefix (1), the
         # product dst*H.
-        read = BankedMemory.latency
-        block_latency = 2 * read + 1 + p.product_latency
+        read = offsets.latency
+        block_latency = blocks.latency + read + 1 + p.product_latency
         # The block pipeline never stalls (CreditPipeline): its registers load every cycle, so
         # no stall net fans out to the tables' banks and the product; a block enters only when
         # the queue behind it is sure to have room.

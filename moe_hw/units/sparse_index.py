@@ -263,8 +263,10 @@ class SparseIndexUnit(wiring.Component):
         # registered per bank and the bank's word selected in a register of its own: one
         # memory read behind one address register was a path of its own (the address's
         # fan-out to every cell, the cell, a 4:1 multiplexer).
+        # (One select level, whatever the banks: the read keeps step with the counter bank.)
         m.submodules.offsets = offsets = BankedMemory(p.slot_width, p.max_experts,
-                                                      bank_depth=16)
+                                                      bank_depth=16,
+                                                      select_fanin=max(2, p.max_experts))
         # The requests for the banks pass a skid buffer: the issue logic (the row stream's
         # ready, pass 3's beat register) sees its registered ready, not the pipeline's stall.
         m.submodules.issue = issue = SkidBuffer(data.StructLayout({
@@ -454,7 +456,7 @@ class SparseIndexUnit(wiring.Component):
             ]
         # The offset memory is read in step with the banks: its word and the count are out
         # in the same cycle.
-        assert BankedMemory.latency == CounterBank.latency
+        assert offsets.latency == CounterBank.latency
         m.d.comb += [offsets.read_addr.eq(Cat(request.lane, request.index)),
                      offsets.read_en.eq(1)]
 
