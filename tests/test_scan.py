@@ -115,8 +115,8 @@ def test_seed_example():
                                np.array([[1, 2, 3]]), stall=0.0, seed=0, mask=0xffff)
     assert [b["y"] for b in beats] == [1, 3, 5] and beats[-1]["carry"] == 3
     assert beats[-1]["last"] == 1
-    # One sequence: one step per latency + 1 cycles.
-    assert result["cycles"] == 2 + 2 + 2 * 2 + 1 + 1 + 2 + 1 + 1
+    # One sequence: one step per D + 1 cycles, D = 2 (the input register and the step).
+    assert result["cycles"] == 2 + 2 + 2 * 3 + 1 + 2 + 2 + 1 + 1
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -158,7 +158,7 @@ def test_float_running_sum(format, stall):
     (one rounding per step, from init), every partial sum and the final one."""
     fmt = float_format(format)
     rng = np.random.default_rng(2)
-    sequences, length = 5, 6
+    sequences, length = 6, 6                        # D = 5 (register + adder): 6 hide it
     values = (rng.standard_normal((sequences, length)) * 10.0 ** rng.integers(-3, 4, (
         sequences, length))).astype(fmt.dtype)
     values[1, 2] = -values[1, 1]                   # exact cancellation: +0
@@ -166,7 +166,7 @@ def test_float_running_sum(format, stall):
     inits = rng.standard_normal(sequences).astype(fmt.dtype)
     inits[3] = -0.0
     scan = Scan(FloatSumStep(format, stages=4), max_sequences=8, max_length=8,
-                max_interleave=5, ys=True)
+                max_interleave=6, ys=True)
     xs = to_bits(values, fmt).astype(np.int64)
     beats, _ = run_scan(scan, to_bits(inits, fmt).astype(np.int64), xs, stall=stall, seed=5)
     for s in range(sequences):
@@ -179,7 +179,7 @@ def test_float_running_sum(format, stall):
     if stall == 0.0:
         _, result = run_scan(scan, to_bits(inits, fmt).astype(np.int64), xs)
         assert result["cycles"] == scan.cycles(sequences, length) == \
-            2 + 2 + (length - 1) * 5 + 5 + 4 + 2 + 1 + 1
+            2 + 2 + (length - 1) * 6 + 6 + 5 + 2 + 1 + 1
 
 
 @pytest.mark.parametrize("stall", STALLS)

@@ -66,14 +66,15 @@ def test_scan_layers_cases(sim, case, stall):
 def test_cycle_formula_full_rate():
     """Enough beats to fill the interleave: one layer-beat per cycle after the load."""
     params = PARAMS["fp32"]
-    tokens, hidden, layers = 14, 8, 5            # 28 beats: 4 groups of 7 = D + 1
+    tokens, hidden, layers = 16, 8, 5            # 32 beats: 4 groups of 8 = D + 1
     beats = 2
     inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, seed=3)
     outcome = check(inputs, 1, "fp32")
-    assert params.interleave == params.latency + 1 == 7
-    groups = 2 + 4 * ((layers - 1) * 7 + 7)        # the groups follow without a gap
+    # D: the scan's input register, the multiplier and the adder.
+    assert params.interleave == params.loop_latency + 1 == params.latency + 2 == 8
+    groups = 2 + 4 * ((layers - 1) * 8 + 8)        # the groups follow without a gap
     assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
-                              + params.latency + 2 + 1 + 1)
+                              + params.loop_latency + 2 + 1 + 1)
     assert outcome.ideal_cycles == tokens * beats * layers
 
 

@@ -10,7 +10,8 @@ free-running pipeline (its registers load every cycle) with
   optionally, ``y`` (out). A step without ``y`` scans for its final carry alone (``ys=False``).
 
 The scan adds the carry store (a register file of one carry per interleaved sequence, read
-asynchronously by slot), the loop counters, the run control, and a credit-counted output
+asynchronously by slot), a register in front of each of the step's inputs (the carry read
+and the ``x`` payload reach only a register, not the step's first stage), the loop counters, the run control, and a credit-counted output
 queue (:class:`~moe_hw.stream.CreditPipeline`): the step is never stalled, so a wide step
 (16 float lanes) has no enable net at all.
 
@@ -32,9 +33,11 @@ Streams and ports (payload fields least significant first):
 
 Order: the K sequences are taken in *groups* of ``n = min(max_interleave, sequences left)``
 consecutive sequences. A group runs T rounds; round t issues step t of each of the group's n
-sequences in sequence order, then ``period - n`` bubbles, where ``period = max(n, D + 1)``:
-a carry written back at the end of cycle ``issue + D`` is read by the same sequence's next
-step no earlier than cycle ``issue + period``. So ``x`` holds, per group, the group's
+sequences in sequence order, then ``period - n`` bubbles, where ``period = max(n, D + 1)``
+and D is the loop latency (:attr:`Scan.latency`: the step's latency plus
+:data:`INPUT_LATENCY`, the input register): a carry written back at the end of cycle
+``issue + D`` is read by the same sequence's next step no earlier than cycle
+``issue + period``. So ``x`` holds, per group, the group's
 sequences' steps round by round: ``x[g, t, s]`` for t in 0..T-1, s in 0..n-1. The group
 ends with its last issue (the last round's bubbles are skipped: no step of the group reads
 a carry after it).
@@ -61,7 +64,7 @@ from ..stream import CreditPipeline, delay
 from .run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 
 __all__ = ["Scan", "scan_cycles", "scan_groups", "CountingStep", "PrefixSumStep",
-           "FloatSumStep", "GROUP_SETUP", "PENDING_LATENCY"]
+           "FloatSumStep", "GROUP_SETUP", "PENDING_LATENCY", "INPUT_LATENCY"]
 
 #: Cycles from ``begin`` to the first group's first issue, beyond the one of ``begin``:
 #: the group size and its period are each a register (no compare chain between them and the
@@ -70,6 +73,8 @@ GROUP_SETUP = 2
 #: Cycles from a group's load to the cycle its successor can be loaded: a group that issues
 #: for fewer cycles leaves a gap of the difference.
 PENDING_LATENCY = 3
+#: The register in front of the step's inputs: a scan's loop latency is the step's plus this.
+INPUT_LATENCY = 1
 
 
 def scan_groups(max_interleave, sequences):
@@ -80,7 +85,8 @@ def scan_groups(max_interleave, sequences):
 
 def scan_cycles(latency, max_interleave, sequences, length):
     """Exact stall-free cycles of a :class:`Scan` run, from the start cycle to the first cycle
-    ``done`` is high (see the module docstring), for a step of ``latency`` cycles."""
+    ``done`` is high (see the module docstring), for a loop latency of ``latency`` cycles
+    (:attr:`Scan.latency`: the step's latency plus :data:`INPUT_LATENCY`)."""
     if sequences == 0 or length == 0:
         return EMPTY_CYCLES
     spans = [(length - 1) * max(n, latency + 1) + n
@@ -112,7 +118,9 @@ class Scan(wiring.Component):
                 raise ValueError(f"step must have an {flow.name.lower()} port {name!r} "
                                  f"(a step is (carry, x) -> (carry_next, y))")
         latency = getattr(step, "latency", None)
-        self.latency = check_int("step latency", latency, minimum=0, maximum=1 << 10)
+        self.step_latency = check_int("step latency", latency, minimum=0, maximum=1 << 10)
+        #: The loop latency D: an issue's carry is written back D cycles after it.
+        self.latency = self.step_latency + INPUT_LATENCY
         if Shape.cast(step.carry.shape()).width != Shape.cast(step.carry_next.shape()).width:
             raise ValueError(f"step's carry_next must have the width of its carry "
                              f"({Shape.cast(step.carry.shape()).width}), not "
@@ -259,11 +267,15 @@ class Scan(wiring.Component):
         arrives = delay(m, take, latency, 1, name="arrives")
         slot_out = delay(m, slot, latency, 1, name="slot_out", reset_less=True)
         last_out = delay(m, last_round, latency, 1, name="last_out", reset_less=True)
+        carry_in = Signal(carry_width, name="carry_in", reset_less=True)
+        x_in = Signal(Shape.cast(self.x_shape).width, name="x_in", reset_less=True)
+        m.d.sync += [carry_in.eq(Mux(first_round, self.init.payload, read.data)),
+                     x_in.eq(self.x.payload)]
         m.d.comb += [
             read.addr.eq(slot),
             write.addr.eq(slot_out), write.data.eq(step.carry_next), write.en.eq(arrives),
-            step.carry.eq(Mux(first_round, self.init.payload, read.data)),
-            step.x.eq(self.x.payload),
+            step.carry.eq(carry_in),
+            step.x.eq(x_in),
             pipe.payload.carry.eq(step.carry_next),
             pipe.payload.last.eq(last_out),
         ]

@@ -20,8 +20,9 @@ parameter memory grows with ``max_layers``.
 Loop order (layer-outer over a token-beat buffer): every beat of every token is a sequence
 of the scan (carry: the beat's activations; x: its layer's parameters; length L). The scan
 interleaves up to ``max_interleave`` consecutive beats (across tokens) and runs all L layers
-on them, one beat per cycle, before it takes the next ones: the layer datapath's latency
-``D = mul_latency + add_latency`` is hidden when ``max_interleave >= D + 1`` (the default).
+on them, one beat per cycle, before it takes the next ones: the loop's latency
+``D = 1 + mul_latency + add_latency`` (the scan's input register, then the layer datapath)
+is hidden when ``max_interleave >= D + 1`` (the default).
 
 Streams and ports (payload fields least significant first; lanes: lane 0 first):
 
@@ -45,7 +46,7 @@ Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles`
 B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
 LOAD_TO_SCAN = 1, FETCH_START = 3, and
 ``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n)
-+ D + 4`` (plus ``PENDING_LATENCY - span`` between two groups whose first spans fewer than
++ D + 4`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose first spans fewer than
 PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats left)``. At full
 interleave that is ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
 """
@@ -63,7 +64,7 @@ from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
-from ..blocks.scan import Scan, scan_cycles
+from ..blocks.scan import INPUT_LATENCY, Scan, scan_cycles
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay
 
@@ -101,8 +102,13 @@ class ScanLayersParams(FloatDatapathParams, UnitParams):
         return self.mul_latency + self.add_latency
 
     @property
+    def loop_latency(self):
+        """The scan's loop latency: the step's input register, then D."""
+        return INPUT_LATENCY + self.latency
+
+    @property
     def interleave(self):
-        return self.latency + 1 if self.max_interleave is None else self.max_interleave
+        return self.loop_latency + 1 if self.max_interleave is None else self.max_interleave
 
     @property
     def max_beats(self):
@@ -120,7 +126,7 @@ class ScanLayersParams(FloatDatapathParams, UnitParams):
             return EMPTY_CYCLES
         beats = -(-hidden // self.lanes)
         return (self.setup + 1 + layers * beats + LOAD_TO_SCAN
-                + FETCH_START + scan_cycles(self.latency, self.interleave, tokens * beats,
+                + FETCH_START + scan_cycles(self.loop_latency, self.interleave, tokens * beats,
                                             layers))
 
     def lanes_layout(self):
