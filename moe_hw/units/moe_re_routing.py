@@ -606,17 +606,22 @@ class MoeReRoutingUnit(wiring.Component):
         ]
         with m.If(count_phase & rank_end & last_rank):
             m.d.sync += [count_phase.eq(0), offsets_phase.eq(1)]
+        # The move's entry count loads through pass 2 (``entries`` is final before the
+        # offsets are: the last count's result leaves the bank ahead of the read-outs), and
+        # the entry address returns to 0 when a move has drained, so that the end of pass 2
+        # reaches only the phase flags and ``entries_pending``.
+        with m.If(offsets_phase):
+            m.d.sync += [entries_left.eq(entries), last_entry.eq(entries == 1)]
+        with m.If(drained):
+            m.d.sync += entry_addr.eq(0)
         with m.If(offsets_done):
             m.d.sync += [offsets_phase.eq(0), move_phase.eq(1), offsets_complete.eq(0),
-                         entries_pending.eq(~refused & ~no_move & (entries != 0)),
-                         entries_left.eq(entries), last_entry.eq(entries == 1),
-                         entry_addr.eq(0)]
+                         entries_pending.eq(~refused & ~no_move & (entries != 0))]
+        # Every run ends with its phases clear (pass 1 hands over to pass 2, pass 2 to the
+        # move, and the move ends with ``finished``; a run that does nothing sets none), so
+        # ``decide`` need not reach them; ``begin`` sets the first.
         with m.If(ctl.finished):
             m.d.sync += move_phase.eq(0)
-        # The phases restart in the decide cycle (a register; ``begin`` is that cycle or a
-        # later one and sets the first phase after this), not from the start handshake.
-        with m.If(ctl.decide):
-            m.d.sync += [count_phase.eq(0), offsets_phase.eq(0), move_phase.eq(0)]
         with m.If(ctl.begin):
             m.d.sync += [count_phase.eq(~ranks_zero), offsets_phase.eq(ranks_zero)]
         with m.If(ctl.accept):

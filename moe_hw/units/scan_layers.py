@@ -262,6 +262,15 @@ class ScanLayersUnit(wiring.Component):
         beat = Signal(range(p.max_beats))
         group_beat = Signal(range(p.max_beats))      # the beat of the group's first sequence
         layer_base = Signal(range(depth))
+        # Kept beside them, so that no compare or add waits for another add: beat + 1, the
+        # group's first beat is the last (group_beat == B - 1), layer_base + B, B - 1, B == 1.
+        beat_inc = Signal(range(p.max_beats + 1))
+        group_last = Signal()
+        next_base = Signal(range(depth + p.max_beats + 1))
+        beats_m1 = Signal.like(beats)
+        beats_one = Signal()
+        with m.If(ctl.decide):
+            m.d.sync += [beats_m1.eq(beats - 1), beats_one.eq(beats == 1)]
         generating = Signal()
         last_slot, last_layer, last_beat, final_group = (Signal(name=n) for n in (
             "x_last_slot", "x_last_layer", "x_last_beat", "x_final_group"))
@@ -273,14 +282,18 @@ class ScanLayersUnit(wiring.Component):
         compute = Signal()
         waiting = Signal()
         m.d.comb += fetch.i_valid.eq(generating)
-        next_beat = Mux(last_beat, 0, beat + 1)
+        next_beat = Mux(last_beat, 0, beat_inc)
+        next_inc = Mux(last_beat, 1, beat_inc + 1)
+        next_last = Mux(last_beat, beats_one, beat_inc == beats_m1)     # next_beat == B - 1
         group_ends = fetch.take & last_slot & last_layer
         load = pending_ready & (waiting | (group_ends & ~final_group))
         # A group loaded as the last one ends starts from the beat after its last one.
         start_beat = Mux(generating, next_beat, group_beat)
+        start_inc = Mux(generating, next_inc, group_beat + 1)
+        start_last = Mux(generating, next_last, group_last)
         with m.If(scan_start):
             m.d.sync += [left.eq(sequences), compute.eq(1), pending_ready.eq(0),
-                         waiting.eq(1), group_beat.eq(0)]
+                         waiting.eq(1), group_beat.eq(0), group_last.eq(beats_one)]
         with m.If(compute):
             m.d.sync += [pending_group.eq(Mux(left > p.interleave, p.interleave, left)),
                          pending_final.eq(left <= p.interleave),
@@ -291,25 +304,28 @@ class ScanLayersUnit(wiring.Component):
                 # next group from the beat after this one.
                 m.d.sync += [slot.eq(0), last_slot.eq(group == 1),
                              layer.eq(layer + 1), last_layer.eq(layer + 2 == layers),
-                             layer_base.eq(layer_base + beats),
-                             beat.eq(group_beat), last_beat.eq(group_beat + 1 == beats),
-                             x_addr.eq(layer_base + beats + group_beat)]
+                             layer_base.eq(next_base), next_base.eq(next_base + beats),
+                             beat.eq(group_beat), beat_inc.eq(group_beat + 1),
+                             last_beat.eq(group_last),
+                             x_addr.eq(next_base + group_beat)]
                 with m.If(last_layer):
-                    m.d.sync += [generating.eq(0), group_beat.eq(next_beat)]
+                    m.d.sync += [generating.eq(0), group_beat.eq(next_beat),
+                                 group_last.eq(next_last)]
                     with m.If(~final_group):
                         m.d.sync += waiting.eq(1)
             with m.Else():
                 m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == group),
-                             beat.eq(next_beat), last_beat.eq(next_beat + 1 == beats),
-                             x_addr.eq(layer_base + next_beat)]
+                             beat.eq(next_beat), beat_inc.eq(next_inc), last_beat.eq(next_last),
+                             x_addr.eq(Mux(last_beat, layer_base, layer_base + beat_inc))]
         with m.If(load):                             # after the above: it wins
             m.d.sync += [group.eq(pending_group), final_group.eq(pending_final),
                          left.eq(left - pending_group), pending_ready.eq(0), compute.eq(1),
                          waiting.eq(0), generating.eq(1),
-                         slot.eq(0), layer.eq(0), layer_base.eq(0),
+                         slot.eq(0), layer.eq(0), layer_base.eq(0), next_base.eq(beats),
                          last_slot.eq(pending_group == 1), last_layer.eq(layers == 1),
-                         beat.eq(start_beat), group_beat.eq(start_beat),
-                         last_beat.eq(start_beat + 1 == beats), x_addr.eq(start_beat)]
+                         beat.eq(start_beat), beat_inc.eq(start_inc), group_beat.eq(start_beat),
+                         group_last.eq(start_last), last_beat.eq(start_last),
+                         x_addr.eq(start_beat)]
 
         scan_started = Signal()
         with m.If(ctl.accept):
