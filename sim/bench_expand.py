@@ -4,7 +4,8 @@ drives the run-time sizes (``settings["runtime"]``), streams the plan's beats
 unit's input and output streams are ``settings["streams"]``, by default ``input_data`` and
 ``output``; ``expand_backward`` takes ``grad_output`` and gives ``input_grad``),
 takes every output beat with random ready pauses, and records the output beats, the input
-beats taken, the status outputs and the exact cycle count. The host side
+beats taken, the status outputs and the exact cycle count. A split expand (``parts`` > 1)
+has these streams once per part (``settings["parts"]``), all driven at once. The host side
 (``moe_hw.host.expand``) scores them."""
 
 import numpy as np
@@ -21,24 +22,44 @@ async def expand(dut):
     lanes, width, runtime = s["lanes"], s["width"], s["runtime"]
 
     in_name, out_name = s.get("streams", ("input_data", "output"))
-    in_layout = run.layout(f"{in_name}__payload")
-    beats = [in_layout.pack(data=pack_lanes(row, width)) for row in st["input"].astype(np.uint64)]
+    # One unit, or the parts of a split expand (``settings["parts"]``): each part has its own
+    # plan, input and output streams, their names prefixed, and its results saved under its
+    # index (``data0``, ``input_taken0``, ...).
+    split = "parts" in s
+    parts = s["parts"] if split else [{"prefix": "", "input": "input", "plan": s["plan"],
+                                       "expected_beats": s["expected_beats"]}]
 
     await reset(dut, inputs=["start", *runtime])
     stall, seed = s["stall"], s["seed"]
-    plan = StreamSource(dut, "plan", [int(word) for word in s["plan"]], Pauses(stall, seed + 2))
-    source = StreamSource(dut, in_name, beats, Pauses(stall, seed))
-    sink = StreamSink(dut, out_name, Pauses(stall, seed + 1))
-    cycles = await run_once(dut, [plan, source, sink], runtime,
-                            limit=40 * (s["expected_beats"] + len(beats) + len(s["plan"]))
-                            + 2000, what=run.manifest["top"],
-                            moved=lambda: (len(sink.items), source.sent, plan.sent))
+    plans, sources, sinks = [], [], []
+    for index, part in enumerate(parts):
+        prefix, part_seed = part["prefix"], seed + 3 * index
+        in_layout = run.layout(f"{prefix}{in_name}__payload")
+        beats = [in_layout.pack(data=pack_lanes(row, width))
+                 for row in st[part["input"]].astype(np.uint64)]
+        plans.append(StreamSource(dut, f"{prefix}plan", [int(word) for word in part["plan"]],
+                                  Pauses(stall, part_seed + 2)))
+        sources.append(StreamSource(dut, f"{prefix}{in_name}", beats, Pauses(stall, part_seed)))
+        sinks.append(StreamSink(dut, f"{prefix}{out_name}", Pauses(stall, part_seed + 1)))
+    work = sum(part["expected_beats"] + len(source.items) + len(part["plan"])
+               for part, source in zip(parts, sources))
+    cycles = await run_once(dut, [*plans, *sources, *sinks], runtime, limit=40 * work + 2000,
+                            what=run.manifest["top"],
+                            moved=lambda: tuple((len(sink.items), source.sent, plan.sent)
+                                                for plan, source, sink in
+                                                zip(plans, sources, sinks)))
 
-    out = run.layout(f"{out_name}__payload")
-    data = np.array([unpack_lanes(out.unpack(w, "data"), width, lanes) for w in sink.items],
-                    dtype=np.uint64).reshape(len(sink.items), lanes)
-    run.save(data=data,
-             enable=np.array([out.unpack(w, "enable") for w in sink.items], dtype=np.int64),
-             last=np.array([out.unpack(w, "last") for w in sink.items], dtype=np.int64),
-             input_taken=source.sent, plan_taken=plan.sent, cycles=cycles, error=int(high(dut.error)),
+    results = {}
+    for index, (part, plan, source, sink) in enumerate(zip(parts, plans, sources, sinks)):
+        out = run.layout(f"{part['prefix']}{out_name}__payload")
+        data = np.array([unpack_lanes(out.unpack(w, "data"), width, lanes) for w in sink.items],
+                        dtype=np.uint64).reshape(len(sink.items), lanes)
+        key = str(index) if split else ""
+        results.update({
+            f"data{key}": data,
+            f"enable{key}": np.array([out.unpack(w, "enable") for w in sink.items],
+                                     dtype=np.int64),
+            f"last{key}": np.array([out.unpack(w, "last") for w in sink.items], dtype=np.int64),
+            f"input_taken{key}": source.sent, f"plan_taken{key}": plan.sent})
+    run.save(**results, cycles=cycles, error=int(high(dut.error)),
              busy_after=int(high(dut.busy)))

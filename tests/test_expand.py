@@ -16,10 +16,10 @@ from moe_hw import golden
 from moe_hw.blocks.run_control import EMPTY_CYCLES
 from moe_hw.golden.expand import _addresses, _plan
 from moe_hw.host.checks import HostError
-from moe_hw.host.expand import UNIT, odometer_addresses, plan, random_elements, stimulus
+from moe_hw.host.expand import UNIT, odometer_addresses, plan, random_elements, split, stimulus
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
-from moe_hw.units.expand import ExpandParams
+from moe_hw.units.expand import ExpandParams, ExpandUnit
 
 from conftest import STALLS, simulator_cases
 
@@ -214,6 +214,7 @@ def test_expand_hostile_sizes(size):
     ({"max_rank": 0}, "max_rank must be an integer between 1 and 16, not 0"),
     ({"max_input": 0}, "max_input must be an integer between 1 and"),
     ({"max_output": "big"}, "max_output must be an integer, not 'big'"),
+    ({"parts": 3}, "parts must be 1, 2, 4 or 8, not 3"),
 ])
 def test_expand_bad_params(changes, message):
     with pytest.raises(ParameterError, match=message):
@@ -261,3 +262,185 @@ def test_expand_run_command(tmp_path):
         assert out["output"].shape == want.shape
         assert (out["output"].view(np.uint16) == want.view(np.uint16)).all()
         assert int(out["cycles"]) == params.cycles(6, 48)
+
+
+# ---- the split across P parallel units (SBP split(d), SPEC 1.6) -----------------------------
+
+#: One Verilator build per part count serves every simulated split case (and repeat's).
+SPLIT_PARAMS = {
+    2: ExpandParams(format="fp32", lanes=4, max_rank=6, max_input=32, max_output=1024, parts=2),
+    4: ExpandParams(format="fp32", lanes=2, max_rank=6, max_input=16, max_output=256, parts=4),
+}
+
+
+def part_cycles(params, n_in, n_out):
+    """One part's stall-free cycles, the formula written out: plan, load, output, overhead."""
+    lanes = params.lanes
+    return (params.max_rank + lanes + -(-n_in // lanes) + -(-n_out // lanes)
+            + params.tree_latency + 10 if n_out else EMPTY_CYCLES)
+
+
+def check_split(unit, inputs, parts, *, split_dim=None, sim="verilator", stall=0.0, seed=0):
+    """Run on a split unit: bit-exact logical output, every part's scoreboard clean, and
+    stall-free exactly the slowest part's cycles plus the registered done."""
+    params = SPLIT_PARAMS[parts]
+    settings = {} if split_dim is None else {"split_dim": split_dim}
+    outcome = run(unit, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
+    assert outcome.passed, outcome.problems
+    if stall == 0.0:
+        cut = split(outcome.problem, parts)
+        want = max(part_cycles(params, part["input_elements"], part["output_elements"])
+                   for part in cut.parts) + 1
+        assert outcome.cycles == outcome.expected_cycles == want
+    return outcome
+
+
+SPLIT_CASES = {
+    # seed 002: [4, 3, 1, 2] by [2, 4, 3, 4, 2], split(3): physical [2, 4, 3, 4, 1] per part
+    "seed_split3_p2": (2, 3, lambda: expand_case([4, 3, 1, 2], [2, 4, 3, 4, 2], "fp32")),
+    # a gate broadcast across H, split over the tokens (the default split_dim: dim 0)
+    "gate_p2": (2, None, lambda: expand_case([6, 1], [6, 9], "fp32", seed=1)),
+    # a row broadcast split along the row, unevenly: 7 + 6 elements
+    "row_uneven_p2": (2, 1, lambda: expand_case([1, 13], [5, 13], "fp32", seed=2)),
+    # a kept dim of size 1 over 2 parts: part 1 is empty
+    "empty_part_p2": (2, 0, lambda: expand_case([1, 4], [3, 1, 4], "fp32", seed=3)),
+    "gate_p4": (4, None, lambda: expand_case([8, 1], [8, 5], "fp32", seed=4)),
+    # 3 rows over 4 parts: 1, 1, 1 and an empty part
+    "uneven_p4": (4, 0, lambda: expand_case([3, 2], [2, 3, 2], "fp32", seed=5)),
+}
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize(("sim", "name"), simulator_cases(SPLIT_CASES,
+                                                          icarus=["seed_split3_p2"]))
+def test_expand_split_cases(sim, name, stall):
+    parts, split_dim, make = SPLIT_CASES[name]
+    inputs = make()
+    outcome = check_split(UNIT, inputs, parts, split_dim=split_dim, sim=sim, stall=stall,
+                          seed=sorted(SPLIT_CASES).index(name))
+    want = golden.expand(inputs["input"], inputs["expand_size"])
+    assert outcome.outputs["output"].shape == want.shape
+
+
+def test_split_seed_physical_plan():
+    """The seed's example, on the host alone: [4, 3, 1, 2] split(3) over 2 parts gives each
+    part input [4, 3, 1, 1], expand_size [2, 4, 3, 4, 1] and out_stride [0, 3, 1, 0, 1]; the
+    parts' golden outputs concatenate along output dim 4 to the logical output."""
+    inputs = expand_case([4, 3, 1, 2], [2, 4, 3, 4, 2], "fp32")
+    problem = UNIT.problem(inputs, {"split_dim": 3})
+    cut = split(problem, 2)
+    assert (cut.split_dim, cut.out_dim) == (3, 4)
+    for index, part in enumerate(cut.parts):
+        assert list(part["input"].shape) == [4, 3, 1, 1]
+        assert part["expand_size"] == [2, 4, 3, 4, 1]
+        assert part["out_stride"] == [0, 3, 1, 0, 1]
+        assert (part["input"].view(np.uint32)
+                == inputs["input"][..., index:index + 1].view(np.uint32)).all()
+    plans = UNIT.part_plans(problem, SPLIT_PARAMS[2])
+    assert [the_plan.out_stride for _, the_plan in plans] == [[0, 3, 1, 0, 1]] * 2
+    pieces = [golden.expand(part["input"], part["expand_size"]) for part in cut.parts]
+    assert (np.concatenate(pieces, axis=4).view(np.uint32)
+            == golden.expand(inputs["input"], inputs["expand_size"]).view(np.uint32)).all()
+
+
+def test_split_uneven_and_default_dim():
+    """The balanced split (golden.physical_expand): the first size % parts parts one longer;
+    without split_dim the outermost input dim above 1 is split (the row of a row
+    broadcast)."""
+    problem = UNIT.problem(expand_case([1, 13], [5, 13], "fp32"), {})
+    cut = split(problem, 4)
+    assert cut.split_dim == 1 and cut.out_dim == 1
+    assert [part["output_shape"] for part in cut.parts] == [[5, 4], [5, 3], [5, 3], [5, 3]]
+    assert split(problem, 1).parts == [problem]
+
+
+def test_split_cycle_formula():
+    """max over the parts of the one-part formula, plus 1 (the registered done); an empty
+    part counts EMPTY_CYCLES."""
+    params = ExpandParams(parts=4)
+    assert params.split_cycles([(256, 1 << 17)] * 4) == params.cycles(256, 1 << 17) + 1
+    assert params.split_cycles([(5, 20), (4, 16), (0, 0), (4, 16)]) == params.cycles(5, 20) + 1
+    assert ExpandParams().split_cycles([(5, 20)]) == ExpandParams().cycles(5, 20)
+    with pytest.raises(ValueError, match="part_sizes must have 4 entries"):
+        params.split_cycles([(5, 20)])
+
+
+def test_split_ports():
+    """One part keeps the unit's names; P parts prefix their streams and sizes and share the
+    status."""
+    from amaranth.lib import wiring
+    one = set(ExpandUnit(PARAMS["fp32"]).signature.members)
+    assert one == {"input_data", "output", "plan", "start", "input_elements",
+                   "output_elements", "busy", "done", "error"}
+    two = set(ExpandUnit(SPLIT_PARAMS[2]).signature.members)
+    assert two == {f"part{p}_{name}" for p in range(2) for name in
+                   ("input_data", "output", "plan", "input_elements", "output_elements")} \
+        | {"start", "busy", "done", "error"}
+    assert isinstance(ExpandUnit(SPLIT_PARAMS[2]), wiring.Component)
+
+
+@pytest.mark.parametrize(("shape", "sizes", "settings", "message"), [
+    ((4, 3, 1, 2), [2, 4, 3, 4, 2], {"parts": 2, "split_dim": 2},
+     r"split_dim 2 is broadcast by expand_size\[3\] = 4; only a kept dim can be split"),
+    ((4, 3, 1, 2), [2, 4, 3, 4, 2], {"parts": 2, "split_dim": 4},
+     r"split_dim must be an input dim, 0 to 3, not 4"),
+    ((4, 3), [4, 3], {"parts": 2, "split_dim": -1},
+     r"split_dim must be a non-negative integer, not -1"),
+    ((1, 1), [3, 1, 5], {"parts": 2},
+     r"parts = 2 needs a dim to split: give split_dim \(input \[1, 1\] has no kept dim"),
+    ((80, 1), [80, 2], {"parts": 2, "max_input": 32},
+     r"the problem needs max_input >= 40, but max_input = 32"),
+])
+def test_split_bad(shape, sizes, settings, message):
+    """Errors name the parameter or the dim and its value, before anything is built."""
+    inputs = {"input": np.zeros(shape, np.float32), "expand_size": np.array(sizes)}
+    with pytest.raises(HostError, match=message):
+        run(UNIT, inputs, settings)
+
+
+def test_split_part_too_big():
+    """max_input is per part: on a given unit, the part that does not fit is named."""
+    inputs = {"input": np.zeros((80, 1), np.float32), "expand_size": np.array([80, 2])}
+    with pytest.raises(HostError, match=r"part 0's input elements \(40\) exceed the unit's "
+                                        r"max_input of 32"):
+        run(UNIT, inputs, params=SPLIT_PARAMS[2])
+
+
+def test_split_bad_parts():
+    inputs = expand_case([4, 3], [4, 3], "fp32")
+    with pytest.raises(ParameterError, match="parts must be 1, 2, 4 or 8, not 3"):
+        run(UNIT, inputs, {"parts": 3})
+    with pytest.raises(ParameterError, match="parts must be 1, 2, 4 or 8, not 3"):
+        ExpandParams(parts=3)
+
+
+def test_split_hostile_part_size():
+    """A size above its maximum driven straight into one part: that part errs and moves
+    nothing, the other runs to the end; done (with error) when both are done."""
+    params = SPLIT_PARAMS[2]
+    problem = UNIT.problem(expand_case([6, 1], [6, 9], "fp32"), {})
+    stim, settings = UNIT.pack(problem, params, stall=0.0, seed=0)
+    settings["runtime"]["part1_input_elements"] = params.max_input + 1
+    results = UNIT.simulate(params, stim, settings)
+    assert int(results["error"]) == 1
+    assert int(results["cycles"]) == part_cycles(params, 3, 27) + 1
+    assert len(results["data0"]) == -(-27 // params.lanes) and int(results["input_taken0"]) == 1
+    assert len(results["data1"]) == 0 and int(results["input_taken1"]) == 0
+    assert int(results["plan_taken1"]) == 0
+
+
+def test_split_run_command(tmp_path):
+    """``python -m moe_hw.run expand --set parts=2 --set split_dim=1``: the logical output,
+    concatenated along the split dim, and the split cycle count."""
+    from moe_hw.run import main
+    inputs = expand_case([1, 13], [5, 13], "fp32", seed=6)
+    np.savez(tmp_path / "in.npz", **inputs)
+    params = SPLIT_PARAMS[2]
+    sets = [f"--set={name}={getattr(params, name)}"
+            for name in ("format", "lanes", "max_rank", "max_input", "max_output", "parts")]
+    assert main(["expand", "--in", str(tmp_path / "in.npz"), "--out",
+                 str(tmp_path / "out.npz"), *sets, "--set=split_dim=1"]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        want = golden.expand(inputs["input"], inputs["expand_size"])
+        assert (out["output"].view(np.uint32) == want.view(np.uint32)).all()
+        assert int(out["cycles"]) == params.split_cycles([(7, 35), (6, 30)])

@@ -14,7 +14,7 @@ from moe_hw.host.repeat import UNIT
 from moe_hw.host.unit import run
 
 from conftest import STALLS, simulator_cases
-from test_expand import PARAMS, check
+from test_expand import PARAMS, check, check_split
 
 
 def repeat_case(shape, repeat_size, fmt, seed=0):
@@ -70,6 +70,29 @@ def test_repeat_bad_sizes(shape, sizes, message):
         run(UNIT, inputs, params=PARAMS["fp32"])
     with pytest.raises(HostError, match=message):
         run(UNIT, inputs)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+def test_repeat_split(stall):
+    """Tokens replicated for k = 2 on a unit of 2 parts (the build of test_expand's split
+    cases), split along the hidden dim (repeated once): each part repeats its half."""
+    inputs = repeat_case((4, 6), [2, 1], "fp32", seed=7)
+    outcome = check_split(UNIT, inputs, 2, split_dim=1, stall=stall, seed=7)
+    assert outcome.outputs["output"].shape == (8, 6)
+    # reshape [1, 4, 6], expand [2, 4, 6]; input dim 1 is the expand's dim 2
+    assert outcome.problem["split_dim"] == 2
+
+
+@pytest.mark.parametrize(("shape", "sizes", "split_dim", "message"), [
+    ((4, 6), [2, 1], 0, r"split_dim 0 is repeated by repeat_size\[0\] = 2; only a dim "
+                        r"repeated once can be split"),
+    ((4, 6), [3, 2, 1], 0, r"split_dim 0 is repeated by repeat_size\[1\] = 2"),
+    ((4, 6), [2, 1], 2, r"split_dim must be an input dim, 0 to 1, not 2"),
+])
+def test_repeat_split_bad(shape, sizes, split_dim, message):
+    inputs = {"input": np.zeros(shape, np.float32), "repeat_size": np.array(sizes)}
+    with pytest.raises(HostError, match=message):
+        run(UNIT, inputs, {"parts": 2, "split_dim": split_dim})
 
 
 def test_repeat_address_dims_above_max_rank():

@@ -11,9 +11,22 @@ generator's run-time plan: the output shape and ``out_stride`` (``golden.expand_
 rules and errors), the size-1 dims dropped and the contiguous runs merged, then the lanes'
 odometer steps and start values (:mod:`moe_hw.units.expand` explains them).
 :func:`odometer_addresses` runs the plan the way the hardware does, in Python.
+
+The split across P parallel units (generation parameter ``parts``, run-time value
+``split_dim`` from ``--set`` or a scalar in the npz; OneFlow SBP ``split(d)``, SPEC 1.6):
+:func:`split` cuts the input along input dim ``split_dim`` into ``parts`` contiguous slices
+with ``golden.physical_expand`` (the balanced split: the first ``size % parts`` parts one
+element longer, so an uneven split is allowed, and a part may be empty when the dim is
+shorter than ``parts``) and gives each part its physical input, expand size and
+``out_stride``; each part runs on its own expand core, and the host concatenates the parts'
+outputs along the output dim of ``split_dim``, the logical output. Without ``split_dim``, a
+split unit splits the outermost input dim that expand keeps and whose size is above 1 (the
+tokens of a gate broadcast, the row of a row broadcast). A broadcast ``split_dim`` is an
+error naming the dim and its expand size.
 """
 
 import math
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -21,12 +34,13 @@ import numpy as np
 from .. import golden
 from ..blocks.row_reader import last_enable
 from ..golden.expand import _plan as expand_plan, merged_dims
-from ..units.expand import ELEMENT_FORMATS, ExpandParams, ExpandUnit
-from .checks import HostError, compare_log, compare_values, need
+from ..params import check_choice
+from ..units.expand import ELEMENT_FORMATS, PARTS, ExpandParams, ExpandUnit
+from .checks import HostError, compare_log, compare_values, need, runtime_int
 from .unit import Unit
 
-__all__ = ["UNIT", "Expand", "Plan", "plan", "odometer_addresses", "ELEMENT_DTYPES",
-           "format_of_elements", "element_array"]
+__all__ = ["UNIT", "Expand", "Plan", "Split", "plan", "split", "odometer_addresses",
+           "ELEMENT_DTYPES", "format_of_elements", "element_array"]
 
 #: Element dtypes by format name.
 ELEMENT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
@@ -173,6 +187,54 @@ def odometer_addresses(the_plan, beats):
     return out
 
 
+class Split(NamedTuple):
+    """A problem cut over the parts of a split unit (:func:`split`)."""
+    split_dim: int | None      # the input dim cut (None: one part, not split)
+    out_dim: int | None        # the output dim the parts' outputs concatenate along
+    parts: list                # one expand problem per part, its physical slice
+
+
+def split(problem, parts):
+    """The expand ``problem`` cut over ``parts`` units (see the module docstring): a
+    :class:`Split` whose part problems hold each part's physical input, ``expand_size`` and
+    ``out_stride`` (``golden.physical_expand``). One part and no ``split_dim``: the problem
+    itself. Errors name the parameter or the dim and its value."""
+    check_choice("parts", parts, PARTS)
+    split_dim = problem["split_dim"]
+    input = problem["input"]
+    if split_dim is None and parts == 1:
+        return Split(None, None, [problem])
+    if split_dim is None:
+        kept = [d for d, n in enumerate(input.shape) if n > 1]    # a dim above 1 is kept
+        if not kept:
+            raise HostError(f"parts = {parts} needs a dim to split: give split_dim (input "
+                            f"{list(input.shape)} has no kept dim of size above 1)")
+        split_dim = kept[0]
+    try:
+        physical = golden.physical_expand(input.shape, problem["expand_size"], split_dim,
+                                          parts)
+    except (TypeError, ValueError) as error:
+        raise HostError(str(error)) from None
+    out_dim = split_dim + len(problem["output_shape"]) - input.ndim
+    pieces, first = [], 0
+    for index, part in enumerate(physical):
+        length = part.input_shape[split_dim]
+        piece = input[(slice(None),) * split_dim + (slice(first, first + length),)]
+        first += length
+        pieces.append({**Expand.expand_problem(piece, part.expand_size, part.expand_size,
+                                               part.out_stride, sizes=problem["sizes"]),
+                       "part": index})
+    return Split(split_dim, out_dim, pieces)
+
+
+def part_results(results, index, parts):
+    """Part ``index``'s bench results under the names of a one-part run."""
+    if parts == 1:
+        return results
+    return {key: results[f"{key}{index}"]
+            for key in ("data", "enable", "last", "input_taken", "plan_taken")}
+
+
 class Expand(Unit):
     name = "expand"
     summary = ("OneFlow expand: an N-D stride address generator (counters and adders) over an "
@@ -182,8 +244,8 @@ class Expand(Unit):
     params = ExpandParams
     inputs = ("input", "expand_size")
     outputs = ("output",)
-    runtime = ()
-    ideal = "one beat per cycle: ceil(output elements / lanes)"
+    runtime = ("split_dim",)
+    ideal = "one beat per cycle: ceil(output elements / lanes) (of the largest part)"
 
     @property
     def bench(self):
@@ -202,51 +264,73 @@ class Expand(Unit):
             output_shape, out_stride = expand_plan(input.shape, expand_size)
         except (TypeError, ValueError) as error:
             raise HostError(str(error)) from None
-        return self.expand_problem(input, expand_size, output_shape, out_stride,
-                                   sizes=("expand_size", expand_size))
+        problem = self.expand_problem(input, expand_size, output_shape, out_stride,
+                                      sizes=("expand_size", expand_size))
+        return {**problem, "split_dim": split_dim_of(inputs, runtime)}
 
     @staticmethod
     def expand_problem(input, expand_size, output_shape, out_stride, *, sizes):
-        """The problem dict of an expand (``sizes``: the user's size argument, for errors)."""
+        """The problem dict of an expand (``sizes``: the user's size argument, for errors),
+        not split."""
         return {"input": input, "expand_size": list(expand_size),
                 "output_shape": list(output_shape), "out_stride": list(out_stride),
                 "input_elements": int(input.size),
-                "output_elements": int(math.prod(output_shape)), "sizes": sizes}
+                "output_elements": int(math.prod(output_shape)), "sizes": sizes,
+                "split_dim": None}
 
     def params_for(self, problem, settings):
         settings = {"format": format_of_elements(problem["input"]), **settings}
-        params = self.sized(settings, max_input=max(1, problem["input_elements"]),
-                            max_output=max(1, problem["output_elements"]))
-        self.plan(problem, params)
+        parts = split(problem, settings.get("parts", 1)).parts
+        params = self.sized(settings,
+                            max_input=max(1, *(part["input_elements"] for part in parts)),
+                            max_output=max(1, *(part["output_elements"] for part in parts)))
+        self.part_plans(problem, params)
         return params
 
     def plan(self, problem, params):
-        """The problem's plan on ``params``; errors name the user's dim and value."""
+        """The plan of ``problem`` (one part) on ``params``; errors name the user's dim and
+        value."""
         if ELEMENT_FORMATS[format_of_elements(problem["input"])] != params.element_width:
             raise HostError(f"input has dtype {problem['input'].dtype}, but the unit's format "
                             f"is {params.format}")
         name, sizes = problem["sizes"]
         check_rank(name, sizes, params.max_rank)
+        whose = f"part {problem['part']}'s " if "part" in problem else ""
         for what, value, maximum in (
                 ("input elements", problem["input_elements"], "max_input"),
                 ("output elements", problem["output_elements"], "max_output")):
             if value > getattr(params, maximum):
-                raise HostError(f"{what} ({value}) exceed the unit's {maximum} of "
+                raise HostError(f"{whose}{what} ({value}) exceed the unit's {maximum} of "
                                 f"{getattr(params, maximum)}")
         return plan_of(problem["output_shape"], problem["out_stride"], params)
 
+    def part_plans(self, problem, params):
+        """``[(part problem, its plan)]``, one per part of ``params`` (:func:`split`)."""
+        return [(part, self.plan(part, params))
+                for part in split(problem, params.parts).parts]
+
     def pack(self, problem, params, *, stall, seed):
-        the_plan = self.plan(problem, params)
-        return stimulus(problem, params, the_plan)
+        plans = self.part_plans(problem, params)
+        if params.parts == 1:
+            return stimulus(plans[0][0], params, plans[0][1])
+        return split_stimulus(plans, params)
 
     def unpack(self, problem, params, results):
-        n = problem["output_elements"]
+        cut = split(problem, params.parts)
+        pieces = [self.part_output(part, params, part_results(results, index, params.parts))
+                  for index, part in enumerate(cut.parts)]
+        output = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=cut.out_dim)
+        return {"output": output.reshape(self.output_shape(problem))}
+
+    @staticmethod
+    def part_output(part, params, results):
+        """A part's output elements from its beats, in its (physical) output shape."""
+        n = part["output_elements"]
         data = results["data"].reshape(-1)
         bits = np.zeros(n, _UINT[params.element_width])
         if data.size >= n:
             bits[:] = data[:n]
-        dtype = problem["input"].dtype
-        return {"output": bits.view(dtype).reshape(self.output_shape(problem))}
+        return bits.view(part["input"].dtype).reshape(part["output_shape"])
 
     @staticmethod
     def output_shape(problem):
@@ -256,31 +340,52 @@ class Expand(Unit):
         return golden.expand(problem["input"], problem["expand_size"])
 
     def score(self, problem, params, outputs, results):
+        """The logical output bit for bit, then every part's beats against its slice of the
+        golden output (the scoreboard), its plan and input beats taken, and the status."""
         width = params.element_width
         want = self.want(problem)
         findings = compare_values("output bits", outputs["output"].view(_UINT[width]),
                                   np.array(want, copy=True).view(_UINT[width]))
-        findings += compare_log("output beats", beat_log(results, params),
-                                expected_beats(problem, params, want))
-        plan_beats = params.plan_beats if problem["output_elements"] else 0
-        for what, got, want_value in (
-                ("plan beats taken", results["plan_taken"], plan_beats),
-                ("input beats taken", results["input_taken"], input_beats(problem, params)),
-                ("error", results["error"], 0), ("busy after done", results["busy_after"], 0)):
+        cut = split(problem, params.parts)
+        slices = [np.asarray(want).reshape(problem["output_shape"])]
+        if len(cut.parts) > 1:
+            ends = np.cumsum([part["output_shape"][cut.out_dim] for part in cut.parts])[:-1]
+            slices = np.split(slices[0], ends, axis=cut.out_dim)
+        for index, (part, part_want) in enumerate(zip(cut.parts, slices)):
+            got = part_results(results, index, params.parts)
+            part_findings = compare_log("output beats", beat_log(got, params),
+                                        expected_beats(part, params, part_want))
+            plan_beats = params.plan_beats if part["output_elements"] else 0
+            for what, value, want_value in (
+                    ("plan beats taken", got["plan_taken"], plan_beats),
+                    ("input beats taken", got["input_taken"], input_beats(part, params))):
+                part_findings += compare_values(what, [int(value)], [int(want_value)])
+            whose = f"part {index}: " if params.parts > 1 else ""
+            findings += [whose + finding for finding in part_findings]
+        for what, got, want_value in (("error", results["error"], 0),
+                                      ("busy after done", results["busy_after"], 0)):
             findings += compare_values(what, [int(got)], [int(want_value)])
         return findings
 
     def ideal_cycles(self, problem, params):
-        return -(-problem["output_elements"] // params.lanes)
+        """One beat per cycle on every part at once: the largest part's output beats."""
+        return max(-(-part["output_elements"] // params.lanes)
+                   for part in split(problem, params.parts).parts)
 
     def cycles(self, problem, params):
-        return params.cycles(problem["input_elements"], problem["output_elements"])
+        return params.split_cycles([(part["input_elements"], part["output_elements"])
+                                    for part in split(problem, params.parts).parts])
 
     def describe(self, problem, params):
-        return (f"{self.name}: input {list(problem['input'].shape)} -> output "
+        line = (f"{self.name}: input {list(problem['input'].shape)} -> output "
                 f"{self.output_shape(problem)} (out_stride {problem['out_stride']}), "
                 f"{params.format}, lanes={params.lanes}, max_rank={params.max_rank}, "
                 f"max_input={params.max_input}")
+        if params.parts > 1 or problem["split_dim"] is not None:
+            cut = split(problem, params.parts)
+            line += (f", parts={params.parts} (split_dim {cut.split_dim}: part inputs "
+                     f"{[list(part['input'].shape) for part in cut.parts]})")
+        return line
 
     def bench_problems(self, shape, seed=0):
         rng = np.random.default_rng(seed)
@@ -290,6 +395,14 @@ class Expand(Unit):
         size = np.array([shape.tokens, shape.hidden], np.int64)
         return {"gate": ({"input": gate, "expand_size": size}, {"lanes": shape.lanes}),
                 "row": ({"input": row, "expand_size": size}, {"lanes": shape.lanes})}
+
+
+def split_dim_of(inputs, runtime):
+    """The optional run-time ``split_dim``, from ``--set`` or a scalar in the npz (None: not
+    given)."""
+    if "split_dim" in runtime or "split_dim" in inputs:
+        return runtime_int("split_dim", runtime, inputs)
+    return None
 
 
 def input_beats(problem, params):
@@ -314,6 +427,22 @@ def stimulus(problem, params, the_plan):
             {"lanes": lanes, "width": width, "runtime": {k: int(v) for k, v in runtime.items()},
              "plan": the_plan.beats(params) if problem["output_elements"] else [],
              "expected_beats": int(-(-problem["output_elements"] // lanes))})
+
+
+def split_stimulus(plans, params):
+    """The bench's ``(stimulus, settings)`` for a split unit: each part's input beats
+    (``input<p>``), run-time sizes (``part<p>_...``), plan beats and expected beats, from
+    ``plans`` (:meth:`Expand.part_plans`)."""
+    arrays, runtime, parts = {}, {}, []
+    for index, (part, the_plan) in enumerate(plans):
+        prefix = params.prefix(index)
+        stim, settings = stimulus(part, params, the_plan)
+        arrays[f"input{index}"] = stim["input"]
+        runtime.update({prefix + name: value for name, value in settings["runtime"].items()})
+        parts.append({"prefix": prefix, "input": f"input{index}", "plan": settings["plan"],
+                      "expected_beats": settings["expected_beats"]})
+    return arrays, {"lanes": params.lanes, "width": params.element_width, "runtime": runtime,
+                    "parts": parts}
 
 
 def beat_log(results, params):

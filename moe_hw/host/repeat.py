@@ -6,6 +6,10 @@ repeat. The unit streams the expand's output, which in C order is the repeat's o
 
 npz inputs: ``input`` (any shape; float32, float16, bfloat16 or int8) and ``repeat_size`` (an
 integer array, each entry >= 1, at least as many as the input's dims). Output: ``output``.
+
+Split across parallel units (``parts``, ``split_dim``: :mod:`moe_hw.host.expand`): only an
+input dim repeated once (``repeat_size`` 1 there) can be split; it is one dim of the expand,
+whose split the parts run, and the parts' outputs concatenate along it.
 """
 
 import numpy as np
@@ -13,7 +17,8 @@ import numpy as np
 from .. import golden
 from ..golden.expand import _plan as expand_plan, _repeat_plan as repeat_plan
 from .checks import HostError, need
-from .expand import UNIT as EXPAND, Expand, element_array, format_of_elements, size_list
+from .expand import (UNIT as EXPAND, Expand, element_array, format_of_elements, size_list,
+                     split_dim_of)
 
 __all__ = ["UNIT", "Repeat"]
 
@@ -38,7 +43,9 @@ class Repeat(Expand):
         problem = self.expand_problem(input.reshape(input_reshape), expand_size, expand_output,
                                       out_stride, sizes=("repeat_size", repeat_size))
         return {**problem, "repeat_size": repeat_size, "repeat_input": input,
-                "repeat_output_shape": output_shape}
+                "repeat_output_shape": output_shape,
+                "split_dim": expand_split_dim(input.shape, repeat_size,
+                                              split_dim_of(inputs, runtime))}
 
     @staticmethod
     def output_shape(problem):
@@ -67,6 +74,24 @@ class Repeat(Expand):
         return {f"k{shape.top_k}": ({"input": tokens,
                                      "repeat_size": np.array([shape.top_k, 1], np.int64)},
                                     {"lanes": shape.lanes})}
+
+
+def expand_split_dim(input_shape, repeat_size, split_dim):
+    """The expand's input dim of the repeat's input dim ``split_dim`` (None stays None): a
+    dim repeated more than once is an error (its output is copies of it, not a slice)."""
+    if split_dim is None:
+        return None
+    if split_dim >= len(input_shape):
+        raise HostError(f"split_dim must be an input dim, 0 to {len(input_shape) - 1}, not "
+                        f"{split_dim}")
+    new = len(repeat_size) - len(input_shape)
+    if repeat_size[new + split_dim] != 1:
+        raise HostError(f"split_dim {split_dim} is repeated by repeat_size[{new + split_dim}] "
+                        f"= {repeat_size[new + split_dim]}; only a dim repeated once can be "
+                        "split")
+    # Each earlier input dim of size n != 1 repeated r > 1 times became two dims (1, n).
+    return split_dim + sum(1 for n, r in zip(input_shape[:split_dim], repeat_size[new:])
+                           if r > 1 and n != 1)
 
 
 UNIT = Repeat()

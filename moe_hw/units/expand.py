@@ -59,13 +59,28 @@ is ``lanes`` times the input (lanes 16, fp32, max_input 256: 128 Kbit of LUT RAM
 
 A run takes the plan, then the input, then streams the output.
 
+Split across P parallel units (``parts`` = P > 1; OneFlow SBP ``split(d)``, SPEC 1.6): P
+copies of the unit above (the expand core, unchanged) side by side, each with its own
+streams and run-time sizes, every name prefixed with ``part<p>_`` (:meth:`ExpandParams.prefix`):
+``part<p>_input_data``, ``part<p>_output``, ``part<p>_plan``, ``part<p>_input_elements``,
+``part<p>_output_elements``. The host gives part p its physical slice of the input and its
+own plan (:func:`moe_hw.golden.physical_expand`); ``max_input`` and ``max_output`` are per
+part. ``start``, ``busy``, ``done`` and ``error`` are shared, and registered at the top:
+``start`` is taken while ``busy`` is low and starts every part; ``busy`` is high from the
+cycle after the start until the cycle after the last part is idle; ``done`` rises the cycle
+after every part is done and stays high until the next start; ``error`` is high, with
+``done``, when any part found a size above its maximum. With ``parts`` = 1 (the default)
+the unit is the core itself: the names above, no prefix, no extra register.
+
 Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
 :meth:`ExpandParams.cycles` = ``max_rank + lanes + ceil(n_in / lanes) + ceil(n_out / lanes)
 +`` :attr:`ExpandParams.overhead`, the plan beats, the load beats, the output beats, and a
 fixed overhead (run control, the address tree, the memory read, the lane select, the output
 queue, done);
 an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
-cycles it lasts.
+cycles it lasts. With ``parts`` = P > 1 the parts run at once, each on its own streams:
+:meth:`ExpandParams.split_cycles` = ``max_p cycles(n_in_p, n_out_p) + 1``, the slowest part
+(an empty part counting ``EMPTY_CYCLES``) and the registered ``done``.
 """
 
 from dataclasses import dataclass
@@ -81,11 +96,17 @@ from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_po
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import CreditPipeline
 
-__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "StrideAddressParams", "dim_steps",
-           "odometer", "sum_tree"]
+__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "PARTS", "SPLIT_LATENCY",
+           "StrideAddressParams", "dim_steps", "odometer", "sum_tree"]
 
 #: Element formats and their widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
+
+#: The ``parts`` a unit may have (parallel expand cores, SBP split).
+PARTS = (1, 2, 4, 8)
+
+#: Cycles a split unit (``parts`` > 1) adds to its slowest part: the registered ``done``.
+SPLIT_LATENCY = 1
 
 
 class StrideAddressParams:
@@ -138,6 +159,8 @@ class ExpandParams(StrideAddressParams, UnitParams):
     max_input: int = param(256, minimum=1, maximum=1 << 20,
                            doc="input elements held on chip (lanes copies of them)")
     max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
+    parts: int = param(1, choices=PARTS,
+                       doc="parallel expand cores (SBP split); max_input/max_output per part")
 
     @property
     def element_width(self):
@@ -169,6 +192,21 @@ class ExpandParams(StrideAddressParams, UnitParams):
             return EMPTY_CYCLES
         return (self.plan_beats + -(-input_elements // self.lanes)
                 + -(-output_elements // self.lanes) + self.overhead)
+
+    def split_cycles(self, part_sizes):
+        """Exact stall-free cycles of a run split over the parts, ``part_sizes`` a list of
+        ``(input_elements, output_elements)``, one per part: :meth:`cycles` of the slowest part
+        and, with ``parts`` > 1, the registered ``done`` (:data:`SPLIT_LATENCY`)."""
+        if len(part_sizes) != self.parts:
+            raise ValueError(f"part_sizes must have {self.parts} entries (parts), not "
+                             f"{len(part_sizes)}")
+        slowest = max(self.cycles(n_in, n_out) for n_in, n_out in part_sizes)
+        return slowest + (SPLIT_LATENCY if self.parts > 1 else 0)
+
+    def prefix(self, part):
+        """The port-name prefix of part ``part``: none with one part, ``part<p>_``
+        otherwise."""
+        return "" if self.parts == 1 else f"part{part}_"
 
     def input_layout(self):
         return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes)})
@@ -243,25 +281,33 @@ def sum_tree(m, values, *, name):
 
 class ExpandUnit(wiring.Component):
     """The stride address generator in front of a per-lane replicated on-chip buffer, one
-    output beat per cycle. See the module docstring for the protocol."""
+    output beat per cycle; with ``parts`` > 1, that many of them side by side. See the module
+    docstring for the protocol."""
 
     def __init__(self, params=None, **kwargs):
         params = resolve_params(ExpandParams, params, kwargs)
         self.params = p = params
-        super().__init__({
-            "input_data": In(stream.Signature(p.input_layout())),
-            "output": Out(stream.Signature(p.output_layout())),
-            "plan": In(stream.Signature(p.plan_layout())),
-            **run_ports(self.sizes),
-        })
+        streams = {}
+        for part in range(p.parts):
+            prefix = p.prefix(part)
+            streams.update({
+                f"{prefix}input_data": In(stream.Signature(p.input_layout())),
+                f"{prefix}output": Out(stream.Signature(p.output_layout())),
+                f"{prefix}plan": In(stream.Signature(p.plan_layout())),
+            })
+        super().__init__({**streams, **run_ports(self.sizes)})
 
     @property
     def sizes(self):
-        """The run-time sizes and their maxima, in port order."""
+        """The run-time sizes and their maxima, in port order (each part's, prefixed)."""
         p = self.params
-        return {"input_elements": p.max_input, "output_elements": p.max_output}
+        return {f"{p.prefix(part)}{name}": maximum for part in range(p.parts)
+                for name, maximum in (("input_elements", p.max_input),
+                                      ("output_elements", p.max_output))}
 
     def elaborate(self, platform):
+        if self.params.parts > 1:
+            return self.elaborate_parts()
         m = Module()
         p = self.params
         lanes, rank = p.lanes, p.max_rank
@@ -368,4 +414,33 @@ class ExpandUnit(wiring.Component):
             m.d.sync += reg.eq(flags)
             flags = reg
         m.d.comb += [pipe.payload.enable.eq(flags[:lanes]), pipe.payload.last.eq(flags[lanes])]
+        return m
+
+    def elaborate_parts(self):
+        """``parts`` expand cores, each on its own ports, under one registered status."""
+        m = Module()
+        p = self.params
+        core_params = p.replace(parts=1)
+        # Taken while busy is low: then every core is idle (busy covers them all), and each
+        # core takes it in the same cycle.
+        accept = self.start & ~self.busy
+        cores = []
+        for part in range(p.parts):
+            core = m.submodules[f"part{part}"] = ExpandUnit(core_params)
+            cores.append(core)
+            prefix = p.prefix(part)
+            wiring.connect(m, wiring.flipped(getattr(self, f"{prefix}input_data")),
+                           core.input_data)
+            wiring.connect(m, wiring.flipped(getattr(self, f"{prefix}plan")), core.plan)
+            wiring.connect(m, core.output, wiring.flipped(getattr(self, f"{prefix}output")))
+            m.d.comb += [core.start.eq(accept),
+                         core.input_elements.eq(getattr(self, f"{prefix}input_elements")),
+                         core.output_elements.eq(getattr(self, f"{prefix}output_elements"))]
+        # Registered status: busy from the cycle after the start (a core is busy from then
+        # on, so busy is never low while a core is busy); done and error cleared by the start.
+        m.d.sync += [
+            self.busy.eq(accept | Cat(*(core.busy for core in cores)).any()),
+            self.done.eq(~accept & Cat(*(core.done for core in cores)).all()),
+            self.error.eq(~accept & Cat(*(core.error for core in cores)).any()),
+        ]
         return m
