@@ -2,12 +2,12 @@
 
 One distributed-RAM memory of a few hundred words is read through a wide multiplexer tree
 behind an address that fans out to every LUT-RAM cell: on ECP5 a 512-word read is 6 ns. Here
-the words are split into banks of ``bank_depth`` (64: four LUT-RAM rows and one 4:1
-multiplexer each) and the read takes three enabled cycles: the address is registered once per
-bank, every bank reads its word into a register, and a last register selects the bank's word.
-More than ``select_fanin`` (:data:`SELECT_FANIN`, 8) banks select in a registered tree, a
-cycle per level of up to eight: 9-64 banks read in four cycles (:meth:`BankedMemory.read_latency`); one
-AND-OR over 32 banks was three LUT levels behind a flag routed across the banks.
+the words are split into banks of ``bank_depth`` (64: four LUT-RAM rows and one 4:1 multiplexer
+each) and the read takes three enabled cycles: the address is registered once per bank, every
+bank reads its word into a register, and a last register selects the bank's word. More than
+``select_fanin`` (:data:`SELECT_FANIN`, 8) banks select in a registered tree, a cycle per level
+of up to eight: 9-64 banks read in four cycles (:meth:`BankedMemory.read_latency`); one AND-OR
+over 32 banks was three LUT levels behind a flag routed across the banks.
 
 Yosys merges registers with the same input bit by bit (``opt_merge``, a ``keep`` on the wire
 notwithstanding), which would leave one address register driving every bank's cells. The
@@ -23,10 +23,10 @@ Ports:
     A write: registered (per bank) at the clock edge of the cycle ``write_en`` is high, and
     written into the bank at the next edge.
 ``read_addr``, ``read_en`` (in); ``read_data`` (out)
-    A read: every read register loads when ``read_en`` is high; the word at ``read_addr``
-    (given in a cycle with ``read_en`` high) is on ``read_data`` after :attr:`latency`
-    (3 up to 8 banks, 4 up to 64) such cycles, and holds while ``read_en`` is low. A write is seen by a read whose
-    address is registered after the write's edge.
+    A read: every read register loads when ``read_en`` is high; the word at ``read_addr`` (given
+    in a cycle with ``read_en`` high) is on ``read_data`` after :attr:`latency` (3 up to 8
+    banks, 4 up to 64) such cycles, and holds while ``read_en`` is low. A write is seen by a
+    read whose address is registered after the write's edge.
 
 Memories: ``amaranth.lib.memory`` with ``ram_style = "distributed"`` (an inferred ECP5 block
 RAM has no output register: its 4 ns clock-to-output would fill the cycle).

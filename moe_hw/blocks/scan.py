@@ -11,7 +11,8 @@ free-running pipeline (its registers load every cycle) with
 
 The scan adds the carry store (a register file of one carry per interleaved sequence, read
 asynchronously by slot), a register in front of each of the step's inputs (the carry read
-and the ``x`` payload reach only a register, not the step's first stage), the loop counters, the run control, and a credit-counted output
+and the ``x`` payload reach only a register, not the step's first stage), the loop counters,
+the run control, and a credit-counted output
 queue (:class:`~moe_hw.stream.CreditPipeline`): the step is never stalled, so a wide step
 (16 float lanes) has no enable net at all.
 
@@ -54,7 +55,7 @@ and the done register) from the start cycle to the cycle ``done`` is first seen,
 beat being taken as soon as it is offered.
 """
 
-from amaranth.hdl import Module, Mux, Shape, Signal
+from amaranth.hdl import Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -206,11 +207,6 @@ class Scan(wiring.Component):
             self.init.ready.eq(rounds & issuing & pipe.i_ready & first_round & self.x.valid),
         ]
         take = pipe.take
-        advance = rounds & (take | ~issuing)
-        # The group ends with its last issue: the bubbles after it would only wait for
-        # carries that no step of this group reads any more.
-        group_ends = advance & last_round & last_issue & issuing
-        load = pending_ready & (waiting | (group_ends & ~final_group))
 
         # The first group is worked out from the decide cycle on (``left`` is loaded in the
         # start cycle); an empty or too-big run never loads it.
@@ -230,33 +226,49 @@ class Scan(wiring.Component):
         all_issued = Signal()
         with m.If(ctl.accept):
             m.d.sync += all_issued.eq(0)
-        with m.If(advance):
-            with m.If(group_ends):
-                m.d.sync += rounds.eq(0)
-                with m.If(final_group):
-                    m.d.sync += all_issued.eq(1)
+
+        def schedule(taken):
+            # The schedule's next state when the pipeline takes a step (``taken``) and when it
+            # does not. It is given twice, under ``take`` and under its complement, so that
+            # ``take`` (the x and init handshake) is the last choice before each register, not
+            # the head of a chain of decisions (advance, the group's end, the next load).
+            advance = rounds & (Const(int(taken)) | ~issuing)
+            # The group ends with its last issue: the bubbles after it would only wait for
+            # carries that no step of this group reads any more.
+            group_ends = advance & last_round & last_issue & issuing
+            load = pending_ready & (waiting | (group_ends & ~final_group))
+            with m.If(advance):
+                with m.If(group_ends):
+                    m.d.sync += rounds.eq(0)
+                    with m.If(final_group):
+                        m.d.sync += all_issued.eq(1)
+                    with m.Else():
+                        m.d.sync += waiting.eq(1)
+                with m.Elif(last_slot):
+                    m.d.sync += [slot.eq(0), issuing.eq(1), last_issue.eq(group == 1),
+                                 last_slot.eq(period == 1),
+                                 round_.eq(round_ + 1), first_round.eq(0),
+                                 last_round.eq(round_ + 2 == length)]
                 with m.Else():
-                    m.d.sync += waiting.eq(1)
-            with m.Elif(last_slot):
-                m.d.sync += [slot.eq(0), issuing.eq(1), last_issue.eq(group == 1),
-                             last_slot.eq(period == 1),
-                             round_.eq(round_ + 1), first_round.eq(0),
-                             last_round.eq(round_ + 2 == length)]
-            with m.Else():
-                m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == period),
-                             last_issue.eq(slot + 2 == group)]
-                with m.If(last_issue):
-                    m.d.sync += issuing.eq(0)
-        # Loading a group (after the above: it wins over the group's end). The flags of the
-        # next slot are registers (``last_slot``, ``last_issue``, ``issuing``): loaded here
-        # for the group's first slot, then as the slots advance.
-        with m.If(load):
-            m.d.sync += [group.eq(pending_group), period.eq(pending_period),
-                         final_group.eq(pending_final), left.eq(left - pending_group),
-                         pending_ready.eq(0), compute.eq(1), waiting.eq(0), rounds.eq(1),
-                         slot.eq(0), round_.eq(0), first_round.eq(1),
-                         last_round.eq(length == 1), issuing.eq(1),
-                         last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1)]
+                    m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == period),
+                                 last_issue.eq(slot + 2 == group)]
+                    with m.If(last_issue):
+                        m.d.sync += issuing.eq(0)
+            # Loading a group (after the above: it wins over the group's end). The flags of the
+            # next slot are registers (``last_slot``, ``last_issue``, ``issuing``): loaded here
+            # for the group's first slot, then as the slots advance.
+            with m.If(load):
+                m.d.sync += [group.eq(pending_group), period.eq(pending_period),
+                             final_group.eq(pending_final), left.eq(left - pending_group),
+                             pending_ready.eq(0), compute.eq(1), waiting.eq(0), rounds.eq(1),
+                             slot.eq(0), round_.eq(0), first_round.eq(1),
+                             last_round.eq(length == 1), issuing.eq(1),
+                             last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1)]
+
+        with m.If(take):
+            schedule(True)
+        with m.Else():
+            schedule(False)
 
         # ---- the carry store and the step -----------------------------------------------------
         carry_width = Shape.cast(self.carry_shape).width

@@ -76,9 +76,9 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + move_overhead + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``move_overhead`` = 26 (25 for ``max_blocks`` <= 128), ``COUNT_OVERHEAD`` = 13 and ``product_latency`` = 2 for operands of
-up to 18 bits (``max_tokens`` and ``max_hidden`` below 2**18; 3 above). "No move": A = 0,
-N = 0, or counts the unit refuses.
+with ``move_overhead`` = 26 (25 for ``max_blocks`` <= 128), ``COUNT_OVERHEAD`` = 13 and
+``product_latency`` = 2 for operands of up to 18 bits (``max_tokens`` and ``max_hidden`` below
+2**18; 3 above). "No move": A = 0, N = 0, or counts the unit refuses.
 
 Passes 1 and 2 run at one count and one expert per cycle; the move at one beat per cycle,
 tokens and blocks back to back (a block costs nothing beyond its tokens' beats; an empty
@@ -146,13 +146,13 @@ class MoeReRoutingParams(UnitParams):
     @property
     def move_overhead(self):
         """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-        product's latency and the memory's (26 at the default ``max_blocks``): start and
-        decide; the end of pass 2 up to the check of the sum, as above; the block pipeline
-        (the entry read, four cycles for 9-64 banks of 16 entries, three up to 8; the offset
-        read, three up to 512 experts, four above; the destination row; then the product) and its queue (two: the queue's
-        write and its skid buffer); the token generator's block register, the command skid
-        buffer, the row reader's segment register; after the memory, the reader's skid
-        buffer, the write skid buffer, the drained register and the done register. Later
+        product's latency and the memory's (26 at the default ``max_blocks``): start and decide;
+        the end of pass 2 up to the check of the sum, as above; the block pipeline (the entry
+        read, four cycles for 9-64 banks of 16 entries, three up to 8; the offset read, three up
+        to 512 experts, four above; the destination row; then the product) and its queue (two:
+        the queue's write and its skid buffer); the token generator's block register, the
+        command skid buffer, the row reader's segment register; after the memory, the reader's
+        skid buffer, the write skid buffer, the drained register and the done register. Later
         blocks and tokens follow back to back."""
         return (START_LATENCY + 17 + BankedMemory.read_latency(self.max_blocks, BLOCK_BANK_DEPTH)
                 + BankedMemory.read_latency(self.max_experts))

@@ -45,10 +45,11 @@ Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles`
 ``setup + 1 + L*B + LOAD_TO_SCAN + FETCH_START + scan_cycles(S*B, L)`` with
 B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
 LOAD_TO_SCAN = 1, FETCH_START = 3, and
-``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n)
-+ D + 4`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose first spans fewer than
-PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats left)``. At full
-interleave that is ``L*B + S*B*L`` cycles plus a constant: one layer-beat per cycle.
+``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n) +
+D + 4`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose
+first spans fewer than PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats
+left)``. At full interleave that is ``L*B + S*B*L`` cycles plus a constant: one layer-beat per
+cycle.
 """
 
 from dataclasses import dataclass
