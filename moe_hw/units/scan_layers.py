@@ -203,7 +203,7 @@ class ScanLayersUnit(wiring.Component):
             m.d.sync += [beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                          relu.eq(self.relu)]
         # S * B, ready by ``begin`` (RunControl's setup covers the product's stages).
-        sequences = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp="generic",
+        sequences = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp=p.dsp,
                                       name="sequences")[:bits_for(max_sequences)]
 
         # ---- the parameter memory: L * B beats, layer-major --------------------------------
@@ -214,7 +214,7 @@ class ScanLayersUnit(wiring.Component):
         load_addr = Signal(range(depth + 1))
         load_last = Signal()            # the next parameter beat is the last
         load_total = Signal(range(depth + 1))
-        total = pipelined_product(m, layers, beats, en=1, dsp="generic", name="load_total")
+        total = pipelined_product(m, layers, beats, en=1, dsp=p.dsp, name="load_total")
         m.d.comb += [
             self.layer_params.ready.eq(loading),
             store.write_addr.eq(load_addr), store.write_data[0].eq(self.layer_params.payload),

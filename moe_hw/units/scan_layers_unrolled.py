@@ -111,7 +111,7 @@ class ScanLayersUnrolledUnit(wiring.Component):
         with m.If(ctl.accept):
             m.d.sync += [beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                          relu.eq(self.relu)]
-        total = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp="generic",
+        total = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp=p.dsp,
                                   name="total")[:bits_for(max_total)]
 
         # ---- load: L * B parameter beats, layer-major, into the copies' memories ---------
