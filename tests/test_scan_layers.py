@@ -3,11 +3,14 @@ Icarus), every case with and without random valid/ready stalls, bit for bit agai
 golden.scan_layers(golden.affine_layer), with the stall-free cycle count asserted; the golden
 layer; the host's and the parameters' errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from moe_hw import golden
 from moe_hw.blocks.run_control import EMPTY_CYCLES
+from moe_hw.flows.simulate import simulator_available
 from moe_hw.host.checks import HostError
 from moe_hw.host.scan_layers import UNIT, scan_layers_golden, stack_layers
 from moe_hw.host.unit import run
@@ -61,6 +64,20 @@ def test_scan_layers_cases(sim, case, stall):
     assert outcome.outputs["output"].shape == want.shape
     if case in ("no_tokens", "no_hidden") and stall == 0.0:
         assert outcome.cycles == EMPTY_CYCLES
+
+
+def test_scan_layers_on_ecp5_primitives():
+    """The ECP5 netlist (registered MULT18X18D products, DP16KD parameter memory, the
+    multipliers on DSPs) in Icarus: the same bits and the same cycle count."""
+    reason = simulator_available("icarus")
+    if reason:
+        pytest.skip(f"icarus: {reason}")
+    inputs, relu, format = case_inputs("partial_beat")
+    params = dataclasses.replace(PARAMS[format], dsp="ecp5", bram="ecp5")
+    outcome = run(UNIT, inputs, {"relu": relu}, params=params, sim="icarus")
+    assert outcome.passed, outcome.problems
+    tokens, hidden = inputs["input"].shape
+    assert outcome.cycles == params.cycles(tokens, hidden, inputs["scale"].shape[0])
 
 
 def test_cycle_formula_full_rate():
