@@ -4,7 +4,8 @@ bias[l])`` on one layer datapath (SPEC 1.7, seed 003), checked bit for bit again
 
 npz inputs: ``input`` [S, H], ``scale`` [L, H], ``bias`` [L, H] (one dtype: float32,
 float16, bfloat16 or int8, which picks the format; int8 layers saturate, see
-``golden.affine_layer``); run-time ``relu`` (0 or 1, ``--set`` or an npz scalar; default 0). Output: ``output`` [S, H]. A list of per-layer parameter dicts is
+``golden.affine_layer``); run-time ``relu`` (0 or 1, ``--set`` or an npz scalar; default 0).
+Output: ``output`` [S, H], in the input's dtype. A list of per-layer parameter dicts is
 stacked with :func:`stack_layers` (layers differing in names, shapes or dtypes are rejected,
 as ``golden.stack_layer_params`` does).
 """

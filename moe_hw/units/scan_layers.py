@@ -88,14 +88,16 @@ INT_FORMATS = {"int8": 8}
 #: The ``format`` choices of the scan_layers units: the float formats, then the integer ones.
 LAYER_FORMATS = FORMAT_NAMES + tuple(INT_FORMATS)
 
+#: An integer layer's shortest depths: the signed product's registers, one for the add.
+INT_MUL_LATENCY = signed_product_latency(8, 8)
+INT_ADD_LATENCY = 1
+
 
 def layer_dtype(format):
     """The NumPy dtype of a layer format (float32, float16, bfloat16 or int8)."""
     return np.dtype(f"int{INT_FORMATS[format]}") if format in INT_FORMATS else \
         float_format(format).dtype
-#: An integer layer's shortest depths: the signed product's registers, one for the add.
-INT_MUL_LATENCY = signed_product_latency(8, 8)
-INT_ADD_LATENCY = 1
+
 
 #: Cycles from the last parameter beat's take to the scan's start cycle.
 LOAD_TO_SCAN = 1
