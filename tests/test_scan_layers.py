@@ -18,7 +18,7 @@ from moe_hw.units.scan_layers import AffineLayerStep, ScanLayersParams
 from conftest import STALLS, simulator_cases
 
 # Short float pipelines (D = 6, interleave 7) keep the builds quick; one build per format.
-# int8 at its default depths (D = 3, interleave 4), its product on the ECP5 DSP model (the
+# int8 at its default depths (D = 4, interleave 5), its product on the ECP5 DSP model (the
 # unrolled unit's tests cover the generic product).
 PARAMS = {fmt: ScanLayersParams(format=fmt, lanes=4, max_tokens=40, max_hidden=16,
                                 max_layers=6, mul_stages=3, add_stages=3)
@@ -111,15 +111,15 @@ def test_cycle_formula_full_rate():
 
 
 def test_cycle_formula_full_rate_int8():
-    """int8 (D = 3): groups of 4 beats, one layer-beat per cycle after the load."""
+    """int8 (D = 4): groups of 5 beats, one layer-beat per cycle after the load."""
     params = PARAMS["int8"]
-    tokens, hidden, layers = 14, 8, 5            # 28 beats: 7 groups of 4 = D + 1
+    tokens, hidden, layers = 15, 8, 5            # 30 beats: 6 groups of 5 = D + 1
     beats = 2
     inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, format="int8",
                                 seed=3)
     outcome = check(inputs, 1, "int8")
-    assert params.latency == 3 and params.interleave == 4
-    groups = 2 + 7 * ((layers - 1) * 4 + 4)
+    assert params.latency == 4 and params.interleave == 5
+    groups = 2 + 6 * ((layers - 1) * 5 + 5)
     assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
                               + params.latency + 2 + 1 + 1)
     assert outcome.ideal_cycles == tokens * beats * layers
@@ -155,7 +155,7 @@ def test_seed_style_list_of_layers_int8():
     assert np.array_equal(outcome.outputs["output"], want)
 
 
-@pytest.mark.parametrize("mul_stages, add_stages", [(None, None), (4, 2)])
+@pytest.mark.parametrize("mul_stages, add_stages", [(None, None), (4, 3)])
 def test_int8_layer_step_on_every_edge(mul_stages, add_stages):
     """The int8 layer datapath in Amaranth's simulator, every (h, scale, bias) of edge values,
     with and without relu, against the golden layer; extra stages only delay it."""
@@ -186,7 +186,7 @@ def test_int8_layer_step_on_every_edge(mul_stages, add_stages):
     sim.add_clock(1e-6)
     sim.add_testbench(testbench)
     sim.run()
-    assert step.latency == (3 if mul_stages is None else 6)
+    assert step.latency == (4 if mul_stages is None else 7)
     for relu in (0, 1):
         want = golden.affine_layer(h, {"scale": scale, "bias": bias}, relu=bool(relu))
         assert np.array_equal(got[relu], want), relu
@@ -278,8 +278,8 @@ def test_host_rejects_differing_layers():
     ({"format": "int4"}, "format must be fp32, fp16, bf16 or int8, not 'int4'"),
     ({"format": "int8", "mul_stages": 1}, "mul_stages must be at least 2 for format int8, "
                                           "not 1"),
-    ({"format": "int8", "add_stages": 0}, "add_stages must be at least 1 for format int8, "
-                                          "not 0"),
+    ({"format": "int8", "add_stages": 1}, "add_stages must be at least 2 for format int8, "
+                                          "not 1"),
     ({"max_interleave": 0}, "max_interleave must be an integer between 1 and 4096, not 0"),
 ])
 def test_parameter_errors(kwargs, match):

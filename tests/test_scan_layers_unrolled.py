@@ -18,7 +18,7 @@ from conftest import STALLS, simulator_cases
 
 PARAMS = ScanLayersUnrolledParams(lanes=4, max_tokens=40, max_hidden=16, layers=3,
                                   mul_stages=3, add_stages=3)
-# int8 at its default depths (D = 3) on the generic product (scan_layers' tests cover the
+# int8 at its default depths (D = 4) on the generic product (scan_layers' tests cover the
 # ECP5 DSP model): one more build.
 PARAMS_INT8 = PARAMS.replace(format="int8", mul_stages=None, add_stages=None)
 
@@ -55,7 +55,7 @@ def test_unrolled_cycle_formula():
     latency = 3 * (1 + 6)
     assert PARAMS.latency == latency
     assert PARAMS.cycles(8, 16) == PARAMS.setup + 1 + 3 * 4 + 8 * 4 + latency + 4
-    assert PARAMS_INT8.latency == 3 * (1 + 3)    # int8: D = 2 + 1
+    assert PARAMS_INT8.latency == 3 * (1 + 4)    # int8: D = 2 + 2
 
 
 def test_unrolled_host_errors():

@@ -15,8 +15,8 @@ format:
   16384), the sum is exact (17 bits), and ``sat`` clamps the sum once, at the end of the
   layer, to [-128, 127]; then relu gives 0 for a negative result. No rounding, no shift.
   ``mul_stages`` is at least 2 (the product's registers; more add registers after it),
-  ``add_stages`` at least 1 (the add, the clamp and relu in one registered stage; more add
-  registers after it): D = 3 by default.
+  ``add_stages`` at least 2 (the exact sum registered, then the clamp and relu registered;
+  more add registers after them): D = 4 by default.
 
 The hardware is the seed's point: one :class:`AffineLayerStep` (``lanes`` multipliers and
 adders), a carry store and a loop counter (the :class:`~moe_hw.blocks.scan.Scan` block), and
@@ -29,7 +29,7 @@ Loop order (layer-outer over a token-beat buffer): every beat of every token is 
 of the scan (carry: the beat's activations; x: its layer's parameters; length L). The scan
 interleaves up to ``max_interleave`` consecutive beats (across tokens) and runs all L layers
 on them, one beat per cycle, before it takes the next ones: the layer datapath's latency
-``D = mul_latency + add_latency`` (26 for the floats, 3 for int8 at the default depths) is
+``D = mul_latency + add_latency`` (26 for the floats, 4 for int8 at the default depths) is
 hidden when ``max_interleave >= D + 1`` (the default).
 
 Streams and ports (payload fields least significant first; lanes: lane 0 first):
@@ -88,9 +88,10 @@ INT_FORMATS = {"int8": 8}
 #: The ``format`` choices of the scan_layers units: the float formats, then the integer ones.
 LAYER_FORMATS = FORMAT_NAMES + tuple(INT_FORMATS)
 
-#: An integer layer's shortest depths: the signed product's registers, one for the add.
+#: An integer layer's shortest depths: the signed product's registers; the sum's register,
+#: then the clamp's and relu's.
 INT_MUL_LATENCY = signed_product_latency(8, 8)
-INT_ADD_LATENCY = 1
+INT_ADD_LATENCY = 2
 
 
 def layer_dtype(format):
@@ -211,8 +212,8 @@ class AffineLayerStep(wiring.Component):
     bias waits beside the multiplier). ``relu`` (in) is held for a run.
 
     Float formats: a float multiplier and a float adder per lane. Integer formats
-    (:data:`INT_FORMATS`): a signed product per lane, then one registered stage that adds the
-    bias (exact), clamps the sum to the format's range and applies relu."""
+    (:data:`INT_FORMATS`): a signed product per lane, then a registered stage that adds the
+    bias (exact) and one that clamps the sum to the format's range and applies relu."""
 
     def __init__(self, params):
         self.params = p = params
@@ -225,7 +226,7 @@ class AffineLayerStep(wiring.Component):
         p = self.params
         bias = delay(m, self.x.bias, p.mul_latency, 1, name="bias", reset_less=True)
         if p.format in INT_FORMATS:
-            self._int_lanes(m, bias, delay(m, self.relu, p.mul_latency, 1, name="relu"))
+            self._int_lanes(m, bias, delay(m, self.relu, p.mul_latency + 1, 1, name="relu"))
             return m
         relu = delay(m, self.relu, p.latency, 1, name="relu")
         sign = p.fmt.width - 1
@@ -241,7 +242,9 @@ class AffineLayerStep(wiring.Component):
 
     def _int_lanes(self, m, bias, relu):
         """``relu?(sat(scale * carry + bias))`` per lane: the exact product (2w bits), the
-        exact sum (2w + 1 bits), clamped to [-2**(w-1), 2**(w-1) - 1]."""
+        exact sum (2w + 1 bits) in a register, then the clamp to
+        [-2**(w-1), 2**(w-1) - 1] and relu in the next (the carry chain and the compare
+        after it do not fit one 250 MHz cycle on ECP5 behind the DSP's route)."""
         p = self.params
         width = p.width
         for lane in range(p.lanes):
@@ -249,8 +252,8 @@ class AffineLayerStep(wiring.Component):
                                      dsp=p.dsp, name=f"mul{lane}")
             product = delay(m, product, p.mul_latency - INT_MUL_LATENCY, 1,
                             name=f"product{lane}", reset_less=True)
-            total = Signal(signed(2 * width + 1), name=f"sum{lane}")
-            m.d.comb += total.eq(product + bias[lane].as_signed())
+            total = Signal(signed(2 * width + 1), name=f"sum{lane}", reset_less=True)
+            m.d.sync += total.eq(product + bias[lane].as_signed())
             # In range when the bits above the result's sign bit all equal the sum's sign.
             upper = total[width - 1:-1]
             negative = total[-1]

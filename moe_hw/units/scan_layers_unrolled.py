@@ -7,7 +7,7 @@ int8, with the integer layer's saturating rule of :mod:`~moe_hw.units.scan_layer
 Each copy l is a parameter memory of ``ceil(max_hidden / lanes)`` beats (layer l's ``scale``
 and ``bias``), read at the beat index that travels with the data, and one
 :class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``1 + D`` cycles per layer
-(``D = mul_latency + add_latency``: 26 for the floats, 3 for int8 at the default depths). The
+(``D = mul_latency + add_latency``: 26 for the floats, 4 for int8 at the default depths). The
 chain is free running behind a credit-counted output queue
 (:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells and the
 queue grow linearly with L.
