@@ -1,7 +1,8 @@
 """The scan_layers units (SPEC 1.7, seed 003) on their emitted Verilog (cocotb, Verilator and
 Icarus), every case with and without random valid/ready stalls, bit for bit against
-golden.scan_layers(golden.affine_layer), with the stall-free cycle count asserted; the golden
-layer; the host's and the parameters' errors."""
+golden.scan_layers(golden.affine_layer), with the stall-free cycle count asserted, in fp32,
+bf16 and int8 (saturating); the golden layer; the int8 layer step in Amaranth's simulator;
+the host's and the parameters' errors."""
 
 import dataclasses
 
@@ -15,14 +16,30 @@ from moe_hw.host.checks import HostError
 from moe_hw.host.scan_layers import UNIT, scan_layers_golden, stack_layers
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
-from moe_hw.units.scan_layers import ScanLayersParams
+from moe_hw.units.scan_layers import AffineLayerStep, ScanLayersParams
 
 from conftest import STALLS, simulator_cases
 
-# Short float pipelines (D = 6, interleave 7) keep the builds quick; one build per format.
+# Short float pipelines (loop latency D = 1 + 6, interleave 8) keep the builds quick; one
+# build per format. int8 at its default depths (D = 1 + 4, interleave 6), its product on the ECP5 DSP model (the
+# unrolled unit's tests cover the generic product).
 PARAMS = {fmt: ScanLayersParams(format=fmt, lanes=4, max_tokens=40, max_hidden=16,
                                 max_layers=6, mul_stages=3, add_stages=3)
           for fmt in ("fp32", "bf16")}
+PARAMS["int8"] = ScanLayersParams(format="int8", lanes=4, max_tokens=40, max_hidden=16,
+                                  max_layers=6, dsp="ecp5")
+#: int8 values at and near both ends of the range, and around zero.
+INT8_EDGES = [-128, -127, -2, -1, 0, 1, 2, 126, 127]
+
+
+def int8_edge_inputs(seed):
+    """Two layers over edge values only, with -128 * -128 (+127) in the first layer."""
+    rng = np.random.default_rng(seed)
+    inputs = {"input": rng.choice(INT8_EDGES, (9, 16)), "scale": rng.choice(INT8_EDGES, (2, 16)),
+              "bias": rng.choice(INT8_EDGES, (2, 16))}
+    inputs["input"][0, 0] = inputs["scale"][0, 0] = -128
+    inputs["bias"][0, 0] = 127
+    return {name: array.astype(np.int8) for name, array in inputs.items()}
 
 
 def case_inputs(name):
@@ -35,13 +52,26 @@ def case_inputs(name):
         "bf16_relu": (9, 13, 4, 1, "bf16"),
         "no_tokens": (0, 8, 3, 1, "fp32"),       # S = 0: nothing in, nothing out
         "no_hidden": (4, 0, 2, 0, "fp32"),       # H = 0
+        "int8_saturating": (24, 13, 6, 0, "int8"),
+        "int8_relu": (9, 16, 5, 1, "int8"),
     }
+    if name == "int8_edges":
+        return int8_edge_inputs(seed), 0, "int8"
     tokens, hidden, layers, relu, format = sizes[name]
     return UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, format=format,
                               seed=seed), relu, format
 
 
-CASES = ["one_beat", "partial_beat", "many_groups", "bf16_relu", "no_tokens", "no_hidden"]
+CASES = ["one_beat", "partial_beat", "many_groups", "bf16_relu", "no_tokens", "no_hidden",
+         "int8_saturating", "int8_relu", "int8_edges"]
+
+
+def assert_saturates(output, relu):
+    """The int8 output holds both saturated ends (0 for the lower one under relu) and values
+    inside the range: the case reaches the clamp both ways."""
+    low = 0 if relu else -128
+    assert (output == 127).any() and (output == low).any(), output
+    assert ((output > low) & (output < 127)).any(), output
 
 
 def check(inputs, relu, format, sim="verilator", stall=0.0, seed=0):
@@ -56,12 +86,15 @@ def check(inputs, relu, format, sim="verilator", stall=0.0, seed=0):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    CASES, icarus=["partial_beat", "bf16_relu", "no_tokens"]))
+    CASES, icarus=["partial_beat", "bf16_relu", "no_tokens", "int8_relu"]))
 def test_scan_layers_cases(sim, case, stall):
     inputs, relu, format = case_inputs(case)
     outcome = check(inputs, relu, format, sim, stall, seed=11)
     want = scan_layers_golden(inputs["input"], inputs["scale"], inputs["bias"], relu)
     assert outcome.outputs["output"].shape == want.shape
+    assert outcome.outputs["output"].dtype == inputs["input"].dtype
+    if format == "int8":
+        assert_saturates(outcome.outputs["output"], relu)
     if case in ("no_tokens", "no_hidden") and stall == 0.0:
         assert outcome.cycles == EMPTY_CYCLES
 
@@ -95,6 +128,21 @@ def test_cycle_formula_full_rate():
     assert outcome.ideal_cycles == tokens * beats * layers
 
 
+def test_cycle_formula_full_rate_int8():
+    """int8 (D = 1 + 4): groups of 6 beats, one layer-beat per cycle after the load."""
+    params = PARAMS["int8"]
+    tokens, hidden, layers = 18, 8, 5            # 36 beats: 6 groups of 6 = D + 1
+    beats = 2
+    inputs = UNIT.random_inputs(tokens=tokens, hidden=hidden, layers=layers, format="int8",
+                                seed=3)
+    outcome = check(inputs, 1, "int8")
+    assert params.latency == 4 and params.loop_latency == 5 and params.interleave == 6
+    groups = 2 + 6 * ((layers - 1) * 6 + 6)
+    assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
+                              + params.loop_latency + 2 + 1 + 1)
+    assert outcome.ideal_cycles == tokens * beats * layers
+
+
 def test_seed_style_list_of_layers():
     """Layers given as a list of dicts are stacked as golden.stack_layer_params does."""
     rng = np.random.default_rng(5)
@@ -107,6 +155,59 @@ def test_seed_style_list_of_layers():
     for layer in layers:                          # the unrolled loop of the seed
         want = golden.affine_layer(want, layer, relu=True)
     assert np.array_equal(outcome.outputs["output"].view(np.uint32), want.view(np.uint32))
+
+
+def test_seed_style_list_of_layers_int8():
+    """The same with int8 layers: each layer saturates, as the seed's loop of
+    golden.affine_layer does."""
+    rng = np.random.default_rng(6)
+    layers = [{"scale": rng.integers(-3, 4, 6).astype(np.int8),
+               "bias": rng.integers(-40, 41, 6).astype(np.int8)} for _ in range(3)]
+    scale, bias = stack_layers(layers)
+    h = rng.integers(-128, 128, (4, 6)).astype(np.int8)
+    outcome = check({"input": h, "scale": scale, "bias": bias}, 0, "int8")
+    want = h
+    for layer in layers:
+        want = golden.affine_layer(want, layer)
+    assert outcome.outputs["output"].dtype == np.int8
+    assert np.array_equal(outcome.outputs["output"], want)
+
+
+@pytest.mark.parametrize("mul_stages, add_stages", [(None, None), (4, 3)])
+def test_int8_layer_step_on_every_edge(mul_stages, add_stages):
+    """The int8 layer datapath in Amaranth's simulator, every (h, scale, bias) of edge values,
+    with and without relu, against the golden layer; extra stages only delay it."""
+    from amaranth.sim import Simulator
+    params = ScanLayersParams(format="int8", lanes=4, mul_stages=mul_stages,
+                              add_stages=add_stages)
+    step = AffineLayerStep(params)
+    grid = np.array(np.meshgrid(INT8_EDGES, INT8_EDGES, INT8_EDGES, indexing="ij"),
+                    np.int8).reshape(3, -1)
+    grid = np.concatenate([grid, np.zeros((3, -grid.shape[1] % 4), np.int8)], axis=1)
+    h, scale, bias = (row.reshape(-1, 4) for row in grid)
+    got = {}
+
+    async def testbench(ctx):
+        for relu in (0, 1):
+            ctx.set(step.relu, relu)
+            outputs = []
+            for cycle in range(len(h) + step.latency):
+                if cycle < len(h):
+                    ctx.set(step.carry, [int(v) & 0xFF for v in h[cycle]])
+                    ctx.set(step.x, {"scale": [int(v) & 0xFF for v in scale[cycle]],
+                                     "bias": [int(v) & 0xFF for v in bias[cycle]]})
+                await ctx.tick()
+                outputs.append([ctx.get(step.carry_next[lane]) for lane in range(4)])
+            got[relu] = np.array(outputs[step.latency - 1:][:len(h)], np.uint8).view(np.int8)
+
+    sim = Simulator(step)
+    sim.add_clock(1e-6)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert step.latency == (4 if mul_stages is None else 7)
+    for relu in (0, 1):
+        want = golden.affine_layer(h, {"scale": scale, "bias": bias}, relu=bool(relu))
+        assert np.array_equal(got[relu], want), relu
 
 
 def test_affine_layer_rounds_twice_and_relu():
@@ -160,7 +261,13 @@ def _inputs(tokens=2, hidden=4, layers=2, dtype=np.float32):
     ({"scale": np.zeros((0, 4), np.float32), "bias": np.zeros((0, 4), np.float32)}, {},
      "scale and bias must hold at least one layer, not 0"),
     ({"input": np.zeros(4, np.float32)}, {}, r"input must have 2 dimensions \[S, H\]"),
-    ({"input": np.zeros((2, 4), np.int32)}, {}, "dtype"),
+    ({"input": np.zeros((2, 4), np.int32)}, {},
+     "input must have dtype float32, float16, bfloat16 or int8, not int32"),
+    ({"bias": np.zeros((2, 4), np.int8)}, {},
+     "bias has dtype int8, but input has float32; they must match"),
+    ({"input": np.zeros((2, 4), np.int8), "scale": np.zeros((2, 4), np.int8),
+      "bias": np.zeros((2, 4), np.int8)}, {"format": "fp32"},
+     r"input has dtype int8, but the unit's format is fp32 \(float32\)"),
     ({}, {"relu": 2}, "relu must be 0 or 1, not 2"),
     ({}, {"max_layers": 1}, "the problem needs max_layers >= 2, but max_layers = 1"),
 ])
@@ -186,7 +293,11 @@ def test_host_rejects_differing_layers():
 @pytest.mark.parametrize("kwargs, match", [
     ({"lanes": 3}, "lanes must be 1, 2, 4, 8 or 16, not 3"),
     ({"max_layers": 0}, "max_layers must be an integer between 1 and 4096, not 0"),
-    ({"format": "int8"}, "format must be fp32, fp16 or bf16, not 'int8'"),
+    ({"format": "int4"}, "format must be fp32, fp16, bf16 or int8, not 'int4'"),
+    ({"format": "int8", "mul_stages": 1}, "mul_stages must be at least 2 for format int8, "
+                                          "not 1"),
+    ({"format": "int8", "add_stages": 1}, "add_stages must be at least 2 for format int8, "
+                                          "not 1"),
     ({"max_interleave": 0}, "max_interleave must be an integer between 1 and 4096, not 0"),
 ])
 def test_parameter_errors(kwargs, match):

@@ -276,6 +276,8 @@ def _inputs(tokens=2, hidden=4, layers=2, dtype=np.float32):
      r"grad_output must have 2 dimensions \[S, H\], not shape \(4,\)"),
     ({}, {"relu": 2}, "relu must be 0 or 1, not 2"),
     ({}, {"max_layers": 1}, "the problem needs max_layers >= 2, but max_layers = 1"),
+    ({"input": np.zeros((2, 4), np.int8)}, {},       # the forward unit's int8 is not here
+     "input must have dtype float32, float16 or bfloat16, not int8"),
 ])
 def test_host_errors(change, settings, match):
     with pytest.raises(HostError, match=match):

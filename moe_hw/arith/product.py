@@ -11,6 +11,9 @@ Latency (:func:`product_latency`): ``2 + ceil(log2(tiles))`` enabled cycles, whe
 is the number of 18x18 tiles of the operand widths; the same for ``dsp="generic"`` (a plain
 ``*`` between registers, for simulation and other targets), so that a unit's cycle counts do
 not depend on the target.
+
+:func:`signed_product` is the same product of two's-complement operands (the integer
+layers of ``scan_layers``).
 """
 
 from amaranth.hdl import Signal
@@ -20,7 +23,8 @@ from ..params import check_choice
 from ..stream import delay
 from .ecp5_dsp import mult18x18d
 
-__all__ = ["DSP_TARGETS", "DSP_WIDTH", "dsp_tiles", "product_latency", "pipelined_product"]
+__all__ = ["DSP_TARGETS", "DSP_WIDTH", "dsp_tiles", "product_latency", "pipelined_product",
+           "signed_product_latency", "signed_product"]
 
 #: The ``dsp`` choices: ``"generic"`` (a plain ``*``, for simulation and any target) and
 #: ``"ecp5"`` (MULT18X18D instances with their input and output registers on).
@@ -86,3 +90,24 @@ def pipelined_product(m, a, b, *, en, dsp, name):
     product = Signal(width, name=f"{name}_product")
     m.d.comb += product.eq(value << shift)
     return product
+
+
+def signed_product_latency(a_width, b_width):
+    """Enabled cycles from the operands to the product of :func:`signed_product`."""
+    width = a_width + b_width
+    return product_latency(width, width)
+
+
+def signed_product(m, a, b, *, en, dsp, name):
+    """``a * b`` of two two's-complement values, :func:`signed_product_latency` stages later,
+    as a signed value of ``len(a) + len(b)`` bits.
+
+    It is :func:`pipelined_product` of the operands sign-extended to that width: the low
+    ``width`` bits of the unsigned product are the signed product modulo ``2**width``, and the
+    signed product fits ``width`` bits. Operands of up to 9 bits take one 18x18 tile (two
+    cycles)."""
+    width = len(a) + len(b)
+    a_wide = Signal(width, name=f"{name}_a_signed")
+    b_wide = Signal(width, name=f"{name}_b_signed")
+    m.d.comb += [a_wide.eq(a.as_signed()), b_wide.eq(b.as_signed())]
+    return pipelined_product(m, a_wide, b_wide, en=en, dsp=dsp, name=name)[:width].as_signed()

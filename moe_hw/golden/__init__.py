@@ -2,7 +2,8 @@
 
 Every hardware unit is checked bit for bit against one of these. Float arithmetic is done in
 the data's own format (float32, float16 or ml_dtypes.bfloat16), one rounding per operation,
-sums in the documented order starting from +0.0.
+sums in the documented order starting from +0.0. The scan_layers layer (``affine_layer``)
+also has an integer rule: exact product and sum, one saturation to the dtype's range.
 """
 
 from .combine import combine_gather

@@ -9,7 +9,7 @@ import numpy as np
 from ._common import add, float_array, mul
 
 __all__ = ["scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer",
-           "scan_layers_backward", "token_sum"]
+           "scan_layers_backward", "token_sum", "INT_LAYER_DTYPES"]
 
 
 def _length(name, xs):
@@ -116,21 +116,51 @@ def scan_layers(layer_fn, stacked_params, h):
     return h
 
 
+#: The integer dtypes of :func:`affine_layer` (saturating arithmetic; the units build int8).
+INT_LAYER_DTYPES = (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32))
+
+
 def affine_layer(h, params, relu=False):
     """The layer of the ``scan_layers`` units: ``relu?(scale * h + bias)`` elementwise, in the
-    format of ``h``: the product rounded, then the sum rounded (no FMA). ``params`` holds
-    ``scale`` and ``bias`` (broadcast against ``h``). relu keeps a NaN and a positive value
-    and gives +0 for anything else (-0 included).
+    format of ``h``. ``params`` holds ``scale`` and ``bias`` (broadcast against ``h``).
+
+    Float (float32, float16, bfloat16): the product rounded, then the sum rounded (no FMA).
+    relu keeps a NaN and a positive value and gives +0 for anything else (-0 included).
+
+    Integer (int8; int16 and int32 follow the same rule, but no unit builds them):
+    ``sat(scale * h + bias)``, where the product and the sum are exact (a wide accumulator:
+    for int8 the product is in [-16256, 16384] and the sum in [-16384, 16511], 17 bits) and
+    ``sat`` clamps the sum once, at the end of the layer, to the dtype's range ([-128, 127]
+    for int8): no rounding, no shift, no saturation of the product alone. relu then gives 0
+    for a negative result, so a relu layer's result is in [0, 127]. ``scale`` and ``bias``
+    must have the dtype of ``h``.
 
     ``scan_layers(lambda h, p: affine_layer(h, p, relu), {"scale": a, "bias": b}, h)`` with
     ``a``, ``b`` [L, H] and ``h`` [S, H] is the units' golden model.
     """
     h = np.asarray(h)
+    if h.dtype.kind in "iu":
+        return _affine_layer_int(h, params, relu)
     y = add(mul(h, params["scale"]), params["bias"])
     if relu:
         with np.errstate(invalid="ignore"):       # ml_dtypes warns on a NaN compare
             y = np.where(np.isnan(y) | (y > 0), y, np.zeros((), dtype=y.dtype))
     return y
+
+
+def _affine_layer_int(h, params, relu):
+    """:func:`affine_layer` on integers: exact in int64, one saturation, then relu."""
+    if h.dtype not in INT_LAYER_DTYPES:
+        raise TypeError(f"an integer h must have dtype int8, int16 or int32, not {h.dtype}")
+    scale, bias = (np.asarray(params[name]) for name in ("scale", "bias"))
+    for name, array in (("scale", scale), ("bias", bias)):
+        if array.dtype != h.dtype:
+            raise TypeError(f"{name} has dtype {array.dtype}, but h has {h.dtype}; an integer "
+                            f"layer takes one dtype")
+    limits = np.iinfo(h.dtype)
+    y = h.astype(np.int64) * scale.astype(np.int64) + bias.astype(np.int64)
+    y = np.clip(y, 0 if relu else limits.min, limits.max)
+    return y.astype(h.dtype)
 
 
 def token_sum(values):

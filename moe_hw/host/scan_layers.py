@@ -2,9 +2,10 @@
 bias[l])`` on one layer datapath (SPEC 1.7, seed 003), checked bit for bit against
 ``golden.scan_layers(golden.affine_layer, ...)``.
 
-npz inputs: ``input`` [S, H], ``scale`` [L, H], ``bias`` [L, H] (one float dtype: float32,
-float16 or bfloat16, which picks the format); run-time ``relu`` (0 or 1, ``--set`` or an npz
-scalar; default 0). Output: ``output`` [S, H]. A list of per-layer parameter dicts is
+npz inputs: ``input`` [S, H], ``scale`` [L, H], ``bias`` [L, H] (one dtype: float32,
+float16, bfloat16 or int8, which picks the format; int8 layers saturate, see
+``golden.affine_layer``); run-time ``relu`` (0 or 1, ``--set`` or an npz scalar; default 0).
+Output: ``output`` [S, H], in the input's dtype. A list of per-layer parameter dicts is
 stacked with :func:`stack_layers` (layers differing in names, shapes or dtypes are rejected,
 as ``golden.stack_layer_params`` does).
 """
@@ -14,9 +15,9 @@ import numpy as np
 from .. import golden
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden.testing import random_floats
-from ..units.scan_layers import ScanLayersParams, ScanLayersUnit
-from .checks import HostError, check_dtype, check_maxima, compare_bits, format_of, need, \
-    runtime_int
+from ..units.scan_layers import (INT_FORMATS, LAYER_FORMATS, ScanLayersParams, ScanLayersUnit,
+                                 layer_dtype)
+from .checks import HostError, check_maxima, compare_bits, compare_values, need, runtime_int
 from .unit import Unit
 
 __all__ = ["UNIT", "ScanLayers", "stack_layers", "scan_layers_golden"]
@@ -41,10 +42,54 @@ def scan_layers_golden(input, scale, bias, relu):
                               {"scale": scale, "bias": bias}, input)
 
 
+def layer_format(name, array, formats=LAYER_FORMATS):
+    """The format (of ``formats``) that the dtype of npz array ``name`` picks."""
+    for format in formats:
+        if array.dtype == layer_dtype(format):
+            return format
+    dtypes = [str(layer_dtype(format)) for format in formats]
+    raise HostError(f"{name} must have dtype {', '.join(dtypes[:-1])} or {dtypes[-1]}, not "
+                    f"{array.dtype}")
+
+
+def check_layer_dtype(params, **arrays):
+    """Every array has the dtype of the unit's ``format``."""
+    want = layer_dtype(params.format)
+    for name, array in arrays.items():
+        if np.asarray(array).dtype != want:
+            raise HostError(f"{name} has dtype {np.asarray(array).dtype}, but the unit's "
+                            f"format is {params.format} ({want})")
+
+
+def element_bits(array, format):
+    """The raw bit patterns of ``array`` in ``format`` as unsigned integers."""
+    if format in INT_FORMATS:
+        array = np.ascontiguousarray(np.asarray(array).astype(layer_dtype(format)))
+        return array.view(f"uint{INT_FORMATS[format]}")
+    return to_bits(array, format)
+
+
+def bits_to_elements(bits, format):
+    """The values of ``format`` whose raw bit patterns are ``bits``."""
+    if format in INT_FORMATS:
+        width = INT_FORMATS[format]
+        return np.ascontiguousarray(np.asarray(bits).astype(f"uint{width}")).view(f"int{width}")
+    return from_bits(bits, format)
+
+
+def compare_elements(what, got, want, format):
+    """Findings where ``got`` and ``want`` differ: values for an integer format, bit patterns
+    (any NaN equals any NaN) for a float one."""
+    if format in INT_FORMATS:
+        return compare_values(what, got, want)
+    return compare_bits(what, got, want, FORMATS[format])
+
+
 def layer_problem(unit, inputs, runtime):
     """A scan_layers unit's checked npz arrays and run-time values: ``input`` [S, H], ``scale``
     and ``bias`` [L, H], and any further inputs of ``unit.inputs`` as [S, H] arrays (the
-    backward pass's ``grad_output``), all of one float dtype; ``relu`` 0 or 1."""
+    backward pass's ``grad_output``), all of one dtype of ``unit.formats``; ``relu`` 0 or
+    1."""
     arrays = {name: np.asarray(array)
               for name, array in zip(unit.inputs, need(inputs, unit.name, unit.inputs))}
     input, scale, bias = arrays["input"], arrays["scale"], arrays["bias"]
@@ -53,7 +98,7 @@ def layer_problem(unit, inputs, runtime):
         what = "[L, H]" if name in ("scale", "bias") else "[S, H]"
         if array.ndim != 2:
             raise HostError(f"{name} must have 2 dimensions {what}, not shape {array.shape}")
-        format_of(array)
+        layer_format(name, array, unit.formats)
     for name, array in arrays.items():
         if name != "input" and array.dtype != input.dtype:
             raise HostError(f"{name} has dtype {array.dtype}, but input has {input.dtype}; "
@@ -90,6 +135,8 @@ class ScanLayers(Unit):
     runtime = ("relu",)
     ideal = "one layer-beat per cycle: S*L*ceil(H/lanes)"
     bench = "bench_scan_layers"
+    #: The formats the npz dtypes may pick.
+    formats = LAYER_FORMATS
     #: The run-time values driven on the unit's ports.
     ports = ("tokens", "hidden", "layers", "relu")
 
@@ -104,14 +151,14 @@ class ScanLayers(Unit):
                     max_layers=problem["layers"])
 
     def params_for(self, problem, settings):
-        settings = {"format": format_of(problem["input"]), **settings}
+        settings = {"format": layer_format("input", problem["input"]), **settings}
         params = self.sized(settings, **self.smallest(problem))
         self.fits(problem, params)
         return params
 
     def fits(self, problem, params):
-        check_dtype(params.format, input=problem["input"], scale=problem["scale"],
-                    bias=problem["bias"])
+        check_layer_dtype(params, input=problem["input"], scale=problem["scale"],
+                          bias=problem["bias"])
         check_maxima(params, tokens=(problem["tokens"], "max_tokens"),
                      hidden=(problem["hidden"], "max_hidden"),
                      layers=(problem["layers"], "max_layers"))
@@ -124,7 +171,7 @@ class ScanLayers(Unit):
         rows, hidden = array.shape
         beats = -(-hidden // params.lanes)
         padded = np.zeros((rows, beats * params.lanes), dtype=np.uint64)
-        padded[:, :hidden] = to_bits(array, params.fmt)
+        padded[:, :hidden] = element_bits(array, params.format)
         return padded.reshape(rows * beats, params.lanes)
 
     def pack(self, problem, params, *, stall, seed):
@@ -134,7 +181,7 @@ class ScanLayers(Unit):
         runtime = {name: problem[name] for name in self.ports}
         empty = not (problem["tokens"] and problem["hidden"])
         beats = 0 if empty else problem["tokens"] * self.beats(problem, params)
-        return stimulus, {"lanes": params.lanes, "width": params.fmt.width, "runtime": runtime,
+        return stimulus, {"lanes": params.lanes, "width": params.width, "runtime": runtime,
                           "feed": not empty, "work": beats * problem["layers"]
                           + len(stimulus["scale"])}
 
@@ -142,16 +189,16 @@ class ScanLayers(Unit):
         tokens, hidden = problem["tokens"], problem["hidden"]
         data = np.asarray(results["data"], dtype=np.uint64)
         if not (tokens and hidden):
-            return {"output": np.zeros((tokens, hidden), dtype=params.fmt.dtype)}
+            return {"output": np.zeros((tokens, hidden), dtype=params.dtype)}
         if data.shape[0] != tokens * self.beats(problem, params):   # scored as lost beats
-            return {"output": np.zeros((0, hidden), dtype=params.fmt.dtype)}
-        bits = data.reshape(tokens, -1)[:, :hidden].astype(params.fmt.uint_dtype)
-        return {"output": from_bits(bits, params.fmt)}
+            return {"output": np.zeros((0, hidden), dtype=params.dtype)}
+        return {"output": bits_to_elements(data.reshape(tokens, -1)[:, :hidden],
+                                           params.format)}
 
     def score(self, problem, params, outputs, results):
         want = scan_layers_golden(problem["input"], problem["scale"], problem["bias"],
                                   problem["relu"])
-        findings = compare_bits("output", outputs["output"], want, params.fmt)
+        findings = compare_elements("output", outputs["output"], want, params.format)
         beats = problem["tokens"] * self.beats(problem, params) if problem["hidden"] else 0
         got = len(results["data"])
         if got != beats:
@@ -180,10 +227,22 @@ class ScanLayers(Unit):
                 f"{params.format}, layer latency {params.latency}")
 
     def random_inputs(self, *, tokens, hidden, layers, format="fp32", seed=0):
-        """Seeded random ``input``, ``scale`` and ``bias`` (values near 1 in scale, so that
-        a deep stack stays finite; specials among the inputs)."""
+        """Seeded random ``input``, ``scale`` and ``bias``. Floats: values near 1 in scale, so
+        that a deep stack stays finite; specials among the inputs. int8: inputs over the whole
+        range, scales mostly 1 (else -2, -1 or 2; one in 25 the extreme -128 or 127) and
+        biases in [-16, 16]: both ends saturate, and in-range values that still depend on the
+        input remain after several layers."""
         rng = np.random.default_rng(seed)
-        dtype = FORMATS[format].dtype
+        dtype = layer_dtype(format)
+        if format in INT_FORMATS:
+            low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+            input = rng.integers(low, high + 1, (tokens, hidden))
+            scale = rng.choice([-2, -1, 1, 2], (layers, hidden), p=[0.05, 0.1, 0.7, 0.15])
+            extreme = rng.random(scale.shape) < 0.04
+            scale[extreme] = rng.choice([low, high], int(extreme.sum()))
+            bias = rng.integers(-16, 17, (layers, hidden))
+            return {name: array.astype(dtype) for name, array in
+                    (("input", input), ("scale", scale), ("bias", bias))}
         input = random_floats(rng, (tokens, hidden), dtype)
         scale = (1.0 + 0.25 * rng.standard_normal((layers, hidden))).astype(dtype)
         bias = (0.5 * rng.standard_normal((layers, hidden))).astype(dtype)
@@ -192,7 +251,10 @@ class ScanLayers(Unit):
     def bench_problems(self, shape, seed=0):
         inputs = self.random_inputs(tokens=shape.tokens, hidden=shape.hidden, layers=8,
                                     format=shape.format, seed=seed)
-        return {"L=8": (inputs, {"lanes": shape.lanes, "relu": 1})}
+        int8 = self.random_inputs(tokens=shape.tokens, hidden=shape.hidden, layers=8,
+                                  format="int8", seed=seed)
+        return {"L=8": (inputs, {"lanes": shape.lanes, "relu": 1}),
+                "L=8 int8": (int8, {"lanes": shape.lanes, "relu": 1})}
 
 
 UNIT = ScanLayers()

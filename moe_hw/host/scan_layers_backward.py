@@ -12,6 +12,7 @@ chooses between storing every activation (0) and recomputing from every c-th.
 import numpy as np
 
 from .. import golden
+from ..arith.params import FORMAT_NAMES
 from ..formats import FORMATS, from_bits
 from ..golden.testing import random_floats
 from ..units.scan_layers_backward import ScanLayersBackwardParams, ScanLayersBackwardUnit
@@ -34,6 +35,8 @@ class ScanLayersBackward(Unit):
     runtime = ("relu",)
     ideal = "one item per cycle in each of the 2L - 1 sweeps: (2L - 1)*S*ceil(H/lanes)"
     bench = "bench_scan_layers_backward"
+    #: The formats the npz dtypes may pick (no integer format).
+    formats = FORMAT_NAMES
     #: The run-time values driven on the unit's ports.
     ports = ("tokens", "hidden", "layers", "relu")
 

@@ -2,13 +2,21 @@
 seed 003, the PyTorch/XLA ``scan_layers``).
 
 Each layer is the elementwise affine ``h = relu?(a_l * h + b_l)`` over a token's H elements,
-in ``format`` (fp32, fp16 or bf16): the product rounded, then the sum rounded (the project's
-:class:`~moe_hw.arith.fmul.FloatMultiplierCore` and
-:class:`~moe_hw.arith.fadd.FloatAdderCore`, no FMA), then relu when ``relu`` is set: a
-negative result (and -0) becomes +0, a NaN stays a NaN (the adder's NaN is the canonical,
-positive quiet NaN, so the sign bit alone decides). Bit-exact against
-``golden.scan_layers(golden.affine_layer, ...)``. There is no integer format: the golden model
-is float only.
+in ``format``. Bit-exact against ``golden.scan_layers(golden.affine_layer, ...)`` in every
+format:
+
+* fp32, fp16, bf16: the product rounded, then the sum rounded (the project's
+  :class:`~moe_hw.arith.fmul.FloatMultiplierCore` and
+  :class:`~moe_hw.arith.fadd.FloatAdderCore`, no FMA), then relu when ``relu`` is set: a
+  negative result (and -0) becomes +0, a NaN stays a NaN (the adder's NaN is the canonical,
+  positive quiet NaN, so the sign bit alone decides).
+* int8 (two's complement): ``h = relu?(sat(a_l * h + b_l))``. The product is exact (16
+  bits, a :func:`~moe_hw.arith.product.signed_product` on one 18x18 tile; -128 * -128 =
+  16384), the sum is exact (17 bits), and ``sat`` clamps the sum once, at the end of the
+  layer, to [-128, 127]; then relu gives 0 for a negative result. No rounding, no shift.
+  ``mul_stages`` is at least 2 (the product's registers; more add registers after it),
+  ``add_stages`` at least 2 (the exact sum registered, then the clamp and relu registered;
+  more add registers after them): D = 4 by default.
 
 The hardware is the seed's point: one :class:`AffineLayerStep` (``lanes`` multipliers and
 adders), a carry store and a loop counter (the :class:`~moe_hw.blocks.scan.Scan` block), and
@@ -21,8 +29,9 @@ Loop order (layer-outer over a token-beat buffer): every beat of every token is 
 of the scan (carry: the beat's activations; x: its layer's parameters; length L). The scan
 interleaves up to ``max_interleave`` consecutive beats (across tokens) and runs all L layers
 on them, one beat per cycle, before it takes the next ones: the loop's latency
-``D = 1 + mul_latency + add_latency`` (the scan's input register, then the layer datapath)
-is hidden when ``max_interleave >= D + 1`` (the default).
+``D = 1 + mul_latency + add_latency`` (the scan's input register, then the layer datapath:
+27 for the floats, 5 for int8 at the default depths) is hidden when ``max_interleave >= D +
+1`` (the default).
 
 Streams and ports (payload fields least significant first; lanes: lane 0 first):
 
@@ -54,7 +63,8 @@ cycle.
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Mux, Signal
+import numpy as np
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -62,15 +72,35 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
-from ..arith.product import pipelined_product, product_latency
+from ..arith.product import (pipelined_product, product_latency, signed_product,
+                             signed_product_latency)
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.scan import INPUT_LATENCY, Scan, scan_cycles
-from ..params import LANES, UnitParams, param, resolve_params
+from ..formats import float_format
+from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay
 
-__all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LOAD_TO_SCAN",
-           "FETCH_START"]
+__all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LayerFormatParams",
+           "INT_FORMATS", "LAYER_FORMATS", "layer_dtype", "LOAD_TO_SCAN", "FETCH_START"]
+
+#: The layer's integer formats: name -> element width (the saturating rule of the module
+#: docstring).
+INT_FORMATS = {"int8": 8}
+#: The ``format`` choices of the scan_layers units: the float formats, then the integer ones.
+LAYER_FORMATS = FORMAT_NAMES + tuple(INT_FORMATS)
+
+#: An integer layer's shortest depths: the signed product's registers; the sum's register,
+#: then the clamp's and relu's.
+INT_MUL_LATENCY = signed_product_latency(8, 8)
+INT_ADD_LATENCY = 2
+
+
+def layer_dtype(format):
+    """The NumPy dtype of a layer format (float32, float16, bfloat16 or int8)."""
+    return np.dtype(f"int{INT_FORMATS[format]}") if format in INT_FORMATS else \
+        float_format(format).dtype
+
 
 #: Cycles from the last parameter beat's take to the scan's start cycle.
 LOAD_TO_SCAN = 1
@@ -79,11 +109,54 @@ LOAD_TO_SCAN = 1
 FETCH_START = 3
 
 
+class LayerFormatParams(FloatDatapathParams):
+    """Mixin of the scan_layers units' parameters: a float format (the float blocks' depths)
+    or an integer one of :data:`INT_FORMATS` (a signed product, then an add with
+    saturation)."""
+
+    @property
+    def is_int(self):
+        return self.format in INT_FORMATS
+
+    @property
+    def width(self):
+        """Bits of one element."""
+        return INT_FORMATS[self.format] if self.is_int else self.fmt.width
+
+    @property
+    def dtype(self):
+        """The NumPy dtype of the format (int8 for int8)."""
+        return layer_dtype(self.format)
+
+    @property
+    def mul_latency(self):
+        if self.is_int:
+            return INT_MUL_LATENCY if self.mul_stages is None else self.mul_stages
+        return super().mul_latency
+
+    @property
+    def add_latency(self):
+        if self.is_int:
+            return INT_ADD_LATENCY if self.add_stages is None else self.add_stages
+        return super().add_latency
+
+    def check(self):
+        super().check()
+        if not self.is_int:
+            return
+        for name, least in (("mul_stages", INT_MUL_LATENCY), ("add_stages", INT_ADD_LATENCY)):
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ParameterError(f"{name} must be at least {least} for format "
+                                     f"{self.format}, not {value}")
+
+
 @dataclass(frozen=True)
-class ScanLayersParams(FloatDatapathParams, UnitParams):
+class ScanLayersParams(LayerFormatParams, UnitParams):
     """Generation-time parameters of :class:`ScanLayersUnit`."""
 
-    format: str = param("fp32", choices=FORMAT_NAMES)
+    format: str = param("fp32", choices=LAYER_FORMATS,
+                        doc="fp32, fp16, bf16 or int8 (exact, saturated once per layer)")
     lanes: int = param(4, choices=LANES)
     max_tokens: int = param(1024, minimum=1, maximum=1 << 24, doc="S")
     max_hidden: int = param(1024, minimum=1, maximum=1 << 16, doc="H")
@@ -91,7 +164,7 @@ class ScanLayersParams(FloatDatapathParams, UnitParams):
                             doc="L: the parameter memory's depth in layers")
     max_interleave: int | None = param(None, minimum=1, maximum=1 << 12, optional=True,
                                        doc="beats the scan interleaves (the carry store); "
-                                           "None: mul + add latency + 1, the full rate")
+                                           "None: mul + add latency + 2, the full rate")
     mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
     add_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
     dsp: str = dsp_param()
@@ -131,7 +204,7 @@ class ScanLayersParams(FloatDatapathParams, UnitParams):
                                             layers))
 
     def lanes_layout(self):
-        return data.ArrayLayout(self.fmt.width, self.lanes)
+        return data.ArrayLayout(self.width, self.lanes)
 
     def params_layout(self):
         return data.StructLayout({"scale": self.lanes_layout(), "bias": self.lanes_layout()})
@@ -143,7 +216,11 @@ class ScanLayersParams(FloatDatapathParams, UnitParams):
 class AffineLayerStep(wiring.Component):
     """The layer datapath as a scan step: ``carry_next = relu?(x.scale * carry + x.bias)``
     over ``lanes`` elements, a free-running pipeline of ``latency = mul + add`` cycles (the
-    bias waits beside the multiplier). ``relu`` (in) is held for a run."""
+    bias waits beside the multiplier). ``relu`` (in) is held for a run.
+
+    Float formats: a float multiplier and a float adder per lane. Integer formats
+    (:data:`INT_FORMATS`): a signed product per lane, then a registered stage that adds the
+    bias (exact) and one that clamps the sum to the format's range and applies relu."""
 
     def __init__(self, params):
         self.params = p = params
@@ -155,6 +232,9 @@ class AffineLayerStep(wiring.Component):
         m = Module()
         p = self.params
         bias = delay(m, self.x.bias, p.mul_latency, 1, name="bias", reset_less=True)
+        if p.format in INT_FORMATS:
+            self._int_lanes(m, bias, delay(m, self.relu, p.mul_latency + 1, 1, name="relu"))
+            return m
         relu = delay(m, self.relu, p.latency, 1, name="relu")
         sign = p.fmt.width - 1
         for lane in range(p.lanes):
@@ -166,6 +246,34 @@ class AffineLayerStep(wiring.Component):
                          add.en.eq(1),
                          self.carry_next[lane].eq(Mux(relu & add.sum[sign], 0, add.sum))]
         return m
+
+    def _int_lanes(self, m, bias, relu):
+        """``relu?(sat(scale * carry + bias))`` per lane: the exact product (2w bits), the
+        exact sum (2w + 1 bits) in a register, then the clamp to
+        [-2**(w-1), 2**(w-1) - 1] and relu in the next (the carry chain and the compare
+        after it do not fit one 250 MHz cycle on ECP5 behind the DSP's route)."""
+        p = self.params
+        width = p.width
+        for lane in range(p.lanes):
+            product = signed_product(m, self.x.scale[lane], self.carry[lane], en=1,
+                                     dsp=p.dsp, name=f"mul{lane}")
+            product = delay(m, product, p.mul_latency - INT_MUL_LATENCY, 1,
+                            name=f"product{lane}", reset_less=True)
+            total = Signal(signed(2 * width + 1), name=f"sum{lane}", reset_less=True)
+            m.d.sync += total.eq(product + bias[lane].as_signed())
+            # In range when the bits above the result's sign bit all equal the sum's sign.
+            upper = total[width - 1:-1]
+            negative = total[-1]
+            above = ~negative & upper.any()
+            below = negative & ~upper.all()
+            result = Signal(width, name=f"result{lane}", reset_less=True)
+            m.d.sync += result.eq(
+                Mux(negative & relu, 0,
+                    Mux(above, (1 << (width - 1)) - 1,
+                        Mux(below, 1 << (width - 1), total[:width]))))
+            m.d.comb += self.carry_next[lane].eq(
+                delay(m, result, p.add_latency - INT_ADD_LATENCY, 1, name=f"result{lane}_d",
+                      reset_less=True))
 
 
 class ScanLayersUnit(wiring.Component):

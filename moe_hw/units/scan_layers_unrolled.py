@@ -1,14 +1,16 @@
 """The scan_layers_unrolled unit: the same L layers as :mod:`~moe_hw.units.scan_layers`, as
 a chain of L copies of the layer datapath (generation-time L), for comparison (SPEC 1.7: the
 cost the scan avoids). Bit-exact against the same golden model,
-``golden.scan_layers(golden.affine_layer, ...)``.
+``golden.scan_layers(golden.affine_layer, ...)``, in the same formats (fp32, fp16, bf16 and
+int8, with the integer layer's saturating rule of :mod:`~moe_hw.units.scan_layers`).
 
 Each copy l is a parameter memory of ``ceil(max_hidden / lanes)`` beats (layer l's ``scale``
 and ``bias``), read at the beat index that travels with the data, and one
 :class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``1 + D`` cycles per layer
-(``D = mul_latency + add_latency``). The chain is free running behind a credit-counted output
-queue (:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells
-and the queue grow linearly with L.
+(``D = mul_latency + add_latency``: 26 for the floats, 4 for int8 at the default depths). The
+chain is free running behind a credit-counted output queue
+(:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells and the
+queue grow linearly with L.
 
 Streams and ports: as :class:`~moe_hw.units.scan_layers.ScanLayersUnit` (``layer_params``,
 ``input``, ``output``, ``start``, ``tokens``, ``hidden``, ``relu``, ``busy``, ``done``,
@@ -25,21 +27,22 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
+from ..arith.params import dsp_param
 from ..arith.product import pipelined_product, product_latency
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay
-from .scan_layers import AffineLayerStep, ScanLayersParams
+from .scan_layers import LAYER_FORMATS, AffineLayerStep, LayerFormatParams, ScanLayersParams
 
 __all__ = ["ScanLayersUnrolledParams", "ScanLayersUnrolledUnit"]
 
 
 @dataclass(frozen=True)
-class ScanLayersUnrolledParams(FloatDatapathParams, UnitParams):
+class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
     """Generation-time parameters of :class:`ScanLayersUnrolledUnit`."""
 
-    format: str = param("fp32", choices=FORMAT_NAMES)
+    format: str = param("fp32", choices=LAYER_FORMATS,
+                        doc="fp32, fp16, bf16 or int8 (exact, saturated once per layer)")
     lanes: int = param(4, choices=LANES)
     max_tokens: int = param(1024, minimum=1, maximum=1 << 24, doc="S")
     max_hidden: int = param(1024, minimum=1, maximum=1 << 16, doc="H")
