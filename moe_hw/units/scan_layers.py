@@ -394,8 +394,10 @@ class ScanLayersUnit(wiring.Component):
         next_beat = Mux(last_beat, 0, beat_inc)
         next_inc = Mux(last_beat, 1, beat_inc + 1)
         next_last = Mux(last_beat, beats_one, beat_inc == beats_m1)     # next_beat == B - 1
-        group_ends = fetch.take & last_slot & last_layer
-        load = pending_ready & (waiting | (group_ends & ~final_group))
+        # The load of the next group: now if waiting, or with the take of the group's last
+        # beat (the take's part is the last gate: the rest is formed from registers).
+        load_at_end = pending_ready & last_slot & last_layer & ~final_group
+        load = (pending_ready & waiting) | (fetch.take & load_at_end)
         # A group loaded as the last one ends starts from the beat after its last one.
         start_beat = Mux(generating, next_beat, group_beat)
         start_inc = Mux(generating, next_inc, group_beat + 1)
