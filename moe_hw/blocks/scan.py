@@ -55,7 +55,7 @@ and the done register) from the start cycle to the cycle ``done`` is first seen,
 beat being taken as soon as it is offered.
 """
 
-from amaranth.hdl import Const, Module, Mux, Shape, Signal
+from amaranth.hdl import Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -226,6 +226,13 @@ class Scan(wiring.Component):
         all_issued = Signal()
         with m.If(ctl.accept):
             m.d.sync += all_issued.eq(0)
+        # The last-slot, last-issue and last-round tests compare a counter with a register
+        # (period - 2, n - 2, T - 2; signed: -1 matches nothing), not with a sum.
+        period_m2 = Signal(signed(len(period) + 1), name="period_m2")
+        group_m2 = Signal(signed(len(group) + 1), name="group_m2")
+        length_m2 = Signal(signed(len(length) + 1), name="length_m2")
+        with m.If(ctl.decide):
+            m.d.sync += length_m2.eq(length - 2)
 
         def schedule(taken):
             # The schedule's next state when the pipeline takes a step (``taken``) and when it
@@ -248,10 +255,10 @@ class Scan(wiring.Component):
                     m.d.sync += [slot.eq(0), issuing.eq(1), last_issue.eq(group == 1),
                                  last_slot.eq(period == 1),
                                  round_.eq(round_ + 1), first_round.eq(0),
-                                 last_round.eq(round_ + 2 == length)]
+                                 last_round.eq(round_ == length_m2)]
                 with m.Else():
-                    m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == period),
-                                 last_issue.eq(slot + 2 == group)]
+                    m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot == period_m2),
+                                 last_issue.eq(slot == group_m2)]
                     with m.If(last_issue):
                         m.d.sync += issuing.eq(0)
             # Loading a group (after the above: it wins over the group's end). The flags of the
@@ -263,7 +270,8 @@ class Scan(wiring.Component):
                              pending_ready.eq(0), compute.eq(1), waiting.eq(0), rounds.eq(1),
                              slot.eq(0), round_.eq(0), first_round.eq(1),
                              last_round.eq(length == 1), issuing.eq(1),
-                             last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1)]
+                             last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1),
+                             group_m2.eq(pending_group - 2), period_m2.eq(pending_period - 2)]
 
         with m.If(take):
             schedule(True)

@@ -378,8 +378,13 @@ class ScanLayersUnit(wiring.Component):
         next_base = Signal(range(depth + p.max_beats + 1))
         beats_m1 = Signal.like(beats)
         beats_one = Signal()
+        # (L - 2 and the group's n - 2, signed, so that the last-layer and last-slot tests
+        # compare a counter with a register.)
+        layers_m2 = Signal(signed(len(layers) + 1))
+        group_m2 = Signal(signed(bits_for(p.interleave) + 1))
         with m.If(ctl.decide):
-            m.d.sync += [beats_m1.eq(beats - 1), beats_one.eq(beats == 1)]
+            m.d.sync += [beats_m1.eq(beats - 1), beats_one.eq(beats == 1),
+                         layers_m2.eq(layers - 2)]
         generating = Signal()
         last_slot, last_layer, last_beat, final_group = (Signal(name=n) for n in (
             "x_last_slot", "x_last_layer", "x_last_beat", "x_final_group"))
@@ -414,7 +419,7 @@ class ScanLayersUnit(wiring.Component):
                 # The round's last beat: the next layer from the group's first beat, or the
                 # next group from the beat after this one.
                 m.d.sync += [slot.eq(0), last_slot.eq(group == 1),
-                             layer.eq(layer + 1), last_layer.eq(layer + 2 == layers),
+                             layer.eq(layer + 1), last_layer.eq(layer == layers_m2),
                              layer_base.eq(next_base), next_base.eq(next_base + beats),
                              beat.eq(group_beat), beat_inc.eq(group_beat + 1),
                              last_beat.eq(group_last),
@@ -425,7 +430,7 @@ class ScanLayersUnit(wiring.Component):
                     with m.If(~final_group):
                         m.d.sync += waiting.eq(1)
             with m.Else():
-                m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot + 2 == group),
+                m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot == group_m2),
                              beat.eq(next_beat), beat_inc.eq(next_inc), last_beat.eq(next_last),
                              x_addr.eq(Mux(last_beat, layer_base, layer_base + beat_inc))]
         with m.If(load):                             # after the above: it wins
@@ -434,6 +439,7 @@ class ScanLayersUnit(wiring.Component):
                          waiting.eq(0), generating.eq(1),
                          slot.eq(0), layer.eq(0), layer_base.eq(0), next_base.eq(beats),
                          last_slot.eq(pending_group == 1), last_layer.eq(layers == 1),
+                         group_m2.eq(pending_group - 2),
                          beat.eq(start_beat), beat_inc.eq(start_inc), group_beat.eq(start_beat),
                          group_last.eq(start_last), last_beat.eq(start_last),
                          x_addr.eq(start_beat)]
