@@ -320,8 +320,8 @@ class ScanLayersUnit(wiring.Component):
                                                       target=p.bram)
         loading = Signal()
         load_addr = Signal(range(depth + 1))
-        load_last = Signal()            # the next parameter beat is the last
-        load_total = Signal(range(depth + 1))
+        load_left = Signal(range(depth + 1))           # parameter beats still to come
+        load_last = Signal()                           # the next parameter beat is the last
         total = pipelined_product(m, layers, beats, en=1, dsp=p.dsp, name="load_total")
         m.d.comb += [
             self.layer_params.ready.eq(loading),
@@ -329,11 +329,13 @@ class ScanLayersUnit(wiring.Component):
             store.write_en.eq(self.layer_params.valid & loading),
         ]
         scan_start = Signal()
+        # (The count loads from the product's DSP register and the last-beat flag is a compare
+        # of the count: no compare follows the DSP's output in the cycle it loads.)
+        m.d.comb += load_last.eq(load_left == 1)
         with m.If(ctl.begin):
-            m.d.sync += [loading.eq(1), load_addr.eq(0), load_total.eq(total),
-                         load_last.eq(total == 1)]
+            m.d.sync += [loading.eq(1), load_addr.eq(0), load_left.eq(total)]
         with m.If(self.layer_params.valid & loading):
-            m.d.sync += [load_addr.eq(load_addr + 1), load_last.eq(load_addr + 2 == load_total)]
+            m.d.sync += [load_addr.eq(load_addr + 1), load_left.eq(load_left - 1)]
             with m.If(load_last):
                 m.d.sync += [loading.eq(0), scan_start.eq(1)]
         with m.If(scan_start):
