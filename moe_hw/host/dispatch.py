@@ -10,6 +10,7 @@ import numpy as np
 from .. import golden
 from ..blocks.run_control import EMPTY_CYCLES
 from ..problems import routed_problem
+from ..flows.fastsim import FastBench, Sink, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..units.dispatch import DispatchParams, DispatchUnit
 from .checks import (check_dtype, check_fits_field, check_maxima, compare_bits, compare_log,
@@ -123,6 +124,22 @@ class Dispatch(Unit):
                     "hidden": int(input.shape[1]), "capacity": problem["capacity"],
                     "num_experts": problem["num_experts"], "feed": self._feed(problem)}
         return stimulus, settings
+
+    def fast(self, stimulus, settings):
+        """sim/bench_dispatch.py on the fast path: the same streams and results."""
+        pairs = len(stimulus["gate"]) if settings["feed"] else 0
+        beats = lane_beats(stimulus["input"][stimulus["row"][:pairs]], settings["lanes"])
+        sizes = ("pairs", "hidden", "capacity", "num_experts")
+        return FastBench(
+            streams={"header": Source({name: stimulus[name][:pairs]
+                                       for name in ("gate", "index", "location")},
+                                      all_taken=True),
+                     "data": Source({"data": beats}, all_taken=True),
+                     "write": Sink(depth=len(beats))},
+            sizes={name: settings[name] for name in sizes},
+            results={"addr": "write.addr", "enable": "write.enable", "data": "write.data",
+                     "dropped": "dropped", "error": "error", "busy_after": "busy"},
+            limit=40 * (len(beats) + pairs) + 1000, what="dispatch")
 
     def unpack(self, problem, params, results):
         hidden = problem["input"].shape[1]
