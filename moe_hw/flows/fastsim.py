@@ -10,14 +10,15 @@ generated around the unit's emitted Verilog runs the problem to ``done`` on its 
   ``sim/harness.py``, so that a stall-free run takes exactly the cocotb path's cycle count;
   their seeded random pauses come from one xorshift32 per port (seed and probability are
   plusargs);
-* they load their words with ``$readmemh`` before the clock starts and dump their logs with
-  ``$writememh`` at the end, so the host reads the results back in bulk;
+* they load their words with ``$fread`` (binary) before the clock starts and dump their logs
+  with ``$writememh`` at the end, so the host reads the results back in bulk;
 * the scoreboard's checks the cocotb benches make per beat become counters and flags (beats
   offered and taken, beats after ``done``, lanes out of bounds, a response queue overflow, a
   cycle limit that reports a hang), and the unit's own ``unpack``/``score`` then judge the
   logs exactly as they judge the cocotb bench's.
 
-Why ``$readmemh`` files and a generated Verilog testbench rather than DPI or a C++ harness:
+Why files (``$fread``/``$writememh``) and a generated Verilog testbench rather than DPI or a
+C++ harness:
 the same testbench runs under Verilator (a standalone executable: a few lines of C++ toggle
 the clock and call ``eval()``, faster than Verilator's ``--timing`` scheduler) and under
 Icarus Verilog (``iverilog -g2012``, no build time, the four-state check), and the
@@ -178,13 +179,9 @@ def pack_words(desc, values, port):
     return words
 
 
-def write_hex(path, words):
-    """One hex word per line (``$readmemh``) from ``[n, bytes]`` little-endian words."""
-    n, nbytes = words.shape
-    text = np.frombuffer(np.ascontiguousarray(words[:, ::-1]).tobytes().hex().encode(),
-                         dtype=np.uint8).reshape(n, 2 * nbytes)
-    lines = np.hstack([text, np.full((n, 1), ord("\n"), dtype=np.uint8)])
-    Path(path).write_bytes(lines.tobytes())
+def write_words(path, words):
+    """``[n, bytes]`` little-endian words as ``$fread`` reads them: each word big-endian."""
+    Path(path).write_bytes(np.ascontiguousarray(words[:, ::-1]).tobytes())
 
 
 _NIBBLE = np.zeros(256, dtype=np.uint8)
@@ -379,6 +376,7 @@ def testbench(top, ports, bench):
     add("        if (fast_edges == 2) start <= 1'b0;")
     add("        if (fast_period != 0 && fast_edges == fast_report) begin")
     add("            $display(\"FASTSIM progress=%0d\", fast_edges);")
+    add("            $fflush;")
     add("            fast_report <= fast_edges + fast_period;")
     add("        end")
     add("        if (fast_edges >= 3 && !fast_finished) begin")
@@ -396,6 +394,7 @@ def testbench(top, ports, bench):
     add(f"            if (fast_settle == {SETTLE}) begin")
     add("                $display(\"FASTSIM cycles=%0d moved_after_done=%0d\", fast_cycles, "
         "fast_moved - fast_moved_at_done);")
+    add("                $fflush;")
     if outputs:
         add(f"                $display(\"FASTSIM {status}\", {', '.join(outputs)});")
     add("                $finish;")
@@ -530,10 +529,11 @@ class _Progress:
 
 
 def _run(command, args, cwd, what, expected, progress):
-    """Run the simulator; returns its ``FASTSIM`` lines as ``key=value`` (a dict of text) and
+    """Run the simulator; returns its ``FASTSIM`` lines as ``key=value`` (a dict of text, with
+    ``seconds``: the time from the clock's start to done, loading and dumping left out) and
     its whole output. Ctrl-C stops the simulator and re-raises."""
     bar = _Progress(what, expected) if progress else None
-    values, output = {}, []
+    values, output, timing = {}, [], {}
     process = subprocess.Popen(command + args, cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, bufsize=1)
     try:
@@ -546,6 +546,10 @@ def _run(command, args, cwd, what, expected, progress):
                 continue
             for key, value in re.findall(r"(\S+)=(\S+)", line):
                 values[key] = value
+            if "started" not in timing:       # the first progress line: edge 0, data loaded
+                timing["started"] = time.perf_counter()
+            if "cycles" in values and "finished" not in timing:
+                timing["finished"] = time.perf_counter()
             if bar and "progress" in values:
                 bar.update(int(values.pop("progress")))
         process.wait()
@@ -555,6 +559,8 @@ def _run(command, args, cwd, what, expected, progress):
             process.wait()
         if bar:
             bar.close()
+    if "started" in timing and "finished" in timing:
+        values["seconds"] = timing["finished"] - timing["started"]
     return values, "".join(output)
 
 
@@ -586,8 +592,8 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
         for name, actor in bench.streams.items():
             if isinstance(actor, Source):
                 words = pack_words(ports[f"{name}__payload"], actor.fields, name)
-                write_hex(run_dir / f"{name}.hex", words)
-                args += [f"+{name}={run_dir / f'{name}.hex'}", f"+{name}_count={len(words)}"]
+                write_words(run_dir / f"{name}.bin", words)
+                args += [f"+{name}={run_dir / f'{name}.bin'}", f"+{name}_count={len(words)}"]
             elif isinstance(actor, (Sink, MemoryWriter)):
                 args.append(f"+{name}_out={run_dir / f'{name}.out'}")
                 if isinstance(actor, MemoryWriter):
@@ -597,9 +603,9 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                 memory = np.asarray(actor.memory).astype(np.uint64)
                 words = np.ascontiguousarray(memory.astype("<u8")).view(np.uint8)
                 elem_w = _fields(ports[f"{actor.response}__payload"], actor.response)["data"][1]
-                write_hex(run_dir / f"{name}.hex",
-                          words.reshape(len(memory), 8)[:, :max(1, -(-elem_w // 8))])
-                args += [f"+{name}={run_dir / f'{name}.hex'}", f"+{name}_size={len(memory)}",
+                write_words(run_dir / f"{name}.bin",
+                            words.reshape(len(memory), 8)[:, :max(1, -(-elem_w // 8))])
+                args += [f"+{name}={run_dir / f'{name}.bin'}", f"+{name}_size={len(memory)}",
                          f"+{name}_latency={int(actor.latency)}",
                          f"+{name}_addr={run_dir / f'{name}.addr'}",
                          f"+{name}_enable={run_dir / f'{name}.enable'}"]
@@ -619,6 +625,10 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
             raise SimulationError(f"{bench.what} moved after done: "
                                   f"{values['moved_after_done']} more beats in the {SETTLE} "
                                   "cycles after it")
+        if progress and "seconds" in values:
+            cycles, seconds = int(values["cycles"]), values["seconds"]
+            progress(f"simulated {cycles} cycles in {seconds:.3f} s from the clock's start to "
+                     f"done ({cycles / max(seconds, 1e-9):.0f} cycles/s)")
         return _results(bench, ports, values, run_dir, top, sim)
 
 
