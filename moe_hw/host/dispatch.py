@@ -24,15 +24,18 @@ def memory_image(results, size, lanes, fmt):
     """Replay a write log (``addr``, ``enable``, ``data`` bits per beat) into a zeroed memory
     of ``size`` elements; returns ``(memory bits, enabled lanes written outside it)``."""
     memory = np.zeros(size, dtype=fmt.uint_dtype)
-    out_of_bounds = 0
     lane = np.arange(lanes)
-    for addr, enable, data in zip(results["addr"], results["enable"], results["data"]):
-        on = (int(enable) >> lane) & 1 == 1
-        where = int(addr) + lane[on]
-        inside = where < size
-        out_of_bounds += int(np.count_nonzero(~inside))
-        memory[where[inside]] = data[on][inside]
-    return memory, out_of_bounds
+    addr = np.asarray(results["addr"], dtype=np.int64).reshape(-1)
+    enable = np.asarray(results["enable"], dtype=np.int64).reshape(-1)
+    on = (enable[:, None] >> lane) & 1 == 1
+    where = (addr[:, None] + lane)[on]                 # in write order
+    data = np.asarray(results["data"]).reshape(len(addr), lanes)[on]
+    inside = where < size
+    where, data = where[inside], data[inside]
+    # A later write to an element wins: keep each element's last write.
+    elements, last = np.unique(where[::-1], return_index=True)
+    memory[elements] = data[::-1][last]
+    return memory, int(np.count_nonzero(~inside))
 
 
 def expected_writes(gates, indices, locations, input, *, num_experts, capacity, lanes):
