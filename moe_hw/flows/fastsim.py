@@ -451,7 +451,10 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     from .simulate import _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
     opt = _verilator_opt() if sim == "fast" else ""
-    digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, opt,
+    # The per-cycle code at -O2 (Verilator's own -Os runs slower); the set-up code stays
+    # unoptimised (see flows/simulate.py), unless one level is asked for.
+    levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2"]
+    digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
                                      str(trace)]).encode()).hexdigest()[:16]
     build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{'-trace' if trace else ''}"
     build_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -476,13 +479,12 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
             define = ["-DFAST_TRACE"] if trace else []
             if sim == "fast":
                 (build_dir / "main.cpp").write_text(_MAIN_CPP)
-                cflags = [opt] if opt else ["-O2"]
                 args = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
                         "--x-assign", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
                         "-Wno-style", "--top-module", "fast_tb", "-Mdir", "obj",
                         "-o", "fast_tb", *define,
                         *(["--trace-fst"] if trace else []),
-                        "-CFLAGS", " ".join(cflags + define),
+                        *levels, *(["-CFLAGS", "-DFAST_TRACE"] if trace else []),
                         *[str(path) for path in sources], "main.cpp"]
             else:
                 args = ["iverilog", "-g2012", "-s", "fast_tb_icarus", "-o", str(binary),
