@@ -101,8 +101,8 @@ class FastBench:
     ``results``: the bench's results dict, name -> where it comes from: ``"stream.field"`` (a
     sink's or writer's log field, or a reader's ``addr``/``enable``), ``"stream.memory"`` (a
     writer's memory image), ``"stream.sent"``/``.count``/``.requests``/``.out_of_bounds``
-    (counters), a status port name (its value after the run), or a value as is. ``cycles``
-    is added. ``limit``: the cycle limit (a hang is reported past it)."""
+    (counters), a status port name (its value after the run), a function of the lookup of
+    these (``get -> value``), or a value as is. ``cycles`` is added. ``limit``: the cycle limit (a hang is reported past it)."""
 
     streams: dict
     sizes: dict
@@ -658,6 +658,8 @@ def _results(bench, ports, values, run_dir, top, sim):
                                       "model's queue holds")
 
     def lookup(spec):
+        if callable(spec):
+            return spec(lookup)
         if not isinstance(spec, str):
             return spec
         if "." not in spec:
