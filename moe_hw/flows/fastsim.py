@@ -58,10 +58,13 @@ _CHUNK = 1 << 15               # words packed or unpacked at a time (bounds the 
 class Source:
     """A stream source (``StreamSource``): ``fields`` maps payload field names to arrays, one
     entry (or one row of lanes, for an array field) per word. ``all_taken``: the run fails
-    unless the unit takes every word (the cocotb bench's ``assert source.done``)."""
+    unless the unit takes every word (the cocotb bench's ``assert source.done``).
+    ``only_known``: fields the payload does not have are left out (one description for
+    several units whose payloads differ)."""
 
     fields: dict
     all_taken: bool = False
+    only_known: bool = False       # leave out the fields the payload does not have
 
 
 @dataclass
@@ -593,7 +596,12 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
             args.append(f"+size_{name}={int(value) & ((1 << ports[name]['width']) - 1)}")
         for name, actor in bench.streams.items():
             if isinstance(actor, Source):
-                words = pack_words(ports[f"{name}__payload"], actor.fields, name)
+                payload = ports[f"{name}__payload"]
+                fields = actor.fields
+                if actor.only_known:
+                    known = _fields(payload, name)
+                    fields = {key: value for key, value in fields.items() if key in known}
+                words = pack_words(payload, fields, name)
                 write_words(run_dir / f"{name}.bin", words)
                 args += [f"+{name}={run_dir / f'{name}.bin'}", f"+{name}_count={len(words)}"]
             elif isinstance(actor, (Sink, MemoryWriter)):
