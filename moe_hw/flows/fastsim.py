@@ -57,7 +57,8 @@ _CHUNK = 1 << 15               # words packed or unpacked at a time (bounds the 
 @dataclass
 class Source:
     """A stream source (``StreamSource``): ``fields`` maps payload field names to arrays, one
-    entry (or one row of lanes, for an array field) per word. ``all_taken``: the run fails
+    entry (or one row of lanes, for an array field) per word (``None``: the whole payload),
+    or is a sequence of whole payload words (ints). ``all_taken``: the run fails
     unless the unit takes every word (the cocotb bench's ``assert source.done``).
     ``only_known``: fields the payload does not have are left out (one description for
     several units whose payloads differ)."""
@@ -102,7 +103,8 @@ class FastBench:
     ``streams``: stream name -> actor (a reader is keyed by its request stream); every stream
     of the unit needs one. ``sizes``: the unit's other input ports (run-time sizes), by name.
     ``results``: the bench's results dict, name -> where it comes from: ``"stream.field"`` (a
-    sink's or writer's log field, or a reader's ``addr``/``enable``), ``"stream.memory"`` (a
+    sink's or writer's log field, ``"stream.payload"`` for a payload without fields,
+    ``"stream.field:signed"`` sign-extended, or a reader's ``addr``/``enable``), ``"stream.memory"`` (a
     writer's memory image), ``"stream.sent"``/``.count``/``.requests``/``.out_of_bounds``
     (counters), a status port name (its value after the run), a function of the lookup of
     these (``get -> value``), or a value as is. ``cycles`` is added. ``limit``: the cycle limit (a hang is reported past it)."""
@@ -128,6 +130,12 @@ def lane_beats(rows, lanes):
 # ---- payload words <-> hex files ---------------------------------------------------------
 def _fields(desc, port):
     """``{name: (offset, element width, count or None)}`` of a payload port's layout."""
+    if "array" in desc:                    # a plain array of lanes
+        element = desc["array"]["element"]
+        if "fields" in element or "array" in element:
+            raise ValueError(f"port {port}: a nested layout, which the fast path does not "
+                             "pack")
+        return {None: (0, element["width"], desc["array"]["count"])}
     if "fields" not in desc:
         return {None: (0, desc["width"], None)}
     fields = {}
@@ -155,7 +163,13 @@ def _columns(offset, width, count):
 
 def pack_words(desc, values, port):
     """Payload words (bytes, least significant first: ``[n, bytes]`` uint8) from field
-    values: ``values`` maps field names (``None`` for a plain payload) to arrays."""
+    values: ``values`` maps field names (``None`` for a plain payload) to arrays, or is a
+    sequence of whole payload words (Python ints, packed by the host)."""
+    nbytes = max(1, -(-desc["width"] // 8))
+    if not isinstance(values, dict):
+        mask = (1 << desc["width"]) - 1
+        raw = b"".join((int(word) & mask).to_bytes(nbytes, "little") for word in values)
+        return np.frombuffer(raw, dtype=np.uint8).reshape(len(values), nbytes)
     fields = _fields(desc, port)
     unknown = set(values) - set(fields)
     if unknown:
@@ -166,7 +180,6 @@ def pack_words(desc, values, port):
     if len(lengths) > 1:
         raise ValueError(f"port {port}: the fields have different lengths {sorted(lengths)}")
     n = lengths.pop() if lengths else 0
-    nbytes = max(1, -(-desc["width"] // 8))
     words = np.zeros((n, nbytes), dtype=np.uint8)
     for start in range(0, n, _CHUNK):
         stop = min(n, start + _CHUNK)
@@ -325,11 +338,14 @@ def testbench(top, ports, bench):
         handshake = f"{name}__valid, {name}__ready, {name}__payload"
         if isinstance(actor, Source):
             mem_width = 8 * max(1, -(-width // 8))
-            depth = _depth(len(next(iter(actor.fields.values()), ())))
+            words = actor.fields.values() if isinstance(actor.fields, dict) \
+                else [actor.fields]
+            depth = _depth(len(next(iter(words), ())))
             add(f"    wire [63:0] {name}__sent;")
             add(f"    fast_source #(.NAME(\"{name}\"), .W({width}), .MEM_W({mem_width}), "
                 f".DEPTH({depth}), .SALT({salt})) {name}__actor({common}, {handshake}, "
                 f"{name}__sent);")
+            moved.append(f"{name}__sent")
         elif isinstance(actor, Sink):
             add(f"    wire [63:0] {name}__count;")
             add(f"    fast_sink #(.NAME(\"{name}\"), .W({width}), .DEPTH({_depth(actor.depth)}), "
@@ -598,7 +614,7 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
             if isinstance(actor, Source):
                 payload = ports[f"{name}__payload"]
                 fields = actor.fields
-                if actor.only_known:
+                if actor.only_known and isinstance(fields, dict):
                     known = _fields(payload, name)
                     fields = {key: value for key, value in fields.items() if key in known}
                 words = pack_words(payload, fields, name)
@@ -675,8 +691,17 @@ def _results(bench, ports, values, run_dir, top, sim):
                 raise ValueError(f"the fast description's result {spec!r} is not a status "
                                  "port of the unit")
             return np.int64(int(values[f"status.{spec}"]))
+        if spec.endswith(":signed"):
+            value = lookup(spec[:-len(":signed")])
+            name, key = spec[:-len(":signed")].split(".", 1)
+            width = _fields(ports[f"{name}__payload"], name)[key][1]
+            return np.where(value >> (width - 1) & 1, value - (1 << width), value)
         name, key = spec.split(".", 1)
         actor = bench.streams[name]
+        if name in logs and (key in _fields(ports[f"{name}__payload"], name) or
+                             key == "payload"):
+            return unpack_field(logs[name], ports[f"{name}__payload"],
+                                None if key == "payload" else key, name)
         if f"{name}.{key}" in values:
             return np.int64(int(values[f"{name}.{key}"]))
         if isinstance(actor, MemoryWriter) and key == "memory":
@@ -687,8 +712,6 @@ def _results(bench, ports, values, run_dir, top, sim):
             count = int(values[f"{name}.requests"])
             words = read_hex(run_dir / f"{name}.{key}", count)
             return unpack_field(words, {"width": 8 * words.shape[1]}, None, name)
-        if name in logs:
-            return unpack_field(logs[name], ports[f"{name}__payload"], key, name)
         raise ValueError(f"the fast description's result {spec!r} names nothing known")
 
     results = {key: lookup(spec) for key, spec in bench.results.items()}

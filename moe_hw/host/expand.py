@@ -20,13 +20,14 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable
+from ..flows.fastsim import FastBench, Sink, Source
 from ..golden.expand import _plan as expand_plan, merged_dims
 from ..units.expand import ELEMENT_FORMATS, ExpandParams, ExpandUnit
 from .checks import HostError, compare_log, compare_values, need
 from .unit import Unit
 
 __all__ = ["UNIT", "Expand", "Plan", "plan", "odometer_addresses", "ELEMENT_DTYPES",
-           "format_of_elements", "element_array"]
+           "format_of_elements", "element_array", "fast_bench"]
 
 #: Element dtypes by format name.
 ELEMENT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
@@ -235,6 +236,9 @@ class Expand(Unit):
                                 f"{getattr(params, maximum)}")
         return plan_of(problem["output_shape"], problem["out_stride"], params)
 
+    def fast(self, stimulus, settings):
+        return fast_bench(self, stimulus, settings)
+
     def pack(self, problem, params, *, stall, seed):
         the_plan = self.plan(problem, params)
         return stimulus(problem, params, the_plan)
@@ -314,6 +318,21 @@ def stimulus(problem, params, the_plan):
             {"lanes": lanes, "width": width, "runtime": {k: int(v) for k, v in runtime.items()},
              "plan": the_plan.beats(params) if problem["output_elements"] else [],
              "expected_beats": int(-(-problem["output_elements"] // lanes))})
+
+
+def fast_bench(unit, stimulus, settings):
+    """sim/bench_expand.py on the fast path (``expand``, ``repeat``, ``expand_backward``):
+    the same streams and results."""
+    source, sink = settings.get("streams", ("input_data", "output"))
+    beats, plan = settings["expected_beats"], settings["plan"]
+    return FastBench(
+        streams={"plan": Source(plan), source: Source({"data": stimulus["input"]}),
+                 sink: Sink(depth=2 * beats + 16)},
+        sizes=settings["runtime"],
+        results={"data": f"{sink}.data", "enable": f"{sink}.enable", "last": f"{sink}.last",
+                 "input_taken": f"{source}.sent", "plan_taken": "plan.sent", "error": "error",
+                 "busy_after": "busy"},
+        limit=40 * (beats + len(stimulus["input"]) + len(plan)) + 2000, what=unit.name)
 
 
 def beat_log(results, params):
