@@ -263,8 +263,8 @@ module fast_memory_reader #(
         end
     final begin
         n = requests;
-        $display("FASTSIM %0s.requests=%0d %0s.log_depth=%0d %0s.out_of_bounds=%0d %0s.queue_overflow=%0d",
-                 NAME, n, NAME, LOG_DEPTH, NAME, out_of_bounds, NAME, overflow);
+        $display("FASTSIM %0s.requests=%0d %0s.log_depth=%0d %0s.out_of_bounds=%0d %0s.queue_overflow=%0d %0s.pending=%0d",
+                 NAME, n, NAME, LOG_DEPTH, NAME, out_of_bounds, NAME, overflow, NAME, tail - head);
         if (n > 0 && n <= LOG_DEPTH) begin
             if ($value$plusargs({NAME, "_addr=%s"}, file)) $writememh(file, log_addr, 0, n - 1);
             if ($value$plusargs({NAME, "_enable=%s"}, file)) $writememh(file, log_enable, 0, n - 1);

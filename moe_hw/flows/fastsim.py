@@ -79,12 +79,14 @@ class Sink:
 class MemoryReader:
     """A memory read port (``MemoryReader``) on the request stream it is keyed by:
     ``response`` names the response stream, ``memory`` holds the elements' bits, ``latency``
-    the cycles from a request taken to its response. ``requests``: room in its request log."""
+    the cycles from a request taken to its response. ``requests``: room in its request log.
+    ``all_taken``: the run fails if a response is left untaken (``assert not reader.queue``)."""
 
     response: str
     memory: np.ndarray
     latency: int
     requests: int
+    all_taken: bool = False
 
 
 @dataclass
@@ -677,6 +679,9 @@ def _results(bench, ports, values, run_dir, top, sim):
             if count > depth:
                 raise SimulationError(f"{bench.what} made {count} {name} requests, more than "
                                       f"the {depth} its fast description allows")
+            pending = int(values[f"{name}.pending"])
+            if actor.all_taken and pending:
+                raise SimulationError(f"{pending} {actor.response} responses never taken")
             if int(values[f"{name}.queue_overflow"]):
                 raise SimulationError(f"{name}: more requests in flight than the memory "
                                       "model's queue holds")
