@@ -171,17 +171,21 @@ endmodule
 // MemoryReader: takes requests (fields addr and, if HAS_EN, enable) and answers each in order
 // on the response stream (field data) LATENCY cycles after it was taken, or later when paused.
 // The memory is read when the request is taken; lanes outside it read 0 and are counted.
+// SHARED: the memory is a writer's (one array behind a read and a write port), whose lanes
+// at the request's address the testbench presents on ``shared_word``; it is read before
+// that edge's write (the cocotb benches step the reader before the writer).
 module fast_memory_reader #(
     parameter NAME = "reader", parameter REQ_W = 1, parameter RESP_W = 1, parameter SIZE = 1,
     parameter ELEM_W = 1, parameter MEM_W = 8, parameter LANES = 1, parameter ADDR_OFF = 0,
     parameter ADDR_W = 1, parameter HAS_EN = 0, parameter EN_OFF = 0, parameter DATA_OFF = 0,
-    parameter LOG_DEPTH = 1, parameter QUEUE = 256, parameter [31:0] SALT = 0
+    parameter LOG_DEPTH = 1, parameter QUEUE = 256, parameter SHARED = 0,
+    parameter [31:0] SALT = 0
 ) (
     input clk, input rst, input step, input [31:0] seed, input [15:0] threshold,
     input req_valid, output reg req_ready = 1'b0, input [REQ_W-1:0] req_payload,
     output reg resp_valid = 1'b0, input resp_ready,
     output reg [RESP_W-1:0] resp_payload = {RESP_W{1'b0}},
-    output reg [63:0] requests = 64'd0
+    output reg [63:0] requests = 64'd0, input [LANES*ELEM_W-1:0] shared_word
 );
     reg [MEM_W-1:0] memory [0:SIZE-1];
     reg [LANES*ELEM_W-1:0] queue_data [0:QUEUE-1];
@@ -202,11 +206,11 @@ module fast_memory_reader #(
     initial begin
         if (!$value$plusargs({NAME, "_size=%d"}, size)) size = 64'd0;
         if (!$value$plusargs({NAME, "_latency=%d"}, latency)) latency = 64'd0;
-        if (size > SIZE) begin
+        if (size > SIZE && !SHARED) begin
             $display("FASTSIM error: memory %0s has %0d elements, room for %0d", NAME, size, SIZE);
             $finish;
         end
-        if (size > 0) begin
+        if (size > 0 && !SHARED) begin
             if (!$value$plusargs({NAME, "=%s"}, file)) begin
                 $display("FASTSIM error: memory %0s has no +%0s=FILE", NAME, NAME);
                 $finish;
@@ -238,7 +242,9 @@ module fast_memory_reader #(
                 for (lane = 0; lane < LANES; lane = lane + 1)
                     if (enable[lane]) begin
                         where = addr + lane;
-                        if (where < size) word[lane * ELEM_W +: ELEM_W] = memory[where][ELEM_W-1:0];
+                        if (where < size)
+                            word[lane * ELEM_W +: ELEM_W] = SHARED ?
+                                shared_word[lane * ELEM_W +: ELEM_W] : memory[where][ELEM_W-1:0];
                         else out_of_bounds = out_of_bounds + 1;
                     end
                 if (tail - head >= QUEUE) overflow = overflow + 1;
@@ -268,6 +274,37 @@ module fast_memory_reader #(
         if (n > 0 && n <= LOG_DEPTH) begin
             if ($value$plusargs({NAME, "_addr=%s"}, file)) $writememh(file, log_addr, 0, n - 1);
             if ($value$plusargs({NAME, "_enable=%s"}, file)) $writememh(file, log_enable, 0, n - 1);
+        end
+    end
+endmodule
+
+// A status monitor: logs (cycle, value) whenever ``value`` changes (the cocotb benches'
+// PhaseMonitor), ``cycle`` counted from the start edge.
+module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEPTH = 1) (
+    input clk, input rst, input step, input [W-1:0] value, input [63:0] cycle
+);
+    reg [W-1:0] last = {W{1'b0}};
+    reg [63:0] count = 64'd0;
+    reg [63:0] log_cycle [0:DEPTH-1];
+    reg [63:0] log_value [0:DEPTH-1];
+    reg [8*1024-1:0] file;
+    always @(posedge clk)
+        if (rst) begin
+            last <= {W{1'b0}};
+            count <= 64'd0;
+        end else if (step && value != last) begin
+            if (count < DEPTH) begin
+                log_cycle[count] <= cycle;
+                log_value[count] <= value;
+            end
+            count <= count + 1;
+            last <= value;
+        end
+    final begin
+        $display("FASTSIM %0s.changes=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
+        if (count > 0 && count <= DEPTH) begin
+            if ($value$plusargs({NAME, "_cycle=%s"}, file)) $writememh(file, log_cycle, 0, count - 1);
+            if ($value$plusargs({NAME, "_value=%s"}, file)) $writememh(file, log_value, 0, count - 1);
         end
     end
 endmodule

@@ -78,7 +78,8 @@ class Sink:
 @dataclass
 class MemoryReader:
     """A memory read port (``MemoryReader``) on the request stream it is keyed by:
-    ``response`` names the response stream, ``memory`` holds the elements' bits, ``latency``
+    ``response`` names the response stream, ``memory`` holds the elements' bits (or names the
+    :class:`MemoryWriter` stream whose memory it reads: one array, two ports), ``latency``
     the cycles from a request taken to its response. ``requests``: room in its request log.
     ``all_taken``: the run fails if a response is left untaken (``assert not reader.queue``)."""
 
@@ -104,18 +105,27 @@ class FastBench:
 
     ``streams``: stream name -> actor (a reader is keyed by its request stream); every stream
     of the unit needs one. ``sizes``: the unit's other input ports (run-time sizes), by name.
-    ``results``: the bench's results dict, name -> where it comes from: ``"stream.field"`` (a
-    sink's or writer's log field, ``"stream.payload"`` for a payload without fields,
-    ``"stream.field:signed"`` sign-extended, or a reader's ``addr``/``enable``), ``"stream.memory"`` (a
-    writer's memory image), ``"stream.sent"``/``.count``/``.requests``/``.out_of_bounds``
-    (counters), a status port name (its value after the run), a function of the lookup of
-    these (``get -> value``), or a value as is. ``cycles`` is added. ``limit``: the cycle limit (a hang is reported past it)."""
+    ``results``: the bench's results dict, name -> where it comes from:
+
+    * ``"stream.field"``: a sink's or writer's log field (``"stream.payload"`` for a payload
+      without fields; ``"stream.field:signed"`` sign-extended), or a reader's ``addr`` or
+      ``enable`` log;
+    * ``"stream.memory"``: a writer's memory image;
+    * ``"stream.sent"``, ``.count``, ``.requests``, ``.out_of_bounds``: counters;
+    * ``"port.log"``: a monitor's (cycle, value) log;
+    * a status port's name: its value after the run;
+    * a function of the lookup of these (``get -> value``), or a value as is.
+
+    ``cycles`` is added. ``limit``: the cycle limit (a hang is reported past it).
+    ``monitors``: status port -> room for its changes, logged as (cycle, value) from the
+    start edge (the cocotb benches' PhaseMonitor)."""
 
     streams: dict
     sizes: dict
     results: dict
     limit: int
     what: str = field(default="the unit")
+    monitors: dict = field(default_factory=dict)
 
 
 def lane_beats(rows, lanes):
@@ -373,17 +383,36 @@ def testbench(top, ports, bench):
             en_off = request_fields["enable"][0] if has_en else 0
             data_off, elem_w, lanes = _fields(response, f"{actor.response}__payload")["data"]
             add(f"    wire [63:0] {name}__requests;")
+            shared = isinstance(actor.memory, str)
+            add(f"    wire [{(lanes or 1) * elem_w - 1}:0] {name}__shared;")
+            if shared:
+                if not isinstance(bench.streams.get(actor.memory), MemoryWriter):
+                    raise ValueError(f"reader {name} shares the memory of {actor.memory!r}, "
+                                     "which is not a memory writer of the description")
+                add(f"    wire [{addr_w - 1}:0] {name}__addr = "
+                    f"{name}__payload[{addr_off + addr_w - 1}:{addr_off}];")
+                lanes_read = ", ".join(f"{actor.memory}__actor.memory[{name}__addr + {lane}]"
+                                       for lane in reversed(range(lanes or 1)))
+                add(f"    assign {name}__shared = {{{lanes_read}}};")
+            else:
+                add(f"    assign {name}__shared = 0;")
             add(f"    fast_memory_reader #(.NAME(\"{name}\"), .REQ_W({width}), "
-                f".RESP_W({_width(response)}), .SIZE({_depth(len(actor.memory))}), "
+                f".RESP_W({_width(response)}), .SIZE({1 if shared else _depth(len(actor.memory))}), "
+                f".SHARED({int(shared)}), "
                 f".ELEM_W({elem_w}), .MEM_W({8 * max(1, -(-elem_w // 8))}), "
                 f".LANES({lanes or 1}), .ADDR_OFF({addr_off}), .ADDR_W({addr_w}), "
                 f".HAS_EN({int(has_en)}), .EN_OFF({en_off}), .DATA_OFF({data_off}), "
                 f".LOG_DEPTH({_depth(actor.requests)}), .SALT({salt})) "
                 f"{name}__actor({common}, {handshake}, {actor.response}__valid, "
-                f"{actor.response}__ready, {actor.response}__payload, {name}__requests);")
+                f"{actor.response}__ready, {actor.response}__payload, {name}__requests, "
+                f"{name}__shared);")
             moved.append(f"{name}__requests")
         else:
             raise TypeError(f"stream {name}: not an actor: {actor!r}")
+    for name, depth in bench.monitors.items():
+        add(f"    fast_monitor #(.NAME(\"{name}\"), .W({_width(ports[name])}), "
+            f".DEPTH({_depth(depth)})) {name}__monitor(clk, fast_actor_rst, fast_step, {name}, "
+            "fast_edges - 2);")
     total = " + ".join(moved) or "64'd0"
     add(f"    wire [63:0] fast_moved = {total};")
     status = " ".join(f"status.{name}=%0d" for name in outputs)
@@ -627,6 +656,11 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                 if isinstance(actor, MemoryWriter):
                     args += [f"+{name}_size={int(actor.size)}",
                              f"+{name}_memory={run_dir / f'{name}.memory'}"]
+            elif isinstance(actor.memory, str):          # a writer's memory
+                args += [f"+{name}_size={int(bench.streams[actor.memory].size)}",
+                         f"+{name}_latency={int(actor.latency)}",
+                         f"+{name}_addr={run_dir / f'{name}.addr'}",
+                         f"+{name}_enable={run_dir / f'{name}.enable'}"]
             else:
                 memory = np.asarray(actor.memory).astype(np.uint64)
                 words = np.ascontiguousarray(memory.astype("<u8")).view(np.uint8)
@@ -637,6 +671,9 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                          f"+{name}_latency={int(actor.latency)}",
                          f"+{name}_addr={run_dir / f'{name}.addr'}",
                          f"+{name}_enable={run_dir / f'{name}.enable'}"]
+        for name in bench.monitors:
+            args += [f"+{name}_cycle={run_dir / f'{name}.cycle'}",
+                     f"+{name}_value={run_dir / f'{name}.value'}"]
         if progress:
             progress(f"simulating {top} in {sim}")
         values, output = _run(command, args, run_dir, f"simulating {top}", expected_cycles,
@@ -702,6 +739,14 @@ def _results(bench, ports, values, run_dir, top, sim):
             width = _fields(ports[f"{name}__payload"], name)[key][1]
             return np.where(value >> (width - 1) & 1, value - (1 << width), value)
         name, key = spec.split(".", 1)
+        if name in bench.monitors and key == "log":
+            count = int(values[f"{name}.changes"])
+            if count > int(values[f"{name}.depth"]):
+                raise SimulationError(f"{name} changed {count} times, more than its fast "
+                                      "description allows")
+            return np.stack([unpack_field(read_hex(run_dir / f"{name}.{column}", count),
+                                          {"width": 64}, None, name)
+                             for column in ("cycle", "value")], axis=1).reshape(count, 2)
         actor = bench.streams[name]
         if name in logs and (key in _fields(ports[f"{name}__payload"], name) or
                              key == "payload"):
