@@ -118,7 +118,10 @@ class FastBench:
 
     ``cycles`` is added. ``limit``: the cycle limit (a hang is reported past it).
     ``monitors``: status port -> room for its changes, logged as (cycle, value) from the
-    start edge (the cocotb benches' PhaseMonitor)."""
+    start edge (the cocotb benches' PhaseMonitor). ``finish``: for a unit without start and
+    done (a plain stream block), ``(sink, count)``: the run ends when that sink has taken
+    ``count`` beats, cycles counted from the actors' first step (as ``run_until``).
+    ``settle``: the cycles after the end in which nothing may move."""
 
     streams: dict
     sizes: dict
@@ -126,6 +129,8 @@ class FastBench:
     limit: int
     what: str = field(default="the unit")
     monitors: dict = field(default_factory=dict)
+    finish: tuple | None = None
+    settle: int = SETTLE
 
 
 def lane_beats(rows, lanes):
@@ -418,7 +423,19 @@ def testbench(top, ports, bench):
     status = " ".join(f"status.{name}=%0d" for name in outputs)
     # The timeline of harness.reset and run_once: reset over edges 1 and 2; the actors step
     # from edge 2 on; start is high between edges 2 and 3 (cycle 0); done is looked at from
-    # edge 4 (cycle 1) on, then SETTLE more cycles in which nothing may move.
+    # edge 4 (cycle 1) on, then ``settle`` more cycles in which nothing may move. Without
+    # start and done (``finish``, as run_until): cycles count from edge 2, the actors' first
+    # step, and the run ends at the edge whose step takes the sink's last beat.
+    if bench.finish is None:
+        done, before = "done", 2
+    else:
+        sink = bench.finish[0]
+        add("    reg [63:0] fast_finish_count = 64'd0;")
+        add("    initial if (!$value$plusargs(\"finish_count=%d\", fast_finish_count)) "
+            "fast_finish_count = 64'd0;")
+        add(f"    wire fast_done = {sink}__count + ({sink}__valid && {sink}__ready) "
+            ">= fast_finish_count;")
+        done, before = "fast_done", 1
     add("    always @(posedge clk) begin")
     add("        fast_edges <= fast_edges + 1;")
     add("        if (fast_edges == 0) fast_actor_rst <= 1'b0;")
@@ -429,19 +446,19 @@ def testbench(top, ports, bench):
     add("            $fflush;")
     add("            fast_report <= fast_edges + fast_period;")
     add("        end")
-    add("        if (fast_edges >= 3 && !fast_finished) begin")
-    add("            if (done) begin")
+    add(f"        if (fast_edges >= {before + 1} && !fast_finished) begin")
+    add(f"            if ({done}) begin")
     add("                fast_finished <= 1'b1;")
-    add("                fast_cycles <= fast_edges - 2;")
-    add("            end else if (fast_edges - 2 >= fast_limit) begin")
-    add("                $display(\"FASTSIM hang=%0d\", fast_edges - 2);")
+    add(f"                fast_cycles <= fast_edges - {before};")
+    add(f"            end else if (fast_edges - {before} >= fast_limit) begin")
+    add(f"                $display(\"FASTSIM hang=%0d\", fast_edges - {before});")
     add("                $finish;")
     add("            end")
     add("        end")
     add("        if (fast_finished) begin")
     add("            fast_settle <= fast_settle + 1;")
     add("            if (fast_settle == 0) fast_moved_at_done <= fast_moved;")
-    add(f"            if (fast_settle == {SETTLE}) begin")
+    add(f"            if (fast_settle == {bench.settle}) begin")
     add("                $display(\"FASTSIM cycles=%0d moved_after_done=%0d\", fast_cycles, "
         "fast_moved - fast_moved_at_done);")
     add("                $fflush;")
@@ -636,6 +653,7 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
     with tempfile.TemporaryDirectory(dir=runs) as run_dir:
         run_dir = Path(run_dir)
         args = [f"+limit={int(bench.limit)}", f"+seed={int(seed) & 0xffffffff}",
+                *([f"+finish_count={int(bench.finish[1])}"] if bench.finish else []),
                 f"+threshold={min(65535, round(float(stall) * 65536))}"]
         if trace is not None:
             args.append(f"+trace={Path(trace).resolve()}")
@@ -688,8 +706,8 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                                   f"{output[-6000:]}")
         if int(values["moved_after_done"]):
             raise SimulationError(f"{bench.what} moved after done: "
-                                  f"{values['moved_after_done']} more beats in the {SETTLE} "
-                                  "cycles after it")
+                                  f"{values['moved_after_done']} more beats in the "
+                                  f"{bench.settle} cycles after it")
         if progress and "seconds" in values:
             cycles, seconds = int(values["cycles"]), values["seconds"]
             progress(f"simulated {cycles} cycles in {seconds:.3f} s from the clock's start to "
