@@ -15,7 +15,7 @@ from moe_hw.registry import units
 
 from conftest import simulator_params
 
-TINY = BenchShape(tokens=6, hidden=8, experts=3, top_k=2, lanes=4)
+TINY = BenchShape(tokens=6, hidden=8, experts=3, top_k=2, lanes=2)
 FAST_UNITS = [name for name, unit in units().items() if unit.has_fast]
 
 
@@ -64,7 +64,7 @@ def test_fast_path_with_stalls_is_exact(name, sim):
 def test_fast_verilator_dispatch(sim):
     """The Verilator executable: the same results and cycles as the Icarus testbench, and a
     stalled run bit-exact."""
-    shape = dataclasses.replace(TINY, tokens=24, hidden=13)
+    shape = dataclasses.replace(TINY, tokens=24, hidden=13, lanes=4)
     (_, inputs, settings), = bench_runs("dispatch", shape)
     fast = run(DISPATCH, inputs, settings, sim="fast")
     icarus = run(DISPATCH, inputs, settings, sim="fast-icarus")
@@ -83,8 +83,10 @@ def test_fast_path_zero_element_problems(sim, tokens, hidden, capacity):
     inputs = {**inputs, "input": inputs["input"][:tokens, :hidden],
               "gates": inputs["gates"][:, :tokens], "indices": inputs["indices"][:, :tokens],
               "locations": inputs["locations"][:, :tokens]}
-    # max_pairs 8: the cocotb bench cannot read a one-bit dropped port (a Logic, not an array)
-    settings = {**settings, "capacity": capacity, "max_pairs": 16}
+    # One design for the three (emitted once); max_pairs 16 also because the cocotb bench
+    # cannot read a one-bit dropped port (a Logic, not an array).
+    settings = {**settings, "capacity": capacity, "max_pairs": 16, "max_hidden": 8,
+                "max_capacity": 4, "max_experts": 3}
     fast = run(DISPATCH, inputs, settings, sim="fast-icarus")
     assert fast.passed and fast.cycles == fast.expected_cycles, fast.problems
     same_results(fast.results, run(DISPATCH, inputs, settings, sim=sim).results)
