@@ -1,10 +1,11 @@
 """Simulated cycles per second: the fast path against the cocotb path, same run.
 
     python benchmarks/fast_sim.py [--lanes 1 4 16] [--tokens 1024] [--hidden 512]
-                                  [--no-cocotb] [--point tutel_swin]
+                                  [--top-k 1] [--no-cocotb] [--point tutel_swin]
 
 For dispatch at each lane count, on the benchmark problem of ``python -m moe_hw.bench``
-(``--tokens`` x ``--hidden``, E=8, top-2, fp32), the same packed stimulus runs through
+(``--tokens`` x ``--hidden``, E=8, top-1 as in the README's dispatch figures, fp32), the
+same packed stimulus runs through
 ``Unit.simulate`` on the fast path (Verilator) and on the cocotb bench (Verilator). Each
 simulator's model is built first (the build time is printed apart), then the run is timed:
 stimulus files written, simulation, results read back. Both runs are checked to give the
@@ -67,11 +68,13 @@ def main(argv=None):
     parser.add_argument("--lanes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--top-k", dest="top_k", type=int, default=1)
     parser.add_argument("--no-cocotb", action="store_true", help="time the fast path only")
     parser.add_argument("--point", help="also time python -m moe_hw.run POINT end to end")
     args = parser.parse_args(argv)
-    shape = {"tokens": args.tokens, "hidden": args.hidden}
-    print(f"dispatch: {args.tokens} tokens x {args.hidden}, E=8, top-2, fp32, no stalls")
+    shape = {"tokens": args.tokens, "hidden": args.hidden, "top_k": args.top_k}
+    print(f"dispatch: {args.tokens} tokens x {args.hidden}, E=8, top-{args.top_k}, fp32, "
+          "no stalls")
     print("fast: the whole run (files written, simulator, results read back); fast core: "
           "the simulator from the clock's start to done")
     print(f"{'lanes':>5}  {'cycles':>9}  {'fast cyc/s':>11}  {'fast run s':>10}  "

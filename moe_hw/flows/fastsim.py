@@ -228,12 +228,18 @@ def read_hex(path, count):
     if count == 0:
         return np.zeros((0, 1), dtype=np.uint8)
     text = Path(path).read_bytes()
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and not line.startswith(b"//")]
-    if len(lines) != count:
-        raise ValueError(f"{path}: {len(lines)} words, expected {count}")
-    digits = len(lines[0])
-    nibbles = _NIBBLE[np.frombuffer(b"".join(lines), dtype=np.uint8).reshape(count, digits)]
+    digits = text.index(b"\n")
+    if b"//" not in text[:3] and len(text) == count * (digits + 1):
+        # Verilator: one word per line, all of one width (no Python object per line).
+        table = np.frombuffer(text, dtype=np.uint8).reshape(count, digits + 1)[:, :digits]
+    else:
+        lines = [line.strip() for line in text.splitlines()
+                 if line.strip() and not line.startswith(b"//")]
+        if len(lines) != count:
+            raise ValueError(f"{path}: {len(lines)} words, expected {count}")
+        digits = len(lines[0])
+        table = np.frombuffer(b"".join(lines), dtype=np.uint8).reshape(count, digits)
+    nibbles = _NIBBLE[table]
     nibbles = nibbles[:, ::-1]
     if digits % 2:
         nibbles = np.hstack([nibbles, np.zeros((count, 1), dtype=np.uint8)])
