@@ -88,7 +88,8 @@ def main(argv=None):
                              "description), fast-icarus, or the cocotb bench in verilator or "
                              "icarus")
     parser.add_argument("--trace", type=Path, metavar="FILE.fst",
-                        help="write a waveform of the run (fast path only)")
+                        help="write a waveform of the run (fast path only; FST, or VCD for a "
+                             "name ending in .vcd)")
     parser.add_argument("--stall", type=float, default=0.0,
                         help="probability of a random valid/ready pause per stream per cycle")
     parser.add_argument("--seed", type=int, default=0)

@@ -518,9 +518,17 @@ def _actors_path():
     return _sim_dir() / "fast_actors.v"
 
 
+def _trace_kind(trace):
+    """``None``, "fst" or "vcd", from the waveform file's name (FST unless it ends in .vcd)."""
+    if trace is None:
+        return None
+    return "vcd" if str(trace).endswith(".vcd") else "fst"
+
+
 def _build(sim, verilog_text, tb_text, top, trace, progress):
     """The executable (Verilator) or compiled ``.vvp`` (Icarus) of the testbench, built once
-    per distinct text under the build root; returns the command that runs it."""
+    per distinct text under the build root; returns the command that runs it. ``trace``:
+    None, "fst" or "vcd", the waveform the build can write."""
     from .simulate import _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
     opt = _verilator_opt() if sim == "fast" else ""
@@ -529,7 +537,7 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2"]
     digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
                                      str(trace)]).encode()).hexdigest()[:16]
-    build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{'-trace' if trace else ''}"
+    build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{f'-{trace}' if trace else ''}"
     build_dir.parent.mkdir(parents=True, exist_ok=True)
     if sim == "fast":
         _setup_verilator()
@@ -537,7 +545,7 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
         command = [str(binary)]
     else:
         binary = build_dir / "fast_tb.vvp"
-        command = ["vvp", "-n", str(binary)] + (["-fst"] if trace else [])
+        command = ["vvp", "-n", str(binary)] + ([f"-{trace}"] if trace else [])
     with open(build_dir.parent / f"{build_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (build_dir / "built.ok").exists():
@@ -556,7 +564,7 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
                         "--x-assign", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
                         "-Wno-style", "--top-module", "fast_tb", "-Mdir", "obj",
                         "-o", "fast_tb", *define,
-                        *(["--trace-fst"] if trace else []),
+                        *({"fst": ["--trace-fst"], "vcd": ["--trace"]}.get(trace, [])),
                         *levels, *(["-CFLAGS", "-DFAST_TRACE"] if trace else []),
                         *[str(path) for path in sources], "main.cpp"]
             else:
@@ -643,7 +651,8 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                   progress=None, expected_cycles=None, trace=None):
     """Run ``bench`` (a :class:`FastBench`) on the design ``verilog_text`` (module ``top``,
     port manifest ``ports``) in ``sim``; returns the results dict ``bench.results`` names,
-    plus ``cycles``. ``trace``: write a waveform (FST) there."""
+    plus ``cycles``. ``trace``: write a waveform there (VCD if its name ends in .vcd, else
+    FST)."""
     from .simulate import SimulationError, build_root
     if sim not in FAST_SIMULATORS:
         raise ValueError(f"Fast simulator must be one of {', '.join(FAST_SIMULATORS)}, "
@@ -653,7 +662,16 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
         raise SimulationError("cannot simulate with fast-icarus: Icarus Verilog is not "
                               "installed (apt-get install iverilog)")
     tb_text = testbench(top, ports, bench)
-    command, build_dir = _build(sim, verilog_text, tb_text, top, trace is not None, progress)
+    if sim == "fast" and _trace_kind(trace) == "fst":
+        from .simulate import _setup_verilator
+        _setup_verilator()
+        include = Path(os.environ["VERILATOR_ROOT"]) / "include"
+        if not any(Path(folder, "lz4.h").is_file()
+                   for folder in ("/usr/include", "/usr/local/include", include)):
+            raise SimulationError(f"--trace {trace}: Verilator writes FST with lz4, whose header "
+                                  "(lz4.h) is not installed (apt-get install liblz4-dev); ask "
+                                  "for a .vcd file instead, or use --sim fast-icarus")
+    command, build_dir = _build(sim, verilog_text, tb_text, top, _trace_kind(trace), progress)
     runs = build_dir / "runs"
     runs.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=runs) as run_dir:
