@@ -3,7 +3,7 @@ against their golden models, and print cycle counts against the one-beat-per-cyc
 and the unit's own stall-free formula.
 
     python -m moe_hw.bench UNIT [--lanes 1 4 16] [--tokens 1024] [--hidden 512]
-                                [--experts 8] [--top-k 2] [--format fp32] [--sim verilator]
+                                [--experts 8] [--top-k 2] [--format fp32] [--sim fast]
                                 [--stall 0.0] [--json FILE] [--check-efficiency 0.99]
     python -m moe_hw.bench units [same options; --lanes takes one value] [--only UNIT ...]
 
@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from .flows.simulate import SIMULATORS
 from .formats import FORMATS
 from .host.unit import BenchShape, run
 from .params import LANES
@@ -66,7 +67,7 @@ class _Heartbeat:
         self._thread.join()
 
 
-def bench_unit(name, shape, *, sim="verilator", stall=0.0, seed=0):
+def bench_unit(name, shape, *, sim="fast", stall=0.0, seed=0):
     """Rows of figures (dicts) for unit ``name`` at ``shape`` (a BenchShape): one per
     variant of its benchmark problem. A failure becomes a row with ``error``."""
     unit = units()[name]
@@ -93,6 +94,7 @@ def bench_unit(name, shape, *, sim="verilator", stall=0.0, seed=0):
         run_s = time.perf_counter() - started
         rows.append({
             "unit": name, "variant": variant, "lanes": getattr(outcome.params, "lanes", 1),
+            "sim": unit.simulator(sim),
             "format": getattr(outcome.params, "format", shape.format),
             "problem": outcome.report[0], "ideal_means": unit.ideal,
             "ideal_cycles": outcome.ideal_cycles, "cycles": outcome.cycles,
@@ -114,6 +116,7 @@ _COLUMNS = [  # (heading, row key, format)
     ("efficiency", "efficiency", "{:.4f}"),
     ("run s", "run_s", "{:.1f}"),
     ("cyc/s", "cycles_per_s", "{:.0f}"),
+    ("sim", "sim", "{}"),
     ("bit-exact", "passed", "{}"),
 ]
 
@@ -179,7 +182,10 @@ def _parser():
                         help="top-k (default: 2)")
     parser.add_argument("--format", default="fp32", choices=sorted(FORMATS),
                         help="number format (default: fp32)")
-    parser.add_argument("--sim", default="verilator", choices=("verilator", "icarus"))
+    parser.add_argument("--sim", default="fast", choices=SIMULATORS,
+                        help="fast (default: the whole problem inside Verilator; cocotb in "
+                             "Verilator for a unit without a fast description), fast-icarus, "
+                             "verilator or icarus (cocotb)")
     parser.add_argument("--stall", type=float, default=0.0,
                         help="probability of a random pause on every stream, per cycle")
     parser.add_argument("--seed", type=int, default=0, help="problem and pause seed")

@@ -26,8 +26,9 @@ def fail(prog, message, code=2):
 
 
 def run_main(prog, body):
-    """Run ``body()``; bad parameters and inputs end in one clear line, not a traceback, and
-    a deprecated parameter name gives one warning line."""
+    """Run ``body()``; bad parameters and inputs end in one clear line, not a traceback, as
+    does Ctrl-C (the simulator is stopped on the way out), and a deprecated parameter name
+    gives one warning line."""
     def show(message, category, *args, **kwargs):
         print(f"{prog}: warning: {message}", file=sys.stderr)
 
@@ -38,3 +39,5 @@ def run_main(prog, body):
             return body()
         except (ParameterError, ValueError, TypeError) as error:
             fail(prog, str(error))
+        except KeyboardInterrupt:
+            fail(prog, "interrupted", code=130)

@@ -1,7 +1,8 @@
 """``python -m moe_hw.run``: push arrays through a unit's emitted Verilog in simulation.
 
     python -m moe_hw.run UNIT --in inputs.npz --out outputs.npz [--set NAME=VALUE ...]
-                         [--sim verilator|icarus] [--stall P] [--seed N] [--no-check]
+                         [--sim fast|fast-icarus|verilator|icarus] [--stall P] [--seed N]
+                         [--trace FILE.fst] [--no-check]
     python -m moe_hw.run POINT [--out outputs.npz]      # a design point from gen/, random data
     python -m moe_hw.run ep_layer [--in inputs.npz] [--set NAME=VALUE ...]   # a composition
 
@@ -12,6 +13,11 @@ lists a unit's keys; README.md has the table.
 Generation-time parameters (``python -m moe_hw.gen list``) come from --set; the ones not given
 are sized to the problem, and the number format follows the arrays' dtype. The result is
 checked bit for bit against the golden model unless --no-check is given.
+
+``--sim fast`` (the default) runs the whole problem inside a Verilator model
+(moe_hw/flows/fastsim.py) for the units that have a fast description, and the cocotb bench in
+Verilator for the others; ``verilator`` and ``icarus`` run the cocotb bench. ``--trace``
+writes a waveform (fast path only; Verilator builds a traced model for it).
 
 A composition (ep_layer) runs several units' Verilog one after another with the host moving
 the data between them; without --in it runs on random data at its default problem, whose
@@ -28,6 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from .cli import parse_sets, run_main
+from .flows.simulate import SIMULATORS
 from .host.checks import HostError
 from .host.unit import Composition, run
 from .registry import runnable
@@ -48,20 +55,22 @@ def from_npz(array):
     return array
 
 
-def run_unit(name, inputs, settings=None, *, sim="verilator", stall=0.0, seed=0, check=True,
-             progress=None):
+def run_unit(name, inputs, settings=None, *, sim="fast", stall=0.0, seed=0, check=True,
+             progress=None, trace=None):
     """Run unit (or composition, or design point) ``name`` on ``inputs`` (a dict of arrays);
     ``settings`` mixes generation-time parameters and run-time values. Returns an
     :class:`~moe_hw.host.unit.Outcome` (``outputs``, ``cycles``, ``report``, ``problems``)."""
     unit, point = runnable(name)
     settings = dict(settings or {})
     if isinstance(unit, Composition):
+        if trace is not None:
+            raise HostError(f"--trace is for one unit, not the composition {unit.name}")
         return unit.run(inputs, settings, sim=sim, stall=stall, seed=seed, check=check,
                         progress=progress)
     if point:
         settings = {**point.params, **settings}
     return run(unit, inputs, settings, sim=sim, stall=stall, seed=seed, check=check,
-               progress=progress)
+               progress=progress, trace=trace)
 
 
 def main(argv=None):
@@ -74,7 +83,13 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, help="output .npz")
     parser.add_argument("--set", action="append", metavar="NAME=VALUE", default=[],
                         help="generation-time parameter or run-time value (repeatable)")
-    parser.add_argument("--sim", default="verilator", choices=("verilator", "icarus"))
+    parser.add_argument("--sim", default="fast", choices=SIMULATORS,
+                        help="fast (default; cocotb in Verilator for a unit without a fast "
+                             "description), fast-icarus, or the cocotb bench in verilator or "
+                             "icarus")
+    parser.add_argument("--trace", type=Path, metavar="FILE.fst",
+                        help="write a waveform of the run (fast path only; FST, or VCD for a "
+                             "name ending in .vcd)")
     parser.add_argument("--stall", type=float, default=0.0,
                         help="probability of a random valid/ready pause per stream per cycle")
     parser.add_argument("--seed", type=int, default=0)
@@ -107,10 +122,12 @@ def main(argv=None):
                             f"{', '.join(unit.runtime) or 'none'})")
         start = time.perf_counter()
         outcome = run_unit(args.unit, inputs, settings, sim=args.sim, stall=args.stall,
-                           seed=args.seed, check=not args.no_check, progress=_progress)
+                           seed=args.seed, check=not args.no_check, progress=_progress,
+                           trace=args.trace)
         for line in outcome.report:
             print(line)
-        print(f"wall time: {time.perf_counter() - start:.1f} s ({args.sim})")
+        sim = unit.simulator(args.sim) if hasattr(unit, "simulator") else args.sim
+        print(f"wall time: {time.perf_counter() - start:.1f} s ({sim})")
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             np.savez(args.out, **outcome.outputs)

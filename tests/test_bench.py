@@ -33,11 +33,11 @@ def test_bench_units_prints_a_row_for_every_unit():
 
 
 def test_bench_unit_dispatch_cycles_are_exact():
-    reason = simulator_available("verilator")
+    reason = simulator_available("icarus")
     if reason:
-        pytest.skip(f"verilator: {reason}")
+        pytest.skip(f"icarus: {reason}")
     shape = BenchShape(tokens=8, hidden=16, experts=4, top_k=1, lanes=4)
-    (row,) = bench_unit("dispatch", shape)
+    (row,) = bench_unit("dispatch", shape, sim="fast-icarus")
     assert row["passed"], row["problems"]
     assert row["ideal_cycles"] == 8 * (16 // 4)
     params = DispatchParams(lanes=4)

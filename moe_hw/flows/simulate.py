@@ -1,10 +1,13 @@
-"""Simulate emitted Verilog with cocotb, in Verilator (always) or Icarus Verilog (if installed).
+"""Simulate emitted Verilog: with cocotb, in Verilator (always) or Icarus Verilog (if installed),
+or on the fast path (:mod:`moe_hw.flows.fastsim`: the whole problem inside the simulator).
 
 ``simulate()`` is the one host-side entry for running a unit: it emits the Verilog and the
 manifest, builds the simulator model once per distinct Verilog text (cached under the build
 root), writes the stimulus to an ``.npz`` file, runs the unit's cocotb bench from the benches
 folder (``sim/`` in the source tree, ``moe_hw.sim`` when installed) and returns the bench's
-results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it.
+results. Tests, ``python -m moe_hw.run`` and the benchmarks all use it. With ``sim="fast"``
+(Verilator) or ``"fast-icarus"`` and a unit's fast description, it runs the fast path instead
+and returns the same results.
 
 The build root is ``$MOE_HW_BUILD_DIR`` when set, else ``build/`` in a source checkout, else
 ``~/.cache/moe_hw/build`` (an installed package).
@@ -32,7 +35,7 @@ from .emit import emit_verilog, port_manifest
 
 __all__ = ["SIMULATORS", "simulator_available", "simulate", "SimulationError", "build_root"]
 
-SIMULATORS = ("verilator", "icarus")
+SIMULATORS = ("fast", "fast-icarus", "verilator", "icarus")
 
 
 class SimulationError(RuntimeError):
@@ -80,7 +83,7 @@ def simulator_available(sim):
     """``None`` when ``sim`` can run here, else the reason it cannot."""
     if sim not in SIMULATORS:
         raise ValueError(f"Simulator must be one of {', '.join(SIMULATORS)}, not {sim!r}")
-    if sim == "verilator":
+    if sim in ("fast", "verilator"):
         try:
             _setup_verilator()
         except ImportError:
@@ -168,7 +171,7 @@ def _design(component, key, top):
 
 
 def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
-             progress=None, key=None):
+             progress=None, key=None, fast=None, expected_cycles=None, trace=None):
     """Run ``component`` (emitted as module ``top``) under the cocotb bench module ``bench``.
 
     ``component`` is a component or a function that builds one; with ``key`` (see
@@ -177,10 +180,27 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
     ``stimulus`` is a dict of arrays handed to the bench; ``settings`` a JSON-able dict. The bench
     writes its results (a dict of arrays) which are returned. ``progress``, if given, is
     called with a line of text before each long step.
+
+    On the fast path (``sim`` "fast" or "fast-icarus"), ``fast`` is the unit's fast
+    description (``(stimulus, settings) -> FastBench``), ``expected_cycles`` sizes the
+    progress bar and ``trace`` names a waveform file to write.
     """
     reason = simulator_available(sim)
     if reason:
         raise SimulationError(f"cannot simulate with {sim}: {reason}")
+    from .fastsim import FAST_SIMULATORS, simulate_fast
+    if sim in FAST_SIMULATORS:
+        if fast is None:
+            raise SimulationError(f"{top} has no fast description; simulate it with "
+                                  "verilator or icarus")
+        verilog_text, ports, _ = _design(component, key, top)
+        settings = settings or {}
+        return simulate_fast(verilog_text, ports, top, fast(stimulus, settings), sim=sim,
+                             stall=settings.get("stall", 0.0), seed=settings.get("seed", 0),
+                             progress=progress, expected_cycles=expected_cycles, trace=trace)
+    if trace is not None:
+        raise SimulationError(f"a waveform (trace) needs the fast path (sim fast or "
+                              f"fast-icarus), not {sim}")
     from cocotb_tools.check_results import get_results
 
     sim_dir = str(_sim_dir())

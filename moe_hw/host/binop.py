@@ -4,6 +4,7 @@
 
 import numpy as np
 
+from ..flows.fastsim import FastBench, Sink, Source
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden.testing import random_floats
 from .checks import HostError, check_dtype, compare_bits, format_of, need
@@ -53,6 +54,17 @@ class FloatBinop(Unit):
         stimulus = {name: to_bits(problem[name].reshape(-1), params.fmt).astype(np.uint64)
                     for name in self.inputs}
         return stimulus, {"unit": self.name, "result": self.result}
+
+    def fast(self, stimulus, settings):
+        """sim/bench_binop.py on the fast path: the same streams, results and cycle count
+        (the unit has no start or done: the run ends with the last result)."""
+        count = len(stimulus["a"])
+        return FastBench(
+            streams={"i": Source({"a": stimulus["a"], "b": stimulus["b"]}),
+                     "o": Sink(depth=count + 64)},
+            sizes={}, finish=("o", count), settle=64,
+            results={"result": lambda get: get(f"o.{settings['result']}").astype(np.uint64)},
+            limit=40 * count + 1000, what=settings["unit"])
 
     def unpack(self, problem, params, results):
         return {self.result: from_bits(results["result"], params.fmt)

@@ -12,6 +12,7 @@ value ``tokens``. Run-time ``memory_latency`` (the bench memory's, default 2). O
 import numpy as np
 
 from .. import golden
+from ..flows.fastsim import FastBench, MemoryReader, MemoryWriter, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import add, mul
 from ..units.combine_scatter import CombineScatterParams, CombineScatterUnit
@@ -170,6 +171,30 @@ class CombineScatter(Unit):
                     "slots": int(slots), "hidden": int(hidden), "feed": self._feed(problem),
                     "memory_latency": problem["memory_latency"]}
         return stimulus, settings
+
+    def fast(self, stimulus, settings):
+        """sim/bench_combine_scatter.py on the fast path: the same streams and results (the
+        token buffer is one memory behind the read and the write port)."""
+        slots, hidden = settings["slots"], settings["hidden"]
+        headers = slots if settings["feed"] else 0
+        rows = stimulus["expert_out"].reshape(slots, hidden)[:headers]
+        beats = lane_beats(rows, settings["lanes"])
+        return FastBench(
+            streams={"header": Source({name: stimulus[name][:headers]
+                                       for name in ("token", "gate")}, all_taken=True),
+                     "data": Source({"data": beats}, all_taken=True),
+                     "read": MemoryReader("read_data", "write", settings["memory_latency"],
+                                          requests=2 * len(beats) + 16, all_taken=True),
+                     "write": MemoryWriter(size=settings["tokens"] * hidden,
+                                           depth=2 * len(beats) + 16)},
+            sizes={name: settings[name] for name in ("tokens", "slots", "hidden")},
+            results={"memory": "write.memory", "write_addr": "write.addr",
+                     "write_enable": "write.enable", "write_data": "write.data",
+                     "read_addr": "read.addr", "read_enable": "read.enable",
+                     "out_of_bounds": lambda get: get("read.out_of_bounds")
+                     + get("write.out_of_bounds"),
+                     "dropped": "dropped", "error": "error", "busy_after": "busy"},
+            limit=60 * (len(beats) + headers) + 2000, what="combine_scatter")
 
     def unpack(self, problem, params, results):
         shape = (problem["tokens"],) + problem["expert_out"].shape[1:]

@@ -10,6 +10,7 @@ import numpy as np
 from .. import golden
 from ..blocks.run_control import EMPTY_CYCLES
 from ..problems import routed_problem
+from ..flows.fastsim import FastBench, Sink, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..units.dispatch import DispatchParams, DispatchUnit
 from .checks import (check_dtype, check_fits_field, check_maxima, compare_bits, compare_log,
@@ -23,15 +24,18 @@ def memory_image(results, size, lanes, fmt):
     """Replay a write log (``addr``, ``enable``, ``data`` bits per beat) into a zeroed memory
     of ``size`` elements; returns ``(memory bits, enabled lanes written outside it)``."""
     memory = np.zeros(size, dtype=fmt.uint_dtype)
-    out_of_bounds = 0
     lane = np.arange(lanes)
-    for addr, enable, data in zip(results["addr"], results["enable"], results["data"]):
-        on = (int(enable) >> lane) & 1 == 1
-        where = int(addr) + lane[on]
-        inside = where < size
-        out_of_bounds += int(np.count_nonzero(~inside))
-        memory[where[inside]] = data[on][inside]
-    return memory, out_of_bounds
+    addr = np.asarray(results["addr"], dtype=np.int64).reshape(-1)
+    enable = np.asarray(results["enable"], dtype=np.int64).reshape(-1)
+    on = (enable[:, None] >> lane) & 1 == 1
+    where = (addr[:, None] + lane)[on]                 # in write order
+    data = np.asarray(results["data"]).reshape(len(addr), lanes)[on]
+    inside = where < size
+    where, data = where[inside], data[inside]
+    # A later write to an element wins: keep each element's last write.
+    elements, last = np.unique(where[::-1], return_index=True)
+    memory[elements] = data[::-1][last]
+    return memory, int(np.count_nonzero(~inside))
 
 
 def expected_writes(gates, indices, locations, input, *, num_experts, capacity, lanes):
@@ -123,6 +127,22 @@ class Dispatch(Unit):
                     "hidden": int(input.shape[1]), "capacity": problem["capacity"],
                     "num_experts": problem["num_experts"], "feed": self._feed(problem)}
         return stimulus, settings
+
+    def fast(self, stimulus, settings):
+        """sim/bench_dispatch.py on the fast path: the same streams and results."""
+        pairs = len(stimulus["gate"]) if settings["feed"] else 0
+        beats = lane_beats(stimulus["input"][stimulus["row"][:pairs]], settings["lanes"])
+        sizes = ("pairs", "hidden", "capacity", "num_experts")
+        return FastBench(
+            streams={"header": Source({name: stimulus[name][:pairs]
+                                       for name in ("gate", "index", "location")},
+                                      all_taken=True),
+                     "data": Source({"data": beats}, all_taken=True),
+                     "write": Sink(depth=len(beats))},
+            sizes={name: settings[name] for name in sizes},
+            results={"addr": "write.addr", "enable": "write.enable", "data": "write.data",
+                     "dropped": "dropped", "error": "error", "busy_after": "busy"},
+            limit=40 * (len(beats) + pairs) + 1000, what="dispatch")
 
     def unpack(self, problem, params, results):
         hidden = problem["input"].shape[1]

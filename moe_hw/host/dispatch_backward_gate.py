@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .. import golden
+from ..flows.fastsim import FastBench, MemoryReader, Sink, Source
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import routing_arrays, slot_rows
 from ..units.dispatch_backward_gate import (DispatchBackwardGateParams,
@@ -172,6 +173,31 @@ class DispatchBackwardGate(Unit):
                     "capacity": problem["capacity"], "num_experts": problem["num_experts"],
                     "feed": self._pairs(problem) > 0, "memory_latency": problem["memory_latency"]}
         return stimulus, settings
+
+    def fast(self, stimulus, settings):
+        """sim/bench_dispatch_backward_gate.py on the fast path: the same streams and
+        results."""
+        pairs = len(stimulus["index"]) if settings["feed"] else 0
+        beats = max(1, -(-settings["hidden"] // settings["lanes"]))
+        latency, reads = settings["memory_latency"], 2 * pairs * beats + 16
+        sizes = ("tokens", "top_k", "hidden", "capacity", "num_experts")
+        return FastBench(
+            streams={"header": Source({name: stimulus[name][:pairs]
+                                       for name in ("index", "location")}, all_taken=True),
+                     "input_read": MemoryReader("input_data", stimulus["input"].reshape(-1),
+                                                latency, requests=reads, all_taken=True),
+                     "grad_read": MemoryReader("grad_data",
+                                               stimulus["grad_dispatch"].reshape(-1), latency,
+                                               requests=reads, all_taken=True),
+                     "grad_gate": Sink(depth=2 * pairs + 16)},
+            sizes={name: settings[name] for name in sizes},
+            results={"grad_gate": lambda get: get("grad_gate.value").astype(np.uint64),
+                     "input_addr": "input_read.addr", "input_enable": "input_read.enable",
+                     "grad_addr": "grad_read.addr", "grad_enable": "grad_read.enable",
+                     "out_of_bounds": lambda get: get("input_read.out_of_bounds")
+                     + get("grad_read.out_of_bounds"),
+                     "dropped": "dropped", "error": "error", "busy_after": "busy"},
+            limit=40 * (pairs * beats + 16) + 2000, what="dispatch_backward_gate")
 
     def unpack(self, problem, params, results):
         pairs = self._pairs(problem)

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable
+from ..flows.fastsim import FastBench, Sink, Source
 from ..golden.expand import _plan as expand_plan, merged_dims
 from ..params import check_choice
 from ..units.expand import ELEMENT_FORMATS, PARTS, ExpandParams, ExpandUnit
@@ -40,7 +41,7 @@ from .checks import HostError, compare_log, compare_values, need, runtime_int
 from .unit import Unit
 
 __all__ = ["UNIT", "Expand", "Plan", "Split", "plan", "split", "odometer_addresses",
-           "ELEMENT_DTYPES", "format_of_elements", "element_array"]
+           "ELEMENT_DTYPES", "format_of_elements", "element_array", "fast_bench"]
 
 #: Element dtypes by format name.
 ELEMENT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
@@ -309,6 +310,9 @@ class Expand(Unit):
         return [(part, self.plan(part, params))
                 for part in split(problem, params.parts).parts]
 
+    def fast(self, stimulus, settings):
+        return fast_bench(self, stimulus, settings)
+
     def pack(self, problem, params, *, stall, seed):
         plans = self.part_plans(problem, params)
         if params.parts == 1:
@@ -443,6 +447,31 @@ def split_stimulus(plans, params):
                       "expected_beats": settings["expected_beats"]})
     return arrays, {"lanes": params.lanes, "width": params.element_width, "runtime": runtime,
                     "parts": parts}
+
+
+def fast_bench(unit, stimulus, settings):
+    """sim/bench_expand.py on the fast path (``expand``, ``repeat``, ``expand_backward``):
+    the same streams and results, for one unit or the parts of a split one."""
+    source, sink = settings.get("streams", ("input_data", "output"))
+    split_run = "parts" in settings
+    parts = settings["parts"] if split_run else [
+        {"prefix": "", "input": "input", "plan": settings["plan"],
+         "expected_beats": settings["expected_beats"]}]
+    streams, results, work = {}, {"error": "error", "busy_after": "busy"}, 0
+    for index, part in enumerate(parts):
+        prefix, key = part["prefix"], str(index) if split_run else ""
+        beats, plan = part["expected_beats"], part["plan"]
+        streams.update({f"{prefix}plan": Source(plan),
+                        f"{prefix}{source}": Source({"data": stimulus[part["input"]]}),
+                        f"{prefix}{sink}": Sink(depth=2 * beats + 16)})
+        results.update({f"data{key}": f"{prefix}{sink}.data",
+                        f"enable{key}": f"{prefix}{sink}.enable",
+                        f"last{key}": f"{prefix}{sink}.last",
+                        f"input_taken{key}": f"{prefix}{source}.sent",
+                        f"plan_taken{key}": f"{prefix}plan.sent"})
+        work += beats + len(stimulus[part["input"]]) + len(plan)
+    return FastBench(streams=streams, sizes=settings["runtime"], results=results,
+                     limit=40 * work + 2000, what=unit.name)
 
 
 def beat_log(results, params):

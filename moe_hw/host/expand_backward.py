@@ -25,7 +25,7 @@ from ..golden.testing import random_floats
 from ..units.expand_backward import ExpandBackwardParams, ExpandBackwardUnit
 from .checks import HostError, compare_bits, compare_log, compare_values, need
 from .expand import (ELEMENT_DTYPES, beat_log, check_rank, element_array, expected_beats,
-                     plan_of, size_list)
+                     fast_bench, plan_of, size_list)
 from .unit import Unit
 
 __all__ = ["UNIT", "ExpandBackward"]
@@ -109,6 +109,9 @@ class ExpandBackward(Unit):
         step = 1 if self.mode(problem, params) == "elements" else params.lanes
         return plan_of(problem["output_shape"], problem["out_stride"], params, step=step,
                        odometers=1)
+
+    def fast(self, stimulus, settings):
+        return fast_bench(self, stimulus, settings)
 
     def pack(self, problem, params, *, stall, seed):
         the_plan = self.plan(problem, params)

@@ -14,6 +14,7 @@ from ..golden._common import index_array
 from ..problems import routed_problem
 from ..units.locations import LocationsParams, LocationsUnit
 from .checks import check_fits_field, check_maxima, compare_values, need, runtime_int
+from ..flows.fastsim import FastBench, Sink, Source
 from .unit import Unit
 
 __all__ = ["UNIT", "Locations", "simulate_raw"]
@@ -56,6 +57,20 @@ class Locations(Unit):
         self.fits(problem, params)
         return stimulus(problem["indices"], num_experts=problem["num_experts"],
                         capacity=problem["capacity"], params=params)
+
+    def fast(self, stimulus, settings):
+        """sim/bench_locations.py on the fast path: the same streams and results."""
+        index = stimulus["index"]
+        experts = settings["num_experts"]
+        return FastBench(
+            streams={"index": Source({"index": index}, all_taken=not settings["expect_error"]),
+                     "location": Sink(depth=2 * len(index) + 16),
+                     "counts": Sink(depth=2 * experts + 16)},
+            sizes={name: settings[name] for name in ("pairs", "num_experts", "capacity")},
+            results={"location": "location.location:signed", "counts": "counts.count",
+                     "pairs_taken": "index.sent", "dropped": "dropped", "error": "error",
+                     "busy_after": "busy"},
+            limit=40 * (len(index) + experts) + 1000, what="locations")
 
     def unpack(self, problem, params, results):
         indices = problem["indices"]

@@ -19,6 +19,8 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable, row_beats
+from ..flows.fastsim import (FastBench, MemoryReader, MemoryWriter, Sink, Source,
+                             lane_beats)
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden._common import add, float_array, mul, slot_rows
 from ..units.combine_gather import gather_schedule
@@ -279,6 +281,39 @@ class MoELayer(Unit):
             "expected_reads": (prob.expert_rows + int(prob.valid.sum())) * beats,
         }
         return stimulus, settings
+
+    def fast(self, stimulus, settings):
+        """sim/bench_moe_layer.py on the fast path: the same streams and results (the expert
+        buffer is one memory behind the read and the write port)."""
+        pairs = len(stimulus["pair_gate"]) if settings["feed_pairs"] else 0
+        beats = lane_beats(stimulus["input"][stimulus["row"]], settings["lanes"]) \
+            if settings["feed_data"] else np.zeros((0, settings["lanes"]), np.uint64)
+        experts = len(stimulus["scale"]) if settings["feed_params"] else 0
+        expected = settings["expected_beats"] + settings["expected_reads"]
+        return FastBench(
+            streams={"pair": Source({"gate": stimulus["pair_gate"][:pairs],
+                                     "index": stimulus["pair_index"][:pairs]}),
+                     "data": Source({"data": beats}),
+                     "expert_params": Source({name: stimulus[name][:experts]
+                                              for name in ("scale", "bias")}),
+                     "read_request": MemoryReader("read_response", "write",
+                                                  settings["memory_latency"],
+                                                  requests=2 * expected + 16),
+                     "write": MemoryWriter(size=settings["memory_size"],
+                                           depth=2 * len(beats) + 16),
+                     "output": Sink(depth=2 * settings["expected_beats"] + 16)},
+            sizes=settings["runtime"], monitors={"phase": 64},
+            results={"data": "output.data", "enable": "output.enable", "last": "output.last",
+                     "request_addr": "read_request.addr",
+                     "request_enable": "read_request.enable", "write_addr": "write.addr",
+                     "write_enable": "write.enable", "write_data": "write.data",
+                     "memory": "write.memory",
+                     "read_out_of_bounds": "read_request.out_of_bounds",
+                     "write_out_of_bounds": "write.out_of_bounds", "pairs_taken": "pair.sent",
+                     "data_taken": "data.sent", "params_taken": "expert_params.sent",
+                     "phase_log": "phase.log", "dropped": "dropped", "error": "error",
+                     "busy_after": "busy"},
+            limit=40 * (expected + len(beats) + pairs) + 4000, what="moe_layer")
 
     def unpack(self, problem, params, results):
         prob, fmt = problem["layer"], params.fmt

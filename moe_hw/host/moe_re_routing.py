@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable, row_beats
+from ..flows.fastsim import FastBench, MemoryReader, MemoryWriter, Sink, Source
 from ..golden.rerouting import check_re_routing_inputs
 from ..units.moe_re_routing import COUNT_TYPES, MoeReRoutingParams, MoeReRoutingUnit
 from .checks import (HostError, check_maxima, compare_log, compare_values, memory_latency,
@@ -124,6 +125,37 @@ class MoeReRouting(Unit):
     def pack(self, problem, params, *, stall, seed):
         self.fits(problem, params)
         return stimulus(problem, params)
+
+    def fast(self, stimulus, settings):
+        """sim/bench_moe_re_routing.py on the fast path: the same streams and results."""
+        runtime, beats = settings["runtime"], settings["expected_beats"]
+        tokens, scales = runtime["tokens"], settings["scales"]
+        streams = {
+            "counts": Source({"count": stimulus["counts"]}),
+            "read_request": MemoryReader("read_response", stimulus["memory"],
+                                         settings["memory_latency"], requests=2 * beats + 16),
+            "write": MemoryWriter(size=settings["out_elements"], depth=2 * beats + 16),
+            "row_write": Sink(depth=2 * tokens + 16),
+            "expert_token_num": Sink(depth=2 * runtime["num_experts"] + 16)}
+        if scales:
+            streams["scales"] = Source({"scale": stimulus["scales"]})
+        fields = {name: f"row_write.{name}" for name in ("row", "idx_addr", "idx")}
+        return FastBench(
+            streams=streams, sizes=runtime,
+            results={"memory": "write.memory", "write_addr": "write.addr",
+                     "write_enable": "write.enable", "write_data": "write.data",
+                     "write_out_of_bounds": "write.out_of_bounds",
+                     "request_addr": "read_request.addr",
+                     "request_enable": "read_request.enable",
+                     "read_out_of_bounds": "read_request.out_of_bounds",
+                     "expert_token_num": "expert_token_num.value",
+                     "counts_taken": "counts.sent",
+                     "scales_taken": "scales.sent" if scales else np.int64(0),
+                     "error": "error", "busy_after": "busy", **fields,
+                     "scale": "row_write.scale" if scales else
+                     (lambda get: np.zeros(len(get("row_write.row")), np.int64))},
+            limit=40 * (len(stimulus["counts"]) + runtime["num_experts"] + beats + tokens)
+            + 2000, what="moe_re_routing")
 
     def unpack(self, problem, params, results):
         num_tokens, hidden = problem["num_tokens"], problem["hidden"]

@@ -10,6 +10,7 @@ The memory model's latency is the run-time value ``memory_latency``
 import numpy as np
 
 from ..blocks.row_reader import last_enable, row_beats
+from ..flows.fastsim import FastBench, MemoryReader, Sink, Source
 from .checks import compare_log, compare_values
 from .unit import Unit
 
@@ -30,6 +31,29 @@ class RowGather(Unit):
         return {"lanes": params.lanes, "width": params.fmt.width, "runtime": dict(sizes),
                 "feed": bool(feed), "memory_latency": int(memory_latency),
                 "expected_beats": int(rows) * beats, "expected_reads": int(reads) * beats}
+
+    def fast(self, stimulus, settings):
+        """sim/bench_row_gather.py on the fast path: the same streams and results."""
+        headers = {key[len("header_"):]: value for key, value in stimulus.items()
+                   if key.startswith("header_")}
+        if not settings["feed"]:
+            headers = {key: value[:0] for key, value in headers.items()}
+        count = len(next(iter(headers.values()), ()))
+        beats, reads = settings["expected_beats"], settings["expected_reads"]
+        return FastBench(
+            streams={"header": Source(headers, only_known=True),
+                     "read_request": MemoryReader("read_response", stimulus["memory"],
+                                                  settings["memory_latency"],
+                                                  requests=2 * reads + 16),
+                     "data": Sink(depth=2 * beats + 16)},
+            sizes=settings["runtime"],
+            results={"data": "data.data", "enable": "data.enable", "last": "data.last",
+                     "request_addr": "read_request.addr",
+                     "request_enable": "read_request.enable",
+                     "out_of_bounds": "read_request.out_of_bounds",
+                     "headers_taken": "header.sent", "dropped": "dropped", "error": "error",
+                     "busy_after": "busy"},
+            limit=40 * (beats + reads + count) + 2000, what=self.name)
 
     @staticmethod
     def output_bits(results, rows, hidden, lanes, fmt):

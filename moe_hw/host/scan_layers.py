@@ -13,6 +13,7 @@ as ``golden.stack_layer_params`` does).
 import numpy as np
 
 from .. import golden
+from ..flows.fastsim import FastBench, Sink, Source
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden.testing import random_floats
 from ..units.scan_layers import (INT_FORMATS, LAYER_FORMATS, ScanLayersParams, ScanLayersUnit,
@@ -184,6 +185,20 @@ class ScanLayers(Unit):
         return stimulus, {"lanes": params.lanes, "width": params.width, "runtime": runtime,
                           "feed": not empty, "work": beats * problem["layers"]
                           + len(stimulus["scale"])}
+
+    def fast(self, stimulus, settings):
+        """sim/bench_scan_layers.py on the fast path: the same streams and results."""
+        feed = settings["feed"]
+        layers = {name: stimulus[name][:len(stimulus[name]) if feed else 0]
+                  for name in ("scale", "bias")}
+        beats = stimulus["input"][:len(stimulus["input"]) if feed else 0]
+        return FastBench(
+            streams={"layer_params": Source(layers), "input": Source({"data": beats}),
+                     "output": Sink(depth=2 * len(beats) + 16)},
+            sizes=settings["runtime"],
+            results={"data": "output.data", "params_taken": "layer_params.sent",
+                     "input_taken": "input.sent", "error": "error", "busy_after": "busy"},
+            limit=40 * settings["work"] + 2000, what="scan_layers")
 
     def unpack(self, problem, params, results):
         tokens, hidden = problem["tokens"], problem["hidden"]

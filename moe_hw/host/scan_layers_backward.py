@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import golden
 from ..arith.params import FORMAT_NAMES
+from ..flows.fastsim import FastBench, Sink, Source
 from ..formats import FORMATS, from_bits
 from ..golden.testing import random_floats
 from ..units.scan_layers_backward import ScanLayersBackwardParams, ScanLayersBackwardUnit
@@ -79,6 +80,27 @@ class ScanLayersBackward(Unit):
                           "work": sweeps * (items * max(1, params.add_latency + 1)
                                             + params.drain + 4) + 3 * items
                           + len(stimulus["scale"])}
+
+    def fast(self, stimulus, settings):
+        """sim/bench_scan_layers_backward.py on the fast path: the same streams and results."""
+        feed = settings["feed"]
+
+        def fed(name):
+            return stimulus[name][:len(stimulus[name]) if feed else 0]
+
+        beats = len(fed("input"))
+        return FastBench(
+            streams={"layer_params": Source({name: fed(name) for name in ("scale", "bias")}),
+                     "input": Source({"data": fed("input")}),
+                     "grad_output": Source({"data": fed("grad_output")}),
+                     "grad_input": Sink(depth=2 * beats + 16),
+                     "param_grad": Sink(depth=2 * len(fed("scale")) + 16)},
+            sizes=settings["runtime"],
+            results={"grad": "grad_input.data", "sum_scale": "param_grad.scale",
+                     "sum_bias": "param_grad.bias", "params_taken": "layer_params.sent",
+                     "input_taken": "input.sent", "grad_taken": "grad_output.sent",
+                     "error": "error", "busy_after": "busy"},
+            limit=20 * settings["work"] + 2000, what="scan_layers_backward")
 
     def _rows(self, beats_bits, rows, hidden, params):
         bits = np.asarray(beats_bits, dtype=np.uint64).reshape(rows, -1)[:, :hidden]

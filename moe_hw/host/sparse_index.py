@@ -9,6 +9,7 @@ npz inputs: ``gates`` [S, E]. Outputs: ``batch_index``, ``part_sizes``, ``nonzer
 import numpy as np
 
 from .. import golden
+from ..flows.fastsim import FastBench, Sink, Source
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden.sparse import check_gate_matrix
 from ..units.sparse_index import SparseIndexParams, SparseIndexUnit, place_cycles
@@ -89,6 +90,23 @@ class SparseIndex(Unit):
     def pack(self, problem, params, *, stall, seed):
         self.fits(problem, params)
         return stimulus(problem["gates"], params)
+
+    def fast(self, stimulus, settings):
+        """sim/bench_sparse_index.py on the fast path: the same streams and results."""
+        beats = stimulus["beats"]
+        rows = np.concatenate([beats, stimulus.get("second", beats)])   # pass 3 re-reads
+        experts, lanes = settings["num_experts"], settings["lanes"]
+        return FastBench(
+            streams={"rows": Source({"gates": rows}),
+                     "part_sizes": Sink(depth=2 * experts + 16),
+                     "write": Sink(depth=2 * lanes * len(beats) + 16)},
+            sizes={"tokens": settings["tokens"], "num_experts": experts},
+            results={"part_size": "part_sizes.part_size", "offset": "part_sizes.offset",
+                     "addr": "write.addr", "token": "write.token",
+                     "gate": lambda get: get("write.gate").astype(np.uint64),
+                     "beats_taken": "rows.sent", "beats_offered": np.int64(len(rows)),
+                     "nonzeros": "nonzeros", "error": "error", "busy_after": "busy"},
+            limit=40 * (len(rows) + experts + lanes * len(beats)) + 1000, what="sparse_index")
 
     def unpack(self, problem, params, results):
         """The slot arrays the writes built; the offsets and the write log's defects (slots

@@ -140,6 +140,16 @@ class Unit:
         """The exact stall-free cycle count, from the unit's formula (None: not defined)."""
         return None
 
+    def fast(self, stimulus, settings):
+        """The fast path's description of one run (a :class:`~moe_hw.flows.fastsim.FastBench`)
+        from the bench's ``stimulus`` and ``settings`` (what :meth:`pack` gives, with
+        ``stall`` and ``seed``); ``None``: the unit has no fast path yet."""
+        return None
+
+    @property
+    def has_fast(self):
+        return type(self).fast is not Unit.fast
+
     def describe(self, problem, params):
         """One line naming the problem and the design point."""
         return f"{self.name}"
@@ -160,15 +170,25 @@ class Unit:
         return ({name: problem[name] for name in self.inputs},
                 {name: problem[name] for name in self.runtime})
 
+    def simulator(self, sim):
+        """``sim`` as this unit runs it: the fast path ("fast", "fast-icarus") falls back to
+        the cocotb bench in the same simulator when the unit has no fast description."""
+        if sim in ("fast", "fast-icarus") and not self.has_fast:
+            return "verilator" if sim == "fast" else "icarus"
+        return sim
+
     def simulate(self, params, stimulus, settings, *, sim="verilator", stall=0.0, seed=0,
-                 progress=None):
+                 progress=None, expected_cycles=None, trace=None):
         """Drive the bench with ``stimulus`` and ``settings`` as given, with no checks (how a
         test puts a size above its maximum or a hostile value in front of the hardware);
         returns the bench's raw results."""
         from ..flows.simulate import simulate
-        return simulate(lambda: self.build(params), self.name, self.bench, stimulus, sim=sim,
+        return simulate(lambda: self.build(params), self.name, self.bench, stimulus,
+                        sim=self.simulator(sim),
                         settings={**settings, "stall": float(stall), "seed": int(seed)},
-                        progress=progress, key=(self.name, params))
+                        progress=progress, key=(self.name, params),
+                        fast=self.fast if self.has_fast else None,
+                        expected_cycles=expected_cycles, trace=trace)
 
     def split_settings(self, settings):
         """``(generation-time parameters, run-time values)`` from one ``--set`` dict."""
@@ -199,11 +219,13 @@ class Unit:
 
 
 def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,
-        check=True, progress=None):
+        check=True, progress=None, trace=None):
     """Run ``unit`` (a :class:`Unit`) on the npz-style ``inputs`` (a dict of arrays).
 
     ``settings`` mixes generation-time parameters and run-time values (``--set``);
-    ``params`` (a parameter object) replaces the generation-time ones. Returns an
+    ``params`` (a parameter object) replaces the generation-time ones; ``sim`` "fast" (the
+    default of the command line) falls back to cocotb in Verilator for a unit without a fast
+    description; ``trace`` (fast path only) writes a waveform there. Returns an
     :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
     model (the caller decides whether they are fatal).
     """
@@ -217,7 +239,8 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
         params = dataclasses.replace(params, **gen_settings)
     stimulus, bench_settings = unit.pack(problem, params, stall=float(stall), seed=int(seed))
     results = unit.simulate(params, stimulus, bench_settings, sim=sim, stall=stall, seed=seed,
-                            progress=progress)
+                            progress=progress, expected_cycles=unit.cycles(problem, params),
+                            trace=trace)
     outputs = unit.unpack(problem, params, results)
     cycles = int(results["cycles"])
     outcome = Outcome(unit.name, params, problem, {**outputs, "cycles": np.int64(cycles)},

@@ -1,0 +1,119 @@
+"""The fast simulation path (moe_hw/flows/fastsim.py): for every unit with a fast description,
+the same results, bit for bit, and the same cycle count as the cocotb bench on the same
+stall-free problem; stalled runs bit-exact with a clean scoreboard; hangs reported. Icarus
+for the many (no build), one Verilator model for dispatch."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from moe_hw.flows.simulate import SimulationError
+from moe_hw.host.dispatch import UNIT as DISPATCH
+from moe_hw.host.unit import BenchShape, run
+from moe_hw.registry import units
+
+from conftest import simulator_params
+
+TINY = BenchShape(tokens=6, hidden=8, experts=3, top_k=2, lanes=2)
+FAST_UNITS = [name for name, unit in units().items() if unit.has_fast]
+
+
+def bench_runs(name, shape=TINY):
+    """``(unit, inputs, settings)`` for each variant of the unit's benchmark problem."""
+    unit = units()[name]
+    if name == "scan_layers_backward":    # its benchmark is fixed at 256 tokens, 32 layers
+        inputs = unit.random_inputs(tokens=3, hidden=shape.hidden, layers=3,
+                                    format=shape.format, seed=3)
+        return [(unit, inputs, {"lanes": shape.lanes, "relu": 1, "checkpoint": checkpoint})
+                for checkpoint in (0, 2)]
+    return [(unit, inputs, settings) for inputs, settings in
+            unit.bench_problems(shape, seed=3).values()]
+
+
+def same_results(fast, cocotb):
+    assert sorted(fast) == sorted(cocotb)
+    for key in cocotb:
+        got, want = np.asarray(fast[key]), np.asarray(cocotb[key])
+        assert got.shape == want.shape and np.array_equal(got, want), \
+            f"{key}: fast {got!r}, cocotb {want!r}"
+
+
+@pytest.mark.parametrize("cocotb", simulator_params("icarus"))
+@pytest.mark.parametrize("name", FAST_UNITS)
+def test_fast_path_equals_cocotb(name, cocotb):
+    for unit, inputs, settings in bench_runs(name):
+        reference = run(unit, inputs, settings, sim=cocotb)
+        fast = run(unit, inputs, settings, sim="fast-icarus")
+        assert fast.passed and reference.passed, fast.problems + reference.problems
+        assert fast.cycles == reference.cycles
+        same_results(fast.results, reference.results)
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+@pytest.mark.parametrize("name", FAST_UNITS)
+def test_fast_path_with_stalls_is_exact(name, sim):
+    for unit, inputs, settings in bench_runs(name):
+        calm = run(unit, inputs, settings, sim="fast-icarus")
+        stalled = run(unit, inputs, settings, sim="fast-icarus", stall=0.4, seed=7)
+        assert stalled.passed, stalled.problems
+        assert stalled.cycles > calm.cycles         # the pauses cost cycles
+
+
+@pytest.mark.parametrize("sim", simulator_params("verilator"))
+def test_fast_verilator_dispatch(sim):
+    """The Verilator executable: the same results and cycles as the Icarus testbench, and a
+    stalled run bit-exact."""
+    shape = dataclasses.replace(TINY, tokens=24, hidden=13, lanes=4)
+    (_, inputs, settings), = bench_runs("dispatch", shape)
+    fast = run(DISPATCH, inputs, settings, sim="fast")
+    icarus = run(DISPATCH, inputs, settings, sim="fast-icarus")
+    assert fast.passed, fast.problems
+    assert fast.cycles == icarus.cycles == fast.expected_cycles
+    same_results(fast.results, icarus.results)
+    stalled = run(DISPATCH, inputs, settings, sim="fast", stall=0.3, seed=2)
+    assert stalled.passed and stalled.cycles > fast.cycles, stalled.problems
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+@pytest.mark.parametrize("tokens,hidden,capacity", [(0, 8, 4), (5, 0, 4), (5, 8, 0)])
+def test_fast_path_zero_element_problems(sim, tokens, hidden, capacity):
+    (_, inputs, settings), = bench_runs("dispatch", dataclasses.replace(
+        TINY, tokens=tokens or 1, hidden=hidden or 1))
+    inputs = {**inputs, "input": inputs["input"][:tokens, :hidden],
+              "gates": inputs["gates"][:, :tokens], "indices": inputs["indices"][:, :tokens],
+              "locations": inputs["locations"][:, :tokens]}
+    # One design for the three (emitted once); max_pairs 16 also because the cocotb bench
+    # cannot read a one-bit dropped port (a Logic, not an array).
+    settings = {**settings, "capacity": capacity, "max_pairs": 16, "max_hidden": 8,
+                "max_capacity": 4, "max_experts": 3}
+    fast = run(DISPATCH, inputs, settings, sim="fast-icarus")
+    assert fast.passed and fast.cycles == fast.expected_cycles, fast.problems
+    same_results(fast.results, run(DISPATCH, inputs, settings, sim=sim).results)
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_fast_path_reports_a_hang(sim, monkeypatch):
+    (_, inputs, settings), = bench_runs("dispatch")
+    original = type(DISPATCH).fast
+
+    def short(self, stimulus, settings):
+        return dataclasses.replace(original(self, stimulus, settings), limit=5)
+
+    monkeypatch.setattr(type(DISPATCH), "fast", short)
+    with pytest.raises(SimulationError, match="dispatch did not finish within 5 cycles"):
+        run(DISPATCH, inputs, settings, sim="fast-icarus")
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_fast_path_writes_a_waveform(sim, tmp_path):
+    (_, inputs, settings), = bench_runs("dispatch")
+    outcome = run(DISPATCH, inputs, settings, sim="fast-icarus", trace=tmp_path / "run.fst")
+    assert outcome.passed, outcome.problems
+    assert (tmp_path / "run.fst").stat().st_size > 0
+
+
+def test_units_without_a_fast_path_fall_back_to_cocotb():
+    for unit in units().values():
+        expected = "fast" if unit.has_fast else "verilator"
+        assert unit.simulator("fast") == expected
