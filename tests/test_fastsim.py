@@ -60,6 +60,24 @@ def test_fast_path_with_stalls_is_exact(name, sim):
         assert stalled.cycles > calm.cycles         # the pauses cost cycles
 
 
+@pytest.mark.parametrize("cocotb", simulator_params("icarus"))
+def test_fast_path_drives_every_part_of_a_split_expand(cocotb):
+    """expand split over two parts (the seed's split(3) example, expanded): each part's
+    streams on the fast path, the same results and cycles as the cocotb bench; stalled,
+    bit-exact."""
+    unit = units()["expand"]
+    inputs = {"input": np.random.default_rng(4).standard_normal((4, 3, 1, 2)).astype(
+        np.float32), "expand_size": np.array([2, 4, 3, 4, 2])}
+    settings = {"parts": 2, "split_dim": 3, "lanes": 4}
+    reference = run(unit, inputs, settings, sim=cocotb)
+    fast = run(unit, inputs, settings, sim="fast-icarus")
+    assert fast.passed and reference.passed, fast.problems + reference.problems
+    assert fast.cycles == reference.cycles == fast.expected_cycles
+    same_results(fast.results, reference.results)
+    stalled = run(unit, inputs, settings, sim="fast-icarus", stall=0.3, seed=3)
+    assert stalled.passed and stalled.cycles > fast.cycles, stalled.problems
+
+
 @pytest.mark.parametrize("sim", simulator_params("verilator"))
 def test_fast_verilator_dispatch(sim):
     """The Verilator executable: the same results and cycles as the Icarus testbench, and a
