@@ -17,15 +17,19 @@ from moe_hw.params import ParameterError
 from test_stream import run_pysim
 
 
+@pytest.mark.parametrize("registered", [False, True])
 @pytest.mark.parametrize("depth, granules", [(2, 1), (40, 3), (1500, 2)])
-def test_block_memory_reads_what_was_written(depth, granules):
-    dut = BlockMemory(12, depth, granules=granules)
+def test_block_memory_reads_what_was_written(depth, granules, registered):
+    """Random writes and reads against a dictionary; with ``registered_write`` a write lands
+    an edge later (a read given in the next cycle does not see it yet)."""
+    dut = BlockMemory(12, depth, granules=granules, registered_write=registered)
     rng = np.random.default_rng(depth)
     model = {}
     mismatches = []
 
     async def bench(ctx):
         pending = []                 # (address, expected word) per read, oldest first
+        last = None                  # the write given in the cycle before (registered)
         for cycle in range(600):
             write_addr = int(rng.integers(depth))
             write_en = int(rng.integers(1 << granules))
@@ -34,6 +38,8 @@ def test_block_memory_reads_what_was_written(depth, granules):
             read_en = int(rng.random() < 0.6)
             if read_addr == write_addr:          # not allowed in the same cycle
                 write_en = 0
+            if registered and last is not None and last[0] == read_addr and last[1]:
+                read_en = 0                      # the registered write lands at this edge
             ctx.set(dut.write_addr, write_addr)
             ctx.set(dut.write_en, write_en)
             for g in range(granules):
@@ -45,9 +51,12 @@ def test_block_memory_reads_what_was_written(depth, granules):
                 # The word leaves after two enabled cycles: the oldest of three is on the
                 # output after this edge.
             await ctx.tick()
-            for g in range(granules):
-                if write_en >> g & 1:
-                    model[write_addr, g] = values[g]
+            given = (write_addr, write_en, values)
+            landed, last = (last, given) if registered else (given, None)
+            if landed is not None:
+                for g in range(granules):
+                    if landed[1] >> g & 1:
+                        model[landed[0], g] = landed[2][g]
             if read_en and len(pending) >= 2:
                 want = pending[-2]
                 got = [ctx.get(dut.read_data[g]) for g in range(granules)]

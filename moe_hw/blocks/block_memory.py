@@ -24,12 +24,16 @@ Ports:
 
 ``write_addr``, ``write_data``, ``write_en`` (in)
     A write of the granules whose ``write_en`` bit is high (``write_data`` is an array of
-    ``granules`` elements of ``shape``), at the clock edge of the cycle it is given.
+    ``granules`` elements of ``shape``), at the clock edge of the cycle it is given; with
+    ``registered_write``, one edge later (the write passes a register, on ECP5 after the
+    row's decode, so that the blocks' write pins hang off flip-flops: a block row spread over
+    the device is a 3 ns net).
 ``read_addr``, ``read_en`` (in); ``read_data`` (out)
     A read: the word at ``read_addr`` (given in a cycle with ``read_en`` high) is on
     ``read_data`` after :attr:`latency` (2) such cycles, and holds while ``read_en`` is low.
-    A read sees a write given in an earlier cycle; a read and a write of the same address in
-    the same cycle are not allowed (the block's result is undefined).
+    A read sees a write given in an earlier cycle (two cycles earlier with
+    ``registered_write``); a read and a write of the same address in the same cycle are not
+    allowed (the block's result is undefined).
 """
 
 from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal, Value
@@ -63,8 +67,9 @@ class BlockMemory(wiring.Component):
 
     latency = 2
 
-    def __init__(self, shape, depth, *, granules=1, target="generic"):
+    def __init__(self, shape, depth, *, granules=1, target="generic", registered_write=False):
         self.shape = shape
+        self.registered_write = bool(registered_write)
         self.depth = check_int("depth", depth, minimum=1, maximum=1 << 20)
         self.granules = check_int("granules", granules, minimum=1, maximum=64)
         self.target = check_choice("target", target, MEMORY_TARGETS)
@@ -89,14 +94,22 @@ class BlockMemory(wiring.Component):
     def _granule_width(self):
         return Shape.cast(self.shape).width
 
+    def _write(self, m, value, name):
+        """A write input as the memory sees it: registered with ``registered_write``."""
+        if not self.registered_write:
+            return value
+        return delay(m, value, 1, 1, name=name, reset_less=name != "write_en_r")
+
     def elaborate(self, platform):
         m = Module()
+        write_addr = self._write(m, self.write_addr, "write_addr_r")
+        write_data = self._write(m, self.write_data.as_value(), "write_data_r")
         if self.target == "generic":
             mem = m.submodules.memory = memory.Memory(shape=self.word, depth=self.depth, init=[])
             write = mem.write_port(granularity=1)
             read = mem.read_port(domain="sync")
-            m.d.comb += [write.addr.eq(self.write_addr), write.data.eq(self.write_data),
-                         write.en.eq(self.write_en),
+            m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
+                         write.en.eq(self._write(m, self.write_en, "write_en_r")),
                          read.addr.eq(self.read_addr), read.en.eq(self.read_en)]
             m.d.comb += self.read_data.eq(delay(m, read.data.as_value(), 1, self.read_en,
                                                 name="read_data_r", reset_less=True))
@@ -106,14 +119,17 @@ class BlockMemory(wiring.Component):
         columns = -(-width // _WIDTH)
         row_bits = ceil_log2(self.rows)
         low_bits = ceil_log2(min(self.depth, _WORDS))
-        low, read_low = self.write_addr[:low_bits], self.read_addr[:low_bits]
+        low, read_low = write_addr[:low_bits], self.read_addr[:low_bits]
         write_row = self.write_addr[_WORD_BITS:] if self.rows > 1 else Const(0)
         row_words = []
         for row in range(self.rows):
             word_bits = []
             for granule in range(self.granules):
-                bits = Value.cast(self.write_data[granule])
+                bits = write_data[granule * width:(granule + 1) * width]
+                # (Registered after the row's decode: the enable is a flip-flop at the pins.)
                 we = self.write_en[granule] & (write_row == row)
+                if self.registered_write:
+                    we = delay(m, we, 1, 1, name=f"write_en_r{row}_g{granule}")
                 for column in range(columns):
                     chunk = bits[column * _WIDTH:min(width, (column + 1) * _WIDTH)]
                     out = Signal(_WIDTH, name=f"r{row}_g{granule}_c{column}")

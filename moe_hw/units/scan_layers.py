@@ -316,8 +316,10 @@ class ScanLayersUnit(wiring.Component):
 
         # ---- the parameter memory: L * B beats, layer-major --------------------------------
         depth = p.max_layers * p.max_beats
+        # (Its writes pass a register: the scan reads the first parameters several cycles
+        # after the last write.)
         store = m.submodules.parameters = BlockMemory(p.params_layout(), depth,
-                                                      target=p.bram)
+                                                      target=p.bram, registered_write=True)
         loading = Signal()
         load_addr = Signal(range(depth + 1))
         load_left = Signal(range(depth + 1))           # parameter beats still to come
