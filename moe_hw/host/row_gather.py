@@ -10,7 +10,7 @@ The memory model's latency is the run-time value ``memory_latency``
 import numpy as np
 
 from ..blocks.row_reader import last_enable, row_beats
-from ..flows.fastsim import FastBench, MemoryReader, Sink, Source
+from ..flows.fastsim import FastBench, MemoryReader, Sink, Source, lane_beats
 from .checks import compare_log, compare_values
 from .unit import Unit
 
@@ -77,10 +77,8 @@ class RowGather(Unit):
         if beats:
             enable[-1] = last_enable(hidden, lanes)
             last[-1] = 1
-        padded = np.zeros((rows, beats * lanes), dtype=np.uint64)
-        padded[:, :hidden] = want_bits
         want = {"enable": np.tile(enable, rows), "last": np.tile(last, rows),
-                "data": padded.reshape(rows * beats, lanes)}
+                "data": lane_beats(want_bits, lanes)}
         on = (results["enable"][:, None] >> np.arange(lanes)) & 1 == 1
         got = {"enable": results["enable"], "last": results["last"],
                "data": np.where(on, results["data"], 0)}

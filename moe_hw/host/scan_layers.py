@@ -13,7 +13,7 @@ as ``golden.stack_layer_params`` does).
 import numpy as np
 
 from .. import golden
-from ..flows.fastsim import FastBench, Sink, Source
+from ..flows.fastsim import FastBench, Sink, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden.testing import random_floats
 from ..units.scan_layers import (INT_FORMATS, LAYER_FORMATS, ScanLayersParams, ScanLayersUnit,
@@ -169,11 +169,7 @@ class ScanLayers(Unit):
 
     def lane_bits(self, array, params):
         """``array`` [R, H] as bit patterns [R * B, lanes] (beats, zero padded)."""
-        rows, hidden = array.shape
-        beats = -(-hidden // params.lanes)
-        padded = np.zeros((rows, beats * params.lanes), dtype=np.uint64)
-        padded[:, :hidden] = element_bits(array, params.format)
-        return padded.reshape(rows * beats, params.lanes)
+        return lane_beats(element_bits(array, params.format), params.lanes)
 
     def pack(self, problem, params, *, stall, seed):
         self.fits(problem, params)

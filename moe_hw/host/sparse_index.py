@@ -9,7 +9,7 @@ npz inputs: ``gates`` [S, E]. Outputs: ``batch_index``, ``part_sizes``, ``nonzer
 import numpy as np
 
 from .. import golden
-from ..flows.fastsim import FastBench, Sink, Source
+from ..flows.fastsim import FastBench, Sink, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..golden.sparse import check_gate_matrix
 from ..units.sparse_index import SparseIndexParams, SparseIndexUnit, place_cycles
@@ -29,11 +29,7 @@ def _next_pow2(n):
 def row_beats(gate_bits, lanes):
     """The ``rows`` stream's beats for a [S, E] array of bit patterns: [S*ceil(E/lanes),
     lanes], row-major, each row zero-padded to whole beats."""
-    tokens, experts = gate_bits.shape
-    beats = -(-experts // lanes)
-    padded = np.zeros((tokens, beats * lanes), dtype=np.uint64)
-    padded[:, :experts] = gate_bits
-    return padded.reshape(tokens * beats, lanes)
+    return lane_beats(gate_bits, lanes)
 
 
 def routed_per_beat(gates, lanes):
