@@ -49,8 +49,15 @@ async def moe_layer(dut):
     beat_words = [pack_lanes(padded[row, b], width)
                   for row in st["row"].tolist() for b in range(beats)] if s["feed_data"] else []
     expert = run.layout("expert_params__payload")
-    expert_words = [expert.pack(scale=a, bias=b) for a, b in
-                    zip(st["scale"].tolist(), st["bias"].tolist())] if s["feed_params"] else []
+    # Affine experts: one scale and bias per beat; expert stacks: lanes of each per beat.
+    if not s["feed_params"]:
+        expert_words = []
+    elif np.ndim(st["scale"]) == 2:
+        expert_words = [expert.pack(scale=pack_lanes(a, width), bias=pack_lanes(b, width))
+                        for a, b in zip(st["scale"], st["bias"])]
+    else:
+        expert_words = [expert.pack(scale=a, bias=b)
+                        for a, b in zip(st["scale"].tolist(), st["bias"].tolist())]
     if not s["feed_pairs"]:
         pairs = []
     memory = np.zeros(int(s["memory_size"]), dtype=np.uint64)

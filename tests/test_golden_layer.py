@@ -118,3 +118,51 @@ def test_bad_arguments():
                   bias=np.ones(2, ml_dtypes.bfloat16))
     with pytest.raises(ValueError, match=r"gates must be non-negative"):
         moe_layer(-gates, np.ones((2, 3), np.float32), capacity=2)
+
+
+def test_expert_stacks_worked_example():
+    """Each expert's rows through its own scan_layers stack: expert 0 (2 layers) turns a row
+    x into relu(3 * (2x + 1) - 10), expert 1 into relu(-x + 0) then + 4."""
+    gates = np.float32([[1.0, 0.0], [0.0, 0.5], [1.0, 0.0]])
+    input = np.float32([[1, 2], [3, -4], [5, 6]])
+    scale = np.float32([[[2, 2], [3, 3]], [[-1, -1], [1, 1]]])
+    bias = np.float32([[[1, 1], [-10, -10]], [[0, 0], [4, 4]]])
+    output, dropped = moe_layer(gates, input, capacity=2, scale=scale, bias=bias, relu=True)
+    expert0 = lambda x: np.maximum(3 * (2 * x + 1) - 10, 0)        # noqa: E731
+    expert1 = lambda x: np.maximum(np.maximum(-x, 0) + 4, 0)       # noqa: E731
+    want = np.float32([expert0(input[0]), 0.5 * expert1(input[1]), expert0(input[2])])
+    assert bit_equal(output, want) and dropped == 0
+    plain, _ = moe_layer(gates, input, capacity=2, scale=scale, bias=bias)
+    assert bit_equal(plain[0], np.float32([-1, 5]))     # 3 * (2x + 1) - 10 without relu
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_one_layer_stacks_are_affine_experts(dtype):
+    """A one-layer stack of broadcast vectors is the affine expert, bit for bit (specials
+    included): the same two roundings."""
+    rng = np.random.default_rng(4)
+    gates = np.zeros((12, 4), dtype)
+    gates[np.arange(12), rng.integers(0, 4, 12)] = 1
+    input = random_floats(rng, (12, 5), dtype, specials=0.3)
+    scale, bias = (random_floats(rng, (4,), dtype, specials=0.3) for _ in range(2))
+    affine, _ = moe_layer(gates, input, capacity=3, scale=scale, bias=bias)
+    stacked, _ = moe_layer(gates, input, capacity=3,
+                           scale=np.repeat(scale.reshape(4, 1, 1), 5, axis=2),
+                           bias=np.repeat(bias.reshape(4, 1, 1), 5, axis=2))
+    assert bit_equal(affine, stacked)
+
+
+def test_expert_stack_errors():
+    gates = np.float32([[1.0, 0.0], [0.0, 1.0]])
+    input = np.ones((2, 3), np.float32)
+    ones = np.ones((2, 2, 3), np.float32)
+    with pytest.raises(ValueError, match="an expert stack needs both scale and bias"):
+        moe_layer(gates, input, capacity=2, scale=ones)
+    with pytest.raises(ValueError, match=r"bias must have shape \(2, L, 3\) \[E, L, H\]"):
+        moe_layer(gates, input, capacity=2, scale=ones, bias=np.ones((2, 2, 4), np.float32))
+    with pytest.raises(ValueError, match="scale and bias must have one shape"):
+        moe_layer(gates, input, capacity=2, scale=ones, bias=np.ones((2, 1, 3), np.float32))
+    with pytest.raises(ValueError, match="at least one layer"):
+        moe_layer(gates, input, capacity=2, scale=ones[:, :0], bias=ones[:, :0])
+    with pytest.raises(TypeError, match="bias has dtype float16"):
+        moe_layer(gates, input, capacity=2, scale=ones, bias=ones.astype(np.float16))

@@ -132,6 +132,110 @@ def test_moe_layer_ecp5_block_ram(stall):
     assert outcome.outputs["dropped"] > 0
 
 
+# ---- expert stacks: every expert a scan_layers stack of its own (experts=scan_layers) -----------
+STACK = MoELayerParams(format="fp32", experts="scan_layers", max_layers=4, lanes=2,
+                       max_tokens=32, max_hidden=16, max_experts=8, max_capacity=32,
+                       max_top_k=2)
+
+STACK_CASES = {
+    # Three layers with relu, H not a multiple of the lanes, default capacity.
+    "relu": dict(tokens=20, experts=5, k=2, hidden=7, layers=3, relu=1),
+    # Drops, and 5 of 8 experts empty: their parameters are taken and dropped.
+    "drops_empty_experts": dict(tokens=10, experts=8, k=2, hidden=3, layers=2, capacity=2,
+                                experts_used=[1, 4, 6]),
+    # One layer without relu, NaN, Inf, subnormals and -0.0 everywhere.
+    "one_layer_specials": dict(tokens=12, experts=3, k=1, hidden=4, layers=1, specials=0.3),
+    # The most layers the unit holds; every expert filled.
+    "four_layers": dict(tokens=16, experts=2, k=2, hidden=16, layers=4, relu=1),
+    # Zero-element problems: no hidden elements (no parameter beats at all); no capacity (the
+    # parameters of every expert dropped, no row run); no tokens.
+    "zero_hidden": dict(tokens=5, experts=3, k=2, hidden=0, layers=2),
+    "zero_capacity": dict(tokens=6, experts=3, k=2, hidden=5, layers=2, capacity=0),
+    "zero_tokens": dict(tokens=0, experts=3, k=2, hidden=5, layers=2, capacity=2),
+}
+
+
+def stack_problem(seed, *, tokens, experts, k, hidden, layers, relu=0, capacity=None,
+                  dtype=np.float32, specials=0.0, experts_used=None):
+    """``(inputs, settings)``: a random layer whose experts are stacks of ``layers`` layers."""
+    inputs, settings = problem(seed, tokens=tokens, experts=experts, k=k, hidden=hidden,
+                               capacity=capacity, dtype=dtype, affine=False,
+                               specials=specials, experts_used=experts_used)
+    rng = np.random.default_rng(seed + 100)
+    inputs["expert_scale"] = random_floats(rng, (experts, layers, hidden), dtype,
+                                           specials=specials)
+    inputs["expert_bias"] = random_floats(rng, (experts, layers, hidden), dtype,
+                                          specials=specials)
+    return inputs, {**settings, "relu": relu}
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("sim, case", simulator_cases(
+    STACK_CASES, icarus=["drops_empty_experts", "zero_capacity"]))
+def test_moe_layer_expert_stacks(sim, case, stall):
+    """Bit-exact against golden.moe_layer with per-expert scan_layers stacks; every expert's
+    L*B parameter beats taken (the empty experts' dropped); the exact phase cycles."""
+    spec = STACK_CASES[case]
+    outcome = check(*stack_problem(sorted(STACK_CASES).index(case), **spec), STACK, sim,
+                    stall, seed=9)
+    phases = outcome.results["phase_cycles"]
+    beats = -(-spec["hidden"] // STACK.lanes)
+    if spec["tokens"]:
+        assert int(outcome.results["params_taken"]) == spec["experts"] * spec["layers"] * beats
+    if stall == 0.0 and spec["tokens"] and spec["hidden"]:
+        # Never less than the parameters and L passes over the filled rows.
+        rows = outcome.problem["layer"].expert_rows
+        assert phases["experts"] >= (spec["experts"] + rows * spec["layers"]) * beats
+
+
+@pytest.mark.parametrize("stall", STALLS)
+def test_moe_layer_affine_experts_on_a_stack_unit(stall):
+    """Affine experts ([E] scale and bias) run on a stack unit as one-layer stacks: the same
+    two roundings, bit for bit."""
+    inputs, settings = problem(31, tokens=18, experts=4, k=2, hidden=9, specials=0.2)
+    check(inputs, settings, STACK, "verilator", stall, seed=4)
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_moe_layer_expert_stacks_bf16(sim):
+    """bfloat16 stacks with relu under random pauses."""
+    params = MoELayerParams(format="bf16", experts="scan_layers", max_layers=2, lanes=4,
+                            max_tokens=8, max_hidden=8, max_experts=4, max_capacity=8,
+                            max_top_k=2)
+    inputs, settings = stack_problem(3, tokens=8, experts=4, k=2, hidden=6, layers=2, relu=1,
+                                     dtype=ml_dtypes.bfloat16, specials=0.2)
+    check(inputs, settings, params, sim, 0.3, seed=2)
+
+
+def test_moe_layer_expert_stack_host_errors():
+    inputs, settings = stack_problem(0, tokens=4, experts=3, k=2, hidden=8, layers=2)
+
+    def attempt(changes, settings=settings, params=STACK):
+        run(UNIT, {**inputs, **changes}, settings, params=params)
+
+    with pytest.raises(HostError, match="but the unit has experts=affine; build it with "
+                                        "experts=scan_layers"):
+        attempt({}, params=FP32)
+    with pytest.raises(HostError, match="layers = 5 exceeds the unit's max_layers of 4"):
+        attempt({name: np.ones((3, 5, 8), np.float32)
+                 for name in ("expert_scale", "expert_bias")})
+    with pytest.raises(HostError, match=r"expert_bias must have shape \(3, L, 8\) \[E, L, H\]"):
+        attempt({"expert_bias": np.ones((3, 2, 7), np.float32)})
+    with pytest.raises(HostError, match="expert_scale and expert_bias must have one shape"):
+        attempt({"expert_bias": np.ones((3, 1, 8), np.float32)})
+    with pytest.raises(HostError, match="expert_bias is missing: expert stacks need"):
+        run(UNIT, {k: v for k, v in inputs.items() if k != "expert_bias"}, settings,
+            params=STACK)
+    with pytest.raises(HostError, match="L = 0 layers"):
+        attempt({name: np.ones((3, 0, 8), np.float32)
+                 for name in ("expert_scale", "expert_bias")})
+    with pytest.raises(HostError, match="relu must be 0 or 1, not 2"):
+        attempt({}, {**settings, "relu": 2})
+    affine, _ = problem(0, tokens=4, experts=3, k=2, hidden=8)
+    with pytest.raises(HostError, match="relu=1 applies to expert stacks only"):
+        run(UNIT, affine, {"relu": 1}, params=STACK)
+
+
 def test_moe_layer_sized_from_settings():
     """Parameters from ``--set``-style settings (sized to the problem otherwise) reproduce the
     golden chain; without a capacity the default factor 1.25 applies."""

@@ -12,7 +12,7 @@ from .dispatch import (dispatch_backward_data, dispatch_backward_gate, dispatch_
 from .expert_parallel import ep_dispatch
 from .expand import (PhysicalExpand, contiguous_strides, expand, expand_backward,
                      expand_backward_hw, expand_strides, physical_expand, repeat)
-from .layer import moe_layer, top_k_routing
+from .layer import expert_stacks, moe_layer, top_k_routing
 from .locations import capacity_from_factor, compute_locations, expert_counts
 from .rerouting import moe_re_routing
 from .scan import (affine_layer, prefix_sum, scan, scan_layers, scan_layers_backward,
@@ -29,6 +29,6 @@ __all__ = [
     "PhysicalExpand", "contiguous_strides",
     "scan", "scan_layers", "stack_layer_params", "prefix_sum", "affine_layer",
     "scan_layers_backward", "token_sum",
-    "moe_layer", "top_k_routing",
+    "moe_layer", "top_k_routing", "expert_stacks",
     "ep_dispatch",
 ]

@@ -6,9 +6,10 @@ from ._common import add, check_count, float_array, mul, same_dtype
 from .combine import combine_gather
 from .dispatch import dispatch_dropped, dispatch_forward
 from .locations import compute_locations
+from .scan import affine_layer, scan_layers
 from .sparse import check_gate_matrix
 
-__all__ = ["top_k_routing", "moe_layer"]
+__all__ = ["top_k_routing", "moe_layer", "expert_stacks"]
 
 
 def top_k_routing(gates):
@@ -32,7 +33,7 @@ def top_k_routing(gates):
     return gates[np.arange(gates.shape[0]), indices], indices
 
 
-def moe_layer(gates, input, *, capacity, scale=None, bias=None, postscore=True):
+def moe_layer(gates, input, *, capacity, scale=None, bias=None, postscore=True, relu=False):
     """The chained golden of one MoE layer: ``(output [S, H], dropped)``.
 
     1. :func:`top_k_routing`: the gate matrix ``gates[S, E]`` -> ``gates_k``, ``indices``
@@ -42,7 +43,10 @@ def moe_layer(gates, input, *, capacity, scale=None, bias=None, postscore=True):
        (``dropped`` = :func:`dispatch_dropped`, the pairs whose location is >= C);
     4. expert e's rows become ``scale[e] * x + bias[e]`` in the data format (product rounded,
        then the sum rounded, no FMA; ``scale``/``bias`` are [E] or [E, H]; either may be None:
-       no multiply / no add; both None is the identity expert);
+       no multiply / no add; both None is the identity expert); or, with ``scale`` and
+       ``bias`` both [E, L, H], expert e is a scan_layers stack of its own: its rows go
+       through ``scan_layers(affine_layer(relu), {"scale": scale[e], "bias": bias[e]})``,
+       L layers ``relu?(a_l * x + b_l)`` (SPEC 1.7; ``relu`` applies to this form only);
     5. :func:`combine_gather` -> ``output``.
 
     ``postscore`` follows tutel's ``is_postscore``: True (the default) dispatches with gates of
@@ -63,8 +67,10 @@ def moe_layer(gates, input, *, capacity, scale=None, bias=None, postscore=True):
                                num_experts=num_experts, capacity=capacity)
     dropped = dispatch_dropped(indices, locations, num_experts=num_experts, capacity=capacity)
     experts = experts.reshape(num_experts, capacity, input.shape[1])
+    if np.ndim(scale) == 3 or np.ndim(bias) == 3:
+        experts = expert_stacks(experts, scale, bias, relu, input)
     for name, operand, op in (("scale", scale, mul), ("bias", bias, add)):
-        if operand is None:
+        if operand is None or np.ndim(operand) == 3:
             continue
         operand = float_array(name, operand, ndim=(1, 2), what="[E] or [E, H]")
         same_dtype(name, operand, "input", input)
@@ -78,3 +84,25 @@ def moe_layer(gates, input, *, capacity, scale=None, bias=None, postscore=True):
                             experts.reshape(num_experts * capacity, input.shape[1]),
                             capacity=capacity)
     return output, dropped
+
+
+def expert_stacks(experts, scale, bias, relu, input):
+    """Each expert's rows [E, C, H] through its own scan_layers stack (scale, bias [E, L, H])."""
+    num_experts, _, hidden = experts.shape
+    if scale is None or bias is None:
+        raise ValueError("an expert stack needs both scale and bias [E, L, H]")
+    scale = float_array("scale", scale, ndim=3, what="[E, L, H]")
+    bias = float_array("bias", bias, ndim=3, what="[E, L, H]")
+    for name, operand in (("scale", scale), ("bias", bias)):
+        same_dtype(name, operand, "input", input)
+        if operand.shape[0] != num_experts or operand.shape[2] != hidden:
+            raise ValueError(f"{name} must have shape ({num_experts}, L, {hidden}) [E, L, H], "
+                             f"not {operand.shape}")
+    if scale.shape != bias.shape:
+        raise ValueError(f"scale and bias must have one shape [E, L, H], not {scale.shape} "
+                         f"and {bias.shape}")
+    if scale.shape[1] == 0:
+        raise ValueError("an expert stack must have at least one layer (L = 0)")
+    return np.stack([scan_layers(lambda h, p: affine_layer(h, p, relu),
+                                 {"scale": scale[e], "bias": bias[e]}, experts[e])
+                     for e in range(num_experts)]) if num_experts else experts

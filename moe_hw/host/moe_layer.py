@@ -5,7 +5,9 @@ behind a read port and a write port, the output scored against the chained golde
 every expert-buffer write and every read.
 
 npz inputs: ``gates`` [S, E], ``input`` [S, H], optionally ``expert_scale`` and
-``expert_bias`` [E] (neither: identity experts); run-time ``capacity`` (default:
+``expert_bias`` [E] (neither: identity experts), or both [E, L, H]: every expert a scan_layers
+stack of L layers ``relu?(a_l * x + b_l)`` (built with ``experts=scan_layers``; run-time
+``relu``, default 0); run-time ``capacity`` (default:
 ``golden.capacity_from_factor(1.25, S, E, k)``) and ``memory_latency`` (the memory model's,
 default 2). Outputs: ``output`` [S, H], ``dropped``.
 
@@ -49,13 +51,24 @@ class MoELayerProblem:
     gates: np.ndarray         # [S, E]
     input: np.ndarray         # [S, H]
     capacity: int
-    scale: np.ndarray | None  # [E]
-    bias: np.ndarray | None   # [E]
+    scale: np.ndarray | None  # [E], or [E, L, H] for expert stacks
+    bias: np.ndarray | None   # [E], or [E, L, H]
     gates_k: np.ndarray       # [k, S]
     indices: np.ndarray       # [k, S]
     locations: np.ndarray     # [k, S]
     fmt: object
     memory_latency: int = MEMORY_LATENCY
+    relu: int = 0
+
+    @property
+    def stacked(self):
+        """Whether the experts are scan_layers stacks (scale and bias [E, L, H])."""
+        return self.scale is not None and self.scale.ndim == 3
+
+    @property
+    def layers(self):
+        """L of the expert stacks (0 for affine or identity experts)."""
+        return self.scale.shape[1] if self.stacked else 0
 
     @property
     def tokens(self):
@@ -115,7 +128,7 @@ def _float(name, value, **kwargs):
 
 
 def layer_problem(gates, input, capacity=None, expert_scale=None, expert_bias=None,
-                  memory_latency=MEMORY_LATENCY):
+                  memory_latency=MEMORY_LATENCY, relu=0):
     """Check a problem (``capacity`` None: the default factor); a :class:`MoELayerProblem`."""
     gates = _float("gates", gates, ndim=2, what="[S, E]")
     try:
@@ -136,7 +149,12 @@ def layer_problem(gates, input, capacity=None, expert_scale=None, expert_bias=No
                                                max(experts, 1), max(top_k, 1))
     capacity = runtime_int("capacity", {"capacity": capacity}, {})
     operands = []
+    stacked = np.ndim(expert_scale) == 3 or np.ndim(expert_bias) == 3
+    if stacked:
+        operands = _stack_operands(expert_scale, expert_bias, experts, input)
     for name, operand in (("expert_scale", expert_scale), ("expert_bias", expert_bias)):
+        if stacked:
+            break
         if operand is not None:
             operand = _float(name, operand, ndim=(1, 2), what="[E]")
             if operand.ndim == 2:
@@ -151,8 +169,34 @@ def layer_problem(gates, input, capacity=None, expert_scale=None, expert_bias=No
                                 f"{input.dtype}; they must share one format")
         operands.append(operand)
     locations = golden.compute_locations(indices, num_experts=experts)
+    relu = runtime_int("relu", {"relu": relu}, {})
+    if relu not in (0, 1):
+        raise HostError(f"relu must be 0 or 1, not {relu}")
     return MoELayerProblem(gates, input, capacity, operands[0], operands[1], gates_k, indices,
-                           locations, FORMATS[format_of(input)], memory_latency)
+                           locations, FORMATS[format_of(input)], memory_latency, relu)
+
+
+def _stack_operands(expert_scale, expert_bias, experts, input):
+    """``[scale, bias]`` of expert stacks, both [E, L, H] in the input's format, L > 0."""
+    operands = []
+    for name, operand in (("expert_scale", expert_scale), ("expert_bias", expert_bias)):
+        if operand is None:
+            raise HostError(f"{name} is missing: expert stacks need expert_scale and "
+                            f"expert_bias, both [E, L, H]")
+        operand = _float(name, operand, ndim=3, what="[E, L, H]")
+        if operand.shape[0] != experts or operand.shape[2] != input.shape[1]:
+            raise HostError(f"{name} must have shape ({experts}, L, {input.shape[1]}) "
+                            f"[E, L, H], not {operand.shape}")
+        if operand.dtype != input.dtype:
+            raise HostError(f"{name} has dtype {operand.dtype}, but input has "
+                            f"{input.dtype}; they must share one format")
+        operands.append(operand)
+    if operands[0].shape != operands[1].shape:
+        raise HostError(f"expert_scale and expert_bias must have one shape [E, L, H], not "
+                        f"{operands[0].shape} and {operands[1].shape}")
+    if operands[0].shape[1] == 0:
+        raise HostError("expert_scale has L = 0 layers: an expert stack needs at least one")
+    return operands
 
 
 def _chain(prob):
@@ -163,9 +207,14 @@ def _chain(prob):
                                          prob.locations, prob.input, num_experts=experts,
                                          capacity=capacity)
     buffer = dispatched.reshape(experts, capacity, prob.hidden)
-    for operand, op in ((prob.scale, mul), (prob.bias, add)):
-        if operand is not None:
-            buffer = op(buffer, np.broadcast_to(operand.reshape(experts, 1, 1), buffer.shape))
+    if prob.stacked:
+        buffer = golden.expert_stacks(buffer, prob.scale, prob.bias, bool(prob.relu),
+                                      prob.input)
+    else:
+        for operand, op in ((prob.scale, mul), (prob.bias, add)):
+            if operand is not None:
+                buffer = op(buffer, np.broadcast_to(operand.reshape(experts, 1, 1),
+                                                    buffer.shape))
     return buffer.reshape(experts * capacity, prob.hidden)
 
 
@@ -217,9 +266,9 @@ class MoELayer(Unit):
     params = MoELayerParams
     inputs = ("gates", "input", "expert_scale", "expert_bias")
     outputs = ("output", "dropped")
-    runtime = ("capacity", "memory_latency")
+    runtime = ("capacity", "memory_latency", "relu")
     ideal = ("one beat per cycle on the busiest port in every phase: "
-             "k*S*B + R*B + max(k, 1)*S*B")
+             "k*S*B + R*B + max(k, 1)*S*B (expert stacks: (E + R)*L*B in place of R*B)")
 
     def build(self, params):
         return MoELayerUnit(params)
@@ -230,15 +279,19 @@ class MoELayer(Unit):
         capacity = runtime_int("capacity", runtime, inputs) \
             if "capacity" in runtime or "capacity" in inputs else None
         latency = memory_latency(runtime, inputs)
+        relu = runtime_int("relu", runtime, inputs) \
+            if "relu" in runtime or "relu" in inputs else 0
         return {"layer": layer_problem(gates, input, capacity, inputs.get("expert_scale"),
-                                       inputs.get("expert_bias"), latency)}
+                                       inputs.get("expert_bias"), latency, relu)}
 
     def params_for(self, problem, settings):
         prob = problem["layer"]
         params = self.sized(settings, format=prob.fmt.name, max_tokens=max(1, prob.tokens),
                             max_hidden=max(1, prob.hidden),
                             max_experts=max(1, prob.num_experts),
-                            max_capacity=max(1, prob.capacity), max_top_k=max(1, prob.top_k))
+                            max_capacity=max(1, prob.capacity), max_top_k=max(1, prob.top_k),
+                            **({"experts": "scan_layers", "max_layers": prob.layers}
+                               if prob.stacked else {}))
         self.fits(problem, params)
         return params
 
@@ -250,6 +303,14 @@ class MoELayer(Unit):
                      num_experts=(prob.num_experts, "max_experts"),
                      capacity=(prob.capacity, "max_capacity"),
                      top_k=(prob.top_k, "max_top_k"))
+        if prob.stacked and not params.stacked:
+            raise HostError("expert_scale and expert_bias are [E, L, H] (expert stacks), but "
+                            "the unit has experts=affine; build it with experts=scan_layers")
+        if prob.stacked:
+            check_maxima(params, layers=(prob.layers, "max_layers"))
+        if prob.relu and not prob.stacked:
+            raise HostError("relu=1 applies to expert stacks only (expert_scale and "
+                            "expert_bias [E, L, H])")
 
     # ---- the simulation ----------------------------------------------------------------
     def pack(self, problem, params, *, stall, seed):
@@ -260,19 +321,29 @@ class MoELayer(Unit):
         one, minus_zero = np.ones(experts, fmt.dtype), np.full(experts, -0.0, fmt.dtype)
         scale = one if prob.scale is None else prob.scale
         bias = minus_zero if prob.bias is None else prob.bias   # x + -0.0 == x, bit for bit
+        if params.stacked:
+            # A stack unit runs affine experts as one-layer stacks (the same two roundings).
+            if not prob.stacked:
+                scale, bias = (np.broadcast_to(v.reshape(experts, 1, 1), (experts, 1, hidden))
+                               for v in (scale, bias))
+            scale, bias = (lane_beats(to_bits(v.reshape(experts * v.shape[1], hidden), fmt),
+                                      params.lanes)
+                           for v in (scale, bias))
         stimulus = {
             "pair_gate": to_bits(prob.gates_k.reshape(-1), fmt).astype(np.uint64),
             "pair_index": prob.indices.reshape(-1).astype(np.int64),
             "row": np.tile(np.arange(tokens), prob.top_k),   # k-major: pair -> token row
             "input": to_bits(prob.input, fmt).astype(np.uint64),
-            "scale": to_bits(scale, fmt).astype(np.uint64),
-            "bias": to_bits(bias, fmt).astype(np.uint64),
+            "scale": to_bits(scale, fmt).astype(np.uint64) if not params.stacked else scale,
+            "bias": to_bits(bias, fmt).astype(np.uint64) if not params.stacked else bias,
         }
         settings = {
             "lanes": params.lanes, "width": fmt.width,
             "runtime": {"tokens": tokens, "hidden": hidden, "top_k": prob.top_k,
                         "num_experts": experts, "capacity": prob.capacity,
-                        "affine": int(prob.affine)},
+                        "affine": int(prob.affine),
+                        **({"layers": max(prob.layers, 1), "relu": prob.relu}
+                           if params.stacked else {})},
             "feed_pairs": tokens > 0, "feed_data": prob.feeds_data,
             "feed_params": prob.affine and tokens > 0,
             "memory_latency": prob.memory_latency,
@@ -339,7 +410,8 @@ class MoELayer(Unit):
         tokens, hidden, k = prob.tokens, prob.hidden, prob.top_k
         beats = row_beats(hidden, lanes)
         want, want_dropped = golden.moe_layer(prob.gates, prob.input, capacity=prob.capacity,
-                                              scale=prob.scale, bias=prob.bias)
+                                              scale=prob.scale, bias=prob.bias,
+                                              relu=bool(prob.relu))
         findings = compare_bits("output vs golden.moe_layer", outputs["output"], want, fmt)
         findings += compare_values("dropped", outputs["dropped"], want_dropped)
         if int(results["error"]):
@@ -399,7 +471,7 @@ class MoELayer(Unit):
         # Every input beat taken.
         want_taken = {"pairs": k * tokens if tokens else 0,
                       "data": k * tokens * beats if prob.feeds_data else 0,
-                      "params": prob.num_experts if prob.affine and tokens else 0}
+                      "params": self._param_beats(prob, params)}
         for name, count in want_taken.items():
             taken = int(results[f"{name}_taken"])
             if taken != count:
@@ -408,16 +480,31 @@ class MoELayer(Unit):
             findings.append("busy after done")
         return findings
 
+    @staticmethod
+    def _param_beats(prob, params):
+        """The expert_params beats a run takes: E (affine experts), E*L*B (stacks; none
+        when H = 0)."""
+        if not (prob.affine and prob.tokens):
+            return 0
+        if params.stacked:
+            return prob.num_experts * max(prob.layers, 1) * row_beats(prob.hidden, params.lanes)
+        return prob.num_experts
+
     # ---- cycles ----------------------------------------------------------------------------
     def phase_ideals(self, problem, params):
         """One beat (or pair) per cycle per phase: route and dispatch overlap (k*S*B, at
-        least one cycle per pair); experts R*B; combine one read beat per cycle
+        least one cycle per pair); experts R*B (stacks: E*L*B parameter beats and R*L*B
+        layer beats); combine one read beat per cycle
         (max(k, 1)*S*B)."""
         prob = problem["layer"]
         beats = row_beats(prob.hidden, params.lanes)
+        experts = prob.expert_rows * beats
+        if params.stacked:     # every expert's L*B parameter beats, then L passes per row
+            experts = self._param_beats(prob, params) + \
+                prob.expert_rows * max(prob.layers, 1) * beats
         return {"route_dispatch": max(prob.pairs, prob.pairs * beats if prob.feeds_data
                                       else 0) if prob.tokens else 0,
-                "experts": prob.expert_rows * beats,
+                "experts": experts,
                 "combine": max(prob.top_k, 1) * prob.tokens * beats}
 
     def ideal_cycles(self, problem, params):
@@ -429,7 +516,8 @@ class MoELayer(Unit):
         return dict(tokens=prob.tokens, hidden=prob.hidden, top_k=prob.top_k,
                     num_experts=prob.num_experts, capacity=prob.capacity,
                     rows=prob.expert_rows, affine=prob.affine, reads=bool(prob.valid.any()),
-                    memory_latency=prob.memory_latency)
+                    memory_latency=prob.memory_latency,
+                    filled=tuple(prob.filled_rows.tolist()), layers=max(prob.layers, 1))
 
     def phase_cycles(self, problem, params):
         """The exact stall-free cycles of each phase (:meth:`MoELayerParams.phase_cycles`)."""
@@ -444,8 +532,14 @@ class MoELayer(Unit):
         prob = problem["layer"]
         return (f"moe_layer: S={prob.tokens}, E={prob.num_experts}, k={prob.top_k}, "
                 f"H={prob.hidden}, C={prob.capacity}, "
-                f"{'affine' if prob.affine else 'identity'} experts, lanes={params.lanes}, "
+                f"{self._expert_kind(prob)} experts, lanes={params.lanes}, "
                 f"{params.format}, memory latency {prob.memory_latency}")
+
+    @staticmethod
+    def _expert_kind(prob):
+        if prob.stacked:
+            return f"scan_layers (L={prob.layers}{', relu' if prob.relu else ''})"
+        return "affine" if prob.affine else "identity"
 
     # ---- benchmark ---------------------------------------------------------------------------
     def bench_problems(self, shape, seed=0):

@@ -14,6 +14,12 @@ the float multiplier and adder for the experts, :class:`~moe_hw.units.combine_ga
 CombineGatherUnit`) around an internal pair memory, and shares one external expert buffer
 [E*C, H] (one read port, one write port) between its phases.
 
+With ``experts="scan_layers"`` every expert is a scan_layers stack of its own (SPEC 1.7,
+1.8): L layers ``relu?(a_{e,l} * x + b_{e,l})`` with vectors of length H per expert and
+layer, ``golden.moe_layer`` with ``scale`` and ``bias`` [E, L, H]. One
+:class:`~moe_hw.units.scan_layers.ScanLayersUnit` (one layer datapath, its parameter memory
+of ``max_layers`` layers) serves every expert in turn: the cost does not grow with E or L.
+
 Streams and ports (payload fields are listed least significant first):
 
 ``pair`` (in)
@@ -27,7 +33,11 @@ Streams and ports (payload fields are listed least significant first):
     each, lane 0 first, the last beat zero-padded past H. ``k*S*ceil(H / lanes)`` beats in
     all, or none when H, C or E is 0 (nothing can be dispatched).
 ``expert_params`` (in)
-    When ``affine`` is 1: E beats, expert 0 first: ``scale`` then ``bias`` (the format's
+    Expert stacks (``experts="scan_layers"``, ``affine`` 1): E*L*ceil(H / lanes) beats,
+    expert-major, each expert's as the scan_layers unit's ``layer_params`` (layer-major,
+    ``scale`` then ``bias``, ``lanes`` elements each); taken in the expert phase, every
+    expert's, the ones with no filled row dropped. Affine experts:
+    when ``affine`` is 1: E beats, expert 0 first: ``scale`` then ``bias`` (the format's
     bits), held in an internal memory of ``max_experts`` entries. They may come at any time
     during the run; the expert phase waits for them. None when ``affine`` is 0. (A missing
     scale is 1.0 and a missing bias -0.0, which the host substitutes: ``1.0 * x`` and
@@ -50,6 +60,8 @@ Streams and ports (payload fields are listed least significant first):
     Run-time problem size (S, H, k, E, C) and whether the experts are affine (1) or the
     identity (0), sampled when ``start`` is high while idle (the shared
     :class:`~moe_hw.blocks.run_control.RunControl`; S = 0 is its empty run).
+``layers``, ``relu`` (in, expert stacks only)
+    L (0: identity experts) and whether the layers apply relu, sampled with the sizes.
 ``busy``, ``done``, ``dropped``, ``error``, ``phase`` (out)
     ``done`` rises when the last output beat has left and stays high until the next start.
     ``dropped`` counts the pairs that fail the capacity mask (``golden.moe_layer``'s
@@ -76,7 +88,13 @@ Phases (``phase``):
    expert on the work list, for each of its ``min(count, C)`` filled rows, the row is read
    (one row command per row into a row reader), each lane computes ``scale * x`` (rounded)
    then ``+ bias`` (rounded) in a float multiplier and a float adder, and the row is written
-   back in place, one beat per cycle.
+   back in place, one beat per cycle. With expert stacks (when ``affine`` is 1 and H, L >
+   0, filled rows or not): for every expert in order, either its stack runs (the stack
+   unit started with the expert's filled rows as its tokens, its L*B parameter beats from
+   ``expert_params``, the rows from the row reader, which runs ahead through the work
+   list; the results written back in place, rows in slot order), or, with no filled row,
+   its L*B parameter beats are taken and dropped. One expert after another: the stack
+   drains between experts.
 3. *combine*: the combine-gather unit reads one header per token from the pair memory (the
    token's k gates, indices and locations), reads the expert rows through the read port and
    sends the gate-weighted sums out on ``output`` in token order.
@@ -92,6 +110,10 @@ filled rows::
     experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
                      + PHASE_EXIT
                      (0 when the phase is skipped: identity experts, H = 0 or R = 0)
+    experts        = sum over experts e with r_e = min(count[e], C) > 0 of
+                     (stack.cycles(r_e, H, Ls) + 1)
+                     + (experts with r_e = 0) * (Ls*B + 1) + STACK_OVERHEAD + PHASE_EXIT
+                     (expert stacks of Ls layers: 0 when skipped: identity experts, H = 0)
     combine        = COMBINE_START + combine.cycles(S, H, k, L + PORT_LATENCY)
                      + combine_header_latency                                     (H > 0)
                      COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
@@ -109,14 +131,19 @@ read), PHASE_EXIT = 1, and ``dispatch.overhead``
 (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.stall_free_cycles`` (P + E +
 OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
 (the combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
-:meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`) the sub-units' own documented
-counts. Route and dispatch overlap completely: the dispatch unit starts with the first location and
-is never starved, even at one beat per pair. The ideal, one beat per cycle on the busiest port in
-every phase, is ``P*B + R*B + K*S*B`` (K = max(k, 1)); the rest is fixed pipeline fill per phase. A
-phase is counted from the cycle ``phase`` first shows it (the start cycle for phase 1) to the cycle
-it first shows the next phase (or ``done`` is high); the route phase's sub-units are started
-run_setup cycles into it, the combine unit in the first cycle of its phase (COMBINE_START = 1:
-the start is registered). A pause on any stream costs at most the cycles it lasts.
+:meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`), STACK_OVERHEAD = 2 and
+``stack.cycles`` (:meth:`~moe_hw.units.scan_layers.ScanLayersParams.cycles`: its set-up, the
+L*B parameter beats and the scan at one layer-beat per cycle; exact when the memory latency is
+below the row reader's in-flight beats, which with stacks are at least a scan group and 16
+more): the sub-units' own documented counts. Route and dispatch overlap completely: the
+dispatch unit starts with the first location and is never starved, even at one beat per
+pair. The ideal, one beat per cycle on the busiest port in every phase, is ``P*B + R*B +
+K*S*B`` (K = max(k, 1); stacks: ``P*B + (E + R)*Ls*B + K*S*B``); the rest is fixed pipeline
+fill per phase. A phase is counted from the cycle ``phase`` first shows it (the start cycle
+for phase 1) to the cycle it first shows the next phase (or ``done`` is high); the route
+phase's sub-units are started run_setup cycles into it, the combine unit in the first cycle of
+its phase (COMBINE_START = 1: the start is registered). A pause on any stream costs at most
+the cycles it lasts.
 """
 
 from dataclasses import dataclass
@@ -139,11 +166,15 @@ from ..stream import CreditPipeline, PipelineControl, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
 from .locations import LocationsParams, LocationsUnit
+from .scan_layers import ScanLayersParams, ScanLayersUnit
 
 __all__ = ["MoELayerParams", "MoELayer", "PHASES"]
 
 #: ``phase`` output values.
 PHASES = {"idle": 0, "route_dispatch": 1, "experts": 2, "combine": 3}
+
+#: The ``experts`` choices: one scale and bias per expert, or a scan_layers stack per expert.
+EXPERT_KINDS = ("affine", "scan_layers")
 
 
 @dataclass(frozen=True)
@@ -167,6 +198,11 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="read beats in flight; full rate needs memory latency "
                                      "< this")
+    experts: str = param("affine", choices=EXPERT_KINDS,
+                         doc="affine: a*x + b per expert; scan_layers: L layers "
+                             "relu?(a_l*x + b_l) per expert, vectors a_l, b_l of length H")
+    max_layers: int = param(4, minimum=1, maximum=1 << 12,
+                            doc="L of the scan_layers expert stack (experts=scan_layers)")
 
     #: Stall-free cycles by which the dispatch unit's first header comes later than it would
     #: from a header stream valid at once: the pair's trip through the location generator
@@ -246,6 +282,28 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
                               mul_stages=self.mul_stages, dsp=self.dsp)
 
     @property
+    def stacked(self):
+        """Whether the experts are scan_layers stacks."""
+        return self.experts == "scan_layers"
+
+    @property
+    def stack(self):
+        """The expert stack's :class:`~moe_hw.units.scan_layers.ScanLayersParams` (its tokens
+        are one expert's filled rows)."""
+        return ScanLayersParams(format=self.format, lanes=self.lanes,
+                                max_tokens=self.max_capacity, max_hidden=self.max_hidden,
+                                max_layers=self.max_layers, mul_stages=self.mul_stages,
+                                add_stages=self.add_stages, dsp=self.dsp, bram=self.bram)
+
+    @property
+    def reader_outstanding(self):
+        """The expert row reader's in-flight beats: ``max_outstanding``, and with expert
+        stacks at least a scan group (its beats are taken back to back) and 16 more."""
+        if self.stacked:
+            return max(self.max_outstanding, self.stack.interleave + 16)
+        return self.max_outstanding
+
+    @property
     def combine(self):
         return CombineGatherParams(format=self.format, lanes=self.lanes,
                                    max_tokens=self.max_tokens, max_hidden=self.max_hidden,
@@ -257,7 +315,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
 
     # ---- exact stall-free timing ---------------------------------------------------------
     def phase_cycles(self, *, tokens, hidden, top_k, num_experts, capacity, rows, affine,
-                     reads=True, memory_latency=1):
+                     reads=True, memory_latency=1, filled=None, layers=1):
         """Exact stall-free cycles of each phase (a dict ``route_dispatch``, ``experts``,
         ``combine``; their sum is the run's, see :meth:`cycles`). A phase lasts from the
         cycle the previous one ended (the start cycle for the first) to the cycle the next
@@ -273,7 +331,10 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         if pairs and hidden and capacity and num_experts:
             route = max(route, self.ROUTE_LATENCY + pairs * beats + self.dispatch.overhead)
         experts = 0
-        if affine and hidden and rows:
+        if self.stacked:
+            if affine and hidden and layers:
+                experts = self.stack_cycles(hidden, filled, layers)
+        elif affine and hidden and rows:
             experts = (rows * beats + memory_latency + self.mul_latency + self.add_latency +
                        self.EXPERT_OVERHEAD + 2 * self.PORT_LATENCY + self.PHASE_EXIT)
         combine = self.COMBINE_START + self.combine.cycles(
@@ -283,6 +344,22 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         return {"route_dispatch": self.run_setup + route + self.PHASE_EXIT,
                 "experts": experts,
                 "combine": combine}
+
+    #: Expert-stack phase cycles beyond the runs and the dropped experts' parameters: the
+    #: phase's first cycle, the last choice, the write port's skid buffer.
+    STACK_OVERHEAD = 2
+
+    def stack_cycles(self, hidden, filled, layers):
+        """The expert phase's exact stall-free cycles with expert stacks: per expert with
+        filled rows, its stack's run (:meth:`ScanLayersParams.cycles` of its rows) and the
+        choice before it; per expert without, its L*B parameter beats taken and dropped and
+        the choice before them; ``STACK_OVERHEAD`` and ``PHASE_EXIT``. ``filled``: the filled
+        rows of every expert."""
+        beats = -(-hidden // self.lanes)
+        runs = [self.stack.cycles(rows, hidden, layers) + 1 for rows in filled if rows]
+        dropped = sum(1 for rows in filled if not rows)
+        return (sum(runs) + dropped * (layers * beats + 1) + self.STACK_OVERHEAD
+                + self.PHASE_EXIT)
 
     def cycles(self, **problem):
         """Exact stall-free cycles of a run, start cycle to the first cycle ``done`` is high:
@@ -299,6 +376,8 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         return self.dispatch.data_layout()
 
     def expert_params_layout(self):
+        if self.stacked:
+            return self.stack.params_layout()
         return data.StructLayout({"scale": self.fmt.width, "bias": self.fmt.width})
 
     def output_layout(self):
@@ -330,6 +409,7 @@ class MoELayer(wiring.Component):
             "write": Out(stream.Signature(p.write_layout())),
             **run_ports(self.sizes),
             "affine": In(1),
+            **({"layers": In(range(p.max_layers + 1)), "relu": In(1)} if p.stacked else {}),
             "dropped": Out(range(p.max_pairs + 1)),
             "phase": Out(2),
         })
@@ -342,6 +422,90 @@ class MoELayer(wiring.Component):
                 "num_experts": p.max_experts, "capacity": p.max_capacity}
 
     # ---- hardware ----------------------------------------------------------------------------
+    def _expert_stacks(self, m, reader, work, work_in, in_experts, hidden, beats, num_experts):
+        """The expert phase with scan_layers stacks (``experts="scan_layers"``): one
+        :class:`~moe_hw.units.scan_layers.ScanLayersUnit` runs once per expert on the work
+        list, its tokens the expert's filled rows (read by the row reader, which runs ahead
+        through the list), its layer parameters the expert's L*B beats of
+        ``expert_params``; the parameters of experts with no filled row are taken and
+        dropped (L*B cycles each). The results are written back in place, rows in slot
+        order. Returns ``(write stream, busy, idle after the phase, reset at accept)``."""
+        p = self.params
+        all_lanes = (1 << p.lanes) - 1
+        stack = m.submodules.expert_stack = ScanLayersUnit(p.stack)
+        layer_beats = Signal(range(p.max_layers * p.max_beats + 1))         # L*B
+        m.d.comb += layer_beats.eq(pipelined_product(m, self._layers, beats, en=1, dsp=p.dsp,
+                                                     name="stack_beats"))
+        entry = work.read_port(domain="comb")
+        run_out = Signal(range(p.max_experts + 1))      # work entries run
+        param_expert = Signal(range(p.max_experts + 1))  # the expert whose parameters are next
+        skip_left = Signal.like(layer_beats)             # beats of a dropped expert left
+        picking = Signal()                               # choose: drop, run or finish
+        skipping = Signal()
+        running = Signal()
+        finished = Signal()
+        reset = Signal()
+        entry_left = run_out != work_in
+        target = Mux(entry_left, entry.data.expert, num_experts)
+        params = self.expert_params
+        m.d.comb += [
+            entry.addr.eq(run_out),
+            stack.tokens.eq(entry.data.rows),
+            stack.hidden.eq(hidden),
+            stack.layers.eq(self._layers),
+            stack.relu.eq(self._relu),
+            stack.layer_params.valid.eq(running & params.valid),
+            stack.layer_params.payload.eq(params.payload),
+            params.ready.eq(skipping | (running & stack.layer_params.ready)),
+            stack.input.valid.eq(reader.beats.valid),
+            stack.input.payload.data.eq(reader.beats.payload.data),
+            reader.beats.ready.eq(stack.input.ready),
+        ]
+
+        # Write-back: the expert's rows are contiguous from its base, B beats each.
+        w_row = Signal(p.addr_width)
+        w_offset = Signal(p.addr_width)
+        w_beat = Signal(range(p.max_beats + 1))
+        w_last = Signal()                                # w_beat == B - 1
+        out = stream.Signature(p.write_layout()).create()
+        m.d.comb += [
+            out.valid.eq(stack.output.valid),
+            stack.output.ready.eq(out.ready),
+            out.payload.addr.eq(w_row + w_offset),
+            out.payload.data.eq(stack.output.payload.data),
+            out.payload.enable.eq(Mux(w_last, last_enable_of(hidden, p.lanes), all_lanes)),
+        ]
+        with m.If(out.valid & out.ready):
+            with m.If(w_last):
+                m.d.sync += [w_row.eq(w_row + hidden), w_offset.eq(0), w_beat.eq(0),
+                             w_last.eq(beats == 1)]
+            with m.Else():
+                m.d.sync += [w_offset.eq(w_offset + p.lanes), w_beat.eq(w_beat + 1),
+                             w_last.eq(w_beat + 2 == beats)]
+
+        with m.If(in_experts & ~(picking | skipping | running | finished)):
+            m.d.sync += picking.eq(1)
+        with m.If(picking):
+            with m.If(param_expert != target):
+                m.d.sync += [picking.eq(0), skipping.eq(1), skip_left.eq(layer_beats)]
+            with m.Elif(entry_left):
+                m.d.comb += stack.start.eq(1)
+                m.d.sync += [picking.eq(0), running.eq(1), w_row.eq(entry.data.base),
+                             w_offset.eq(0), w_beat.eq(0), w_last.eq(beats == 1)]
+            with m.Else():
+                m.d.sync += [picking.eq(0), finished.eq(1)]
+        with m.If(skipping & params.valid):
+            m.d.sync += skip_left.eq(skip_left - 1)
+            with m.If(skip_left == 1):
+                m.d.sync += [skipping.eq(0), picking.eq(1), param_expert.eq(param_expert + 1)]
+        with m.If(running & stack.done):
+            m.d.sync += [running.eq(0), picking.eq(1), param_expert.eq(param_expert + 1),
+                         run_out.eq(run_out + 1)]
+        with m.If(reset):
+            m.d.sync += [picking.eq(0), skipping.eq(0), running.eq(0), finished.eq(0),
+                         run_out.eq(0), param_expert.eq(0)]
+        return out, Const(0), finished, reset
+
     def elaborate(self, platform):
         m = Module()
         p = self.params
@@ -365,6 +529,9 @@ class MoELayer(wiring.Component):
         num_experts = ctl.size("num_experts")
         capacity = ctl.size("capacity")
         affine = Signal()
+        # Expert stacks: L and relu, held from the start (beside the run control's sizes).
+        ctl_layers = self._layers = Signal(range(p.max_layers + 1))
+        ctl_relu = self._relu = Signal()
         pairs = Signal(range(p.max_pairs + 1))
         beats = Signal(range(p.max_beats + 1))
         expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
@@ -472,21 +639,23 @@ class MoELayer(wiring.Component):
             with m.If(filled):
                 m.d.sync += work_in.eq(work_in + 1)
 
-        # ---- expert parameters ----------------------------------------------------------------
-        expert_mem = m.submodules.expert_memory = memory.Memory(
-            shape=p.expert_params_layout(), depth=p.max_experts, init=[])
-        expert_w = expert_mem.write_port()
-        expert_r = expert_mem.read_port(domain="comb")
+        # ---- expert parameters (affine experts: E beats into a memory, any time in the run;
+        # expert stacks: streamed into each expert's run, below) --------------------------------
         params_in = Signal(range(p.max_experts + 1))
-        params_open = running & affine & (params_in != num_experts)
-        m.d.comb += [
-            self.expert_params.ready.eq(params_open),
-            expert_w.addr.eq(params_in),
-            expert_w.data.eq(self.expert_params.payload),
-            expert_w.en.eq(self.expert_params.valid & params_open),
-        ]
-        with m.If(self.expert_params.valid & params_open):
-            m.d.sync += params_in.eq(params_in + 1)
+        if not p.stacked:
+            expert_mem = m.submodules.expert_memory = memory.Memory(
+                shape=p.expert_params_layout(), depth=p.max_experts, init=[])
+            expert_w = expert_mem.write_port()
+            expert_r = expert_mem.read_port(domain="comb")
+            params_open = running & affine & (params_in != num_experts)
+            m.d.comb += [
+                self.expert_params.ready.eq(params_open),
+                expert_w.addr.eq(params_in),
+                expert_w.data.eq(self.expert_params.payload),
+                expert_w.en.eq(self.expert_params.valid & params_open),
+            ]
+            with m.If(self.expert_params.valid & params_open):
+                m.d.sync += params_in.eq(params_in + 1)
 
         # ---- dispatch: headers from the pair memory as soon as they are written -------------
         d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency)
@@ -540,7 +709,7 @@ class MoELayer(wiring.Component):
                                         "base": p.addr_width})
         reader = m.submodules.expert_reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
-            tag_layout=tag_layout, outstanding=p.max_outstanding)
+            tag_layout=tag_layout, outstanding=p.reader_outstanding)
         x_loaded = Signal()
         x_addr = Signal(p.addr_width)
         x_rows = Signal(range(p.max_capacity + 1))
@@ -558,8 +727,9 @@ class MoELayer(wiring.Component):
             cmd.payload.tag.base.eq(x_addr),
             reader.last_enable.eq(last_enable_of(hidden, p.lanes)),
             work_r.addr.eq(work_out),
-            expert_r.addr.eq(work_r.data.expert),
         ]
+        if not p.stacked:
+            m.d.comb += expert_r.addr.eq(work_r.data.expert)
         cmd_take = cmd.valid & cmd.ready
         # Whether the work list has an entry left (work_out != work_in) and whether the row
         # in hand is its expert's last (x_rows == 1) are registers, so that a load is a few
@@ -583,40 +753,47 @@ class MoELayer(wiring.Component):
         with m.If(x_load):
             m.d.sync += [x_loaded.eq(1), x_addr.eq(work_r.data.base),
                          x_rows.eq(work_r.data.rows), last_row.eq(work_r.data.rows == 1),
-                         x_scale.eq(expert_r.data.scale),
-                         x_bias.eq(expert_r.data.bias), work_out.eq(work_out + 1)]
+                         work_out.eq(work_out + 1)]
+            if not p.stacked:
+                m.d.sync += [x_scale.eq(expert_r.data.scale), x_bias.eq(expert_r.data.bias)]
 
-        # The multiply-add runs freely inside a credit pipeline: no stall enable reaches the
-        # lanes' float pipelines, and the write port's ready reaches only the queue's skid
-        # buffer.
-        beat = reader.beats
-        latency = p.mul_latency + p.add_latency
-        x_pipe = m.submodules.expert_pipeline = CreditPipeline(latency, p.write_layout())
-        m.d.comb += [x_pipe.i_valid.eq(beat.valid), beat.ready.eq(x_pipe.i_ready)]
-        x_offset = Signal(p.addr_width)          # the beat's offset within its row
-        with m.If(x_pipe.take):
-            m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
-        bias = delay(m, beat.payload.tag.bias, p.mul_latency, 1,
-                     name="x_bias_m", reset_less=True)
-        results = []
-        for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
-            add = FloatAdderCore(p.format, p.add_latency)
-            m.submodules[f"expert_mul{lane}"] = mul
-            m.submodules[f"expert_add{lane}"] = add
-            m.d.comb += [mul.a.eq(beat.payload.tag.scale), mul.b.eq(beat.payload.data[lane]),
-                         mul.en.eq(1),
-                         add.a.eq(mul.product), add.b.eq(bias), add.en.eq(1)]
-            results.append(add.sum)
-        x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, 1,
-                         name="x_addr", reset_less=True)
-        x_w_enable = delay(m, beat.payload.enable, latency, 1, name="x_enable", reset_less=True)
-        m.d.comb += [
-            x_pipe.payload.addr.eq(x_w_addr),
-            x_pipe.payload.enable.eq(x_w_enable),
-        ]
-        for lane, value in enumerate(results):
-            m.d.comb += x_pipe.payload.data[lane].eq(value)
+        if p.stacked:
+            x_out, x_busy, stack_idle, stack_reset = self._expert_stacks(
+                m, reader, work, work_in, in_experts, hidden, beats, num_experts)
+        else:
+            # The multiply-add runs freely inside a credit pipeline: no stall enable reaches the
+            # lanes' float pipelines, and the write port's ready reaches only the queue's skid
+            # buffer.
+            beat = reader.beats
+            latency = p.mul_latency + p.add_latency
+            x_pipe = m.submodules.expert_pipeline = CreditPipeline(latency, p.write_layout())
+            m.d.comb += [x_pipe.i_valid.eq(beat.valid), beat.ready.eq(x_pipe.i_ready)]
+            x_offset = Signal(p.addr_width)          # the beat's offset within its row
+            with m.If(x_pipe.take):
+                m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
+            bias = delay(m, beat.payload.tag.bias, p.mul_latency, 1,
+                         name="x_bias_m", reset_less=True)
+            results = []
+            for lane in range(p.lanes):
+                mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
+                add = FloatAdderCore(p.format, p.add_latency)
+                m.submodules[f"expert_mul{lane}"] = mul
+                m.submodules[f"expert_add{lane}"] = add
+                m.d.comb += [mul.a.eq(beat.payload.tag.scale), mul.b.eq(beat.payload.data[lane]),
+                             mul.en.eq(1),
+                             add.a.eq(mul.product), add.b.eq(bias), add.en.eq(1)]
+                results.append(add.sum)
+            x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, 1,
+                             name="x_addr", reset_less=True)
+            x_w_enable = delay(m, beat.payload.enable, latency, 1, name="x_enable", reset_less=True)
+            m.d.comb += [
+                x_pipe.payload.addr.eq(x_w_addr),
+                x_pipe.payload.enable.eq(x_w_enable),
+            ]
+            for lane, value in enumerate(results):
+                m.d.comb += x_pipe.payload.data[lane].eq(value)
+
+            x_out, x_busy = x_pipe.o, x_pipe.busy
 
         # ---- the expert buffer's ports, shared by phase ----------------------------------------
         # Each port is driven by a skid buffer of its own, behind the choice by phase: the
@@ -638,7 +815,7 @@ class MoELayer(wiring.Component):
 
         # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_pipe.o, in_experts)
+                                 disp.write, in_route, x_out, in_experts)
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
                                    reader.request, in_experts, comb.read_request, in_combine)
         m.d.comb += [
@@ -679,10 +856,17 @@ class MoELayer(wiring.Component):
         ]
         route_done = (in_route & loc.done & disp.done & ~write_port.o.valid &
                       ~total_valid & ~filled_valid &
-                      (~affine | (params_in == num_experts)))
-        run_experts = affine & (hidden != 0) & (work_in != 0)
+                      (~affine | p.stacked | (params_in == num_experts)))
+        if p.stacked:
+            # Expert stacks run (and take their parameters) whenever H, L > 0, filled rows
+            # or not: the parameters of every expert are on the stream.
+            run_experts = affine & (hidden != 0) & (ctl_layers != 0)
+        else:
+            run_experts = affine & (hidden != 0) & (work_in != 0)
         experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
-                        ~x_pipe.busy & ~write_port.o.valid)
+                        ~x_busy & ~write_port.o.valid)
+        if p.stacked:
+            experts_done &= stack_idle
         to_combine = (route_done & ~run_experts) | experts_done
         finished = in_combine & comb.done
         # The combine unit's start is registered (a cycle into its phase): the phase's end is
@@ -703,8 +887,13 @@ class MoELayer(wiring.Component):
                 w_token.eq(0), w_choice.eq(0), written.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
                 params_in.eq(0), d_token.eq(0), d_choice.eq(0), d_pairs.eq(0), c_token.eq(0),
-                x_loaded.eq(0), x_offset.eq(0), self.dropped.eq(0),
+                x_loaded.eq(0), self.dropped.eq(0),
             ]
+            if p.stacked:
+                m.d.sync += [ctl_layers.eq(self.layers), ctl_relu.eq(self.relu)]
+                m.d.comb += stack_reset.eq(1)
+            else:
+                m.d.sync += x_offset.eq(0)
         with m.If(ctl.begin):
             enter("route_dispatch")
         return m
