@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..params import ParameterError, canonical_name
-from .checks import HostError
+from .checks import HostError, check_stall_seed
 
 __all__ = ["Unit", "Composition", "Outcome", "BenchShape", "run"]
 
@@ -81,6 +81,7 @@ class Unit:
     golden = ""                # the golden model(s), e.g. "golden.dispatch_forward"
     params = None              # the UnitParams subclass
     inputs = ()                # npz input keys
+    optional = ()              # npz input keys that may be left out
     outputs = ()               # npz output keys (``cycles`` is added)
     runtime = ()               # run-time values, from --set or scalars in the npz
     ideal = "one beat per cycle"   # what ideal_cycles counts, for reports
@@ -215,7 +216,15 @@ class Unit:
             if isinstance(need, (int, np.integer)) and isinstance(given, (int, np.integer)) \
                     and not isinstance(given, bool) and given < need:
                 raise HostError(f"the problem needs {name} >= {need}, but {name} = {given}")
-        return self.make_params(settings, base=smallest)
+        try:
+            return self.make_params(settings, base=smallest)
+        except ParameterError as error:
+            # A maximum sized to the problem (not given) that no unit can have: say so.
+            for name, need in smallest.items():
+                if name not in settings and str(error).startswith(f"{name} "):
+                    raise ParameterError(f"the problem needs {name} = {need}, which the unit "
+                                         f"cannot have: {error}") from None
+            raise
 
 
 def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,
@@ -229,8 +238,7 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
     model (the caller decides whether they are fatal).
     """
-    if not 0.0 <= float(stall) < 1.0:
-        raise HostError(f"stall must be in [0, 1), not {stall}")
+    check_stall_seed(stall, seed)
     gen_settings, runtime = unit.split_settings(settings)
     problem = unit.problem(inputs, runtime)
     if params is None:
@@ -278,6 +286,7 @@ class Composition:
     golden = ""                # the golden model of the whole path
     units = ()                 # the units it runs, by name
     inputs = ()                # npz input keys
+    optional = ()              # npz input keys that may be left out
     outputs = ()               # npz output keys (``cycles`` is added)
     runtime = ()               # run-time values, from --set or scalars in the npz
     settings = ()              # generation-time settings it passes on to its units
