@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..params import ParameterError, canonical_name
-from .checks import HostError, check_stall_seed
+from .checks import HostError, check_count, check_stall_seed
 
 __all__ = ["Unit", "Composition", "Outcome", "BenchShape", "run"]
 
@@ -228,13 +228,16 @@ class Unit:
 
 
 def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,
-        check=True, progress=None, trace=None):
+        check=True, progress=None, trace=None, reset_at=None):
     """Run ``unit`` (a :class:`Unit`) on the npz-style ``inputs`` (a dict of arrays).
 
     ``settings`` mixes generation-time parameters and run-time values (``--set``);
     ``params`` (a parameter object) replaces the generation-time ones; ``sim`` "fast" (the
     default of the command line) falls back to cocotb in Verilator for a unit without a fast
-    description; ``trace`` (fast path only) writes a waveform there. Returns an
+    description; ``trace`` (fast path only) writes a waveform there. ``reset_at`` (cocotb
+    benches only): first start an old problem and reset it that many cycles after its start
+    (``sim/harness.py``, ``reset_mid_problem``); the results then hold ``reset_busy``.
+    Returns an
     :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
     model (the caller decides whether they are fatal).
     """
@@ -246,6 +249,12 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     elif gen_settings:
         params = dataclasses.replace(params, **gen_settings)
     stimulus, bench_settings = unit.pack(problem, params, stall=float(stall), seed=int(seed))
+    if reset_at is not None:
+        if unit.simulator(sim) not in ("verilator", "icarus"):
+            raise HostError(f"reset_at needs a cocotb bench (sim verilator or icarus), not "
+                            f"{sim}")
+        reset_at = check_count("reset_at", reset_at)
+        bench_settings = {**bench_settings, "reset_at": reset_at}
     results = unit.simulate(params, stimulus, bench_settings, sim=sim, stall=stall, seed=seed,
                             progress=progress, expected_cycles=unit.cycles(problem, params),
                             trace=trace)
