@@ -288,6 +288,16 @@ def test_optional_keys_are_known():
         run_unit("expand_backward", inputs, settings)
 
 
+@pytest.mark.parametrize("name", [name for name in runnables()
+                                  if "memory_latency" in {**units(), **compositions()}[name].runtime])
+def test_memory_latency_is_bounded(name):
+    """A huge memory latency used to pass (then the run waited until its cycle limit)."""
+    inputs, settings = baseline(name)
+    with pytest.raises(ValueError, match=r"memory_latency must be at most 4096 cycles, not "
+                                         r"1099511627776"):
+        run_unit(name, inputs, {**settings, "memory_latency": 2**40})
+
+
 def test_lane_count_must_be_an_integer():
     """A bool or float lane count used to pass ``lanes in (1, 2, 4, 8, 16)`` (True == 1,
     4.0 == 4) and crash later with "an integer is required"."""

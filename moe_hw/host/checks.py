@@ -6,7 +6,7 @@ import numpy as np
 from ..formats import FORMATS, bits_equal, format_of_dtype, to_bits
 from ..golden._common import check_count, float_array, routing_arrays, same_dtype
 
-__all__ = ["MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "check_keys",
+__all__ = ["MEMORY_LATENCY", "MAX_MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "check_keys",
            "check_stall_seed", "need", "runtime_int", "check_maxima",
            "check_fits_field", "check_dtype", "compare_bits", "compare_values",
            "compare_log", "check_count"]
@@ -107,14 +107,20 @@ def runtime_int(name, runtime, inputs, default=None):
 #: The bench memory models' default latency: a request taken at the end of cycle u is
 #: answered from cycle u + ``memory_latency``.
 MEMORY_LATENCY = 2
+#: The longest latency the memory models take: far beyond a DRAM's, and short enough that a
+#: run's cycle limit (a hang check) stays meaningful.
+MAX_MEMORY_LATENCY = 4096
 
 
 def memory_latency(runtime, inputs):
-    """The run-time ``memory_latency`` of the bench's memory models (at least 1),
-    :data:`MEMORY_LATENCY` by default."""
+    """The run-time ``memory_latency`` of the bench's memory models (1 to
+    :data:`MAX_MEMORY_LATENCY`), :data:`MEMORY_LATENCY` by default."""
     latency = runtime_int("memory_latency", runtime, inputs, default=MEMORY_LATENCY)
     if latency < 1:
         raise HostError(f"memory_latency must be at least 1, not {latency}")
+    if latency > MAX_MEMORY_LATENCY:
+        raise HostError(f"memory_latency must be at most {MAX_MEMORY_LATENCY} cycles, not "
+                        f"{latency}")
     return latency
 
 
