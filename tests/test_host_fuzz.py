@@ -273,6 +273,23 @@ def test_run_unit_rejects_bad_stall_and_seed(stall, seed):
             assert "\n" not in message and ("stall" in message or "seed" in message), message
 
 
+def integer_keys():
+    return [pytest.param(name, key, id=f"{name}-{key}") for name in runnables()
+            for key, array in baseline(name)[0].items()
+            if np.asarray(array).dtype.kind in "iu" and np.ndim(array)]
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name, key", integer_keys())
+def test_index_arrays_stored_as_float_are_named(name, key, special):
+    """An index or size array saved as float with NaN or Inf in it: refused, naming it."""
+    inputs, settings = baseline(name)
+    inputs[key] = inputs[key].astype(np.float64)
+    inputs[key].flat[0] = special
+    with no_simulation(), pytest.raises((ValueError, TypeError), match=key):
+        run_unit(name, inputs, settings)
+
+
 def test_unknown_key_is_named():
     inputs, settings = baseline("dispatch")
     inputs["gatse"] = inputs.pop("gates")
