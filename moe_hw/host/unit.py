@@ -237,9 +237,8 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     description; ``trace`` (fast path only) writes a waveform there. ``reset_at`` (cocotb
     benches only): first start an old problem and reset it that many cycles after its start
     (``sim/harness.py``, ``reset_mid_problem``); the results then hold ``reset_busy``.
-    Returns an
-    :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
-    model (the caller decides whether they are fatal).
+    Returns an :class:`Outcome`; with ``check`` its ``problems`` list the differences from
+    the golden model (the caller decides whether they are fatal).
     """
     check_stall_seed(stall, seed)
     gen_settings, runtime = unit.split_settings(settings)
