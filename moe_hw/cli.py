@@ -21,6 +21,7 @@ def parse_sets(pairs):
 
 
 def fail(prog, message, code=2):
+    message = " ".join(str(message).split())     # one line, whatever the message holds
     print(f"{prog}: error: {message}", file=sys.stderr)
     sys.exit(code)
 

@@ -46,8 +46,21 @@ def check_int(name, value, *, minimum=0, maximum=None):
     return value
 
 
+def _is_choice(value, choice):
+    """``value`` is ``choice`` in kind as well as value: True is not the lane count 1, nor
+    4.0 the lane count 4."""
+    if isinstance(choice, bool) or isinstance(value, bool):
+        return value is choice
+    if isinstance(choice, int):
+        try:
+            return operator.index(value) == choice
+        except TypeError:
+            return False
+    return type(value) is type(choice) and value == choice
+
+
 def check_choice(name, value, choices):
-    if value not in choices:
+    if not any(_is_choice(value, choice) for choice in choices):
         names = [str(c) for c in choices]
         listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
         raise ParameterError(f"{name} must be {listed}, not {value!r}")

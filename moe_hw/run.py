@@ -25,9 +25,10 @@ sizes --set can change (python -m moe_hw.gen list shows them).
 """
 
 import argparse
+import os
 import sys
+import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import ml_dtypes
@@ -35,11 +36,11 @@ import numpy as np
 
 from .cli import parse_sets, run_main
 from .flows.simulate import SIMULATORS
-from .host.checks import HostError
+from .host.checks import HostError, check_keys
 from .host.unit import Composition, run
 from .registry import runnable
 
-__all__ = ["main", "run_unit", "from_npz"]
+__all__ = ["main", "run_unit", "from_npz", "read_npz", "write_npz"]
 
 
 def _progress(text):
@@ -55,12 +56,72 @@ def from_npz(array):
     return array
 
 
+def read_npz(path):
+    """The arrays of the ``.npz`` file ``path`` by key (:func:`from_npz` applied), or a
+    HostError naming the file (and the key, for an array that cannot be read)."""
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except Exception as error:        # a damaged file fails in zipfile, zlib or the parser
+        raise HostError(f"--in {path} is not a readable .npz file: {error}") from None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise HostError(f"--in {path} holds one bare array (.npy), not an .npz file of named "
+                        f"arrays")
+    with npz:
+        inputs = {}
+        for key in npz.files:
+            try:
+                inputs[key] = from_npz(npz[key])
+            except Exception as error:
+                raise HostError(f"--in {path}: array {key!r} cannot be read: {error}") \
+                    from None
+    return inputs
+
+
+def check_writable(path):
+    """``path`` can take the output file: its folder exists (it is made) and takes a new
+    file, and ``path`` is not a folder. Checked before a run, so that a long simulation does
+    not end in an unwritable path."""
+    path = Path(path)
+    if path.is_dir():
+        raise HostError(f"--out {path} is a folder, not a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as error:
+        raise HostError(f"--out {path} cannot be written: {error.strerror or error}") from None
+
+
+def write_npz(path, arrays):
+    """Write ``arrays`` to ``path`` (exactly that name) atomically: into a temporary file in
+    the same folder, then renamed over ``path``, so that a failed or interrupted write leaves
+    no partial file (and an older file at ``path`` stays whole)."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as file:
+            np.savez(file, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; the output is not
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as error:
+        raise HostError(f"--out {path} cannot be written: {error.strerror or error}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 def run_unit(name, inputs, settings=None, *, sim="fast", stall=0.0, seed=0, check=True,
              progress=None, trace=None):
     """Run unit (or composition, or design point) ``name`` on ``inputs`` (a dict of arrays);
     ``settings`` mixes generation-time parameters and run-time values. Returns an
     :class:`~moe_hw.host.unit.Outcome` (``outputs``, ``cycles``, ``report``, ``problems``)."""
     unit, point = runnable(name)
+    check_keys(inputs, unit.name, unit.inputs, unit.optional, unit.runtime)
     settings = dict(settings or {})
     if isinstance(unit, Composition):
         if trace is not None:
@@ -101,12 +162,7 @@ def main(argv=None):
         unit, point = runnable(args.unit)
         settings = parse_sets(args.set)
         if args.inputs is not None:
-            try:
-                with np.load(args.inputs) as npz:
-                    inputs = {key: from_npz(npz[key]) for key in npz.files}
-            except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
-                raise HostError(f"--in {args.inputs} is not a readable .npz file: "
-                                f"{error}") from None
+            inputs = read_npz(args.inputs)
         elif point is not None:
             inputs, runtime = unit.point_inputs(point.problem, args.seed)
             settings = {**runtime, **settings}
@@ -120,6 +176,8 @@ def main(argv=None):
             raise HostError(f"unit {unit.name} needs --in FILE.npz (its inputs: "
                             f"{', '.join(unit.inputs)}; run-time values: "
                             f"{', '.join(unit.runtime) or 'none'})")
+        if args.out is not None:
+            check_writable(args.out)         # before the run, not after it
         start = time.perf_counter()
         outcome = run_unit(args.unit, inputs, settings, sim=args.sim, stall=args.stall,
                            seed=args.seed, check=not args.no_check, progress=_progress,
@@ -129,8 +187,7 @@ def main(argv=None):
         sim = unit.simulator(args.sim) if hasattr(unit, "simulator") else args.sim
         print(f"wall time: {time.perf_counter() - start:.1f} s ({sim})")
         if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(args.out, **outcome.outputs)
+            write_npz(args.out, outcome.outputs)
             print(f"wrote {args.out} ({', '.join(outcome.outputs)})")
         if outcome.problems:
             print(f"{parser.prog}: MISMATCH against {unit.golden}:\n  " +

@@ -5,7 +5,8 @@ in order and the exact cycle count. The host side scores them bit for bit."""
 import numpy as np
 
 import cocotb
-from harness import Pauses, Run, StreamSink, StreamSource, edge, reset, run_until
+from harness import (Pauses, Run, StreamSink, StreamSource, edge, reset, reset_mid_problem,
+                     run_until)
 
 
 @cocotb.test()
@@ -17,6 +18,7 @@ async def binop(dut):
     await reset(dut)
     source = StreamSource(dut, "i", items, Pauses(s["stall"], s["seed"]))
     sink = StreamSink(dut, "o", Pauses(s["stall"], s["seed"] + 1))
+    await reset_mid_problem(dut, [source, sink], {}, moved=lambda: (len(sink.items),))
     for actor in (source, sink):
         actor.step()                   # the first operands are offered from cycle 0 on
     # cycles: from the edge that takes the first operands to the one that takes the last

@@ -22,6 +22,9 @@ class PhaseMonitor:
         self.phase = 0
         self.log = []
 
+    def restart(self):
+        self.cycle, self.phase, self.log = 0, 0, []
+
     def step(self):
         self.cycle += 1
         phase = self.dut.phase.value.to_unsigned()

@@ -18,12 +18,15 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, Timer
 
 __all__ = ["Run", "Layout", "Pauses", "StreamSource", "StreamSink", "MemoryReader", "MemoryWriter",
-           "reset", "edge", "run_until", "run_once",
+           "reset", "edge", "run_until", "run_once", "reset_mid_problem",
            "high", "pack_lanes", "unpack_lanes"]
 
 
 class Run:
     """The files of one simulation run: stimulus, manifest (ports, settings), results."""
+
+    #: The run of the bench being simulated (the harness's steps read its settings).
+    current = None
 
     def __init__(self):
         self.dir = Path(os.environ["MOE_HW_RUN_DIR"])
@@ -31,6 +34,8 @@ class Run:
         self.settings = self.manifest["settings"]
         with np.load(self.dir / "stimulus.npz") as stimulus:
             self.stimulus = {key: stimulus[key] for key in stimulus.files}
+        self.extra = {}          # results the harness adds (the reset step's findings)
+        Run.current = self
 
     def port(self, name):
         return self.manifest["ports"][name]
@@ -39,7 +44,7 @@ class Run:
         return Layout(self.port(name))
 
     def save(self, **results):
-        np.savez(self.dir / "results.npz", **results)
+        np.savez(self.dir / "results.npz", **results, **self.extra)
 
 
 class Layout:
@@ -121,6 +126,14 @@ class StreamSource:
     def done(self):
         return self.sent == len(self.items)
 
+    def restart(self, items=None):
+        """Back to before the first item (as after a reset), offering ``items`` if given."""
+        if items is not None:
+            self.items = items
+        self.sent = 0
+        self._valid = False
+        self.valid.value = 0
+
     def step(self):
         if self._valid and high(self.ready):
             self.sent += 1
@@ -140,6 +153,12 @@ class StreamSink:
         self.ready = getattr(dut, f"{name}__ready")
         self.payload = getattr(dut, f"{name}__payload")
         self.pauses = pauses or Pauses()
+        self.items = []
+        self._ready = False
+        self.ready.value = 0
+
+    def restart(self):
+        """Forget every item taken (as after a reset)."""
         self.items = []
         self._ready = False
         self.ready.value = 0
@@ -184,6 +203,15 @@ class MemoryReader:
         self.resp_valid.value = 0
         self.resp_payload.value = 0
 
+    def restart(self):
+        """Forget every request, answered or not (as after a reset of the memory system)."""
+        self.queue, self.requests = [], []
+        self.out_of_bounds = 0
+        self.cycle = 0
+        self._ready = self._valid = False
+        self.req_ready.value = 0
+        self.resp_valid.value = 0
+
     def _read(self, addr, enable):
         values = np.zeros(self.lanes, dtype=np.uint64)
         for lane in range(self.lanes):
@@ -225,8 +253,16 @@ class MemoryWriter:
     def __init__(self, dut, name, memory, *, lanes, width, layout, pauses=None):
         self.sink = StreamSink(dut, name, pauses)
         self.memory, self.lanes, self.width, self.layout = memory, lanes, width, layout
+        self.initial = memory.copy()     # what restart() puts back
         self.log = []
         self.out_of_bounds = 0
+
+    def restart(self):
+        """The memory as it was given, no write taken (as after a reset)."""
+        self.memory[:] = self.initial
+        self.log = []
+        self.out_of_bounds = 0
+        self.sink.restart()
 
     def step(self):
         before = len(self.sink.items)
@@ -275,13 +311,79 @@ async def run_until(dut, actors, finished, limit, what="the unit"):
             raise AssertionError(f"{what} did not finish within {limit} cycles (hang?)")
 
 
+async def reset_mid_problem(dut, actors, sizes, *, moved, settle=16):
+    """With the run setting ``reset_at`` = N (otherwise nothing happens): an old problem is
+    started and reset N cycles after its start edge, before the bench's own (fresh) problem.
+
+    The old problem is the fresh one's sizes with every source's items in a seeded random
+    order, under the run's pauses, so that a beat left over from it is not one of the fresh
+    problem's beats in its place. Reset is held for two cycles with ``start`` low; every
+    actor then restarts (sources from their first item, sinks and logs empty, written memory
+    as it was given). For ``settle`` cycles after reset, with no input offered, ``moved()``
+    (the bench's counts of beats out, reads asked, writes done) must stay at zero and
+    ``busy`` must be low: the unit is idle, with no stale output. Records ``reset_busy``
+    (whether the unit was busy when reset came: the reset was mid-problem) and
+    ``reset_at``. Units without ``start`` (a plain pipeline) are reset the same way with
+    the old problem streaming in from cycle 0."""
+    run = Run.current
+    reset_at = None if run is None else run.settings.get("reset_at")
+    if reset_at is None:
+        return
+    for actor in actors:
+        assert hasattr(actor, "restart"), \
+            f"{type(actor).__name__} has no restart(); the reset step needs one"
+    rng = np.random.default_rng([int(run.settings.get("seed", 0)), int(reset_at)])
+    sources = [actor for actor in actors if isinstance(actor, StreamSource)]
+    fresh = [source.items for source in sources]
+    for source in sources:
+        source.restart([source.items[i] for i in rng.permutation(len(source.items))])
+    has_start = hasattr(dut, "start")
+    for name, value in sizes.items():
+        getattr(dut, name).value = value
+    if has_start:
+        dut.start.value = 1
+    for actor in actors:
+        actor.step()
+    await edge(dut, actors)              # the old problem's start edge
+    if has_start:
+        dut.start.value = 0
+    for _ in range(reset_at):
+        await edge(dut, actors)
+    busy = high(dut.busy) if hasattr(dut, "busy") else None
+    for source, items in zip(sources, fresh):
+        source.restart(items)
+    for actor in actors:
+        actor.restart()
+    dut.rst.value = 1
+    for _ in range(2):
+        await RisingEdge(dut.clk)
+    dut.rst.value = 0
+    waiting = [actor for actor in actors if not isinstance(actor, StreamSource)]
+    before = moved()
+    for cycle in range(settle):
+        await edge(dut, waiting)
+        assert moved() == before, \
+            f"stale output after reset: counts {moved()} {cycle + 1} cycles after reset, " \
+            f"before any start (expected {before})"
+        if hasattr(dut, "busy"):
+            assert not high(dut.busy), f"busy {cycle + 1} cycles after reset, before start"
+        if hasattr(dut, "done"):
+            assert not high(dut.done), f"done {cycle + 1} cycles after reset, before start"
+    for actor in actors:                 # every actor as it was before the settle cycles
+        actor.restart()
+    run.extra.update(reset_at=int(reset_at), reset_busy=-1 if busy is None else int(busy))
+
+
 async def run_once(dut, actors, sizes, *, limit, what, moved, started=None, settle=16):
     """One run of a unit with the start/done handshake, and the check that it then keeps
     still. The run-time ``sizes`` (port name -> value) are driven with ``start`` for the one
     cycle in which the unit samples it (cycle 0); ``started()``, if given, is called right
     after that edge. The actors are clocked until ``done``, and the cycle count from the start
     edge is returned. Then ``settle`` more cycles run, in which ``moved()`` (a tuple of counts:
-    beats out, reads asked, writes done) must not change: nothing leaves a unit after done."""
+    beats out, reads asked, writes done) must not change: nothing leaves a unit after done.
+    With the run setting ``reset_at``, an old problem is reset first
+    (:func:`reset_mid_problem`)."""
+    await reset_mid_problem(dut, actors, sizes, moved=moved, settle=settle)
     for name, value in sizes.items():
         getattr(dut, name).value = value
     dut.start.value = 1

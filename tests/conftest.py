@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from moe_hw.flows.simulate import simulator_available
 
@@ -10,6 +11,12 @@ from moe_hw.flows.simulate import simulator_available
 # the time it takes at Verilator's own levels and simulates them about as fast
 # (moe_hw/flows/simulate.py).
 os.environ.setdefault("MOE_HW_VERILATOR_OPT", "-O0")
+
+# Property tests are reproducible by default: the examples are derandomized (the same ones
+# every run) and no example database is kept. HYPOTHESIS_PROFILE=fuzz draws fresh ones.
+hypothesis_settings.register_profile("moe_hw", derandomize=True, database=None, deadline=None)
+hypothesis_settings.register_profile("fuzz", database=None, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "moe_hw"))
 
 
 def simulator_params(*sims):

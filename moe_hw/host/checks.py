@@ -6,7 +6,8 @@ import numpy as np
 from ..formats import FORMATS, bits_equal, format_of_dtype, to_bits
 from ..golden._common import check_count, float_array, routing_arrays, same_dtype
 
-__all__ = ["MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "need", "runtime_int", "check_maxima",
+__all__ = ["MEMORY_LATENCY", "MAX_MEMORY_LATENCY", "memory_latency", "HostError", "format_of", "routing", "check_keys",
+           "check_stall_seed", "need", "runtime_int", "check_maxima",
            "check_fits_field", "check_dtype", "compare_bits", "compare_values",
            "compare_log", "check_count"]
 
@@ -17,12 +18,13 @@ class HostError(ValueError):
 
 # ---- before a run --------------------------------------------------------------------------
 
-def format_of(array):
-    """The format name (fp32, fp16, bf16) of a float array's dtype."""
+def format_of(array, name=None):
+    """The format name (fp32, fp16, bf16) of a float array's dtype; ``name``: the argument,
+    for the error."""
     try:
         return format_of_dtype(np.asarray(array).dtype).name
     except TypeError as error:
-        raise HostError(str(error)) from None
+        raise HostError(f"{name}: {error}" if name else str(error)) from None
 
 
 def check_dtype(params_format, **arrays):
@@ -46,6 +48,35 @@ def routing(gates, indices, locations, input, *, num_experts, capacity):
                         f"{indices.shape[1]} tokens")
     same_dtype("gates", gates, "input", input)
     return gates, indices, locations, input, num_experts, capacity
+
+
+def check_keys(inputs, unit, keys, optional=(), runtime=()):
+    """The input file holds only the arrays ``keys`` and ``optional`` and the run-time scalars
+    ``runtime``: an unknown (extra or misspelled) key is an error naming it and the known
+    ones, rather than an input silently left out."""
+    if not hasattr(inputs, "keys"):
+        raise HostError(f"the inputs of {unit} must be a dict of arrays (npz keys), not "
+                        f"{type(inputs).__name__}")
+    known = [*keys, *optional, *runtime]
+    unknown = [key for key in inputs if key not in known]
+    if unknown:
+        missing = [key for key in keys if key not in inputs]
+        lacks = f"; it lacks {', '.join(missing)}" if missing else ""
+        raise HostError(f"the input file for {unit} has unknown key(s) "
+                        f"{', '.join(map(repr, unknown))}{lacks} (its keys: "
+                        f"{', '.join(keys)}; optional: {', '.join(optional) or 'none'}; "
+                        f"run-time scalars: {', '.join(runtime) or 'none'})")
+
+
+def check_stall_seed(stall, seed):
+    """A run's pause probability (a number in [0, 1)) and seed (a non-negative integer)."""
+    if isinstance(stall, (bool, np.bool_)) or not isinstance(stall, (int, float, np.integer,
+                                                                     np.floating)) \
+            or not 0.0 <= float(stall) < 1.0:
+        raise HostError(f"stall must be a probability in [0, 1), not {stall!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) \
+            or seed < 0:
+        raise HostError(f"seed must be a non-negative integer, not {seed!r}")
 
 
 def need(inputs, unit, keys):
@@ -76,14 +107,20 @@ def runtime_int(name, runtime, inputs, default=None):
 #: The bench memory models' default latency: a request taken at the end of cycle u is
 #: answered from cycle u + ``memory_latency``.
 MEMORY_LATENCY = 2
+#: The longest latency the memory models take: far beyond a DRAM's, and short enough that a
+#: run's cycle limit (a hang check) stays meaningful.
+MAX_MEMORY_LATENCY = 4096
 
 
 def memory_latency(runtime, inputs):
-    """The run-time ``memory_latency`` of the bench's memory models (at least 1),
-    :data:`MEMORY_LATENCY` by default."""
+    """The run-time ``memory_latency`` of the bench's memory models (1 to
+    :data:`MAX_MEMORY_LATENCY`), :data:`MEMORY_LATENCY` by default."""
     latency = runtime_int("memory_latency", runtime, inputs, default=MEMORY_LATENCY)
     if latency < 1:
         raise HostError(f"memory_latency must be at least 1, not {latency}")
+    if latency > MAX_MEMORY_LATENCY:
+        raise HostError(f"memory_latency must be at most {MAX_MEMORY_LATENCY} cycles, not "
+                        f"{latency}")
     return latency
 
 

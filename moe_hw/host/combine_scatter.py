@@ -84,6 +84,7 @@ class CombineScatter(Unit):
     golden = "golden.sparse_combine"
     params = CombineScatterParams
     inputs = ("gates", "expert_out")
+    optional = ("batch_index", "nonzero_gates")    # a hand-made slot order instead of gates
     outputs = ("combined",)
     runtime = ("memory_latency", "tokens")
     ideal = "one beat per cycle: slots*ceil(H/lanes)"
@@ -128,7 +129,7 @@ class CombineScatter(Unit):
                             f"has {batch_index.shape}; they must match")
         if rows.shape[0] != batch_index.size:
             raise HostError(f"expert_out has {rows.shape[0]} rows, but there are "
-                            f"{batch_index.size} slots (one row per nonzero gate)")
+                            f"{batch_index.size} slots (one row per nonzero of gates)")
         format_of(rows)
         latency = memory_latency(runtime, inputs)
         return {"gates": gates, "batch_index": batch_index.astype(np.int64),

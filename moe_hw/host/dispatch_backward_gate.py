@@ -109,7 +109,7 @@ class DispatchBackwardGate(Unit):
         except (TypeError, ValueError) as error:
             raise HostError(str(error)) from None
         input, grad_dispatch = np.asarray(input), np.asarray(grad_dispatch)
-        format_of(input)
+        format_of(input, "input")
         if input.ndim != 2:
             raise HostError(f"input must have 2 dimensions [S, H], not shape {input.shape}")
         if input.shape[0] != indices.shape[1]:

@@ -139,25 +139,27 @@ class EpLayer(Composition):
         ranks, local = problem["num_ranks"], problem["experts_per_rank"]
         fmt = problem["fmt"].name
         rr = moe_re_routing.UNIT.params
-        try:
-            return {
-                "locations": locations.UNIT.sized(
-                    settings["locations"], max_pairs=max(1, pairs),
-                    max_experts=max(1, experts), max_capacity=max(1, capacity)),
-                "dispatch": dispatch.UNIT.sized(
-                    settings["dispatch"], format=fmt, max_pairs=max(1, pairs),
-                    max_hidden=problem["hidden"], max_capacity=max(1, capacity),
-                    max_experts=max(1, experts)),
-                "moe_re_routing": moe_re_routing.UNIT.sized(
-                    settings["moe_re_routing"], format=fmt, count_type="int32", scales=False,
-                    max_tokens=_maximum(rr, "max_tokens",
-                                        min(ranks * local * capacity, ranks * pairs)),
-                    max_hidden=problem["hidden"], max_ranks=ranks,
-                    max_experts=_maximum(rr, "max_experts", local),
-                    max_blocks=_maximum(rr, "max_blocks", ranks * local)),
-            }
-        except HostError as error:
-            raise HostError(f"{self.name}: {error}") from None
+        smallest = {
+            "locations": dict(max_pairs=max(1, pairs), max_experts=max(1, experts),
+                              max_capacity=max(1, capacity)),
+            "dispatch": dict(format=fmt, max_pairs=max(1, pairs),
+                             max_hidden=problem["hidden"], max_capacity=max(1, capacity),
+                             max_experts=max(1, experts)),
+            "moe_re_routing": dict(
+                format=fmt, count_type="int32", scales=False,
+                max_tokens=_maximum(rr, "max_tokens",
+                                    min(ranks * local * capacity, ranks * pairs)),
+                max_hidden=problem["hidden"], max_ranks=ranks,
+                max_experts=_maximum(rr, "max_experts", local),
+                max_blocks=_maximum(rr, "max_blocks", ranks * local)),
+        }
+        params = {}
+        for unit, sizes in smallest.items():
+            try:
+                params[unit] = _UNITS[unit].sized(settings[unit], **sizes)
+            except ValueError as error:      # HostError, ParameterError: name the unit
+                raise type(error)(f"{self.name}'s {unit} unit: {error}") from None
+        return params
 
     # ---- the run --------------------------------------------------------------------------
     def run(self, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,

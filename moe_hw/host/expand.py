@@ -68,7 +68,7 @@ def format_of_elements(array):
 def size_list(name, sizes):
     """``sizes`` (an npz array or a sequence) as a list of ints, or an error naming it."""
     sizes = np.asarray(sizes)
-    if sizes.ndim > 1 or (sizes.size and sizes.dtype.kind not in "iu"):
+    if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
         raise HostError(f"{name} must be a one-dimensional integer array, not {sizes.dtype} "
                         f"of shape {sizes.shape}")
     return [int(v) for v in sizes.reshape(-1)]

@@ -49,7 +49,8 @@ class ExpandBackward(Unit):
                "whole beats, one element per cycle otherwise (SPEC 1.6)")
     golden = "golden.expand_backward_hw"
     params = ExpandBackwardParams
-    inputs = ("output_grad", "input_shape")      # and optionally expand_size
+    inputs = ("output_grad", "input_shape")
+    optional = ("expand_size",)
     outputs = ("input_grad",)
     runtime = ()
     ideal = "one beat per cycle: ceil(output_grad elements / lanes)"
@@ -74,7 +75,10 @@ class ExpandBackward(Unit):
         try:
             output_shape, out_stride = expand_plan(input_shape, expand_size)
         except (TypeError, ValueError) as error:
-            raise HostError(str(error)) from None
+            if "expand_size" in inputs:
+                raise HostError(str(error)) from None
+            raise HostError(f"output_grad's shape {list(output_grad.shape)} is not an expand "
+                            f"of input_shape {input_shape}: {error}") from None
         if list(output_grad.shape) != output_shape:
             raise HostError(f"output_grad must have the expanded shape {output_shape}, not "
                             f"{list(output_grad.shape)}")

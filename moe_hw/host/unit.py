@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..params import ParameterError, canonical_name
-from .checks import HostError
+from .checks import HostError, check_count, check_stall_seed
 
 __all__ = ["Unit", "Composition", "Outcome", "BenchShape", "run"]
 
@@ -81,6 +81,7 @@ class Unit:
     golden = ""                # the golden model(s), e.g. "golden.dispatch_forward"
     params = None              # the UnitParams subclass
     inputs = ()                # npz input keys
+    optional = ()              # npz input keys that may be left out
     outputs = ()               # npz output keys (``cycles`` is added)
     runtime = ()               # run-time values, from --set or scalars in the npz
     ideal = "one beat per cycle"   # what ideal_cycles counts, for reports
@@ -215,22 +216,31 @@ class Unit:
             if isinstance(need, (int, np.integer)) and isinstance(given, (int, np.integer)) \
                     and not isinstance(given, bool) and given < need:
                 raise HostError(f"the problem needs {name} >= {need}, but {name} = {given}")
-        return self.make_params(settings, base=smallest)
+        try:
+            return self.make_params(settings, base=smallest)
+        except ParameterError as error:
+            # A maximum sized to the problem (not given) that no unit can have: say so.
+            for name, need in smallest.items():
+                if name not in settings and str(error).startswith(f"{name} "):
+                    raise ParameterError(f"the problem needs {name} = {need}, which the unit "
+                                         f"cannot have: {error}") from None
+            raise
 
 
 def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0, seed=0,
-        check=True, progress=None, trace=None):
+        check=True, progress=None, trace=None, reset_at=None):
     """Run ``unit`` (a :class:`Unit`) on the npz-style ``inputs`` (a dict of arrays).
 
     ``settings`` mixes generation-time parameters and run-time values (``--set``);
     ``params`` (a parameter object) replaces the generation-time ones; ``sim`` "fast" (the
     default of the command line) falls back to cocotb in Verilator for a unit without a fast
-    description; ``trace`` (fast path only) writes a waveform there. Returns an
-    :class:`Outcome`; with ``check`` its ``problems`` list the differences from the golden
-    model (the caller decides whether they are fatal).
+    description; ``trace`` (fast path only) writes a waveform there. ``reset_at`` (cocotb
+    benches only): first start an old problem and reset it that many cycles after its start
+    (``sim/harness.py``, ``reset_mid_problem``); the results then hold ``reset_busy``.
+    Returns an :class:`Outcome`; with ``check`` its ``problems`` list the differences from
+    the golden model (the caller decides whether they are fatal).
     """
-    if not 0.0 <= float(stall) < 1.0:
-        raise HostError(f"stall must be in [0, 1), not {stall}")
+    check_stall_seed(stall, seed)
     gen_settings, runtime = unit.split_settings(settings)
     problem = unit.problem(inputs, runtime)
     if params is None:
@@ -238,6 +248,12 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     elif gen_settings:
         params = dataclasses.replace(params, **gen_settings)
     stimulus, bench_settings = unit.pack(problem, params, stall=float(stall), seed=int(seed))
+    if reset_at is not None:
+        if unit.simulator(sim) not in ("verilator", "icarus"):
+            raise HostError(f"reset_at needs a cocotb bench (sim verilator or icarus), not "
+                            f"{sim}")
+        reset_at = check_count("reset_at", reset_at)
+        bench_settings = {**bench_settings, "reset_at": reset_at}
     results = unit.simulate(params, stimulus, bench_settings, sim=sim, stall=stall, seed=seed,
                             progress=progress, expected_cycles=unit.cycles(problem, params),
                             trace=trace)
@@ -278,6 +294,7 @@ class Composition:
     golden = ""                # the golden model of the whole path
     units = ()                 # the units it runs, by name
     inputs = ()                # npz input keys
+    optional = ()              # npz input keys that may be left out
     outputs = ()               # npz output keys (``cycles`` is added)
     runtime = ()               # run-time values, from --set or scalars in the npz
     settings = ()              # generation-time settings it passes on to its units
