@@ -135,3 +135,42 @@ def test_banked_memory_reads_what_was_written(width, depth, bank_depth, latency)
     run_pysim(dut, bench)
     assert not mismatches, mismatches[:3]
     assert len(writes) > 100
+
+
+def _memory_unit(depth, init):
+    from amaranth.hdl import Module
+    from amaranth.lib import memory, wiring
+    from amaranth.lib.wiring import In, Out
+
+    class Unit(wiring.Component):
+        addr: In(range(depth))
+        data: In(8)
+        en: In(1)
+        q: Out(8)
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.store = store = memory.Memory(shape=8, depth=depth, init=init)
+            write, read = store.write_port(), store.read_port()
+            m.d.comb += [write.addr.eq(self.addr), write.data.eq(self.data),
+                         write.en.eq(self.en), read.addr.eq(self.addr), self.q.eq(read.data)]
+            return m
+
+    return Unit()
+
+
+def test_zero_initialised_memories_emit_one_loop():
+    """A zero-initialised memory's contents stay out of the netlist: one zeroing ``initial``
+    loop, whatever the depth (the text does not grow with it); a memory with contents keeps
+    them word by word."""
+    from moe_hw.flows.emit import emit_verilog
+
+    small = emit_verilog(_memory_unit(4, []), "top")
+    large = emit_verilog(_memory_unit(65536, []), "top")
+    for text, top in ((small, 3), (large, 65535)):
+        assert f"zero_init_0 <= {top}; zero_init_0 = zero_init_0 + 1) store [zero_init_0] = 0;" \
+            in text
+        assert "store[0] = " not in text
+    assert len(large) - len(small) < 64
+    initialised = emit_verilog(_memory_unit(4, [1, 2, 3, 4]), "top")
+    assert "store[3] = 8'h04;" in initialised and "zero_init" not in initialised
