@@ -135,3 +135,43 @@ def test_units_without_a_fast_path_fall_back_to_cocotb():
     for unit in units().values():
         expected = "fast" if unit.has_fast else "verilator"
         assert unit.simulator("fast") == expected
+
+
+def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
+    """The compiler wrapper behind Verilator's makefiles (moe_hw/flows/objcache.py): a runtime
+    object (verilated.o) is compiled once per command line and copied afterwards, with its
+    dependency file; a model's own object is compiled every time."""
+    import subprocess
+    import sys
+
+    from moe_hw.flows import objcache
+
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "cxx.py"
+    compiler.write_text(
+        "import sys\n"
+        f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "out = sys.argv[sys.argv.index('-o') + 1]\n"
+        "open(out, 'w').write('object of ' + sys.argv[-1])\n"
+        "open(out[:-2] + '.d', 'w').write(out + ': ' + sys.argv[-1])\n")
+    source = tmp_path / "verilated.cpp"
+    source.write_text("int x;\n")
+    monkeypatch.setenv("MOE_HW_OBJCACHE_DIR", str(tmp_path / "cache"))
+
+    def build(directory, out):
+        directory.mkdir()
+        monkeypatch.chdir(directory)
+        args = [sys.executable, str(compiler), "-O0", "-c", "-o", out, str(source)]
+        assert objcache.main(args) == 0
+        return (directory / out).read_text(), (directory / out.replace(".o", ".d")).read_text()
+
+    first = build(tmp_path / "a", "verilated.o")
+    second = build(tmp_path / "b", "verilated.o")
+    assert first == second == (f"object of {source}", f"verilated.o: {source}")
+    assert len(calls.read_text().splitlines()) == 1          # the second was a copy
+    build(tmp_path / "c", "Vtop.o")
+    build(tmp_path / "d", "Vtop.o")
+    assert len(calls.read_text().splitlines()) == 3          # model objects: always compiled
+    # As make runs it: a script, not an import of moe_hw.
+    done = subprocess.run([sys.executable, objcache.__file__, sys.executable, "-c", "pass"])
+    assert done.returncode == 0

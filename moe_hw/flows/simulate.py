@@ -74,6 +74,12 @@ def _setup_verilator():
     makeflags = os.environ.get("MAKEFLAGS", "")
     if "CFG_CXXFLAGS_PCH_I" not in makeflags:
         os.environ["MAKEFLAGS"] = (makeflags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    # Verilator's runtime objects are compiled once and kept (moe_hw/flows/objcache.py),
+    # unless the user's own OBJCACHE (ccache) is set.
+    if os.environ.get("OBJCACHE", "") in ("", os.environ.get("MOE_HW_OBJCACHE", "")):
+        script = Path(__file__).with_name("objcache.py")
+        os.environ["OBJCACHE"] = os.environ["MOE_HW_OBJCACHE"] = f"{sys.executable} {script}"
+        os.environ["MOE_HW_OBJCACHE_DIR"] = str(build_root() / "verilator-runtime")
     bin_dir = str(root / "bin")
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
