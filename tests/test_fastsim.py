@@ -140,7 +140,8 @@ def test_units_without_a_fast_path_fall_back_to_cocotb():
 def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
     """The compiler wrapper behind Verilator's makefiles (moe_hw/flows/objcache.py): a runtime
     object (verilated.o) is compiled once per command line and copied afterwards, with its
-    dependency file; a model's own object is compiled every time."""
+    dependency file; a model's own object, and a runtime object that depends on a header of
+    the model's directory, are compiled every time."""
     import subprocess
     import sys
 
@@ -153,12 +154,13 @@ def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
         f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
         "out = sys.argv[sys.argv.index('-o') + 1]\n"
         "open(out, 'w').write('object of ' + sys.argv[-1])\n"
-        "open(out[:-2] + '.d', 'w').write(out + ': ' + sys.argv[-1])\n")
+        "extra = ' Vtop.h' if 'vpi' in sys.argv[-1] else ''\n"
+        "open(out[:-2] + '.d', 'w').write(out + ': ' + sys.argv[-1] + extra)\n")
     source = tmp_path / "verilated.cpp"
     source.write_text("int x;\n")
     monkeypatch.setenv("MOE_HW_OBJCACHE_DIR", str(tmp_path / "cache"))
 
-    def build(directory, out):
+    def build(directory, out, source=source):
         directory.mkdir()
         monkeypatch.chdir(directory)
         args = [sys.executable, str(compiler), "-O0", "-c", "-o", out, str(source)]
@@ -172,6 +174,13 @@ def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
     build(tmp_path / "c", "Vtop.o")
     build(tmp_path / "d", "Vtop.o")
     assert len(calls.read_text().splitlines()) == 3          # model objects: always compiled
+    # A runtime object whose dependencies name a header of the model's directory (as
+    # cocotb's main includes Vtop.h) is compiled every time too.
+    vpi = tmp_path / "verilated_vpi.cpp"
+    vpi.write_text("int y;\n")
+    build(tmp_path / "e", "verilated_vpi.o", vpi)
+    build(tmp_path / "f", "verilated_vpi.o", vpi)
+    assert len(calls.read_text().splitlines()) == 5
     # As make runs it: a script, not an import of moe_hw.
     done = subprocess.run([sys.executable, objcache.__file__, sys.executable, "-c", "pass"])
     assert done.returncode == 0

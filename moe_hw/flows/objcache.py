@@ -1,14 +1,17 @@
 """A compiler wrapper that keeps Verilator's runtime objects between builds.
 
 Every Verilator model links the same runtime: Verilator's own (``verilated.cpp``, its VPI,
-DPI and thread support) and, for the cocotb benches, cocotb's ``verilator.cpp``. Compiling it
-is about 20 s of a small model's build, repeated for every design. Verilator's makefiles run
+DPI and thread support). Compiling it is about 20 s of a small model's build, repeated for
+every design. (cocotb's ``verilator.cpp`` is not among them: it includes the model's own
+``Vtop.h``.) Verilator's makefiles run
 each compile as ``$(OBJCACHE) $(CXX) ... -c -o NAME.o SOURCE.cpp``; with ``OBJCACHE`` set to
 this script (:func:`moe_hw.flows.simulate._setup_verilator` does it, unless ``OBJCACHE`` is
 already set, for example to ccache), a compile of a runtime source into one of the runtime
 objects is looked up in a cache directory (``MOE_HW_OBJCACHE_DIR``) by its whole command
 line and the source's size and time: a hit copies the object and its dependency file, a miss
-compiles and keeps them. Every other compile (the model's own files) runs as it is.
+compiles and keeps them, unless the dependency file names a header of the build directory
+(a relative path: the object would then depend on the model). Every other compile (the
+model's own files) runs as it is.
 
 Run as a script (``python objcache.py CXX ARGS...``): it imports nothing of moe_hw, so it
 starts in tens of milliseconds.
@@ -21,9 +24,20 @@ import subprocess
 import sys
 import tempfile
 
-#: The objects kept: Verilator's runtime and cocotb's main.
+#: The objects kept: Verilator's runtime.
 RUNTIME = ("verilated.o", "verilated_vpi.o", "verilated_dpi.o", "verilated_threads.o",
-           "verilated_cov.o", "verilated_vcd_c.o", "verilated_fst_c.o", "verilator.o")
+           "verilated_cov.o", "verilated_vcd_c.o", "verilated_fst_c.o")
+
+
+def _model_free(dep):
+    """Whether the dependency file ``dep`` names only absolute paths (no header of the
+    model's build directory)."""
+    try:
+        text = open(dep).read()
+    except OSError:
+        return False
+    names = text.replace("\\\n", " ").split(":", 1)[-1].split()
+    return all(os.path.isabs(name) for name in names)
 
 
 def _cached_compile(args, cache):
@@ -43,7 +57,7 @@ def _cached_compile(args, cache):
             shutil.copy(os.path.join(entry, "depend"), dep)
         return 0
     code = subprocess.call(args)
-    if code == 0:
+    if code == 0 and _model_free(dep):
         os.makedirs(cache, exist_ok=True)
         staging = tempfile.mkdtemp(prefix="staging.", dir=cache)
         shutil.copy(out, os.path.join(staging, "object"))

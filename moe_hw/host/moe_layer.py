@@ -148,13 +148,28 @@ def layer_problem(gates, input, capacity=None, expert_scale=None, expert_bias=No
         capacity = golden.capacity_from_factor(DEFAULT_CAPACITY_FACTOR, tokens,
                                                max(experts, 1), max(top_k, 1))
     capacity = runtime_int("capacity", {"capacity": capacity}, {})
-    operands = []
     stacked = np.ndim(expert_scale) == 3 or np.ndim(expert_bias) == 3
-    if stacked:
-        operands = _stack_operands(expert_scale, expert_bias, experts, input)
+    operands = (_stack_operands if stacked else _affine_operands)(expert_scale, expert_bias,
+                                                                  experts, input)
+    locations = golden.compute_locations(indices, num_experts=experts)
+    relu = runtime_int("relu", {"relu": relu}, {})
+    if relu not in (0, 1):
+        raise HostError(f"relu must be 0 or 1, not {relu}")
+    return MoELayerProblem(gates, input, capacity, operands[0], operands[1], gates_k, indices,
+                           locations, FORMATS[format_of(input)], memory_latency, relu)
+
+
+def _same_format(name, operand, input):
+    if operand.dtype != input.dtype:
+        raise HostError(f"{name} has dtype {operand.dtype}, but input has {input.dtype}; they "
+                        "must share one format")
+    return operand
+
+
+def _affine_operands(expert_scale, expert_bias, experts, input):
+    """``[scale, bias]`` of affine experts, each [E] in the input's format, or None."""
+    operands = []
     for name, operand in (("expert_scale", expert_scale), ("expert_bias", expert_bias)):
-        if stacked:
-            break
         if operand is not None:
             operand = _float(name, operand, ndim=(1, 2), what="[E]")
             if operand.ndim == 2:
@@ -164,16 +179,9 @@ def layer_problem(gates, input, capacity=None, expert_scale=None, expert_bias=No
             if operand.shape != (experts,):
                 raise HostError(f"{name} must have shape ({experts},) [E], not "
                                 f"{operand.shape}")
-            if operand.dtype != input.dtype:
-                raise HostError(f"{name} has dtype {operand.dtype}, but input has "
-                                f"{input.dtype}; they must share one format")
+            operand = _same_format(name, operand, input)
         operands.append(operand)
-    locations = golden.compute_locations(indices, num_experts=experts)
-    relu = runtime_int("relu", {"relu": relu}, {})
-    if relu not in (0, 1):
-        raise HostError(f"relu must be 0 or 1, not {relu}")
-    return MoELayerProblem(gates, input, capacity, operands[0], operands[1], gates_k, indices,
-                           locations, FORMATS[format_of(input)], memory_latency, relu)
+    return operands
 
 
 def _stack_operands(expert_scale, expert_bias, experts, input):
@@ -187,10 +195,7 @@ def _stack_operands(expert_scale, expert_bias, experts, input):
         if operand.shape[0] != experts or operand.shape[2] != input.shape[1]:
             raise HostError(f"{name} must have shape ({experts}, L, {input.shape[1]}) "
                             f"[E, L, H], not {operand.shape}")
-        if operand.dtype != input.dtype:
-            raise HostError(f"{name} has dtype {operand.dtype}, but input has "
-                            f"{input.dtype}; they must share one format")
-        operands.append(operand)
+        operands.append(_same_format(name, operand, input))
     if operands[0].shape != operands[1].shape:
         raise HostError(f"expert_scale and expert_bias must have one shape [E, L, H], not "
                         f"{operands[0].shape} and {operands[1].shape}")
