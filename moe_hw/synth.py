@@ -25,7 +25,7 @@ from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, TARGETS, SynthError, f
                           synthesize, target as find_target)
 from .registry import unit_or_point
 
-__all__ = ["main", "synth", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
+__all__ = ["main", "synth", "synth_params", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
 
 PROG = "python -m moe_hw.synth"
 
@@ -48,11 +48,10 @@ def _progress(text):
     print(f"[moe_hw.synth] {text}", file=sys.stderr, flush=True)
 
 
-def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
-          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
-    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
-    of the design point's) on ``target``; return the
-    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+def synth_params(name, target, settings=None):
+    """``(unit, params, description)`` for unit or design point ``name`` with ``settings``
+    (``--set`` values, on top of the design point's) on ``target``: the parameters
+    :func:`synth` builds, which the exploration flow also feeds to the cycle formula."""
     target = find_target(target)
     unit, point = unit_or_point(name)
     settings = dict(settings or {})
@@ -69,6 +68,15 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
     params = unit.make_params(settings, base=base)
     shown = {**base, **settings}
     description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])
+    return unit, params, description
+
+
+def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
+    of the design point's) on ``target``; return the
+    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+    unit, params, description = synth_params(name, target, settings)
     return synthesize(unit.name, lambda: unit.build(params), target, description=description,
                       params=dataclasses.asdict(params), seeds=seeds, freq=freq,
                       timeout=timeout, work_dir=work_dir, progress=progress)

