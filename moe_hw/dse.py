@@ -42,7 +42,7 @@ from typing import Callable
 
 from amaranth.back import rtlil
 
-from .cli import run_main
+from .cli import fail, run_main
 from .flows.out_of_context import OutOfContext
 from .flows.synth import (DEFAULT_TIMEOUT, RESOURCES, SynthError, _check_positive,
                           target as find_target, tool_versions)
@@ -219,11 +219,19 @@ def _local_results(tasks, jobs):
 def _dask_results(tasks, scheduler):
     """``(index, result)`` as each task finishes, on the Dask cluster at ``scheduler``."""
     from distributed import Client, as_completed
-    with Client(scheduler, timeout="30s") as client:
+    try:
+        client = Client(scheduler, timeout="30s")
+    except (OSError, ValueError) as error:
+        raise SchedulerError(f"--scheduler {scheduler}: {error}") from None
+    with client:
         futures = {client.submit(synthesize_point, task, key=f"moe_hw-dse-{task['key']}",
                                  pure=False): index for index, task in tasks}
         for future in as_completed(futures):
             yield futures[future], _result_of(future)
+
+
+class SchedulerError(RuntimeError):
+    """The Dask scheduler cannot be reached; one line naming it."""
 
 
 def _result_of(future):
@@ -433,6 +441,12 @@ def explore(unit_name, workload, sweeps=None, targets=(DEFAULT_TARGET,), *, out_
                   file=sys.stderr, disable=not progress_bar) as bar:
             for index, result in results:
                 entry = points[index]
+                tools = tool_versions(find_target(entry.target))
+                if result["ok"] and result["tools"] != tools:
+                    # a worker elsewhere with other tools: its figures would be cached
+                    # under this machine's versions
+                    result = {"ok": False, "timeout": False, "reason": (
+                        f"the worker ran {result['tools']}, not {tools}")}
                 entry.synthesis = result
                 if result["ok"] or not result["timeout"]:
                     (cache_dir / f"{entry.key}.json").write_text(json.dumps(result, indent=1))
@@ -505,7 +519,10 @@ def main(argv=None):
         print(markdown_table(rows, list(sweeps)))
         return 0
 
-    return run_main(PROG, body)
+    try:
+        return run_main(PROG, body)
+    except SchedulerError as error:
+        fail(PROG, str(error), code=1)
 
 
 if __name__ == "__main__":

@@ -193,3 +193,13 @@ def test_workload_of_another_unit_is_one_line(capsys):
     assert exit.value.code == 2
     assert "workload duet_toy is a design point of unit dispatch, not of fmul" in \
         capsys.readouterr().err
+
+
+def test_bad_scheduler_is_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit:
+        dse.main([*ARGV, "--cache", str(tmp_path), "--scheduler", "nowhere"])
+    assert exit.value.code == 1
+    err = [line for line in capsys.readouterr().err.splitlines()
+           if line.startswith(f"{PROG}: ")]
+    assert err == [f"{PROG}: error: --scheduler nowhere: missing port number in address "
+                   "'nowhere'"]
