@@ -19,7 +19,8 @@ point that fails (does not fit, a tool error, a run past ``--timeout``) is a row
 reason; the sweep goes on, and the command exits 0 when the sweep is done. Results are cached
 per (unit, parameters, target, seeds, target frequency, tool versions, the design's RTLIL
 text): a re-run only places and routes the points it has not seen, and a change to the
-hardware is a new point. A run past its time limit is not cached.
+hardware is a new point. A failure is cached only when it is the design's (does not fit, a
+tool's error), not when a run passed its time limit or a worker died.
 
 ``--out DIR`` gets ``results.csv``, ``results.json``, ``results.md`` and ``pareto.png``
 (throughput against LUTs, the front drawn, every point labelled by its swept parameters); the
@@ -183,20 +184,24 @@ def plan(unit_name, workload, sweeps, targets, *, seeds, freq):
 def synthesize_point(task):
     """Place and route one point; ``task`` is a dict (unit, target, settings, seeds, freq,
     timeout, work_dir). Returns a dict: ``{"ok": True, ...figures}`` or ``{"ok": False,
-    "reason": one line, "timeout": bool}``. Never raises for a failed design."""
+    "reason": one line, "cacheable": bool}``; a failure is cacheable when it is the design's
+    (does not fit, a tool's error), not the run's (past the time limit, a worker that died).
+    Never raises for a failed design."""
     try:
         report = synth(task["unit"], task["target"], task["settings"], seeds=task["seeds"],
                        freq=task["freq"], timeout=task["timeout"],
                        work_dir=task.get("work_dir"))
     except SynthError as error:
         reason = str(error)
-        return {"ok": False, "reason": reason, "timeout": "did not finish" in reason}
+        return {"ok": False, "reason": reason, "cacheable": "did not finish" not in reason}
     except Exception as error:                      # noqa: BLE001 -- recorded as the row
-        return {"ok": False, "reason": f"{type(error).__name__}: {error}", "timeout": False}
+        return {"ok": False, "reason": f"{type(error).__name__}: {error}",
+                "cacheable": False}
     design = report.design
     clock = min(design.clocks.values(), key=lambda c: c.fmax_mhz)
     path = clock.critical_path
-    return {"ok": True, "fmax_mhz": design.fmax_mhz,
+    # a seed past the time limit makes the best of the rest depend on the limit
+    return {"ok": True, "cacheable": not design.unfinished_seeds, "fmax_mhz": design.fmax_mhz,
             "reference_mhz": report.reference.fmax_mhz, "ratio": round(report.ratio, 4),
             "resources": {column: design.resources[column]["used"] for column in RESOURCES},
             "available": {column: design.resources[column]["available"]
@@ -239,7 +244,7 @@ def _result_of(future):
         return future.result()
     except Exception as error:                      # noqa: BLE001 -- a worker died
         return {"ok": False, "reason": f"the worker failed: {type(error).__name__}: {error}",
-                "timeout": False}
+                "cacheable": False}
 
 
 # ---- figures ---------------------------------------------------------------------------------
@@ -445,10 +450,10 @@ def explore(unit_name, workload, sweeps=None, targets=(DEFAULT_TARGET,), *, out_
                 if result["ok"] and result["tools"] != tools:
                     # a worker elsewhere with other tools: its figures would be cached
                     # under this machine's versions
-                    result = {"ok": False, "timeout": False, "reason": (
+                    result = {"ok": False, "cacheable": False, "reason": (
                         f"the worker ran {result['tools']}, not {tools}")}
                 entry.synthesis = result
-                if result["ok"] or not result["timeout"]:
+                if result["cacheable"]:
                     (cache_dir / f"{entry.key}.json").write_text(json.dumps(result, indent=1))
                 status = f"{result['fmax_mhz']:.1f} MHz" if result["ok"] else "failed"
                 bar.set_postfix_str(f"{entry.target} {entry.label}: {status}")
