@@ -158,24 +158,27 @@ def plan(unit_name, workload, sweeps, targets, *, seeds, freq):
     inputs, runtime = unit.point_inputs(point.problem)
     problem = unit.problem(inputs, runtime)
     elements = int(shape.elements(problem))
-    points = []
+    checked = []       # every point's parameters first: a bad value stops before any build
     for target in targets:
         for values in itertools.product(*sweeps.values()):
             swept = dict(zip(sweeps, values))
             settings = {**point.params, **swept}
-            _, params, description = synth_params(unit.name, target, settings)
-            cycles = unit.cycles(problem, params)
-            if cycles is None:
-                raise ParameterError(f"unit {unit.name} has no cycle formula for workload "
-                                     f"{workload}")
-            design_text = rtlil.convert(OutOfContext(unit.build(params)), name="top",
-                                         emit_src=False)
-            points.append(Point(
-                target=target, swept=swept, settings=settings,
-                params=dataclasses.asdict(params), description=description,
-                key=_cache_key(unit, params, target, seeds, freq, design_text),
-                cycles=int(cycles), elements=elements,
-                element_bits=int(shape.element_bits(params))))
+            checked.append((target, swept, settings, *synth_params(unit.name, target,
+                                                                   settings)[1:]))
+    points = []
+    for target, swept, settings, params, description in checked:
+        cycles = unit.cycles(problem, params)
+        if cycles is None:
+            raise ParameterError(f"unit {unit.name} has no cycle formula for workload "
+                                 f"{workload}")
+        design_text = rtlil.convert(OutOfContext(unit.build(params)), name="top",
+                                     emit_src=False)
+        points.append(Point(
+            target=target, swept=swept, settings=settings, params=dataclasses.asdict(params),
+            description=description,
+            key=_cache_key(unit, params, target, seeds, freq, design_text),
+            cycles=int(cycles), elements=elements,
+            element_bits=int(shape.element_bits(params))))
     return unit, point, points
 
 
@@ -273,6 +276,7 @@ def figures(point):
            "elements": point.elements, "latency_us": None, "elements_per_s": None,
            "gb_per_s": None, "elements_per_s_per_lut": None, "elements_per_s_per_dsp": None,
            "pareto_lut": False, "pareto_dsp": False, "cached": point.cached, "reason": "",
+           "reference_mhz": None, "ratio": None, "critical_path": None,
            "description": point.description}
     result = point.synthesis
     if result is None or not result["ok"]:
@@ -283,6 +287,8 @@ def figures(point):
     rate = point.elements * fmax * 1e6 / point.cycles if point.cycles else math.inf
     luts, dsps = result["resources"]["lut4"], result["resources"]["dsp"]
     row.update(status="ok", fmax_mhz=fmax, **result["resources"],
+               reference_mhz=result["reference_mhz"], ratio=result["ratio"],
+               critical_path=result["critical_path"],
                latency_us=point.cycles / fmax, elements_per_s=rate,
                gb_per_s=rate * point.element_bits / 8 / 1e9,
                elements_per_s_per_lut=rate / luts if luts else None,
