@@ -272,7 +272,7 @@ def figures(point):
     """The row of ``point`` (a dict of plain values), the throughput figures derived from its
     synthesis and its workload."""
     row = {"target": point.target, **point.swept, "status": "", "fmax_mhz": None,
-           **{column: None for column in RESOURCES}, "cycles": point.cycles,
+           **{f"{column}_used": None for column in RESOURCES}, "cycles": point.cycles,
            "elements": point.elements, "latency_us": None, "elements_per_s": None,
            "gb_per_s": None, "elements_per_s_per_lut": None, "elements_per_s_per_dsp": None,
            "pareto_lut": False, "pareto_dsp": False, "cached": point.cached, "reason": "",
@@ -286,7 +286,8 @@ def figures(point):
     fmax = result["fmax_mhz"]
     rate = point.elements * fmax * 1e6 / point.cycles if point.cycles else math.inf
     luts, dsps = result["resources"]["lut4"], result["resources"]["dsp"]
-    row.update(status="ok", fmax_mhz=fmax, **result["resources"],
+    row.update(status="ok", fmax_mhz=fmax,
+               **{f"{column}_used": used for column, used in result["resources"].items()},
                reference_mhz=result["reference_mhz"], ratio=result["ratio"],
                critical_path=result["critical_path"],
                latency_us=point.cycles / fmax, elements_per_s=rate,
@@ -301,7 +302,7 @@ def mark_fronts(rows):
     ``rows``: LUT counts of different devices are not compared."""
     for target in {row["target"] for row in rows}:
         mine = [row for row in rows if row["target"] == target]
-        for column, flag in (("lut4", "pareto_lut"), ("dsp", "pareto_dsp")):
+        for column, flag in (("lut4_used", "pareto_lut"), ("dsp_used", "pareto_dsp")):
             pairs = [(row[column], row["elements_per_s"]) if row["status"] == "ok" else None
                      for row in mine]
             for row, on in zip(mine, pareto_front(pairs)):
@@ -312,8 +313,8 @@ def mark_fronts(rows):
 # ---- outputs ---------------------------------------------------------------------------------
 
 _TABLE = [  # (heading, row key, format)
-    ("Fmax MHz", "fmax_mhz", "{:.1f}"), ("LUT4", "lut4", "{}"), ("FF", "ff", "{}"),
-    ("DSP", "dsp", "{}"), ("BRAM", "bram", "{}"), ("cycles", "cycles", "{}"),
+    ("Fmax MHz", "fmax_mhz", "{:.1f}"), ("LUT4", "lut4_used", "{}"), ("FF", "ff_used", "{}"),
+    ("DSP", "dsp_used", "{}"), ("BRAM", "bram_used", "{}"), ("cycles", "cycles", "{}"),
     ("latency us", "latency_us", "{:.3f}"), ("Melem/s", "elements_per_s", "{:.1f}"),
     ("GB/s", "gb_per_s", "{:.3f}"), ("elem/s per LUT", "elements_per_s_per_lut", "{:.0f}"),
     ("elem/s per DSP", "elements_per_s_per_dsp", "{:.3g}"),
@@ -358,18 +359,18 @@ def pareto_plot(rows, swept, path, title):
         if not ok:
             continue
         colour = f"C{number}"
-        axes.scatter([row["lut4"] for row in ok], [row["elements_per_s"] / 1e6 for row in ok],
+        axes.scatter([row["lut4_used"] for row in ok], [row["elements_per_s"] / 1e6 for row in ok],
                      color=colour, label=target, zorder=3)
-        front = sorted((row for row in ok if row["pareto_lut"]), key=lambda row: row["lut4"])
-        axes.step([row["lut4"] for row in front],
+        front = sorted((row for row in ok if row["pareto_lut"]), key=lambda row: row["lut4_used"])
+        axes.step([row["lut4_used"] for row in front],
                   [row["elements_per_s"] / 1e6 for row in front], where="post", color=colour,
                   linewidth=1.5, alpha=0.7, label=f"{target} Pareto front")
         for row in ok:
             text = ", ".join(f"{name}={row[name]}" for name in swept) or "default"
-            axes.annotate(text, (row["lut4"], row["elements_per_s"] / 1e6), fontsize=7,
+            axes.annotate(text, (row["lut4_used"], row["elements_per_s"] / 1e6), fontsize=7,
                           xytext=(4, 4), textcoords="offset points")
     # a sweep over lanes spans decades; a narrow one reads better on linear axes
-    for values, scale in (([row["lut4"] for row in rows if row["status"] == "ok"],
+    for values, scale in (([row["lut4_used"] for row in rows if row["status"] == "ok"],
                            axes.set_xscale),
                           ([row["elements_per_s"] for row in rows if row["status"] == "ok"],
                            axes.set_yscale)):

@@ -59,12 +59,34 @@ def test_pareto_front_keeps_equal_points_and_zero_costs():
 
 def test_fronts_are_marked_per_target():
     def row(target, luts, dsps, rate, status="ok"):
-        return {"target": target, "lut4": luts, "dsp": dsps, "elements_per_s": rate,
+        return {"target": target, "lut4_used": luts, "dsp_used": dsps, "elements_per_s": rate,
                 "status": status}
     rows = dse.mark_fronts([row("a", 100, 2, 1.0), row("a", 200, 1, 2.0),
                             row("b", 1000, 4, 0.5), row("a", 50, 0, 5.0, status="failed")])
     assert [(r["pareto_lut"], r["pareto_dsp"]) for r in rows] == \
         [(True, False), (True, True), (True, True), (False, False)]
+
+
+def test_figures_of_a_point_keep_swept_parameters_apart_from_resources():
+    # dispatch has parameters called dsp and bram: the resource columns are *_used
+    point = dse.Point(target="ecp5-85k", swept={"dsp": "generic", "bram": "ecp5"},
+                      settings={}, params={}, description="", key="k", cycles=100,
+                      elements=400, element_bits=16)
+    point.synthesis = {"ok": True, "fmax_mhz": 250.0, "reference_mhz": 350.0, "ratio": 0.71,
+                       "critical_path": "a -> b",
+                       "resources": {"lut4": 1000, "ff": 900, "dsp": 4, "bram": 2, "dram": 0}}
+    row = dse.figures(point)
+    assert (row["dsp"], row["bram"]) == ("generic", "ecp5")
+    assert (row["lut4_used"], row["dsp_used"], row["bram_used"]) == (1000, 4, 2)
+    assert row["elements_per_s"] == pytest.approx(400 * 250e6 / 100)          # 1e9
+    assert row["gb_per_s"] == pytest.approx(2.0)
+    assert row["latency_us"] == pytest.approx(0.4)
+    assert row["elements_per_s_per_lut"] == pytest.approx(1e6)
+    assert row["elements_per_s_per_dsp"] == pytest.approx(2.5e8)
+    point.synthesis = {"ok": False, "reason": "does not fit", "cacheable": True}
+    failed = dse.figures(point)
+    assert failed["status"] == "failed" and failed["reason"] == "does not fit"
+    assert failed["elements_per_s"] is None and failed["cycles"] == 100
 
 
 # ---- the sweep on real tools ------------------------------------------------------------------
@@ -93,7 +115,7 @@ def test_sweep_outputs_exist_and_parse(local_sweep):
         [("ice40-up5k", "bf16", "2", "ok"), ("ice40-up5k", "bf16", "3", "ok")]
     for written, row in zip(table, rows):
         assert float(written["fmax_mhz"]) == row["fmax_mhz"]
-        assert int(written["lut4"]) == row["lut4"] and int(written["cycles"]) == row["cycles"]
+        assert int(written["lut4_used"]) == row["lut4_used"] and int(written["cycles"]) == row["cycles"]
     markdown = (out / "results.md").read_text().splitlines()
     body = [line for line in markdown if line.startswith("| ice40-up5k |")]
     assert len(body) == 2 and all("FAILED" not in line for line in body)
@@ -106,15 +128,15 @@ def test_sweep_figures_come_from_the_formula_and_the_synthesis(local_sweep):
         params = FmulParams(format="bf16", mul_stages=stages)
         # the unit's own formula (host/binop.py): count + latency
         assert row["cycles"] == 336 + params.mul_latency and row["elements"] == 336
-        assert row["fmax_mhz"] > 0 and row["lut4"] > 0 and row["ff"] > 0
+        assert row["fmax_mhz"] > 0 and row["lut4_used"] > 0 and row["ff_used"] > 0
         rate = 336 * row["fmax_mhz"] * 1e6 / row["cycles"]
         assert math.isclose(row["elements_per_s"], rate)
         assert math.isclose(row["latency_us"], row["cycles"] / row["fmax_mhz"])
         assert math.isclose(row["gb_per_s"], rate * 16 / 8 / 1e9)        # bf16: 2 bytes
-        assert math.isclose(row["elements_per_s_per_lut"], rate / row["lut4"])
-        expected_per_dsp = rate / row["dsp"] if row["dsp"] else None
+        assert math.isclose(row["elements_per_s_per_lut"], rate / row["lut4_used"])
+        expected_per_dsp = rate / row["dsp_used"] if row["dsp_used"] else None
         assert row["elements_per_s_per_dsp"] == pytest.approx(expected_per_dsp)
-    for column, flag in (("lut4", "pareto_lut"), ("dsp", "pareto_dsp")):
+    for column, flag in (("lut4_used", "pareto_lut"), ("dsp_used", "pareto_dsp")):
         front = pareto_front([(row[column], row["elements_per_s"]) for row in rows])
         assert [row[flag] for row in rows] == front
         assert any(front)
