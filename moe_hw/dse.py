@@ -359,9 +359,14 @@ def pareto_plot(rows, swept, path, title):
         if not ok:
             continue
         colour = f"C{number}"
-        axes.scatter([row["lut4_used"] for row in ok], [row["elements_per_s"] / 1e6 for row in ok],
-                     color=colour, label=target, zorder=3)
         front = sorted((row for row in ok if row["pareto_lut"]), key=lambda row: row["lut4_used"])
+        rest = [row for row in ok if not row["pareto_lut"]]
+        for group, face, label in ((front, colour, f"{target} (on the front)"),
+                                   (rest, "none", target)):
+            if group:
+                axes.scatter([row["lut4_used"] for row in group],
+                             [row["elements_per_s"] / 1e6 for row in group],
+                             edgecolors=colour, facecolors=face, label=label, zorder=3)
         axes.step([row["lut4_used"] for row in front],
                   [row["elements_per_s"] / 1e6 for row in front], where="post", color=colour,
                   linewidth=1.5, alpha=0.7, label=f"{target} Pareto front")
@@ -400,7 +405,8 @@ def write_outputs(rows, out_dir, *, swept, meta):
         writer = csv.DictWriter(file, fieldnames=list(rows[0]) if rows else ["target"])
         writer.writeheader()
         writer.writerows(rows)
-    paths["results.md"].write_text(f"{meta['title']}\n\n{markdown_table(rows, swept)}\n")
+    title = meta["title"].replace("\n", "; ")
+    paths["results.md"].write_text(f"{title}\n\n{markdown_table(rows, swept)}\n")
     pareto_plot(rows, swept, paths["pareto.png"], meta["title"])
     return paths
 
@@ -476,8 +482,8 @@ def explore(unit_name, workload, sweeps=None, targets=(DEFAULT_TARGET,), *, out_
             "freq_mhz": freq, "timeout_s": timeout, "scheduler": scheduler, "jobs": jobs,
             "from_cache": len(points) - len(tasks), "synthesized": len(tasks),
             "failed": sum(row["status"] != "ok" for row in rows), "wall_s": round(wall_s, 1),
-            "title": f"{unit.name} on {workload} ({point.description}); "
-                     f"{', '.join(targets)}, {seeds} seed(s)"}
+            "title": f"{unit.name} on {workload}: {point.description}\n"
+                     f"{', '.join(targets)}, best of {seeds} seed(s)"}
     if out_dir is not None:
         write_outputs(rows, out_dir, swept=list(sweeps), meta=meta)
     log(f"{len(points)} points ({meta['from_cache']} from the cache, {meta['synthesized']} "
@@ -526,7 +532,7 @@ def main(argv=None):
                              jobs=args.jobs, scheduler=args.scheduler, seeds=args.seeds,
                              freq=args.freq, timeout=args.timeout, cache_dir=args.cache,
                              work_dir=args.work)
-        print(meta["title"])
+        print(meta["title"].replace("\n", "; "))
         print()
         print(markdown_table(rows, list(sweeps)))
         return 0
