@@ -4,7 +4,9 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--freq MHZ] [--json FILE] [--timeout S] [--work DIR] [--check]
 
-Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40). Every port
+Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
+ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
+into the design's folder of --work). Every port
 of the unit is registered, behind four pins (moe_hw/flows/out_of_context.py). The tools are
 YoWASP's Yosys and nextpnr from PyPI; the first run of each compiles it (about a minute).
 Progress goes to stderr, the table to stdout. A design that does not fit or fails to place
@@ -61,7 +63,7 @@ def synth_params(name, target, settings=None):
     # inferred block RAM has no output register), unless --set dsp=... / bram=... says
     # otherwise.
     fields = {f.name for f in dataclasses.fields(unit.params)}
-    if target.name.startswith("ecp5"):
+    if target.nextpnr == "ecp5":
         for field in ("dsp", "bram"):
             if field in fields:
                 base.setdefault(field, "ecp5")
@@ -112,6 +114,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     def body():
+        if find_target(args.target).bitstream and args.work is None:
+            raise ValueError(f"target {args.target} writes a bitstream: name --work DIR to "
+                             "keep it")
         start = time.perf_counter()
         report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
                        freq=args.freq, timeout=args.timeout, work_dir=args.work,

@@ -92,6 +92,31 @@ def test_synth_runs_and_its_report_parses(one_synthesis_at_a_time, tmp_path, cap
     assert (tmp_path / "work" / unit / "seed1.log").exists()
 
 
+def test_board_target_writes_a_bitstream(one_synthesis_at_a_time, tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    argv = ["fmul", "--target", "ulx3s-85f", "--seeds", "1", "--set", "format=bf16", "--set",
+            "mul_stages=2", "--json", str(report_path), "--work", str(tmp_path / "work")]
+    assert synth.main(argv) == 0
+    table = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    bitstream = Path(report["design"]["bitstream"])
+    assert bitstream == tmp_path / "work" / "fmul" / "top.bit"
+    assert f"bitstream: {bitstream}" in table
+    # ecppack's header names the part the board carries
+    assert b"Part: LFE5U-85F-6CABGA381" in bitstream.read_bytes()[:64]
+    # the four wrapper ports sit on the board's pins
+    log = (tmp_path / "work" / "fmul" / "seed1.log").read_text()
+    assert "constraining clock net 'clk' to 25.00 MHz" in log
+    for port in ("clk", "rst", "si", "so"):
+        assert f"pin '{port}$tr_io' constrained to Bel" in log
+
+
+def test_board_target_without_work_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ulx3s-85f"], 2)
+    assert lines == [f"{PROG}: error: target ulx3s-85f writes a bitstream: name --work DIR "
+                     "to keep it"]
+
+
 def test_a_tool_that_does_not_finish_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ice40-up5k", "--timeout", "0.2"], 1)
     assert lines == [f"{PROG}: error: reference adder on ice40-up5k: yosys did not finish "
@@ -128,8 +153,8 @@ def test_a_seed_that_does_not_finish_is_skipped(one_synthesis_at_a_time, monkeyp
 
 def test_bad_target_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-12k"], 2)
-    assert lines == [f"{PROG}: error: target must be ecp5-85k, ice40-up5k or nexus-40k, "
-                     "not 'ecp5-12k'"]
+    assert lines == [f"{PROG}: error: target must be ecp5-85k, ice40-up5k, nexus-40k or "
+                     "ulx3s-85f, not 'ecp5-12k'"]
 
 
 @pytest.mark.parametrize("setting, message", [
