@@ -19,7 +19,8 @@ point that fails (does not fit, a tool error, a run past ``--timeout``) is a row
 reason; the sweep goes on, and the command exits 0 when the sweep is done. Results are cached
 per (unit, parameters, target, seeds, target frequency, tool versions, the design's RTLIL
 text): a re-run only places and routes the points it has not seen, and a change to the
-hardware is a new point. A failure is cached only when it is the design's (does not fit, a
+hardware is a new point (the flow's own tool options are not in the key: delete the cache
+after changing them). A failure is cached only when it is the design's (does not fit, a
 tool's error), not when a run passed its time limit or a worker died.
 
 ``--out DIR`` gets ``results.csv``, ``results.json``, ``results.md`` and ``pareto.png``
