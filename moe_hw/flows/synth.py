@@ -474,6 +474,7 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         option, file_name, text = target.pins
         (work / file_name).write_text(text)
         pins = (option, file_name)
+
     def config(seed):
         return ("--textcfg", f"seed{seed}.config") if target.bitstream else ()
 
@@ -487,9 +488,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         report_path.unlink(missing_ok=True)   # never read a report left by an earlier run
         code = _run_tool(target.nextpnr_tool,
                          [*target.nextpnr_args, *pins, *config(seed), "--json", "netlist.json",
-                          "--report",
-                          report_path.name, "--timing-allow-fail", "--seed", str(seed),
-                          "--freq", f"{freq:g}"],
+                          "--report", report_path.name, "--timing-allow-fail", "--seed",
+                          str(seed), "--freq", f"{freq:g}"],
                          work, log, timeout)
         # A seed that passes the time limit is skipped: the router's timing-driven rip-up
         # can go on for long on one placement and finish in a minute on another. Only when
