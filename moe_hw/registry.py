@@ -82,6 +82,11 @@ class DesignPoint:
 
 
 def _points_dir():
+    # A source checkout reads its own gen/ (an editable install elsewhere maps
+    # moe_hw.design_points to that other checkout's gen/), as flows/simulate.py does for sim/.
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "gen" / "__init__.py").is_file():
+        return checkout / "gen"
     from . import design_points as package
     return Path(package.__file__).parent
 

@@ -4,7 +4,9 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--freq MHZ] [--json FILE] [--timeout S] [--work DIR] [--check]
 
-Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40). Every port
+Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
+ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
+into the design's folder of --work). Every port
 of the unit is registered, behind four pins (moe_hw/flows/out_of_context.py). The tools are
 YoWASP's Yosys and nextpnr from PyPI; the first run of each compiles it (about a minute).
 Progress goes to stderr, the table to stdout. A design that does not fit or fails to place
@@ -25,7 +27,7 @@ from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, TARGETS, SynthError, f
                           synthesize, target as find_target)
 from .registry import unit_or_point
 
-__all__ = ["main", "synth", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
+__all__ = ["main", "synth", "synth_params", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
 
 PROG = "python -m moe_hw.synth"
 
@@ -48,11 +50,10 @@ def _progress(text):
     print(f"[moe_hw.synth] {text}", file=sys.stderr, flush=True)
 
 
-def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
-          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
-    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
-    of the design point's) on ``target``; return the
-    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+def synth_params(name, target, settings=None):
+    """``(unit, params, description)`` for unit or design point ``name`` with ``settings``
+    (``--set`` values, on top of the design point's) on ``target``: the parameters
+    :func:`synth` builds, which the exploration flow also feeds to the cycle formula."""
     target = find_target(target)
     unit, point = unit_or_point(name)
     settings = dict(settings or {})
@@ -62,13 +63,22 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
     # inferred block RAM has no output register), unless --set dsp=... / bram=... says
     # otherwise.
     fields = {f.name for f in dataclasses.fields(unit.params)}
-    if target.name.startswith("ecp5"):
+    if target.nextpnr == "ecp5":
         for field in ("dsp", "bram"):
             if field in fields:
                 base.setdefault(field, "ecp5")
     params = unit.make_params(settings, base=base)
     shown = {**base, **settings}
     description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])
+    return unit, params, description
+
+
+def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
+    of the design point's) on ``target``; return the
+    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+    unit, params, description = synth_params(name, target, settings)
     return synthesize(unit.name, lambda: unit.build(params), target, description=description,
                       params=dataclasses.asdict(params), seeds=seeds, freq=freq,
                       timeout=timeout, work_dir=work_dir, progress=progress)
@@ -104,6 +114,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     def body():
+        if find_target(args.target).bitstream and args.work is None:
+            raise ValueError(f"target {args.target} writes a bitstream: name --work DIR to "
+                             "keep it")
         start = time.perf_counter()
         report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
                        freq=args.freq, timeout=args.timeout, work_dir=args.work,

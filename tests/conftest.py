@@ -1,6 +1,11 @@
-"""Shared pytest fixtures: the simulators (Icarus skipped, with the reason, when absent)."""
+"""Shared pytest fixtures: the simulators (Icarus skipped, with the reason, when absent), and
+the synthesis tests' turns."""
 
+import contextlib
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -46,3 +51,28 @@ def simulator_cases(cases, *, icarus):
 
 
 STALLS = [pytest.param(0.0, id="no-stall"), pytest.param(0.3, id="stall")]
+
+
+@contextlib.contextmanager
+def _synthesis_turn():
+    """Place-and-route keeps a core busy for tens of seconds and pytest runs two workers:
+    the synthesis tests take turns, so that neither slows the other down."""
+    with open(Path(tempfile.gettempdir()) / "moe_hw_synth_tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def one_synthesis_at_a_time():
+    with _synthesis_turn():
+        yield
+
+
+@pytest.fixture(scope="module")
+def synthesis_turn_for_module():
+    """The turn held for a whole module whose tests share synthesis runs."""
+    with _synthesis_turn():
+        yield

