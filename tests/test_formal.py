@@ -82,3 +82,20 @@ def test_cli_bad_arguments(argv, message):
     assert run.returncode == 2
     assert message in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_dispatch_sign_mutant_fails_conservation(tmp_path, monkeypatch):
+    """Dropping only ``location >= 0`` (the sign bit's zero test) keeps every write in bounds
+    (the address takes the location's low bits, which ``location < C`` still checks), but a
+    negative location is then written: the conservation property must fail."""
+    original = slot_address.in_range_flags
+
+    def without_sign_test(field, size):
+        if field.name == "location":
+            return original(field[:-1].as_signed(), size)
+        return original(field, size)
+
+    monkeypatch.setattr(slot_address, "in_range_flags", without_sign_test)
+    [result] = formal("dispatch", work_dir=tmp_path, properties=["conservation"])
+    assert result.status == "failed"
+    assert result.trace is not None and result.trace.exists()

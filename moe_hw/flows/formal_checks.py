@@ -15,11 +15,13 @@ valid, ``done`` rises within the unit's stall-free cycle formula plus :data:`MAR
 (a run reaching ``done`` through a given path).
 """
 
+import dataclasses
+
 from amaranth.hdl import Assert, Assume, Const, Cover, Signal, Value
 from amaranth.lib import wiring
 from amaranth.utils import ceil_log2
 
-from ..blocks.run_control import RunControl
+from ..blocks.run_control import EMPTY_CYCLES, RunControl
 from ..params import ParameterError, check_int
 from ..stream import SkidBuffer
 from .formal import Property
@@ -99,6 +101,29 @@ def done_within(names, bound_of, depth, doc):
         bound = bound_of(run) + MARGIN
         h.m.d.comb += Assert(~(run.waiting & ~h.dut.done & (run.cycles >= bound)))
     return Property("done_within", "assert", build, depth, doc)
+
+
+def port_in_bounds(port, names, limit_of, depth, doc):
+    """``<port>_in_bounds``: every enabled lane ``l`` of a beat on the memory port ``port``
+    (payload ``addr``, ``enable``) addresses ``addr + l < limit_of(run)`` (the run's sizes,
+    sampled at its start), and the port is used only while the unit is busy."""
+    def build(h):
+        run = RunTracker(h, names)
+        channel = getattr(h.dut, port)
+        limit = limit_of(run)
+        for lane in range(len(channel.payload.enable)):
+            h.m.d.comb += Assert(~(channel.valid & channel.payload.enable[lane]) |
+                                 (h.dut.busy & (channel.payload.addr + lane < limit)))
+    return Property(f"{port}_in_bounds", "assert", build, depth, doc)
+
+
+def memory_responds(h, request, response):
+    """The memory port's contract: a response only for a request taken before it and not yet
+    answered (responses in request order; their data is free)."""
+    outstanding = Signal(8, name=f"{request}_outstanding")
+    request, response = getattr(h.dut, request), getattr(h.dut, response)
+    h.m.d.sync += outstanding.eq(outstanding + taken(request) - taken(response))
+    h.m.d.comb += Assume(~response.valid | (outstanding != 0))
 
 
 # ---- the stream skid buffer ------------------------------------------------------------------
@@ -243,14 +268,6 @@ def _dispatch_properties(dut, settings):
         return ((index >= 0) & (index < run.size["num_experts"]) &
                 (location >= 0) & (location < run.size["capacity"]))
 
-    def in_bounds(h):
-        dut = h.dut
-        run = track(h)
-        limit = run.size["num_experts"] * run.size["capacity"] * run.size["hidden"]
-        for lane in range(p.lanes):
-            h.m.d.comb += Assert(~(dut.write.valid & dut.write.payload.enable[lane]) |
-                                 (dut.busy & (dut.write.payload.addr + lane < limit)))
-
     def counts(h, run):
         dut = h.dut
         m = h.m
@@ -298,8 +315,11 @@ def _dispatch_properties(dut, settings):
     liveness = done_within(
         dut.sizes, lambda run: run.size["pairs"] * beats(run) + p.overhead, run_depth,
         "consumer ready, producer valid: done within pairs*ceil(H/lanes) + overhead + 2")
-    return [Property("write_in_bounds", "assert", in_bounds, run_depth,
-                     "every enabled lane's address in [0, E*C*H) of the run, only while busy"),
+    return [port_in_bounds("write", dut.sizes,
+                           lambda run: (run.size["num_experts"] * run.size["capacity"] *
+                                        run.size["hidden"]), run_depth,
+                           "every enabled lane's address in [0, E*C*H) of the run, only "
+                           "while busy"),
             held_property("write", run_depth),
             liveness,
             Property("conservation", "assert", conservation, run_depth,
@@ -309,6 +329,164 @@ def _dispatch_properties(dut, settings):
                      "done after a run with a write and a dropped pair"),
             Property("cover_empty_expert", "cover", cover_empty_expert, run_depth,
                      "done after a run with writes where some expert got no pair")]
+
+
+# ---- the units with a run control: what they share ------------------------------------------
+
+def held_properties(dut, depth):
+    """``<stream>_held`` for every output stream of ``dut``."""
+    return [held_property(name, depth) for name, member in dut.signature.members.items()
+            if member.is_signature and member.flow == wiring.Out]
+
+
+def cover_done(names, depth, doc="a run that begins (neither empty nor too big) ends in done"):
+    """``cover_done``: ``done`` after a run past the run control's decide cycle, no error."""
+    def build(h):
+        run = RunTracker(h, names)
+        h.m.d.comb += Cover(run.finished & ~h.dut.error & (run.cycles > EMPTY_CYCLES))
+    return Property("cover_done", "cover", build, depth, doc)
+
+
+# ---- locations -------------------------------------------------------------------------------
+
+def _locations_properties(dut, settings):
+    p = dut.params
+
+    def in_range(h):
+        # A location is -1 (index out of range) or a count of earlier pairs, below the run's
+        # pair count; an expert's count is at most the pair count.
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        location = dut.location.payload.location
+        pairs = run.size["pairs"]
+        h.m.d.comb += [
+            Assert(~dut.location.valid | (dut.busy & ((location == -1) |
+                                                      ((location >= 0) & (location < pairs))))),
+            Assert(~dut.counts.valid | (dut.busy & (dut.counts.payload.count <= pairs))),
+        ]
+
+    def conservation(h):
+        # At done: one location per pair, one count per expert, the counts sum to the
+        # routed pairs, and dropped counts the routed pairs at or past the capacity.
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        index = dut.index.payload.index
+        routed = taken(dut.index) & (index >= 0) & (index < run.size["num_experts"])
+        locations = run.counter(h, taken(dut.location), "location_beats")
+        counts = run.counter(h, taken(dut.counts), "count_beats")
+        routed_pairs = run.counter(h, routed, "routed_pairs")
+        total = Signal(8, name="count_total")
+        with h.m.If(run.accept):
+            h.m.d.sync += total.eq(0)
+        with h.m.Elif(taken(dut.counts)):
+            h.m.d.sync += total.eq(total + dut.counts.payload.count)
+        past_capacity = run.counter(
+            h, taken(dut.location) & (dut.location.payload.location >= run.size["capacity"]),
+            "past_capacity")
+        ran = run.finished & ~dut.error
+        h.m.d.comb += [
+            Assert(~ran | ((locations == run.size["pairs"]) &
+                           (counts == run.size["num_experts"]) & (total == routed_pairs))),
+            Assert(~ran | (dut.dropped == past_capacity)),
+        ]
+
+    def cover_drop(h):
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        h.m.d.comb += Cover(run.finished & ~dut.error & (dut.dropped != 0))
+
+    run_depth = p.max_pairs + p.max_experts + p.OVERHEAD + MARGIN + 2
+    return [Property("location_in_range", "assert", in_range, run_depth,
+                     "location -1 or in [0, pairs); count <= pairs; only while busy"),
+            *held_properties(dut, run_depth),
+            done_within(p.sizes, lambda run: run.size["pairs"] + run.size["num_experts"] +
+                        p.OVERHEAD, run_depth,
+                        "consumer ready, producer valid: done within pairs + E + 7 + 2"),
+            Property("conservation", "assert", conservation, run_depth,
+                     "at done: a location per pair, a count per expert, counts sum to the "
+                     "routed pairs, dropped = locations >= capacity"),
+            cover_done(p.sizes, run_depth),
+            Property("cover_drop", "cover", cover_drop, run_depth,
+                     "done after a run with a pair past the capacity")]
+
+
+# ---- sparse_index ----------------------------------------------------------------------------
+
+def _sparse_index_properties(dut, settings):
+    p = dut.params
+
+    def in_bounds(h):
+        # A slot is below the routed-gate count of pass 1 (whatever pass 3's rows hold) and
+        # below S*E; writes only while busy.
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        addr = dut.write.payload.addr
+        h.m.d.comb += Assert(~dut.write.valid |
+                             (dut.busy & (addr < dut.nonzeros) &
+                              (addr < run.size["tokens"] * run.size["num_experts"])))
+
+    beats = -(-p.max_experts // p.lanes)
+    # Pass 3 takes at most ``lanes`` cycles a beat.
+    run_depth = (p.max_tokens * beats * (1 + p.lanes) + p.max_experts + p.PASSES_OVERHEAD +
+                 MARGIN + 2)
+    lanes_log2 = ceil_log2(p.lanes)
+
+    def bound(run):
+        row_beats = (run.size["num_experts"] + p.lanes - 1) >> lanes_log2
+        return (run.size["tokens"] * row_beats * (1 + p.lanes) + run.size["num_experts"] +
+                p.PASSES_OVERHEAD)
+
+    return [Property("write_in_bounds", "assert", in_bounds, run_depth,
+                     "every slot below nonzeros (pass 1's count) and S*E; only while busy"),
+            *held_properties(dut, run_depth),
+            done_within(p.sizes, bound, run_depth,
+                        "consumer ready, producer valid: done within the cycle formula with "
+                        "every beat's place cycles at lanes, + 2"),
+            cover_done(p.sizes, run_depth)]
+
+
+# ---- the combines ----------------------------------------------------------------------------
+
+def _with_memory(prop, request, response):
+    """``prop`` under the memory port's contract (:func:`memory_responds`)."""
+    def build(h):
+        memory_responds(h, request, response)
+        prop.build(h)
+    return dataclasses.replace(prop, build=build)
+
+
+def _combine_scatter_properties(dut, settings):
+    p = dut.params
+    sizes = dut.sizes
+    run_depth = p.max_slots * -(-p.max_hidden // p.lanes) + p.overhead(1) + MARGIN + 4
+
+    def limit(run):
+        return run.size["tokens"] * run.size["hidden"]
+
+    props = [port_in_bounds("read", sizes, limit, run_depth,
+                            "every enabled lane's read in [0, S*H) of the run, only while busy"),
+             port_in_bounds("write", sizes, limit, run_depth,
+                            "every enabled lane's write in [0, S*H) of the run, only while "
+                            "busy"),
+             *held_properties(dut, run_depth),
+             cover_done(sizes, run_depth)]
+    return [_with_memory(prop, "read", "read_data") for prop in props]
+
+
+def _combine_gather_properties(dut, settings):
+    p = dut.params
+    sizes = dut.sizes
+    run_depth = (p.max_tokens * p.max_top_k * -(-p.max_hidden // p.lanes) + 24 + MARGIN)
+
+    def limit(run):
+        return run.size["num_experts"] * run.size["capacity"] * run.size["hidden"]
+
+    props = [port_in_bounds("read_request", sizes, limit, run_depth,
+                            "every enabled lane's read in [0, E*C*H) of the run, only while "
+                            "busy"),
+             *held_properties(dut, run_depth),
+             cover_done(sizes, run_depth)]
+    return [_with_memory(prop, "read_request", "read_response") for prop in props]
 
 
 # ---- the targets -----------------------------------------------------------------------------
@@ -340,6 +518,14 @@ DEFAULTS = {
     "run_control": {"max_size": 5, "setup": 2},
     "dispatch": {"format": "bf16", "lanes": 2, "max_pairs": 2, "max_hidden": 4,
                  "max_capacity": 2, "max_experts": 2, "index_width": 4, "mul_stages": 1},
+    "locations": {"max_pairs": 4, "max_experts": 3, "max_capacity": 2, "index_width": 4},
+    "sparse_index": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_experts": 2},
+    "combine_scatter": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_slots": 2,
+                        "max_hidden": 4, "index_width": 3, "max_outstanding": 8,
+                        "mul_stages": 1, "add_stages": 1},
+    "combine_gather": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_hidden": 4,
+                       "max_capacity": 2, "max_experts": 2, "max_top_k": 1, "index_width": 3,
+                       "mul_stages": 1, "add_stages": 1},
 }
 
 #: The shared blocks checked on their own: name -> ``make(settings)``, the component.
@@ -351,4 +537,8 @@ PROPERTIES = {
     "skid_buffer": _skid_properties,
     "run_control": _run_control_properties,
     "dispatch": _dispatch_properties,
+    "locations": _locations_properties,
+    "sparse_index": _sparse_index_properties,
+    "combine_scatter": _combine_scatter_properties,
+    "combine_gather": _combine_gather_properties,
 }
