@@ -208,7 +208,7 @@ def check_property(unit, prop, dut, *, depth=None, work_dir=None, timeout=600, s
     try:
         stdout, _ = process.communicate(timeout=timeout)
     except BaseException as error:
-        os.killpg(process.pid, signal.SIGKILL)
+        _kill_session(process.pid)
         process.wait()
         if isinstance(error, subprocess.TimeoutExpired):
             raise FormalError(f"{unit} {prop.name}: SymbiYosys took longer than {timeout} s; "
@@ -234,6 +234,19 @@ def check_property(unit, prop, dut, *, depth=None, work_dir=None, timeout=600, s
     else:
         status = {"PASS": "covered", "FAIL": "not covered", "UNKNOWN": "not covered"}[verdict]
     return CheckResult(unit, prop.name, prop.kind, status, depth, seconds, trace, log)
+
+
+def _kill_session(session):
+    """Kill every process of ``session`` (SymbiYosys puts each engine in a process group of
+    its own, so the session is what holds them all)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == session:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def format_table(results):

@@ -1,11 +1,16 @@
 """The properties each unit is checked against (``python -m moe_hw.formal``), and the small
 generation parameters at which the checks run.
 
-:data:`PROPERTIES` lists the :class:`~moe_hw.flows.formal.Property` list of each unit of the
+:data:`PROPERTIES` gives the :class:`~moe_hw.flows.formal.Property` list of each unit of the
 registry and each shared block (``skid_buffer``, ``run_control``: :data:`BLOCKS`) that has a
-harness; :data:`DEFAULTS` their formal generation parameters. The properties of a unit with a run control (``start``, sizes, ``busy``, ``done``)
-share :class:`RunTracker`: the harness's own copy of the sizes sampled at the start, the
-cycles since the start and the cycle ``done`` is first seen.
+harness; :data:`DEFAULTS` their formal generation parameters. The properties of a unit with
+a run control (``start``, sizes, ``busy``, ``done``) share :class:`RunTracker`: the
+harness's own copy of the sizes sampled at the start, the cycles since the start and the
+cycle ``done`` is first seen.
+
+Units with a memory read port (the combines) are checked under the port's contract
+(:func:`memory_responds`: a response only for an outstanding request); they have no
+``done_within``, since an always-valid response stream would break that contract.
 
 Property names: ``<stream>_held`` (the stream protocol on an output), ``*_in_bounds`` (no
 write or output outside the unit's range, for any header bit pattern and any run-time size),
@@ -103,18 +108,23 @@ def done_within(names, bound_of, depth, doc):
     return Property("done_within", "assert", build, depth, doc)
 
 
-def port_in_bounds(port, names, limit_of, depth, doc):
-    """``<port>_in_bounds``: every enabled lane ``l`` of a beat on the memory port ``port``
-    (payload ``addr``, ``enable``) addresses ``addr + l < limit_of(run)`` (the run's sizes,
-    sampled at its start), and the port is used only while the unit is busy."""
+def port_in_bounds(ports, names, limit_of, depth, doc):
+    """``<port>_in_bounds``: every enabled lane ``l`` of a beat on each memory port of
+    ``ports`` (payload ``addr``, ``enable``) addresses ``addr + l < limit_of(run)`` (the run's
+    sizes, sampled at its start), and the ports are used only while the unit is busy. (One
+    property for a unit's ports: one solver run.)"""
+    ports = (ports,) if isinstance(ports, str) else tuple(ports)
+
     def build(h):
         run = RunTracker(h, names)
-        channel = getattr(h.dut, port)
         limit = limit_of(run)
-        for lane in range(len(channel.payload.enable)):
-            h.m.d.comb += Assert(~(channel.valid & channel.payload.enable[lane]) |
-                                 (h.dut.busy & (channel.payload.addr + lane < limit)))
-    return Property(f"{port}_in_bounds", "assert", build, depth, doc)
+        for port in ports:
+            channel = getattr(h.dut, port)
+            for lane in range(len(channel.payload.enable)):
+                h.m.d.comb += Assert(~(channel.valid & channel.payload.enable[lane]) |
+                                     (h.dut.busy & (channel.payload.addr + lane < limit)))
+    name = ports[0] if len(ports) == 1 else "memory"
+    return Property(f"{name}_in_bounds", "assert", build, depth, doc)
 
 
 def memory_responds(h, request, response):
@@ -463,11 +473,9 @@ def _combine_scatter_properties(dut, settings):
     def limit(run):
         return run.size["tokens"] * run.size["hidden"]
 
-    props = [port_in_bounds("read", sizes, limit, run_depth,
-                            "every enabled lane's read in [0, S*H) of the run, only while busy"),
-             port_in_bounds("write", sizes, limit, run_depth,
-                            "every enabled lane's write in [0, S*H) of the run, only while "
-                            "busy"),
+    props = [port_in_bounds(("read", "write"), sizes, limit, run_depth,
+                            "every enabled lane's read and write in [0, S*H) of the run, only "
+                            "while busy"),
              *held_properties(dut, run_depth),
              cover_done(sizes, run_depth)]
     return [_with_memory(prop, "read", "read_data") for prop in props]
@@ -476,7 +484,8 @@ def _combine_scatter_properties(dut, settings):
 def _combine_gather_properties(dut, settings):
     p = dut.params
     sizes = dut.sizes
-    run_depth = (p.max_tokens * p.max_top_k * -(-p.max_hidden // p.lanes) + 24 + MARGIN)
+    run_depth = (p.schedule_cycles(p.max_tokens, p.max_hidden, p.max_top_k) + p.overhead(1) +
+                 MARGIN + 2)
 
     def limit(run):
         return run.size["num_experts"] * run.size["capacity"] * run.size["hidden"]
