@@ -1,7 +1,7 @@
 """``python -m moe_hw.formal``: check a unit's properties formally (SymbiYosys, Yices).
 
     python -m moe_hw.formal UNIT [--set NAME=VALUE ...] [--depth N] [--work DIR]
-                                 [--mode prove|cover|all] [--property NAME ...]
+                                 [--mode prove|cover|all] [--property NAME ...] [--timeout S]
 
 UNIT is a unit of ``python -m moe_hw.gen list`` that has a formal harness, or one of the
 shared blocks ``skid_buffer`` and ``run_control``. Each property is checked in a run of its
@@ -19,8 +19,9 @@ step with its signature.
 Output: a table (stdout) of unit | property | proved / bounded to depth N / covered | solver
 time (s). ``proved``: the k-induction closed; ``bounded to depth N``: no counterexample in
 the first N cycles from reset, but the induction step did not close. A failed assertion or
-an unreached cover prints two lines on stderr, the property and the counterexample (or the
-log), and the exit status is 1. Bad arguments: one line naming the parameter, exit status 2.
+an unreached cover, or a check with no verdict within ``--timeout`` seconds (``timed out``;
+the other checks go on) prints two lines on stderr, the property and the counterexample (or
+the log), and the exit status is 1. Bad arguments: one line naming the parameter, exit status 2.
 """
 
 import argparse
@@ -39,6 +40,9 @@ __all__ = ["main", "formal", "targets", "target", "MODES"]
 PROG = "python -m moe_hw.formal"
 
 MODES = ("prove", "cover", "all")
+
+#: Seconds each check may take by default.
+DEFAULT_TIMEOUT = 600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,15 +76,17 @@ def target(name):
 
 
 def formal(name, settings=None, *, depth=None, work_dir=None, mode="all", properties=None,
-           progress=None):
+           timeout=DEFAULT_TIMEOUT, progress=None):
     """Check the properties of unit or block ``name`` at generation parameters ``settings``
     (on top of its formal defaults); return the list of
     :class:`~moe_hw.flows.formal.CheckResult`. ``mode``: ``prove`` (assertions), ``cover``
     or ``all``; ``properties``: only these (names). Arguments are checked before any tool
-    runs."""
+    runs. ``timeout``: seconds each check may take (it is then reported ``timed out``)."""
     if mode not in MODES:
         raise ParameterError(f"mode must be {', '.join(MODES[:-1])} or {MODES[-1]}, "
                              f"not {mode!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ParameterError(f"timeout must be a positive number of seconds, not {timeout!r}")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
                               or depth < 1):
         raise ParameterError(f"depth must be a positive integer, not {depth!r}")
@@ -102,7 +108,7 @@ def formal(name, settings=None, *, depth=None, work_dir=None, mode="all", proper
                      f"{prop.depth if depth is None else depth})")
         # Each run elaborates a unit of its own.
         results.append(check_property(name, prop, chosen.make(settings), depth=depth,
-                                      work_dir=work_dir))
+                                      work_dir=work_dir, timeout=timeout))
     return results
 
 
@@ -133,6 +139,9 @@ def main(argv=None):
                         help="prove (assertions), cover, or all (default)")
     parser.add_argument("--property", action="append", default=[], metavar="NAME",
                         help="check only this property (repeatable)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                        help=f"seconds each check may take (default {DEFAULT_TIMEOUT}); one "
+                             "that takes longer is reported 'timed out' and the others go on")
     parser.add_argument("--list", action="store_true",
                         help="list the units, their formal defaults and their properties")
     args = parser.parse_args(argv)
@@ -149,14 +158,14 @@ def main(argv=None):
             raise ParameterError(f"unit is required: one of {', '.join(targets())}")
         results = formal(args.unit, parse_sets(args.set), depth=args.depth,
                          work_dir=args.work, mode=args.mode, properties=args.property,
-                         progress=_progress)
+                         timeout=args.timeout, progress=_progress)
         print(format_table(results))
         failed = [result for result in results if result.failed]
         for result in failed:
             print(f"{PROG}: {result.unit}: property {result.property} {result.status}",
                   file=sys.stderr)
             evidence = result.trace if result.trace else result.log
-            label = "counterexample" if result.trace else "log"
+            label = "counterexample" if result.trace else "log"   # no trace: the log says why
             print(f"{PROG}: {label}: {evidence}", file=sys.stderr)
         return 1 if failed else 0
 

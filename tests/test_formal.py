@@ -93,6 +93,7 @@ def test_cli_table_and_exit_status(tmp_path, capsys):
     (["dispatch", "--depth", "0"], "depth must be a positive integer, not 0"),
     (["dispatch", "--property", "nonesuch"], "property must be one of write_in_bounds"),
     (["skid_buffer", "--set", "depth=3"], "unknown parameter 'depth'"),
+    (["skid_buffer", "--timeout", "0"], "timeout must be a positive number of seconds, not 0.0"),
 ])
 def test_cli_bad_arguments(argv, message):
     run = subprocess.run([sys.executable, "-m", "moe_hw.formal", *argv], capture_output=True,
@@ -117,3 +118,16 @@ def test_dispatch_sign_mutant_fails_conservation(tmp_path, monkeypatch):
     [result] = formal("dispatch", work_dir=tmp_path, properties=["conservation"])
     assert result.status == "failed"
     assert result.trace is not None and result.trace.exists()
+
+
+def test_timeout_is_reported_and_the_run_goes_on(tmp_path, capsys):
+    status = main(["dispatch", "--property", "write_in_bounds", "--property", "cover_drop",
+                   "--timeout", "1", "--work", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert status == 1
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+            for line in captured.out.splitlines()[2:]}
+    # The first check's time-out does not stop the second.
+    assert rows == {"write_in_bounds": "timed out", "cover_drop": "timed out"}
+    assert "python -m moe_hw.formal: dispatch: property write_in_bounds timed out" in \
+        captured.err.splitlines()

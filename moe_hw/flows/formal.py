@@ -69,7 +69,7 @@ class CheckResult:
     unit: str
     property: str
     kind: str
-    status: str          # "proved", "bounded", "covered", "failed", "not covered"
+    status: str  # "proved", "bounded", "covered", "failed", "not covered", "timed out"
     depth: int
     seconds: float
     trace: Path | None = None
@@ -77,7 +77,8 @@ class CheckResult:
 
     @property
     def failed(self):
-        return self.status in ("failed", "not covered")
+        """A counterexample, an unreached cover, or no verdict within the time limit."""
+        return self.status in ("failed", "not covered", "timed out")
 
     @property
     def verdict(self):
@@ -180,7 +181,8 @@ def _sby_text(kind, depth, script=SCRIPT):
 
 def check_property(unit, prop, dut, *, depth=None, work_dir=None, timeout=600, script=SCRIPT):
     """Check ``prop`` (a :class:`Property`) of the component ``dut`` of unit ``unit``;
-    return a :class:`CheckResult`. The run's files go to ``work_dir/<property>`` (a
+    return a :class:`CheckResult` (status ``timed out`` when SymbiYosys gives no verdict
+    within ``timeout`` seconds; its solvers are stopped). The run's files go to ``work_dir/<property>`` (a
     temporary folder, kept, when ``work_dir`` is None)."""
     tools = sby_tools()
     depth = prop.depth if depth is None else depth
@@ -211,8 +213,9 @@ def check_property(unit, prop, dut, *, depth=None, work_dir=None, timeout=600, s
         _kill_session(process.pid)
         process.wait()
         if isinstance(error, subprocess.TimeoutExpired):
-            raise FormalError(f"{unit} {prop.name}: SymbiYosys took longer than {timeout} s; "
-                              f"its log is {task_dir}") from None
+            return CheckResult(unit, prop.name, prop.kind, "timed out", depth,
+                               time.perf_counter() - start, None, task_dir / prop.name /
+                               "logfile.txt")
         raise
     seconds = time.perf_counter() - start
     out_dir = task_dir / prop.name

@@ -529,10 +529,11 @@ DEFAULTS = {
                  "max_capacity": 2, "max_experts": 2, "index_width": 4, "mul_stages": 1},
     "locations": {"max_pairs": 4, "max_experts": 3, "max_capacity": 2, "index_width": 4},
     "sparse_index": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_experts": 2},
+    # The combines' multiply-add datapaths make each step slow: one beat per row.
     "combine_scatter": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_slots": 2,
-                        "max_hidden": 4, "index_width": 3, "max_outstanding": 8,
+                        "max_hidden": 2, "index_width": 3, "max_outstanding": 8,
                         "mul_stages": 1, "add_stages": 1},
-    "combine_gather": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_hidden": 4,
+    "combine_gather": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_hidden": 2,
                        "max_capacity": 2, "max_experts": 2, "max_top_k": 1, "index_width": 3,
                        "mul_stages": 1, "add_stages": 1},
 }
