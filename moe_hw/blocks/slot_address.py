@@ -37,7 +37,7 @@ from ..arith.product import DSP_TARGETS, pipelined_product, product_latency
 from ..params import check_choice, check_int
 from ..stream import CreditPipeline, delay
 
-__all__ = ["SlotAddress", "header_slot_queue", "slot_latency", "slot_widths"]
+__all__ = ["SlotAddress", "header_slot_queue", "in_range_flags", "slot_latency", "slot_widths"]
 
 
 def slot_widths(max_experts, max_capacity, max_hidden):
@@ -52,6 +52,17 @@ def slot_latency(params):
     index, capacity, slot, hidden = slot_widths(params.max_experts, params.max_capacity,
                                                 params.max_hidden)
     return product_latency(index, capacity) + 1 + product_latency(slot, hidden) + 1
+
+
+def in_range_flags(field, size):
+    """The terms of ``0 <= field < size`` (a signed header field, a run-time size), to be
+    registered and ANDed: the low bits' compare against the size, and the zero tests of the
+    bits above the size's width (the sign among them) in groups of four. (A signed compare of
+    the whole field against the size is one carry chain as wide as the field.)"""
+    low = min(len(size), len(field) - 1)
+    high = field.as_unsigned()[low:]
+    return [field.as_unsigned()[:low] < size,
+            *(high[start:start + 4] == 0 for start in range(0, len(high), 4))]
 
 
 class SlotAddress(wiring.Component):
@@ -111,14 +122,9 @@ class SlotAddress(wiring.Component):
         # The mask in two stages (its result still has the address's latency): a field is
         # in range when its bits above the size's width are all zero (the sign among them) and
         # its low bits are below the size. The first stage registers the low compares and the
-        # high bits' zero tests in groups of four; the second ANDs them. (A signed compare
-        # of the whole field against the size is one carry chain as wide as the field.)
-        flags = []
-        for field, size in ((self.index, self.num_experts), (self.location, self.capacity)):
-            low = min(len(size), len(field) - 1)
-            high = field.as_unsigned()[low:]
-            flags.append(field.as_unsigned()[:low] < size)
-            flags.extend(high[start:start + 4] == 0 for start in range(0, len(high), 4))
+        # high bits' zero tests (:func:`in_range_flags`); the second ANDs them.
+        flags = [*in_range_flags(self.index, self.num_experts),
+                 *in_range_flags(self.location, self.capacity)]
         first_flags = delay(m, Cat(*flags), 1, en, name="in_range_flags")
         in_range = delay(m, first_flags.all(), 1, en, name="in_range_mask")
         # index*C on registered DSP blocks, then + location.

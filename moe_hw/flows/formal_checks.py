@@ -1,0 +1,554 @@
+"""The properties each unit is checked against (``python -m moe_hw.formal``), and the small
+generation parameters at which the checks run.
+
+:data:`PROPERTIES` gives the :class:`~moe_hw.flows.formal.Property` list of each unit of the
+registry and each shared block (``skid_buffer``, ``run_control``: :data:`BLOCKS`) that has a
+harness; :data:`DEFAULTS` their formal generation parameters. The properties of a unit with
+a run control (``start``, sizes, ``busy``, ``done``) share :class:`RunTracker`: the
+harness's own copy of the sizes sampled at the start, the cycles since the start and the
+cycle ``done`` is first seen.
+
+Units with a memory read port (the combines) are checked under the port's contract
+(:func:`memory_responds`: a response only for an outstanding request); they have no
+``done_within``, since an always-valid response stream would break that contract.
+
+Property names: ``<stream>_held`` (the stream protocol on an output), ``*_in_bounds`` (no
+write or output outside the unit's range, for any header bit pattern and any run-time size),
+``done_within`` (bounded liveness: with the consumer always ready and the producer always
+valid, ``done`` rises within the unit's stall-free cycle formula plus :data:`MARGIN`),
+``conservation`` (output beats counted against the inputs that pass the mask), ``cover_*``
+(a run reaching ``done`` through a given path).
+"""
+
+import dataclasses
+
+from amaranth.hdl import Assert, Assume, Const, Cover, Signal, Value
+from amaranth.lib import wiring
+from amaranth.utils import ceil_log2
+
+from ..blocks.run_control import EMPTY_CYCLES, RunControl
+from ..params import ParameterError, check_int
+from ..stream import SkidBuffer
+from .formal import Property
+
+__all__ = ["DEFAULTS", "BLOCKS", "PROPERTIES", "RunTracker", "MARGIN"]
+
+#: Cycles of slack over a unit's exact stall-free cycle formula in ``done_within``.
+MARGIN = 2
+
+
+class RunTracker:
+    """The harness's view of a run: ``accept`` (the start is taken: ``start`` while not
+    ``busy``), ``size[name]`` (the size ports sampled then), ``waiting`` (from the cycle after
+    ``accept`` until ``done`` is seen), ``cycles`` (cycles since ``accept``, which is cycle
+    0; saturating), ``finished`` (``done`` seen for the first time after a start)."""
+
+    def __init__(self, h, names, *, cycle_width=8):
+        m, dut = h.m, h.dut
+        self.accept = Signal(name="run_accept")
+        m.d.comb += self.accept.eq(dut.start & ~dut.busy)
+        self.size = {}
+        for name in names:
+            port = getattr(dut, name)
+            self.size[name] = held = Signal.like(port, name=f"run_{name}")
+            with m.If(self.accept):
+                m.d.sync += held.eq(port)
+        self.waiting = Signal(name="run_waiting")
+        self.cycles = Signal(cycle_width, name="run_cycles")
+        self.finished = Signal(name="run_finished")
+        m.d.comb += self.finished.eq(self.waiting & dut.done)
+        with m.If(self.accept):
+            m.d.sync += [self.waiting.eq(1), self.cycles.eq(1)]
+        with m.Else():
+            with m.If(self.finished):
+                m.d.sync += self.waiting.eq(0)
+            with m.If(self.cycles != (1 << cycle_width) - 1):
+                m.d.sync += self.cycles.eq(self.cycles + 1)
+
+    def counter(self, h, event, name, width=8):
+        """A count of ``event`` cycles since ``accept`` (the accept cycle's event not
+        counted: no transfer happens in it)."""
+        count = Signal(width, name=name)
+        with h.m.If(self.accept):
+            h.m.d.sync += count.eq(0)
+        with h.m.Elif(event):
+            h.m.d.sync += count.eq(count + 1)
+        return count
+
+
+def taken(channel):
+    return channel.valid & channel.ready
+
+
+def held_property(name, depth=12):
+    """``<name>_held``: the stream protocol on the unit's output stream ``name``."""
+    return Property(f"{name}_held", "assert",
+                    lambda h: h.held(getattr(h.dut, name), Assert), depth,
+                    f"{name}: once valid, valid and payload hold until ready")
+
+
+def always_flowing(h):
+    """The liveness assumptions: every input stream valid, every output stream ready."""
+    for _, channel in h.streams(wiring.In):
+        h.m.d.comb += Assume(channel.valid)
+    for _, channel in h.streams(wiring.Out):
+        h.m.d.comb += Assume(channel.ready)
+
+
+def done_within(names, bound_of, depth, doc):
+    """``done_within``: with :func:`always_flowing`, ``done`` is seen at most
+    ``bound_of(run) + MARGIN`` cycles after the start (``bound_of`` takes the
+    :class:`RunTracker`, returns the exact stall-free formula as an Amaranth value)."""
+
+    def build(h):
+        always_flowing(h)
+        run = RunTracker(h, names)
+        bound = bound_of(run) + MARGIN
+        h.m.d.comb += Assert(~(run.waiting & ~h.dut.done & (run.cycles >= bound)))
+    return Property("done_within", "assert", build, depth, doc)
+
+
+def port_in_bounds(ports, names, limit_of, depth, doc):
+    """``<port>_in_bounds``: every enabled lane ``l`` of a beat on each memory port of
+    ``ports`` (payload ``addr``, ``enable``) addresses ``addr + l < limit_of(run)`` (the run's
+    sizes, sampled at its start), and the ports are used only while the unit is busy. (One
+    property for a unit's ports: one solver run.)"""
+    ports = (ports,) if isinstance(ports, str) else tuple(ports)
+
+    def build(h):
+        run = RunTracker(h, names)
+        limit = limit_of(run)
+        for port in ports:
+            channel = getattr(h.dut, port)
+            for lane in range(len(channel.payload.enable)):
+                h.m.d.comb += Assert(~(channel.valid & channel.payload.enable[lane]) |
+                                     (h.dut.busy & (channel.payload.addr + lane < limit)))
+    name = ports[0] if len(ports) == 1 else "memory"
+    return Property(f"{name}_in_bounds", "assert", build, depth, doc)
+
+
+def memory_responds(h, request, response):
+    """The memory port's contract: a response only for a request taken before it and not yet
+    answered (responses in request order; their data is free)."""
+    outstanding = Signal(8, name=f"{request}_outstanding")
+    request, response = getattr(h.dut, request), getattr(h.dut, response)
+    h.m.d.sync += outstanding.eq(outstanding + taken(request) - taken(response))
+    h.m.d.comb += Assume(~response.valid | (outstanding != 0))
+
+
+# ---- the stream skid buffer ------------------------------------------------------------------
+
+def _skid_properties(dut, settings):
+    def occupancy(h):
+        # Items in minus items out stays in 0..2; i.ready is low exactly when two are held;
+        # o.valid is high exactly when one is. Returns the count.
+        dut = h.dut
+        inside = Signal(3, name="inside")
+        h.m.d.sync += inside.eq(inside + taken(dut.i) - taken(dut.o))
+        h.m.d.comb += [Assert(inside <= 2), Assert(dut.i.ready == (inside != 2)),
+                       Assert(dut.o.valid == (inside != 0))]
+        return inside
+
+    def order(h):
+        # A chosen item (the one that enters when the free input ``pick`` is first high)
+        # leaves after exactly the items that entered before it, with its payload: nothing
+        # is lost, duplicated or reordered. (With occupancy's statements, which the
+        # induction needs.)
+        dut = h.dut
+        m = h.m
+        inside = occupancy(h)
+        pick = h.free(1, "pick")
+        chosen = Signal(len(Value.cast(dut.i.payload)), name="chosen")
+        armed, ahead = Signal(name="armed"), Signal(3, name="ahead")
+        with m.If(~armed & pick & taken(dut.i)):
+            m.d.sync += [armed.eq(1), chosen.eq(dut.i.payload),
+                         ahead.eq(inside - taken(dut.o))]
+        with m.Elif(armed & taken(dut.o)):
+            m.d.sync += ahead.eq(ahead - 1)
+        with m.If(armed & (ahead == 0) & taken(dut.o)):
+            m.d.sync += armed.eq(0)
+        m.d.comb += [Assert(~armed | (ahead < inside)),
+                     Assert(~(armed & (ahead == 0) & dut.o.valid) |
+                            (Value.cast(dut.o.payload) == chosen))]
+
+    def full_throughput(h):
+        dut = h.dut
+        # With the consumer always ready, the input is never refused.
+        h.m.d.comb += Assume(dut.o.ready)
+        h.m.d.comb += Assert(dut.i.ready)
+
+    def cover_full(h):
+        dut = h.dut
+        h.m.d.comb += Cover(~dut.i.ready & dut.o.valid)
+
+    return [held_property("o"),
+            Property("occupancy", "assert", occupancy, 6, "0..2 items held; ready low only "
+                     "when full; o.valid iff an item is held"),
+            Property("order", "assert", order, 8, "the items leave in order with their "
+                     "payload (none lost or duplicated)"),
+            Property("full_throughput", "assert", full_throughput, 6,
+                     "consumer always ready: i.ready stays high"),
+            Property("cover_full", "cover", cover_full, 8, "both entries held")]
+
+
+# ---- the run control -------------------------------------------------------------------------
+
+def _run_control_properties(dut, settings):
+    names = list(dut.sizes)
+
+    def track(h):
+        dut = h.dut
+        # The unit's contract: it raises ``finished`` only while running.
+        h.m.d.comb += Assume(~dut.finished | dut.running)
+        return RunTracker(h, names)
+
+    def sizes_held(h):
+        dut = h.dut
+        # The held sizes are the ones sampled at the start, for the whole run.
+        run = track(h)
+        for name in names:
+            h.m.d.comb += Assert(~(h.past_valid & (run.waiting | dut.busy)) |
+                                 (dut.size(name) == run.size[name]))
+
+    def done_rules(h):
+        dut = h.dut
+        # done and busy never together; done and error are cleared by a start; error only
+        # for a size above its maximum or a fault while running; an empty or too-big run
+        # is done EMPTY_CYCLES after the start; begin only for a run that is neither.
+        run = track(h)
+        m = h.m
+        too_big = Value.cast(0)
+        for name, maximum in dut.sizes.items():
+            too_big = too_big | (run.size[name] > maximum)
+        empty = Value.cast(0)
+        for name in dut.empty_when_zero:
+            empty = empty | (run.size[name] == 0)
+        empty_also = Signal(name="run_empty_also")
+        with m.If(run.accept):
+            m.d.sync += empty_also.eq(dut.empty_also)
+        fault_seen = Signal(name="fault_seen")
+        with m.If(run.accept):
+            m.d.sync += fault_seen.eq(0)
+        with m.Elif(dut.fault & dut.running):
+            m.d.sync += fault_seen.eq(1)
+        m.d.comb += [
+            Assert(~(dut.busy & dut.done)),
+            Assert(~(run.waiting & ~dut.busy) | dut.done),
+            Assert(~(run.waiting & (run.cycles == 1)) | (~dut.done & ~dut.error)),
+            Assert(~(run.waiting & dut.error) | too_big | fault_seen),
+            Assert(~dut.begin | ~(too_big | empty | empty_also)),
+            Assert(~(run.waiting & (too_big | empty | empty_also) & (run.cycles >= 2)) |
+                   (dut.done & (dut.error == too_big))),
+        ]
+
+    def cover_error(h):
+        dut = h.dut
+        run = track(h)
+        h.m.d.comb += Cover(run.finished & dut.error)
+
+    def cover_run(h):
+        dut = h.dut
+        run = track(h)
+        h.m.d.comb += Cover(run.finished & ~dut.error & (run.cycles >= dut.start_latency + 2))
+
+    return [Property("sizes_held", "assert", sizes_held, 8,
+                     "the held sizes are the ones sampled at start, for the whole run"),
+            Property("done_rules", "assert", done_rules, 8,
+                     "busy/done exclusive; start clears done/error; error only when too big "
+                     "or on a fault; empty and too-big runs done at cycle 2; no begin then"),
+            Property("cover_error", "cover", cover_error, 8, "a too-big run ends in error"),
+            Property("cover_run", "cover", cover_run, 10, "a run that begins ends in done")]
+
+
+# ---- dispatch --------------------------------------------------------------------------------
+
+def _dispatch_properties(dut, settings):
+    p = dut.params
+    lanes_log2 = ceil_log2(p.lanes)
+
+    def track(h):
+        dut = h.dut
+        return RunTracker(h, dut.sizes)
+
+    def beats(run):
+        return (run.size["hidden"] + (p.lanes - 1)) >> lanes_log2
+
+    def passes(run, header):
+        index, location = header.index, header.location
+        return ((index >= 0) & (index < run.size["num_experts"]) &
+                (location >= 0) & (location < run.size["capacity"]))
+
+    def counts(h, run):
+        dut = h.dut
+        m = h.m
+        header_taken = taken(dut.header)
+        good = header_taken & passes(run, dut.header.payload)
+        experts_hit = Signal(p.max_experts, name="experts_hit")
+        with m.If(run.accept):
+            m.d.sync += experts_hit.eq(0)
+        with m.Elif(good):
+            m.d.sync += experts_hit.eq(experts_hit | (1 << dut.header.payload.index.as_unsigned()))
+        return (run.counter(h, header_taken, "headers_taken"),
+                run.counter(h, good, "pairs_passed"),
+                run.counter(h, taken(dut.write), "write_beats"), experts_hit)
+
+    def conservation(h):
+        dut = h.dut
+        run = track(h)
+        headers, passed, writes, _ = counts(h, run)
+        sizes_nonzero = ((run.size["hidden"] != 0) & (run.size["capacity"] != 0) &
+                         (run.size["num_experts"] != 0))
+        h.m.d.comb += [
+            Assert(~run.finished | (writes == passed * beats(run))),
+            Assert(~(run.finished & ~dut.error & sizes_nonzero) |
+                   (dut.dropped == headers - passed)),
+        ]
+
+    def cover_drop(h):
+        dut = h.dut
+        run = track(h)
+        _, _, writes, _ = counts(h, run)
+        h.m.d.comb += Cover(run.finished & (dut.dropped != 0) & (writes != 0))
+
+    def cover_empty_expert(h):
+        dut = h.dut
+        run = track(h)
+        _, passed, writes, hit = counts(h, run)
+        every = Signal(p.max_experts, name="every_expert")
+        h.m.d.comb += every.eq((Const(1, p.max_experts + 1) << run.size["num_experts"]) - 1)
+        h.m.d.comb += Cover(run.finished & ~dut.error & (run.size["num_experts"] >= 2) &
+                            (writes != 0) & ((hit & every) != every))
+
+    # The longest stall-free run at the maxima, with the margin and the start: every check
+    # goes at least this deep, so that it sees whole runs.
+    run_depth = p.max_pairs * -(-p.max_hidden // p.lanes) + p.overhead + MARGIN + 2
+    liveness = done_within(
+        dut.sizes, lambda run: run.size["pairs"] * beats(run) + p.overhead, run_depth,
+        "consumer ready, producer valid: done within pairs*ceil(H/lanes) + overhead + 2")
+    return [port_in_bounds("write", dut.sizes,
+                           lambda run: (run.size["num_experts"] * run.size["capacity"] *
+                                        run.size["hidden"]), run_depth,
+                           "every enabled lane's address in [0, E*C*H) of the run, only "
+                           "while busy"),
+            held_property("write", run_depth),
+            liveness,
+            Property("conservation", "assert", conservation, run_depth,
+                     "at done: write beats = passing pairs * ceil(H/lanes); dropped = "
+                     "pairs failing the mask"),
+            Property("cover_drop", "cover", cover_drop, run_depth,
+                     "done after a run with a write and a dropped pair"),
+            Property("cover_empty_expert", "cover", cover_empty_expert, run_depth,
+                     "done after a run with writes where some expert got no pair")]
+
+
+# ---- the units with a run control: what they share ------------------------------------------
+
+def held_properties(dut, depth):
+    """``<stream>_held`` for every output stream of ``dut``."""
+    return [held_property(name, depth) for name, member in dut.signature.members.items()
+            if member.is_signature and member.flow == wiring.Out]
+
+
+def cover_done(names, depth, doc="a run that begins (neither empty nor too big) ends in done"):
+    """``cover_done``: ``done`` after a run past the run control's decide cycle, no error."""
+    def build(h):
+        run = RunTracker(h, names)
+        h.m.d.comb += Cover(run.finished & ~h.dut.error & (run.cycles > EMPTY_CYCLES))
+    return Property("cover_done", "cover", build, depth, doc)
+
+
+# ---- locations -------------------------------------------------------------------------------
+
+def _locations_properties(dut, settings):
+    p = dut.params
+
+    def in_range(h):
+        # A location is -1 (index out of range) or a count of earlier pairs, below the run's
+        # pair count; an expert's count is at most the pair count.
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        location = dut.location.payload.location
+        pairs = run.size["pairs"]
+        h.m.d.comb += [
+            Assert(~dut.location.valid | (dut.busy & ((location == -1) |
+                                                      ((location >= 0) & (location < pairs))))),
+            Assert(~dut.counts.valid | (dut.busy & (dut.counts.payload.count <= pairs))),
+        ]
+
+    def conservation(h):
+        # At done: one location per pair, one count per expert, the counts sum to the
+        # routed pairs, and dropped counts the routed pairs at or past the capacity.
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        index = dut.index.payload.index
+        routed = taken(dut.index) & (index >= 0) & (index < run.size["num_experts"])
+        locations = run.counter(h, taken(dut.location), "location_beats")
+        counts = run.counter(h, taken(dut.counts), "count_beats")
+        routed_pairs = run.counter(h, routed, "routed_pairs")
+        total = Signal(8, name="count_total")
+        with h.m.If(run.accept):
+            h.m.d.sync += total.eq(0)
+        with h.m.Elif(taken(dut.counts)):
+            h.m.d.sync += total.eq(total + dut.counts.payload.count)
+        past_capacity = run.counter(
+            h, taken(dut.location) & (dut.location.payload.location >= run.size["capacity"]),
+            "past_capacity")
+        ran = run.finished & ~dut.error
+        h.m.d.comb += [
+            Assert(~ran | ((locations == run.size["pairs"]) &
+                           (counts == run.size["num_experts"]) & (total == routed_pairs))),
+            Assert(~ran | (dut.dropped == past_capacity)),
+        ]
+
+    def cover_drop(h):
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        h.m.d.comb += Cover(run.finished & ~dut.error & (dut.dropped != 0))
+
+    run_depth = p.max_pairs + p.max_experts + p.OVERHEAD + MARGIN + 2
+    return [Property("location_in_range", "assert", in_range, run_depth,
+                     "location -1 or in [0, pairs); count <= pairs; only while busy"),
+            *held_properties(dut, run_depth),
+            done_within(p.sizes, lambda run: run.size["pairs"] + run.size["num_experts"] +
+                        p.OVERHEAD, run_depth,
+                        "consumer ready, producer valid: done within pairs + E + 7 + 2"),
+            Property("conservation", "assert", conservation, run_depth,
+                     "at done: a location per pair, a count per expert, counts sum to the "
+                     "routed pairs, dropped = locations >= capacity"),
+            cover_done(p.sizes, run_depth),
+            Property("cover_drop", "cover", cover_drop, run_depth,
+                     "done after a run with a pair past the capacity")]
+
+
+# ---- sparse_index ----------------------------------------------------------------------------
+
+def _sparse_index_properties(dut, settings):
+    p = dut.params
+
+    def in_bounds(h):
+        # A slot is below the routed-gate count of pass 1 (whatever pass 3's rows hold) and
+        # below S*E; writes only while busy.
+        dut = h.dut
+        run = RunTracker(h, p.sizes)
+        addr = dut.write.payload.addr
+        h.m.d.comb += Assert(~dut.write.valid |
+                             (dut.busy & (addr < dut.nonzeros) &
+                              (addr < run.size["tokens"] * run.size["num_experts"])))
+
+    beats = -(-p.max_experts // p.lanes)
+    # Pass 3 takes at most ``lanes`` cycles a beat.
+    run_depth = (p.max_tokens * beats * (1 + p.lanes) + p.max_experts + p.PASSES_OVERHEAD +
+                 MARGIN + 2)
+    lanes_log2 = ceil_log2(p.lanes)
+
+    def bound(run):
+        row_beats = (run.size["num_experts"] + p.lanes - 1) >> lanes_log2
+        return (run.size["tokens"] * row_beats * (1 + p.lanes) + run.size["num_experts"] +
+                p.PASSES_OVERHEAD)
+
+    return [Property("write_in_bounds", "assert", in_bounds, run_depth,
+                     "every slot below nonzeros (pass 1's count) and S*E; only while busy"),
+            *held_properties(dut, run_depth),
+            done_within(p.sizes, bound, run_depth,
+                        "consumer ready, producer valid: done within the cycle formula with "
+                        "every beat's place cycles at lanes, + 2"),
+            cover_done(p.sizes, run_depth)]
+
+
+# ---- the combines ----------------------------------------------------------------------------
+
+def _with_memory(prop, request, response):
+    """``prop`` under the memory port's contract (:func:`memory_responds`)."""
+    def build(h):
+        memory_responds(h, request, response)
+        prop.build(h)
+    return dataclasses.replace(prop, build=build)
+
+
+def _combine_scatter_properties(dut, settings):
+    p = dut.params
+    sizes = dut.sizes
+    run_depth = p.max_slots * -(-p.max_hidden // p.lanes) + p.overhead(1) + MARGIN + 4
+
+    def limit(run):
+        return run.size["tokens"] * run.size["hidden"]
+
+    props = [port_in_bounds(("read", "write"), sizes, limit, run_depth,
+                            "every enabled lane's read and write in [0, S*H) of the run, only "
+                            "while busy"),
+             *held_properties(dut, run_depth),
+             cover_done(sizes, run_depth)]
+    return [_with_memory(prop, "read", "read_data") for prop in props]
+
+
+def _combine_gather_properties(dut, settings):
+    p = dut.params
+    sizes = dut.sizes
+    run_depth = (p.schedule_cycles(p.max_tokens, p.max_hidden, p.max_top_k) + p.overhead(1) +
+                 MARGIN + 2)
+
+    def limit(run):
+        return run.size["num_experts"] * run.size["capacity"] * run.size["hidden"]
+
+    props = [port_in_bounds("read_request", sizes, limit, run_depth,
+                            "every enabled lane's read in [0, E*C*H) of the run, only while "
+                            "busy"),
+             *held_properties(dut, run_depth),
+             cover_done(sizes, run_depth)]
+    return [_with_memory(prop, "read_request", "read_response") for prop in props]
+
+
+# ---- the targets -----------------------------------------------------------------------------
+
+def _block_settings(settings, known):
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ParameterError(f"unknown parameter {unknown[0]!r}; the parameters are "
+                             f"{', '.join(known)}")
+    return {**known, **settings}
+
+
+def _make_skid(settings):
+    values = _block_settings(settings, DEFAULTS["skid_buffer"])
+    return SkidBuffer(check_int("width", values["width"], minimum=1, maximum=64))
+
+
+def _make_run_control(settings):
+    values = _block_settings(settings, DEFAULTS["run_control"])
+    maximum = check_int("max_size", values["max_size"], minimum=1, maximum=1 << 16)
+    setup = check_int("setup", values["setup"], minimum=1, maximum=8)
+    return RunControl({"rows": maximum, "cols": maximum}, empty_when_zero=("rows",),
+                      setup=setup)
+
+
+#: The generation parameters the checks run at, by unit or block (``--set`` overrides).
+DEFAULTS = {
+    "skid_buffer": {"width": 4},
+    "run_control": {"max_size": 5, "setup": 2},
+    "dispatch": {"format": "bf16", "lanes": 2, "max_pairs": 2, "max_hidden": 4,
+                 "max_capacity": 2, "max_experts": 2, "index_width": 4, "mul_stages": 1},
+    "locations": {"max_pairs": 4, "max_experts": 3, "max_capacity": 2, "index_width": 4},
+    "sparse_index": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_experts": 2},
+    # The combines' multiply-add datapaths make each step slow: one beat per row.
+    "combine_scatter": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_slots": 2,
+                        "max_hidden": 2, "index_width": 3, "max_outstanding": 8,
+                        "mul_stages": 1, "add_stages": 1},
+    "combine_gather": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_hidden": 2,
+                       "max_capacity": 2, "max_experts": 2, "max_top_k": 1, "index_width": 3,
+                       "mul_stages": 1, "add_stages": 1},
+}
+
+#: The shared blocks checked on their own: name -> ``make(settings)``, the component.
+BLOCKS = {"skid_buffer": _make_skid, "run_control": _make_run_control}
+
+#: The property lists by unit or block, in checking order: name -> ``properties(component,
+#: settings)``.
+PROPERTIES = {
+    "skid_buffer": _skid_properties,
+    "run_control": _run_control_properties,
+    "dispatch": _dispatch_properties,
+    "locations": _locations_properties,
+    "sparse_index": _sparse_index_properties,
+    "combine_scatter": _combine_scatter_properties,
+    "combine_gather": _combine_gather_properties,
+}
