@@ -7,9 +7,11 @@ Builds for amaranth-boards' ``ULX3S_85F_Platform`` (LFE5U-85F, CABGA381, speed 6
 oscillator) with YoWASP's Yosys, nextpnr-ecp5 and ecppack, and prints the bitstream's path and
 size, the resources and the post-route Fmax from nextpnr's report. ``--set`` changes a
 parameter of the top (``format``, ``lanes``, ``pairs``, ``hidden``, ``num_experts``,
-``capacity``, ``seed``, ``bram``, ``dsp``). On the board: LED 0 lit = the buffer's CRC-32
-matched the golden model's, LED 1 = it did not, LED 2 = the check is over, LED 7 blinks
-(the clock runs); button FIRE1 runs the check again.
+``capacity``, ``seed``, ``bram``, ``dsp``); the buffer is in DP16KD block RAM
+(``bram=ecp5``: the simulated top's ``generic`` memory is small enough for Yosys to put it
+in LUT RAM), the multipliers are inferred (``dsp=generic``). On the board: LED 0 lit = the
+buffer's CRC-32 matched the golden model's, LED 1 = it did not, LED 2 = the check is over,
+LED 7 blinks (the clock runs); button FIRE1 runs the check again.
 """
 
 import argparse
@@ -36,7 +38,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     def body():
-        check = DispatchSelfCheck(**parse_sets(args.set))
+        # The buffer is a few dozen words: Yosys would map an inferred memory that small to
+        # LUT RAM, so the board's is the project's explicit DP16KD block RAM.
+        check = DispatchSelfCheck(**{"bram": "ecp5", **parse_sets(args.set)})
         print(f"[moe_hw.board] {check.pairs} pairs, H={check.hidden}, E={check.num_experts}, "
               f"C={check.capacity}, lanes={check.lanes}, {check.fmt}: expected CRC-32 "
               f"{check.checksum:#010x}, {check.cycles} cycles to done", file=sys.stderr,
