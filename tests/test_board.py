@@ -1,15 +1,21 @@
 """The ULX3S self-checking top (moe_hw/flows/board.py) in Amaranth's simulator: the dispatch
 unit's buffer, read back into a CRC-32, matches the golden model's, and a wrong signature or a
-different stimulus is caught. (The bitstream itself is built by ``python -m moe_hw.board``.)"""
+different stimulus is caught; the board's variant (DP16KD block RAM) once more in Icarus. (The
+bitstream itself is built by ``python -m moe_hw.board``.)"""
+
+import subprocess
 
 import numpy as np
 import pytest
+from amaranth.back import verilog
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from moe_hw import golden
 from moe_hw.flows.board import (BoardTop, DispatchSelfCheck, expected_checksum, float_masks,
                                 lfsr_sequence, lfsr_step, self_check_problem)
+from moe_hw.blocks.block_memory import DP16KD_SIM
+from moe_hw.flows.simulate import simulator_available
 from moe_hw.formats import FORMATS, to_bits
 
 
@@ -100,3 +106,46 @@ def test_board_top_drives_the_leds():
                       ("led_7__io", "H3"), ("button_fire_0__io", "R1"), ("clk25_0__io", "G2")):
         assert f'LOCATE COMP "{port}" SITE "{pin}";' in lpf
     assert 'FREQUENCY PORT "clk25_0__io" 25000000' in lpf
+
+
+ICARUS_BENCH = """
+module bench;
+  reg clk = 0, rst = 0;
+  wire done, passed, failed;
+  integer cycle;
+  top dut(.clk(clk), .rst(rst), .done(done), .passed(passed), .failed(failed));
+  always #5 clk = ~clk;
+  initial begin
+    #1 rst = 1;                         // an edge on rst at time 0 wakes Icarus's always @*
+    repeat (2) @(posedge clk);
+    #1 rst = 0;
+    for (cycle = 0; cycle < LIMIT && done !== 1; cycle = cycle + 1) begin
+      if (passed !== 0 || failed !== 0) $display("EARLY %0d", cycle);
+      @(posedge clk) #1;
+    end
+    $display("RESULT %0d %0d %0d %0d", cycle, done, passed, failed);
+    $finish;
+  end
+endmodule
+"""
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong-checksum"])
+def test_board_variant_in_icarus(tmp_path, wrong):
+    """The design the bitstream is built from (``bram=ecp5``: DP16KD instances, here their
+    behavioural model) as Verilog in Icarus: the same verdict at the same cycle."""
+    reason = simulator_available("icarus")
+    if reason:
+        pytest.skip(reason)
+    check = DispatchSelfCheck(bram="ecp5")
+    if wrong:
+        check = DispatchSelfCheck(bram="ecp5", checksum=check.checksum ^ 0x80000000)
+    (tmp_path / "top.v").write_text(verilog.convert(check, name="top"))
+    (tmp_path / "dp16kd.v").write_text(DP16KD_SIM)
+    (tmp_path / "bench.v").write_text(ICARUS_BENCH.replace("LIMIT", str(check.cycles + 20)))
+    subprocess.run(["iverilog", "-g2012", "-o", "bench", "bench.v", "top.v", "dp16kd.v"],
+                   cwd=tmp_path, check=True)
+    out = subprocess.run(["vvp", "-n", "bench"], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    assert "EARLY" not in out
+    assert f"RESULT {check.cycles} 1 {int(not wrong)} {int(wrong)}" in out, out
