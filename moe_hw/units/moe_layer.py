@@ -422,19 +422,21 @@ class MoELayer(wiring.Component):
                 "num_experts": p.max_experts, "capacity": p.max_capacity}
 
     # ---- hardware ----------------------------------------------------------------------------
-    def _expert_stacks(self, m, reader, work, work_in, in_experts, hidden, beats, num_experts):
+    def _expert_stacks(self, m, reader, work, work_in, in_experts, hidden, beats, num_experts,
+                       layers, relu, accept):
         """The expert phase with scan_layers stacks (``experts="scan_layers"``): one
         :class:`~moe_hw.units.scan_layers.ScanLayersUnit` runs once per expert on the work
         list, its tokens the expert's filled rows (read by the row reader, which runs ahead
         through the list), its layer parameters the expert's L*B beats of
         ``expert_params``; the parameters of experts with no filled row are taken and
         dropped (L*B cycles each). The results are written back in place, rows in slot
-        order. Returns ``(write stream, busy, idle after the phase, reset at accept)``."""
+        order. ``layers`` and ``relu`` are the held run values, ``accept`` the run's start.
+        Returns ``(write stream, busy)``: ``busy`` until the phase's last expert is done."""
         p = self.params
         all_lanes = (1 << p.lanes) - 1
         stack = m.submodules.expert_stack = ScanLayersUnit(p.stack)
         layer_beats = Signal(range(p.max_layers * p.max_beats + 1))         # L*B
-        m.d.comb += layer_beats.eq(pipelined_product(m, self._layers, beats, en=1, dsp=p.dsp,
+        m.d.comb += layer_beats.eq(pipelined_product(m, layers, beats, en=1, dsp=p.dsp,
                                                      name="stack_beats"))
         entry = work.read_port(domain="comb")
         run_out = Signal(range(p.max_experts + 1))      # work entries run
@@ -444,7 +446,6 @@ class MoELayer(wiring.Component):
         skipping = Signal()
         running = Signal()
         finished = Signal()
-        reset = Signal()
         entry_left = run_out != work_in
         target = Mux(entry_left, entry.data.expert, num_experts)
         params = self.expert_params
@@ -452,8 +453,8 @@ class MoELayer(wiring.Component):
             entry.addr.eq(run_out),
             stack.tokens.eq(entry.data.rows),
             stack.hidden.eq(hidden),
-            stack.layers.eq(self._layers),
-            stack.relu.eq(self._relu),
+            stack.layers.eq(layers),
+            stack.relu.eq(relu),
             stack.layer_params.valid.eq(running & params.valid),
             stack.layer_params.payload.eq(params.payload),
             params.ready.eq(skipping | (running & stack.layer_params.ready)),
@@ -462,26 +463,24 @@ class MoELayer(wiring.Component):
             reader.beats.ready.eq(stack.input.ready),
         ]
 
-        # Write-back: the expert's rows are contiguous from its base, B beats each.
+        # Write-back: the expert's rows are contiguous from its base, B beats each; a beat's
+        # address is its row's plus lanes times its place in the row.
         w_row = Signal(p.addr_width)
-        w_offset = Signal(p.addr_width)
         w_beat = Signal(range(p.max_beats + 1))
         w_last = Signal()                                # w_beat == B - 1
         out = stream.Signature(p.write_layout()).create()
         m.d.comb += [
             out.valid.eq(stack.output.valid),
             stack.output.ready.eq(out.ready),
-            out.payload.addr.eq(w_row + w_offset),
+            out.payload.addr.eq(w_row + (w_beat << ceil_log2(p.lanes))),
             out.payload.data.eq(stack.output.payload.data),
             out.payload.enable.eq(Mux(w_last, last_enable_of(hidden, p.lanes), all_lanes)),
         ]
         with m.If(out.valid & out.ready):
             with m.If(w_last):
-                m.d.sync += [w_row.eq(w_row + hidden), w_offset.eq(0), w_beat.eq(0),
-                             w_last.eq(beats == 1)]
+                m.d.sync += [w_row.eq(w_row + hidden), w_beat.eq(0), w_last.eq(beats == 1)]
             with m.Else():
-                m.d.sync += [w_offset.eq(w_offset + p.lanes), w_beat.eq(w_beat + 1),
-                             w_last.eq(w_beat + 2 == beats)]
+                m.d.sync += [w_beat.eq(w_beat + 1), w_last.eq(w_beat + 2 == beats)]
 
         with m.If(in_experts & ~(picking | skipping | running | finished)):
             m.d.sync += picking.eq(1)
@@ -491,7 +490,7 @@ class MoELayer(wiring.Component):
             with m.Elif(entry_left):
                 m.d.comb += stack.start.eq(1)
                 m.d.sync += [picking.eq(0), running.eq(1), w_row.eq(entry.data.base),
-                             w_offset.eq(0), w_beat.eq(0), w_last.eq(beats == 1)]
+                             w_beat.eq(0), w_last.eq(beats == 1)]
             with m.Else():
                 m.d.sync += [picking.eq(0), finished.eq(1)]
         with m.If(skipping & params.valid):
@@ -501,10 +500,10 @@ class MoELayer(wiring.Component):
         with m.If(running & stack.done):
             m.d.sync += [running.eq(0), picking.eq(1), param_expert.eq(param_expert + 1),
                          run_out.eq(run_out + 1)]
-        with m.If(reset):
+        with m.If(accept):
             m.d.sync += [picking.eq(0), skipping.eq(0), running.eq(0), finished.eq(0),
                          run_out.eq(0), param_expert.eq(0)]
-        return out, Const(0), finished, reset
+        return out, ~finished
 
     def elaborate(self, platform):
         m = Module()
@@ -530,8 +529,8 @@ class MoELayer(wiring.Component):
         capacity = ctl.size("capacity")
         affine = Signal()
         # Expert stacks: L and relu, held from the start (beside the run control's sizes).
-        ctl_layers = self._layers = Signal(range(p.max_layers + 1))
-        ctl_relu = self._relu = Signal()
+        ctl_layers = Signal(range(p.max_layers + 1))
+        ctl_relu = Signal()
         pairs = Signal(range(p.max_pairs + 1))
         beats = Signal(range(p.max_beats + 1))
         expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
@@ -758,8 +757,9 @@ class MoELayer(wiring.Component):
                 m.d.sync += [x_scale.eq(expert_r.data.scale), x_bias.eq(expert_r.data.bias)]
 
         if p.stacked:
-            x_out, x_busy, stack_idle, stack_reset = self._expert_stacks(
-                m, reader, work, work_in, in_experts, hidden, beats, num_experts)
+            x_out, x_busy = self._expert_stacks(
+                m, reader, work, work_in, in_experts, hidden, beats, num_experts,
+                ctl_layers, ctl_relu, ctl.accept)
         else:
             # The multiply-add runs freely inside a credit pipeline: no stall enable reaches the
             # lanes' float pipelines, and the write port's ready reaches only the queue's skid
@@ -865,8 +865,6 @@ class MoELayer(wiring.Component):
             run_experts = affine & (hidden != 0) & (work_in != 0)
         experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
                         ~x_busy & ~write_port.o.valid)
-        if p.stacked:
-            experts_done &= stack_idle
         to_combine = (route_done & ~run_experts) | experts_done
         finished = in_combine & comb.done
         # The combine unit's start is registered (a cycle into its phase): the phase's end is
@@ -891,7 +889,6 @@ class MoELayer(wiring.Component):
             ]
             if p.stacked:
                 m.d.sync += [ctl_layers.eq(self.layers), ctl_relu.eq(self.relu)]
-                m.d.comb += stack_reset.eq(1)
             else:
                 m.d.sync += x_offset.eq(0)
         with m.If(ctl.begin):
