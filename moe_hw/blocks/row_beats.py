@@ -3,8 +3,10 @@ row's last, as a register.
 
 A row of H elements moves in ``beats = ceil(H / lanes)`` beats. The last-beat test
 ``beat == beats - 1`` is a subtraction and a compare; when it feeds a ready signal it sits in
-front of a pipeline's clock-enable fan-out. Here it is computed one beat ahead and registered,
-so that ``last`` costs a flip-flop's delay.
+front of a pipeline's clock-enable fan-out. Here it is computed ahead and registered, so that
+``last`` costs a flip-flop's delay; and so is the flag for the beat after the one in hand, so
+that ``last``'s own next value is a choice among registers (by the step and the start), with
+no compare between the step and the flag.
 
 ``beats`` is the per-run beat count: it must hold its value from the cycle of the first
 ``start`` on, and for at least one cycle before the first ``step``.
@@ -21,11 +23,12 @@ def row_beats(m, beats, *, start, step, name="row"):
     same cycle. Returns ``(beat, last)``: the index of the beat in hand and the registered
     "it is the row's last" flag."""
     beat = Signal.like(beats, name=f"{name}_beat")
-    last = Signal(name=f"{name}_last")
-    second_last = Signal.like(beats, name=f"{name}_second_last")
-    m.d.sync += second_last.eq(beats - 2)
+    last = Signal(name=f"{name}_last")               # beat == beats - 1
+    next_last = Signal(name=f"{name}_next_last")     # beat == beats - 2
+    third_last = Signal.like(beats, name=f"{name}_third_last")
+    m.d.sync += third_last.eq(beats - 3)             # modulo 2**width, like ``beat``
     with m.If(step):
-        m.d.sync += [beat.eq(beat + 1), last.eq(beat == second_last)]
+        m.d.sync += [beat.eq(beat + 1), last.eq(next_last), next_last.eq(beat == third_last)]
     with m.If(start):
-        m.d.sync += [beat.eq(0), last.eq(beats == 1)]
+        m.d.sync += [beat.eq(0), last.eq(beats == 1), next_last.eq(beats == 2)]
     return beat, last

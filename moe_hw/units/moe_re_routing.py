@@ -85,9 +85,11 @@ tokens and blocks back to back (a block costs nothing beyond its tokens' beats; 
 block only its count's cycle in pass 1). A stall anywhere costs only the cycles it lasts.
 """
 
+import functools
+import operator
 from dataclasses import dataclass
 
-from amaranth.hdl import Array, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -371,13 +373,20 @@ class MoeReRoutingUnit(wiring.Component):
                 bank.increment.eq(request.increment & own), bank.amount.eq(request.amount),
                 bank.clear.eq(ctl.decide),
             ]
-        bank_select = delay(m, request.index >> bank_bits, CounterBank.latency, 1,
-                            name="bank_select", reset_less=True)
+        # The result's bank, one-hot, in registers: the selection is an AND with each bank's
+        # flag and an OR over the banks, and the AND folds into the LUT of the bank's own
+        # ``hit`` choice (an indexed multiplexer was a LUT and a wide-mux level more: the
+        # unit's critical path). One bank needs no selection.
         bank_value = Signal(p.total_width)
-        # One bank needs no selection (and an Array indexed by a register that is still X
-        # at time 0 makes Icarus's first cycles X).
-        m.d.comb += bank_value.eq(banks[0].value if len(banks) == 1 else
-                                  Array(bank.value for bank in banks)[bank_select])
+        if len(banks) == 1:
+            m.d.comb += bank_value.eq(banks[0].value)
+        else:
+            bank_flags = delay(m, Cat((request.index >> bank_bits) == index
+                                      for index in range(len(banks))),
+                               CounterBank.latency, 1, name="bank_flags")
+            m.d.comb += bank_value.eq(functools.reduce(operator.or_, (
+                bank.value & bank_flags[index].replicate(p.total_width)
+                for index, bank in enumerate(banks))))
 
         def follow(value, name, reset_less=False):
             return delay(m, value, latency, 1, name=name, reset_less=reset_less)
