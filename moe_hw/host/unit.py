@@ -13,7 +13,8 @@ Each unit ``U`` declares itself once, in ``moe_hw/host/U.py``, as an instance of
   :meth:`Unit.score` (bit for bit against the golden model, plus the scoreboard);
 * the analytic stall-free cycle count :meth:`Unit.cycles` and the one-beat-per-cycle ideal
   :meth:`Unit.ideal_cycles`;
-* the benchmark problem :meth:`Unit.bench_problems`.
+* the benchmark problem :meth:`Unit.bench_problems`, and a design point's random problem
+  :meth:`Unit.point_inputs` (by default the benchmark's at the point's sizes).
 
 ``python -m moe_hw.gen``, ``run``, ``bench`` (and the synthesis and exploration flows) read
 only this declaration (through :mod:`moe_hw.registry`); :func:`run` below is the one driver.
