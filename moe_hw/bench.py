@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from .cli import table_cell
 from .flows.simulate import SIMULATORS
 from .formats import FORMATS
 from .host.unit import BenchShape, run
@@ -106,7 +107,7 @@ def bench_unit(name, shape, *, sim="fast", stall=0.0, seed=0):
     return rows
 
 
-_COLUMNS = [  # (heading, row key, format)
+_COLUMNS = [  # (heading, row key, format: cli.table_cell's spec)
     ("unit", "unit", "{}"),
     ("variant", "variant", "{}"),
     ("lanes", "lanes", "{}"),
@@ -117,17 +118,8 @@ _COLUMNS = [  # (heading, row key, format)
     ("run s", "run_s", "{:.1f}"),
     ("cyc/s", "cycles_per_s", "{:.0f}"),
     ("sim", "sim", "{}"),
-    ("bit-exact", "passed", "{}"),
+    ("bit-exact", "passed", lambda passed: "PASS" if passed else "FAIL"),
 ]
-
-
-def _cell(row, key, spec):
-    value = row.get(key)
-    if value is None:
-        return "-"
-    if key == "passed":
-        return "PASS" if value else "FAIL"
-    return spec.format(value)
 
 
 def format_table(rows):
@@ -140,7 +132,7 @@ def format_table(rows):
                          ["-"] * (len(_COLUMNS) - 4) + ["ERROR"])
             errors.append(f"{row['unit']}: {row['error']}")
         else:
-            cells.append([_cell(row, key, spec) for _, key, spec in _COLUMNS])
+            cells.append([table_cell(row, key, spec) for _, key, spec in _COLUMNS])
     widths = [max(len(line[c]) for line in cells) for c in range(len(_COLUMNS))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths))
              for line in cells]

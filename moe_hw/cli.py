@@ -6,7 +6,7 @@ import warnings
 from .params import ParameterError
 from .registry import parse_value
 
-__all__ = ["parse_sets", "fail", "run_main"]
+__all__ = ["parse_sets", "table_cell", "fail", "run_main"]
 
 
 def parse_sets(pairs):
@@ -18,6 +18,15 @@ def parse_sets(pairs):
             raise ParameterError(f"--set takes NAME=VALUE, not {pair!r}")
         settings[name.strip().replace("-", "_")] = parse_value(value)
     return settings
+
+
+def table_cell(row, key, spec):
+    """One cell of a results table: ``row[key]`` through ``spec`` (a ``str.format`` pattern,
+    or a function of the value giving the text); ``-`` when the row has no such value."""
+    value = row.get(key)
+    if value is None:
+        return "-"
+    return spec(value) if callable(spec) else spec.format(value)
 
 
 def fail(prog, message, code=2):

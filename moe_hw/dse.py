@@ -44,7 +44,7 @@ from typing import Callable
 
 from amaranth.back import rtlil
 
-from .cli import fail, run_main
+from .cli import fail, run_main, table_cell
 from .flows.out_of_context import OutOfContext
 from .flows.synth import (DEFAULT_TIMEOUT, RESOURCES, SynthError, _check_positive,
                           target as find_target, tool_versions)
@@ -52,37 +52,60 @@ from .params import ParameterError
 from .registry import parse_value, unit_or_point
 from .synth import synth, synth_params
 
-__all__ = ["Workload", "WORKLOADS", "Point", "explore", "pareto_front", "synthesize_point",
-           "write_outputs", "main"]
+__all__ = ["Workload", "WORKLOADS", "Point", "workload_problem", "explore", "pareto_front",
+           "synthesize_point", "write_outputs", "main"]
 
 PROG = "python -m moe_hw.dse"
 DEFAULT_SEEDS = 1
 DEFAULT_TARGET = "ecp5-85k"
 
 
+def _format_bits(params):
+    """The width of the unit's elements: its ``element_width`` (the units that move elements
+    as bits), else its float format's."""
+    width = getattr(params, "element_width", None)
+    return params.fmt.width if width is None else width
+
+
 @dataclass(frozen=True)
 class Workload:
     """What a unit's workload moves: ``elements(problem)`` (the problem dict of
-    :meth:`~moe_hw.host.unit.Unit.problem`) and ``element_bits(params)``, for throughput in
-    elements/s and GB/s. Its cycles come from the unit's own formula
-    (:meth:`~moe_hw.host.unit.Unit.cycles`)."""
+    :meth:`~moe_hw.host.unit.Unit.problem`) and ``element_bits(params)`` (default: the
+    element format's width), for throughput in elements/s and GB/s. Its cycles come from the
+    unit's own formula (:meth:`~moe_hw.host.unit.Unit.cycles`)."""
 
     elements: Callable
-    element_bits: Callable
+    element_bits: Callable = _format_bits
 
 
-def _float_bits(params):
-    return params.fmt.width
+def _pair_rows(p):
+    """k*S*H: every (k, token) pair's row of H elements (the gather-form routed units)."""
+    return p["top_k"] * p["tokens"] * p["hidden"]
 
 
-#: The units the exploration knows, by name: adding a unit is one line here (its design points
-#: need ``point_inputs`` in its declaration, and ``cycles``).
+#: The units the exploration knows, by name, with what their workload counts as elements moved:
+#: adding a unit is one line here (its design points need ``point_inputs``, by default the
+#: benchmark problem at the point's sizes, and ``cycles`` in its declaration).
 WORKLOADS = {
-    "dispatch": Workload(lambda p: p["gates"].size * p["input"].shape[1], _float_bits),
-    "moe_re_routing": Workload(lambda p: p["num_tokens"] * p["hidden"],
-                               lambda params: params.element_width),
-    "fmul": Workload(lambda p: p["a"].size, _float_bits),
-    "fadd": Workload(lambda p: p["a"].size, _float_bits),
+    "dispatch": Workload(lambda p: p["gates"].size * p["input"].shape[1]),   # k*S*H
+    "locations": Workload(lambda p: p["indices"].size,                         # k*S pairs
+                          lambda params: params.index_width),
+    "sparse_index": Workload(lambda p: p["gates"].size),                       # S*E gates
+    "sparse_gather": Workload(lambda p: p["slots"] * p["hidden"]),
+    "combine_gather": Workload(_pair_rows),
+    "combine_scatter": Workload(lambda p: p["rows"].size),                     # slots*H
+    "dispatch_backward_data": Workload(_pair_rows),
+    "dispatch_backward_gate": Workload(lambda p: p["indices"].size * p["input"].shape[1]),
+    "moe_layer": Workload(lambda p: p["layer"].top_k * p["layer"].tokens * p["layer"].hidden),
+    "moe_re_routing": Workload(lambda p: p["num_tokens"] * p["hidden"]),
+    "expand": Workload(lambda p: p["output_elements"]),
+    "repeat": Workload(lambda p: p["output_elements"]),
+    "expand_backward": Workload(lambda p: p["output_elements"]),              # output_grad
+    "scan_layers": Workload(lambda p: p["tokens"] * p["hidden"]),             # S*H through L
+    "scan_layers_unrolled": Workload(lambda p: p["tokens"] * p["hidden"]),
+    "scan_layers_backward": Workload(lambda p: p["tokens"] * p["hidden"]),
+    "fmul": Workload(lambda p: p["a"].size),
+    "fadd": Workload(lambda p: p["a"].size),
 }
 
 
@@ -142,9 +165,10 @@ def _cache_key(unit, params, target, seeds, freq, design_text):
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def plan(unit_name, workload, sweeps, targets, *, seeds, freq):
-    """The sweep's points (every parameter checked, the cycle formula evaluated), before any
-    tool runs."""
+def workload_problem(unit_name, workload):
+    """``(unit, design point, problem, elements)`` of design point ``workload`` of unit
+    ``unit_name``: the unit's problem dict of random data at the point's sizes
+    (``point_inputs``) and the elements its workload moves. Builds no hardware."""
     unit, point = unit_or_point(workload)
     if point is None:
         raise ParameterError(f"--workload must be a design point (gen/*.toml), not the unit "
@@ -155,10 +179,15 @@ def plan(unit_name, workload, sweeps, targets, *, seeds, freq):
     if unit.name not in WORKLOADS:
         raise ParameterError(f"unit must be one of {', '.join(WORKLOADS)} (the units with a "
                              f"workload), not {unit.name!r}")
-    shape = WORKLOADS[unit.name]
     inputs, runtime = unit.point_inputs(point.problem)
     problem = unit.problem(inputs, runtime)
-    elements = int(shape.elements(problem))
+    return unit, point, problem, int(WORKLOADS[unit.name].elements(problem))
+
+
+def plan(unit_name, workload, sweeps, targets, *, seeds, freq):
+    """The sweep's points (every parameter checked, the cycle formula evaluated), before any
+    tool runs."""
+    unit, point, problem, elements = workload_problem(unit_name, workload)
     checked = []       # every point's parameters first: a bad value stops before any build
     for target in targets:
         for values in itertools.product(*sweeps.values()):
@@ -179,7 +208,7 @@ def plan(unit_name, workload, sweeps, targets, *, seeds, freq):
             description=description,
             key=_cache_key(unit, params, target, seeds, freq, design_text),
             cycles=int(cycles), elements=elements,
-            element_bits=int(shape.element_bits(params))))
+            element_bits=int(WORKLOADS[unit.name].element_bits(params))))
     return unit, point, points
 
 
@@ -313,22 +342,14 @@ def mark_fronts(rows):
 
 # ---- outputs ---------------------------------------------------------------------------------
 
-_TABLE = [  # (heading, row key, format)
+_TABLE = [  # (heading, row key, format: cli.table_cell's spec)
     ("Fmax MHz", "fmax_mhz", "{:.1f}"), ("LUT4", "lut4_used", "{}"), ("FF", "ff_used", "{}"),
     ("DSP", "dsp_used", "{}"), ("BRAM", "bram_used", "{}"), ("cycles", "cycles", "{}"),
-    ("latency us", "latency_us", "{:.3f}"), ("Melem/s", "elements_per_s", "{:.1f}"),
+    ("latency us", "latency_us", "{:.3f}"),
+    ("Melem/s", "elements_per_s", lambda rate: f"{rate / 1e6:.1f}"),
     ("GB/s", "gb_per_s", "{:.3f}"), ("elem/s per LUT", "elements_per_s_per_lut", "{:.0f}"),
     ("elem/s per DSP", "elements_per_s_per_dsp", "{:.3g}"),
 ]
-
-
-def _cell(row, key, spec):
-    value = row.get(key)
-    if value is None:
-        return "-"
-    if key == "elements_per_s":
-        value /= 1e6
-    return spec.format(value)
 
 
 def markdown_table(rows, swept):
@@ -337,7 +358,7 @@ def markdown_table(rows, swept):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         # a failed point keeps its cycles (the formula's) and nothing from the synthesis
-        cells = [_cell(row, key, spec) for _, key, spec in _TABLE]
+        cells = [table_cell(row, key, spec) for _, key, spec in _TABLE]
         front = " ".join(name for name, flag in (("LUT", "pareto_lut"), ("DSP", "pareto_dsp"))
                          if row[flag])
         note = ("cached" if row["cached"] else "") if row["status"] == "ok" else \

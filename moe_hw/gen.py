@@ -38,8 +38,11 @@ def _list():
         print(f"    settings: {', '.join(composition.settings)}")
         print(f"    without --in: random data at {composition.describe_random({})}")
     print("\nDesign points (gen/*.toml; python -m moe_hw.gen emit POINT --out DIR):")
-    for point in design_points().values():
-        print(f"  {point.name:<12} {point.unit:<10} {point.description}")
+    points = design_points().values()
+    name_width = max((len(point.name) for point in points), default=0)
+    unit_width = max((len(point.unit) for point in points), default=0)
+    for point in points:
+        print(f"  {point.name:<{name_width}} {point.unit:<{unit_width}} {point.description}")
 
 
 def emit(name, out_dir, settings=None):

@@ -89,10 +89,11 @@ class FloatBinop(Unit):
 
     def point_inputs(self, problem, seed=0):
         """Random operands: ``elements`` pairs in ``format`` (default fp32)."""
+        sizes, runtime = self.point_table(problem, ("elements", "format"), ("elements",))
         rng = np.random.default_rng(seed)
-        dtype = FORMATS[problem.get("format", "fp32")].dtype
-        a, b = (random_floats(rng, problem["elements"], dtype) for _ in range(2))
-        return {"a": a, "b": b}, {}
+        dtype = FORMATS[sizes.get("format", "fp32")].dtype
+        a, b = (random_floats(rng, sizes["elements"], dtype) for _ in range(2))
+        return {"a": a, "b": b}, runtime
 
     def bench_problems(self, shape, seed=0):
         rng = np.random.default_rng(seed)

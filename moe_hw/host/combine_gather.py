@@ -171,11 +171,11 @@ class CombineGather(RowGather):
         return inputs, {name: problem[name] for name in self.runtime if name in problem}
 
     def bench_problems(self, shape, seed=0):
-        """A random top-k routing at capacity factor 1.0 (so some pairs drop); the ideal is
-        one read beat per cycle, top_k*S*ceil(H/lanes) cycles."""
+        """A random top-k routing at the shape's capacity, by default factor 1.0 (so some
+        pairs drop); the ideal is one read beat per cycle, top_k*S*ceil(H/lanes) cycles."""
         inputs, runtime = self.inputs_of(gather_problem(
             seed, tokens=shape.tokens, hidden=shape.hidden, experts=shape.experts,
-            k=shape.top_k, dtype=FORMATS[shape.format].dtype))
+            k=shape.top_k, capacity=shape.capacity, dtype=FORMATS[shape.format].dtype))
         return {"": (inputs, {**runtime, "lanes": shape.lanes})}
 
 

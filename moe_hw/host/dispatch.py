@@ -187,16 +187,10 @@ class Dispatch(Unit):
                 f"E={problem['num_experts']}, C={problem['capacity']}, lanes={params.lanes}, "
                 f"{params.format}")
 
-    def point_inputs(self, problem, seed=0):
-        return self.inputs_of(routed_problem(
-            tokens=problem["tokens"], hidden=problem["hidden"],
-            experts=problem["num_experts"], top_k=problem.get("top_k", 1),
-            capacity=problem["capacity"], seed=seed))
-
     def bench_problems(self, shape, seed=0):
         inputs, settings = self.inputs_of(routed_problem(
             tokens=shape.tokens, hidden=shape.hidden, experts=shape.experts,
-            top_k=shape.top_k, format=shape.format, seed=seed))
+            top_k=shape.top_k, format=shape.format, capacity=shape.capacity, seed=seed))
         return {"": (inputs, {**settings, "lanes": shape.lanes})}
 
 

@@ -254,19 +254,13 @@ class DispatchBackwardGate(Unit):
                 f"C={problem['capacity']}, lanes={params.lanes}, {params.format}, memory read "
                 f"latency {problem['memory_latency']}")
 
-    def point_inputs(self, problem, seed=0):
-        return backward_gate_problem(
-            tokens=problem["tokens"], hidden=problem["hidden"],
-            experts=problem["num_experts"], top_k=problem.get("top_k", 1),
-            capacity=problem["capacity"], seed=seed)
-
     # ---- benchmark ---------------------------------------------------------------------------
     def bench_problems(self, shape, seed=0):
         """A random top-k problem (tutel routing: distinct experts per token, locations from
-        the routing counters, capacity from the factor 1.25)."""
+        the routing counters, the shape's capacity, by default from the factor 1.25)."""
         inputs, runtime = backward_gate_problem(
             tokens=shape.tokens, hidden=shape.hidden, experts=shape.experts,
-            top_k=shape.top_k, format=shape.format, seed=seed)
+            top_k=shape.top_k, format=shape.format, capacity=shape.capacity, seed=seed)
         return {"": (inputs, {**runtime, "lanes": shape.lanes})}
 
 

@@ -391,6 +391,16 @@ class Expand(Unit):
                      f"{[list(part['input'].shape) for part in cut.parts]})")
         return line
 
+    def point_inputs(self, problem, seed=0):
+        """Random elements of the table's ``input_shape`` and ``format`` (default fp32), and
+        its sizes (``expand_size``; repeat: ``repeat_size``); ``split_dim`` is run-time."""
+        size_name = self.inputs[1]
+        needed = ("input_shape", size_name)
+        sizes, runtime = self.point_table(problem, (*needed, "format"), needed)
+        fmt = check_choice("format", sizes.get("format", "fp32"), list(ELEMENT_DTYPES))
+        input = random_elements(np.random.default_rng(seed), tuple(sizes["input_shape"]), fmt)
+        return {"input": input, size_name: np.array(sizes[size_name], np.int64)}, runtime
+
     def bench_problems(self, shape, seed=0):
         rng = np.random.default_rng(seed)
         fmt = shape.format if shape.format in ELEMENT_DTYPES else "fp32"

@@ -22,6 +22,7 @@ from .. import golden
 from ..formats import FORMATS
 from ..golden.expand import BACKWARD_MODES, _plan as expand_plan, backward_mode
 from ..golden.testing import random_floats
+from ..params import check_choice
 from ..units.expand_backward import ExpandBackwardParams, ExpandBackwardUnit
 from .checks import HostError, compare_bits, compare_log, compare_values, need
 from .expand import (ELEMENT_DTYPES, beat_log, check_rank, element_array, expected_beats,
@@ -176,6 +177,22 @@ class ExpandBackward(Unit):
                 f"{problem['input_shape']} (out_stride {problem['out_stride']}, "
                 f"{self.mode(problem, params)} mode), {params.format}, lanes={params.lanes}, "
                 f"G={params.banks}, max_input={params.max_input}")
+
+    def point_inputs(self, problem, seed=0):
+        """A random ``output_grad`` (``format``, default fp32) of the expand of the table's
+        ``input_shape`` by its ``expand_size``."""
+        needed = ("input_shape", "expand_size")
+        sizes, runtime = self.point_table(problem, (*needed, "format"), needed)
+        try:
+            output_shape, _ = expand_plan(sizes["input_shape"], sizes["expand_size"])
+        except (TypeError, ValueError) as error:
+            raise HostError(str(error)) from None
+        fmt = check_choice("format", sizes.get("format", "fp32"), ["fp32", "fp16", "bf16"])
+        grad = random_floats(np.random.default_rng(seed), math.prod(output_shape),
+                             ELEMENT_DTYPES[fmt], specials=0.0)
+        return {"output_grad": grad.reshape(output_shape),
+                "input_shape": np.array(sizes["input_shape"], np.int64),
+                "expand_size": np.array(sizes["expand_size"], np.int64)}, runtime
 
     def bench_problems(self, shape, seed=0):
         rng = np.random.default_rng(seed)

@@ -115,7 +115,7 @@ class Locations(Unit):
     def bench_problems(self, shape, seed=0):
         return {"": self.inputs_of(routed_problem(
             tokens=shape.tokens, hidden=0, experts=shape.experts, top_k=shape.top_k,
-            seed=seed))}
+            capacity=shape.capacity, seed=seed))}
 
 
 

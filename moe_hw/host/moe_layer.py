@@ -548,8 +548,8 @@ class MoELayer(Unit):
 
     # ---- benchmark ---------------------------------------------------------------------------
     def bench_problems(self, shape, seed=0):
-        """A seeded random top-k layer with affine experts at ``shape``, the default capacity
-        factor (1.25)."""
+        """A seeded random top-k layer with affine experts at ``shape``, its capacity by
+        default from the factor 1.25."""
         rng = np.random.default_rng(seed)
         dtype = FORMATS[shape.format].dtype
         gates = layer_gates(rng, shape.tokens, shape.experts, shape.top_k, dtype)
@@ -559,8 +559,9 @@ class MoELayer(Unit):
             "expert_scale": rng.uniform(0.5, 2.0, shape.experts).astype(dtype),
             "expert_bias": rng.standard_normal(shape.experts).astype(dtype),
         }
-        capacity = golden.capacity_from_factor(DEFAULT_CAPACITY_FACTOR, shape.tokens,
-                                               shape.experts, shape.top_k)
+        capacity = shape.capacity if shape.capacity is not None else \
+            golden.capacity_from_factor(DEFAULT_CAPACITY_FACTOR, shape.tokens, shape.experts,
+                                        shape.top_k)
         return {"": (inputs, {"capacity": capacity, "lanes": shape.lanes})}
 
 

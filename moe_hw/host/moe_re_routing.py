@@ -234,11 +234,13 @@ class MoeReRouting(Unit):
                 f"{problem['expert_token_num_type']}, idx_type={problem['idx_type']}")
 
     def point_inputs(self, problem, seed=0):
-        rng = np.random.default_rng(seed)
-        inputs = random_problem(rng, problem["tokens"], problem["hidden"], problem["num_ranks"],
-                                problem["num_experts"], problem.get("format", "bf16"),
-                                scales=problem.get("scales", False))
-        return inputs, {}
+        """Random tokens, counts and scales at the table's ``tokens`` (A), ``hidden``,
+        ``num_ranks``, ``num_experts``, ``format`` (default bf16) and ``scales``."""
+        needed = ("tokens", "hidden", "num_ranks", "num_experts")
+        sizes, runtime = self.point_table(problem, (*needed, "format", "scales"), needed)
+        inputs = random_problem(np.random.default_rng(seed), *(sizes[name] for name in needed),
+                                sizes.get("format", "bf16"), scales=sizes.get("scales", False))
+        return inputs, runtime
 
     def bench_problems(self, shape, seed=0):
         rng = np.random.default_rng(seed)

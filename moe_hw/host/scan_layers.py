@@ -259,6 +259,13 @@ class ScanLayers(Unit):
         bias = (0.5 * rng.standard_normal((layers, hidden))).astype(dtype)
         return {"input": input, "scale": scale, "bias": bias}
 
+    def point_inputs(self, problem, seed=0):
+        """:meth:`random_inputs` at the table's ``tokens``, ``hidden``, ``layers`` and
+        ``format`` (default fp32); ``relu`` is run-time."""
+        needed = ("tokens", "hidden", "layers")
+        sizes, runtime = self.point_table(problem, (*needed, "format"), needed)
+        return self.random_inputs(**sizes, seed=seed), runtime
+
     def bench_problems(self, shape, seed=0):
         inputs = self.random_inputs(tokens=shape.tokens, hidden=shape.hidden, layers=8,
                                     format=shape.format, seed=seed)

@@ -18,7 +18,7 @@ from ..formats import FORMATS, from_bits
 from ..golden.testing import random_floats
 from ..units.scan_layers_backward import ScanLayersBackwardParams, ScanLayersBackwardUnit
 from .checks import check_dtype, check_maxima, compare_bits, format_of
-from .scan_layers import UNIT as FORWARD, layer_problem
+from .scan_layers import UNIT as FORWARD, ScanLayers, layer_problem
 from .unit import Unit
 
 __all__ = ["UNIT", "ScanLayersBackward"]
@@ -177,6 +177,8 @@ class ScanLayersBackward(Unit):
         rng = np.random.default_rng(seed + 1000)
         inputs["grad_output"] = random_floats(rng, (tokens, hidden), FORMATS[format].dtype)
         return inputs
+
+    point_inputs = ScanLayers.point_inputs        # the forward's table, this random_inputs
 
     def bench_problems(self, shape, seed=0):
         # 256 tokens at the default shape (the README's figures); fewer when the shape is smaller.

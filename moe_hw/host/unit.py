@@ -13,7 +13,8 @@ Each unit ``U`` declares itself once, in ``moe_hw/host/U.py``, as an instance of
   :meth:`Unit.score` (bit for bit against the golden model, plus the scoreboard);
 * the analytic stall-free cycle count :meth:`Unit.cycles` and the one-beat-per-cycle ideal
   :meth:`Unit.ideal_cycles`;
-* the benchmark problem :meth:`Unit.bench_problems`.
+* the benchmark problem :meth:`Unit.bench_problems`, and a design point's random problem
+  :meth:`Unit.point_inputs` (by default the benchmark's at the point's sizes).
 
 ``python -m moe_hw.gen``, ``run``, ``bench`` (and the synthesis and exploration flows) read
 only this declaration (through :mod:`moe_hw.registry`); :func:`run` below is the one driver.
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..params import ParameterError, canonical_name
+from ..formats import FORMATS
+from ..params import ParameterError, canonical_name, check_choice
 from .checks import HostError, check_count, check_stall_seed
 
 __all__ = ["Unit", "Composition", "Outcome", "BenchShape", "run"]
@@ -45,6 +47,13 @@ class BenchShape:
     top_k: int = 2
     lanes: int = 16
     format: str = "fp32"
+    capacity: int | None = None    # slots per expert; None: the unit's default capacity factor
+
+
+#: A design point's ``[problem]`` keys that size the benchmark problem, and the BenchShape
+#: fields they set (:meth:`Unit.point_inputs`).
+POINT_SHAPE = {"tokens": "tokens", "hidden": "hidden", "num_experts": "experts",
+               "top_k": "top_k", "format": "format", "capacity": "capacity"}
 
 
 @dataclass
@@ -156,8 +165,43 @@ class Unit:
         return f"{self.name}"
 
     def point_inputs(self, problem, seed=0):
-        """Random ``(inputs, settings)`` at a design point's ``[problem]`` table (gen/*.toml)."""
-        raise HostError(f"unit {self.name} has no random problem for design points")
+        """Random ``(inputs, run-time values)`` at a design point's ``[problem]`` table
+        (gen/*.toml). By default the benchmark problem (:meth:`bench_problems`) at the
+        table's ``tokens``, ``hidden``, ``num_experts``, ``top_k``, ``format`` and
+        ``capacity`` (BenchShape's defaults for the others), its ``variant`` (default: the
+        first); any other key is one of the unit's run-time values, set over the benchmark's.
+        The generation-time parameters are the point's ``[params]``, not these."""
+        sizes, runtime = self.point_table(problem, (*POINT_SHAPE, "variant"))
+        check_choice("format", sizes.get("format", "fp32"), list(FORMATS))
+        shape = BenchShape(**{POINT_SHAPE[name]: value for name, value in sizes.items()
+                              if name in POINT_SHAPE})
+        variants = self.bench_problems(shape, seed)
+        variant = sizes.get("variant", next(iter(variants)))
+        if variant not in variants:
+            raise HostError(f"[problem] variant must be one of {', '.join(map(repr, variants))} "
+                            f"for unit {self.name}, not {variant!r}")
+        inputs, settings = variants[variant]
+        runtime = {**self.split_settings(settings)[1], **runtime}
+        if "capacity" in sizes and runtime.get("capacity") != sizes["capacity"]:
+            raise HostError(f"[problem] capacity = {sizes['capacity']}: unit {self.name}'s "
+                            "problem has no capacity")
+        return inputs, runtime
+
+    def point_table(self, problem, sizes, required=()):
+        """A design point's ``[problem]`` table split into ``(sizes, run-time values)``:
+        ``sizes`` names the keys that size the random problem (``required`` the ones it
+        cannot do without); every other key must be a run-time value of the unit."""
+        for name in required:
+            if name not in problem:
+                raise HostError(f"unit {self.name}'s design point needs [problem] {name}")
+        chosen = {name: value for name, value in problem.items() if name in sizes}
+        runtime = {name: value for name, value in problem.items() if name not in sizes}
+        for name, value in runtime.items():
+            if name not in self.runtime:
+                raise HostError(f"[problem] {name} = {value!r}: unit {self.name} has no such "
+                                f"size or run-time value; known: "
+                                f"{', '.join([*sizes, *self.runtime])}")
+        return chosen, runtime
 
     def bench_problems(self, shape, seed=0):
         """The benchmark: ``{variant: (inputs, settings)}`` at ``shape`` (a BenchShape);
