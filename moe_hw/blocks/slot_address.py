@@ -153,7 +153,8 @@ class SlotAddress(wiring.Component):
         return m
 
 
-def header_slot_queue(m, header, control, params, *, open, addr_width, carry=(), skid=True):
+def header_slot_queue(m, header, control, params, *, open, addr_width, carry=(), skid=True,
+                      alternate=()):
     """The header stream of a unit that addresses the expert buffer, through the slot
     address in a pipeline that never stalls: the :class:`SlotAddress` (submodule
     ``slot_address``, enable constant 1) inside a :class:`~moe_hw.stream.CreditPipeline`
@@ -169,12 +170,16 @@ def header_slot_queue(m, header, control, params, *, open, addr_width, carry=(),
     ``CreditPipeline.QUEUE_LATENCY``. With ``skid=False`` the queue's ring drives ``o``
     (see :class:`~moe_hw.stream.CreditPipeline`): the front header is the ring's
     asynchronous read, for a unit that registers it every cycle, and the latency is
-    :func:`slot_latency` + ``CreditPipeline.RING_LATENCY``.
+    :func:`slot_latency` + ``CreditPipeline.RING_LATENCY``. ``alternate`` names payload
+    fields that the skid buffer holds in two registers written in turn (its ``alternate``:
+    the unit's take then reaches only the buffer's flags and pointers, not those fields'
+    clock enables).
     """
     fields = {"address": addr_width, "in_range": 1}
     fields.update({name: header.payload[name].shape() for name in carry})
     queue = m.submodules.header_queue = CreditPipeline(slot_latency(params),
-                                                       data.StructLayout(fields), skid=skid)
+                                                       data.StructLayout(fields), skid=skid,
+                                                       alternate=alternate)
     m.d.comb += [
         queue.i_valid.eq(header.valid & open),
         header.ready.eq(queue.i_ready & open),

@@ -294,8 +294,10 @@ class DispatchBackwardGateUnit(wiring.Component):
         # ---- header queue: mask and slot, then the grad_dispatch row address -----------------
         # The slot address runs freely inside a credit pipeline; the queue's output register
         # holds the front pair until the issue sequencer takes it on its beat 0.
+        # (The address is held in two registers written in turn: the issue's take of a
+        # header reaches only the queue's flags, not the address's clock enables.)
         h_queue = header_slot_queue(m, self.header, ctl, p, open=running & headers_open,
-                                    addr_width=p.grad_addr_width)
+                                    addr_width=p.grad_addr_width, alternate=("address",))
         with m.If(h_queue.take):
             m.d.sync += [headers_left.eq(headers_left - 1), headers_open.eq(headers_left != 1)]
         h_out = h_queue.o

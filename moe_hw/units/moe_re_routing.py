@@ -462,7 +462,11 @@ class MoeReRoutingUnit(wiring.Component):
         # the queue behind it is sure to have room.
         block_layout = data.StructLayout({"tokens": p.row_width, "row": p.row_width,
                                           "elem": p.addr_width, "one": 1, "two": 1})
-        m.submodules.block_pipe = bpipe = CreditPipeline(block_latency, block_layout)
+        # Its skid buffer holds the wide fields in two registers written in turn, so that the
+        # token generator's load (the queue's ready) reaches only the buffer's flags and
+        # pointers, not the clock enable of the fields' registers.
+        m.submodules.block_pipe = bpipe = CreditPipeline(block_latency, block_layout,
+                                                         alternate=("tokens", "row", "elem"))
         run = Const(1)
         entries_left = Signal.like(entries)
         entries_pending = Signal()
