@@ -44,13 +44,21 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FAST_SIMULATORS", "FastBench", "Source", "Sink", "MemoryReader", "MemoryWriter",
-           "lane_beats", "simulate_fast", "testbench"]
+from .simulate import SimulationError
+
+__all__ = ["FAST_SIMULATORS", "FastBench", "FastCheckError", "Source", "Sink", "MemoryReader",
+           "MemoryWriter", "harness_counters", "harness_line", "lane_beats", "simulate_fast", "testbench"]
 
 FAST_SIMULATORS = ("fast", "fast-icarus")
 SETTLE = 16                    # cycles after done in which nothing may move (as run_once)
 PROGRESS_PERIOD = 1 << 16      # cycles between the testbench's progress lines
 _CHUNK = 1 << 15               # words packed or unpacked at a time (bounds the bit matrices)
+
+
+class FastCheckError(SimulationError):
+    """A check of the harness failed after the run started (a hang, beats after done, words
+    left untaken, a write past an element's limit, a log overflowing): the run is
+    reproducible, so a waveform of it can be written by running it again with a trace."""
 
 
 # ---- the description a unit gives --------------------------------------------------------
@@ -93,10 +101,14 @@ class MemoryReader:
 @dataclass
 class MemoryWriter:
     """A memory write port (``MemoryWriter``): a sink of up to ``depth`` beats (fields
-    ``addr``, ``data``, ``enable``) writing into a zeroed memory of ``size`` elements."""
+    ``addr``, ``data``, ``enable``) writing into a zeroed memory of ``size`` elements.
+    ``max_writes``: the most writes the unit's semantics give one element (1: written once;
+    a unit that accumulates or rewrites in place says how many; ``None``: no limit); a write
+    past it fails the run, naming the element."""
 
     size: int
     depth: int
+    max_writes: int | None = 1
 
 
 @dataclass
@@ -573,7 +585,6 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
             done = subprocess.run(args, cwd=build_dir, capture_output=True, text=True)
             (build_dir / "build.log").write_text(done.stdout + done.stderr)
             if done.returncode:
-                from .simulate import SimulationError
                 raise SimulationError(f"building the fast testbench of {top} failed "
                                       f"({args[0]}):\n{(done.stdout + done.stderr)[-6000:]}")
             (build_dir / "built.ok").write_text("ok\n")
@@ -653,7 +664,6 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
     port manifest ``ports``) in ``sim``; returns the results dict ``bench.results`` names,
     plus ``cycles``. ``trace``: write a waveform there (VCD if its name ends in .vcd, else
     FST)."""
-    from .simulate import SimulationError, build_root
     if sim not in FAST_SIMULATORS:
         raise ValueError(f"Fast simulator must be one of {', '.join(FAST_SIMULATORS)}, "
                          f"not {sim!r}")
@@ -697,7 +707,9 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                 args.append(f"+{name}_out={run_dir / f'{name}.out'}")
                 if isinstance(actor, MemoryWriter):
                     args += [f"+{name}_size={int(actor.size)}",
-                             f"+{name}_memory={run_dir / f'{name}.memory'}"]
+                             f"+{name}_max_writes={int(actor.max_writes or 0)}"]
+                    if _wants_image(bench, name):
+                        args.append(f"+{name}_memory={run_dir / f'{name}.memory'}")
             elif isinstance(actor.memory, str):          # a writer's memory
                 args += [f"+{name}_size={int(bench.streams[actor.memory].size)}",
                          f"+{name}_latency={int(actor.latency)}",
@@ -723,15 +735,15 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
         if "error" in values:
             raise SimulationError(f"{top} in {sim}: {values['error']}")
         if "hang" in values:
-            raise SimulationError(f"{bench.what} did not finish within {bench.limit} cycles "
-                                  "(hang?)")
+            raise FastCheckError(f"{bench.what} did not finish within {bench.limit} cycles "
+                                 "(hang?)")
         if "cycles" not in values:
             raise SimulationError(f"{top} in {sim} stopped without finishing:\n"
                                   f"{output[-6000:]}")
         if int(values["moved_after_done"]):
-            raise SimulationError(f"{bench.what} moved after done: "
-                                  f"{values['moved_after_done']} more beats in the "
-                                  f"{bench.settle} cycles after it")
+            raise FastCheckError(f"{bench.what} moved after done: "
+                                 f"{values['moved_after_done']} more beats in the "
+                                 f"{bench.settle} cycles after it")
         if progress and "seconds" in values:
             cycles, seconds = int(values["cycles"]), values["seconds"]
             progress(f"simulated {cycles} cycles in {seconds:.3f} s from the clock's start to "
@@ -739,31 +751,73 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
         return _results(bench, ports, values, run_dir, top, sim)
 
 
+def _wants_image(bench, name):
+    """Whether the results may read writer ``name``'s memory image (a function of the lookup
+    may; dumping a memory nobody reads costs time at large sizes)."""
+    return any(callable(spec) or spec == f"{name}.memory" for spec in bench.results.values())
+
+
+def harness_counters(values):
+    """The harness's counters and flags of a run (``FASTSIM actor.key=value`` lines) as
+    ``{"actor.key": int}``: beats offered and taken, beats logged, requests, lanes out of
+    bounds, writes per element, responses left, beats after done."""
+    return {key: int(value) for key, value in values.items()
+            if ("." in key and not key.startswith("status.") and value.isdigit())
+            or key == "moved_after_done"}
+
+
+def harness_line(counters):
+    """One report line of :func:`harness_counters`: beats in (taken of offered), beats out,
+    reads, lanes out of bounds, writes per element (most, and the limit), after done."""
+    def total(key):
+        return sum(value for name, value in counters.items() if name.endswith(f".{key}"))
+
+    parts = [f"beats in {total('sent')} of {total('words')}",
+             f"beats out {total('count')}", f"reads {total('requests')}",
+             f"lanes out of bounds {total('out_of_bounds')}"]
+    for name in sorted(key[:-len(".max_writes")] for key in counters
+                       if key.endswith(".max_writes")):
+        limit = counters[f"{name}.max_writes"]
+        parts.append(f"{name}: {counters[f'{name}.written']} elements written, at most "
+                     f"{counters[f'{name}.most_writes']} writes to one (limit "
+                     f"{limit if limit else 'none'})")
+    parts.append(f"beats after done {counters.get('moved_after_done', 0)}")
+    return "harness: " + ", ".join(parts)
+
+
 def _results(bench, ports, values, run_dir, top, sim):
-    from .simulate import SimulationError
     logs = {}
     for name, actor in bench.streams.items():
         if isinstance(actor, Source):
             sent, count = int(values[f"{name}.sent"]), int(values[f"{name}.words"])
             if actor.all_taken and sent != count:
-                raise SimulationError(f"{sent} of {count} {name} words taken")
+                raise FastCheckError(f"{sent} of {count} {name} words taken")
         elif isinstance(actor, (Sink, MemoryWriter)):
             count, depth = int(values[f"{name}.count"]), int(values[f"{name}.depth"])
             if count > depth:
-                raise SimulationError(f"{bench.what} sent {count} {name} beats, more than the "
-                                      f"{depth} its fast description allows")
+                raise FastCheckError(f"{bench.what} sent {count} {name} beats, more than the "
+                                     f"{depth} its fast description allows")
             logs[name] = read_hex(run_dir / f"{name}.out", count)
+            if isinstance(actor, MemoryWriter) and int(values[f"{name}.rewrites"]):
+                limit = int(values[f"{name}.max_writes"])
+                raise FastCheckError(
+                    f"{bench.what} wrote element {values[f'{name}.first_rewrite']} of the "
+                    f"{name} memory more than {limit} time{'s' if limit > 1 else ''}, the most "
+                    f"its semantics allow (first at simulation time "
+                    f"{values[f'{name}.first_rewrite_time']}; {values[f'{name}.rewrites']} "
+                    f"lane writes past the limit, {values[f'{name}.most_writes']} writes to "
+                    "one element at most)")
         else:
             count, depth = int(values[f"{name}.requests"]), int(values[f"{name}.log_depth"])
             if count > depth:
-                raise SimulationError(f"{bench.what} made {count} {name} requests, more than "
-                                      f"the {depth} its fast description allows")
+                raise FastCheckError(f"{bench.what} made {count} {name} requests, more than "
+                                     f"the {depth} its fast description allows")
             pending = int(values[f"{name}.pending"])
             if actor.all_taken and pending:
-                raise SimulationError(f"{pending} {actor.response} responses never taken")
+                raise FastCheckError(f"{pending} {actor.response} responses never taken")
             if int(values[f"{name}.queue_overflow"]):
-                raise SimulationError(f"{name}: more requests in flight than the memory "
-                                      "model's queue holds")
+                raise FastCheckError(f"{name}: more requests in flight than the memory "
+                                     "model's queue holds")
 
     def lookup(spec):
         if callable(spec):
@@ -784,8 +838,8 @@ def _results(bench, ports, values, run_dir, top, sim):
         if name in bench.monitors and key == "log":
             count = int(values[f"{name}.changes"])
             if count > int(values[f"{name}.depth"]):
-                raise SimulationError(f"{name} changed {count} times, more than its fast "
-                                      "description allows")
+                raise FastCheckError(f"{name} changed {count} times, more than its fast "
+                                     "description allows")
             return np.stack([unpack_field(read_hex(run_dir / f"{name}.{column}", count),
                                           {"width": 64}, None, name)
                              for column in ("cycle", "value")], axis=1).reshape(count, 2)
@@ -808,4 +862,5 @@ def _results(bench, ports, values, run_dir, top, sim):
 
     results = {key: lookup(spec) for key, spec in bench.results.items()}
     results["cycles"] = np.int64(int(values["cycles"]))
+    results["harness"] = harness_counters(values)
     return results
