@@ -2,7 +2,7 @@
 
 The cocotb path (:mod:`moe_hw.flows.simulate`, ``sim/harness.py``) wakes Python on every clock
 edge to drive each stream beat and memory access: about 24,000 cycles/s at one lane. Here the
-host writes the problem's stream words and memory contents to hex files, and a testbench
+host writes the problem's stream words and memory contents to files, and a testbench
 generated around the unit's emitted Verilog runs the problem to ``done`` on its own:
 
 * the stream sources, sinks and memory models are small Verilog modules written once
@@ -11,13 +11,13 @@ generated around the unit's emitted Verilog runs the problem to ``done`` on its 
   their seeded random pauses come from one xorshift32 per port (seed and probability are
   plusargs);
 * they load their words with ``$fread`` (binary) before the clock starts and dump their logs
-  with ``$writememh`` at the end, so the host reads the results back in bulk;
+  raw (``$fwrite "%u"``) at the end, so the host reads the results back in bulk;
 * the scoreboard's checks the cocotb benches make per beat become counters and flags (beats
-  offered and taken, beats after ``done``, lanes out of bounds, a response queue overflow, a
-  cycle limit that reports a hang), and the unit's own ``unpack``/``score`` then judge the
-  logs exactly as they judge the cocotb bench's.
+  offered and taken, beats after ``done``, lanes out of bounds, writes per element past the
+  unit's limit, a response queue overflow, a cycle limit that reports a hang), and the unit's
+  own ``unpack``/``score`` then judge the logs exactly as they judge the cocotb bench's.
 
-Why files (``$fread``/``$writememh``) and a generated Verilog testbench rather than DPI or a
+Why files (``$fread``/``$fwrite``) and a generated Verilog testbench rather than DPI or a
 C++ harness:
 the same testbench runs under Verilator (a standalone executable: a few lines of C++ toggle
 the clock and call ``eval()``, faster than Verilator's ``--timing`` scheduler) and under
@@ -47,12 +47,12 @@ import numpy as np
 from .simulate import SimulationError
 
 __all__ = ["FAST_SIMULATORS", "FastBench", "FastCheckError", "Source", "Sink", "MemoryReader",
-           "MemoryWriter", "harness_counters", "harness_line", "lane_beats", "simulate_fast", "testbench"]
+           "MemoryWriter", "harness_counters", "harness_line", "lane_beats", "simulate_fast",
+           "testbench"]
 
 FAST_SIMULATORS = ("fast", "fast-icarus")
 SETTLE = 16                    # cycles after done in which nothing may move (as run_once)
 PROGRESS_PERIOD = 1 << 16      # cycles between the testbench's progress lines
-_CHUNK = 1 << 15               # words packed or unpacked at a time (bounds the bit matrices)
 
 
 class FastCheckError(SimulationError):
@@ -156,7 +156,7 @@ def lane_beats(rows, lanes):
     return padded.reshape(count * beats, lanes)
 
 
-# ---- payload words <-> hex files ---------------------------------------------------------
+# ---- payload words <-> files -------------------------------------------------------------
 def _fields(desc, port):
     """``{name: (offset, element width, count or None)}`` of a payload port's layout."""
     if "array" in desc:                    # a plain array of lanes
@@ -190,6 +190,39 @@ def _columns(offset, width, count):
     return [(offset + e * width, width) for e in range(count or 1)]
 
 
+def _byte_span(bit, width):
+    """The first byte, the shift in it and the bytes a field of ``width`` bits at ``bit``
+    touches (at most 9: a 64-bit field off a byte boundary)."""
+    return bit // 8, bit % 8, (bit % 8 + width + 7) // 8
+
+
+def _put_bits(words, bit, width, values):
+    """OR ``values`` (uint64, cut to ``width`` bits) into bits ``bit``.. of ``[n, bytes]``
+    little-endian words: a few shifts per byte, no bit matrix."""
+    first, shift, span = _byte_span(bit, width)
+    if width < 64:
+        values = values & np.uint64((1 << width) - 1)
+    low = values << np.uint64(shift)
+    for i in range(min(span, 8)):
+        words[:, first + i] |= ((low >> np.uint64(8 * i)) & np.uint64(0xff)).astype(np.uint8)
+    if span == 9:
+        words[:, first + 8] |= (values >> np.uint64(64 - shift)).astype(np.uint8)
+
+
+def _get_bits(words, bit, width):
+    """Bits ``bit``..``bit + width - 1`` of ``[n, bytes]`` little-endian words, as uint64."""
+    first, shift, span = _byte_span(bit, width)
+    value = np.zeros(len(words), dtype=np.uint64)
+    for i in range(min(span, 8)):
+        value |= words[:, first + i].astype(np.uint64) << np.uint64(8 * i)
+    value >>= np.uint64(shift)
+    if span == 9:
+        value |= words[:, first + 8].astype(np.uint64) << np.uint64(64 - shift)
+    if width < 64:
+        value &= np.uint64((1 << width) - 1)
+    return value
+
+
 def pack_words(desc, values, port):
     """Payload words (bytes, least significant first: ``[n, bytes]`` uint8) from field
     values: ``values`` maps field names (``None`` for a plain payload) to arrays, or is a
@@ -210,17 +243,13 @@ def pack_words(desc, values, port):
         raise ValueError(f"port {port}: the fields have different lengths {sorted(lengths)}")
     n = lengths.pop() if lengths else 0
     words = np.zeros((n, nbytes), dtype=np.uint8)
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        bits = np.zeros((stop - start, nbytes * 8), dtype=np.uint8)
-        for name, array in arrays.items():
-            offset, width, count = fields[name]
-            part = array[start:stop].astype(np.int64).view(np.uint64) \
-                if array.dtype.kind == "i" else array[start:stop].astype(np.uint64)
-            part = part.reshape(stop - start, count or 1)
-            for e, (bit, w) in enumerate(_columns(offset, width, count)):
-                bits[:, bit:bit + w] = (part[:, e, None] >> np.arange(w, dtype=np.uint64)) & 1
-        words[start:stop] = np.packbits(bits, axis=1, bitorder="little")
+    for name, array in arrays.items():
+        offset, width, count = fields[name]
+        values = array.astype(np.int64).view(np.uint64) if array.dtype.kind == "i" \
+            else array.astype(np.uint64)
+        values = values.reshape(n, count or 1)
+        for e, (bit, w) in enumerate(_columns(offset, width, count)):
+            _put_bits(words, bit, w, values[:, e])
     return words
 
 
@@ -229,48 +258,24 @@ def write_words(path, words):
     Path(path).write_bytes(np.ascontiguousarray(words[:, ::-1]).tobytes())
 
 
-_NIBBLE = np.zeros(256, dtype=np.uint8)
-for _digit, _value in zip(b"0123456789abcdef", range(16)):
-    _NIBBLE[_digit] = _NIBBLE[ord(chr(_digit).upper())] = _value
-
-
-def read_hex(path, count):
-    """``count`` words from a ``$writememh`` file as ``[count, bytes]`` little-endian words
-    (Icarus's address comments are skipped; x and z digits read as 0)."""
+def read_words(path, count):
+    """``count`` words the testbench wrote raw (``$fwrite "%u"``: each word in 32-bit pieces,
+    least significant first, each little-endian) as ``[count, bytes]`` little-endian words,
+    padded to whole 32-bit pieces (the padding bits are 0)."""
     if count == 0:
-        return np.zeros((0, 1), dtype=np.uint8)
-    text = Path(path).read_bytes()
-    digits = text.index(b"\n")
-    if b"//" not in text[:3] and len(text) == count * (digits + 1):
-        # Verilator: one word per line, all of one width (no Python object per line).
-        table = np.frombuffer(text, dtype=np.uint8).reshape(count, digits + 1)[:, :digits]
-    else:
-        lines = [line.strip() for line in text.splitlines()
-                 if line.strip() and not line.startswith(b"//")]
-        if len(lines) != count:
-            raise ValueError(f"{path}: {len(lines)} words, expected {count}")
-        digits = len(lines[0])
-        table = np.frombuffer(b"".join(lines), dtype=np.uint8).reshape(count, digits)
-    nibbles = _NIBBLE[table]
-    nibbles = nibbles[:, ::-1]
-    if digits % 2:
-        nibbles = np.hstack([nibbles, np.zeros((count, 1), dtype=np.uint8)])
-    return nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
+        return np.zeros((0, 4), dtype=np.uint8)
+    raw = np.fromfile(path, dtype=np.uint8)
+    if len(raw) % count or (len(raw) // count) % 4:
+        raise ValueError(f"{path}: {len(raw)} bytes, not {count} words of whole 32-bit pieces")
+    return raw.reshape(count, len(raw) // count)
 
 
 def unpack_field(words, desc, name, port):
     """One field of payload words: int64 ``[n]`` for a scalar field, uint64 ``[n, count]``
     for an array field (both unsigned, as the cocotb benches unpack them)."""
     offset, width, count = _fields(desc, port)[name]
-    n = len(words)
-    out = np.zeros((n, count or 1), dtype=np.uint64)
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        bits = np.unpackbits(words[start:stop], axis=1, bitorder="little")
-        for e, (bit, w) in enumerate(_columns(offset, width, count)):
-            column = np.zeros((stop - start, 64), dtype=np.uint8)
-            column[:, :w] = bits[:, bit:bit + w]
-            out[start:stop, e] = np.packbits(column, axis=1, bitorder="little").view("<u8")[:, 0]
+    out = np.stack([_get_bits(words, bit, w) for bit, w in _columns(offset, width, count)],
+                   axis=1) if len(words) else np.zeros((0, count or 1), dtype=np.uint64)
     return out if count is not None else out[:, 0].astype(np.int64)
 
 
@@ -544,9 +549,11 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     from .simulate import _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
     opt = _verilator_opt() if sim == "fast" else ""
-    # The per-cycle code at -O2 (Verilator's own -Os runs slower); the set-up code stays
-    # unoptimised (see flows/simulate.py), unless one level is asked for.
-    levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2"]
+    # The per-cycle code at -O2 (Verilator's own -Os runs slower; -O3 is no faster), and
+    # Verilator's runtime (the $fread, $fwrite and start-up code, compiled once: objcache.py)
+    # at -O2; the set-up code stays unoptimised (see flows/simulate.py), unless one level is
+    # asked for.
+    levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
     digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
                                      str(trace)]).encode()).hexdigest()[:16]
     build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{f'-{trace}' if trace else ''}"
@@ -572,8 +579,10 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
             define = ["-DFAST_TRACE"] if trace else []
             if sim == "fast":
                 (build_dir / "main.cpp").write_text(_MAIN_CPP)
+                # --x-initial fast: no random start values (every register of the unit and
+                # the harness has its own; memories are zeroed or loaded): 20 % off the start.
                 args = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
-                        "--x-assign", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
+                        "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
                         "-Wno-style", "--top-module", "fast_tb", "-Mdir", "obj",
                         "-o", "fast_tb", *define,
                         *({"fst": ["--trace-fst"], "vcd": ["--trace"]}.get(trace, [])),
@@ -797,7 +806,7 @@ def _results(bench, ports, values, run_dir, top, sim):
             if count > depth:
                 raise FastCheckError(f"{bench.what} sent {count} {name} beats, more than the "
                                      f"{depth} its fast description allows")
-            logs[name] = read_hex(run_dir / f"{name}.out", count)
+            logs[name] = read_words(run_dir / f"{name}.out", count)
             if isinstance(actor, MemoryWriter) and int(values[f"{name}.rewrites"]):
                 limit = int(values[f"{name}.max_writes"])
                 raise FastCheckError(
@@ -840,7 +849,7 @@ def _results(bench, ports, values, run_dir, top, sim):
             if count > int(values[f"{name}.depth"]):
                 raise FastCheckError(f"{name} changed {count} times, more than its fast "
                                      "description allows")
-            return np.stack([unpack_field(read_hex(run_dir / f"{name}.{column}", count),
+            return np.stack([unpack_field(read_words(run_dir / f"{name}.{column}", count),
                                           {"width": 64}, None, name)
                              for column in ("cycle", "value")], axis=1).reshape(count, 2)
         actor = bench.streams[name]
@@ -852,11 +861,11 @@ def _results(bench, ports, values, run_dir, top, sim):
             return np.int64(int(values[f"{name}.{key}"]))
         if isinstance(actor, MemoryWriter) and key == "memory":
             elem_w = _fields(ports[f"{name}__payload"], name)["data"][1]
-            words = read_hex(run_dir / f"{name}.memory", int(actor.size))
+            words = read_words(run_dir / f"{name}.memory", int(actor.size))
             return unpack_field(words, {"width": elem_w}, None, name).astype(np.uint64)
         if isinstance(actor, MemoryReader) and key in ("addr", "enable"):
             count = int(values[f"{name}.requests"])
-            words = read_hex(run_dir / f"{name}.{key}", count)
+            words = read_words(run_dir / f"{name}.{key}", count)
             return unpack_field(words, {"width": 8 * words.shape[1]}, None, name)
         raise ValueError(f"the fast description's result {spec!r} names nothing known")
 
