@@ -153,15 +153,17 @@ endmodule
 // writes per address: every element counts the writes it takes (saturating at 255); a write
 // past NAME_max_writes (0: no limit) is counted in ``rewrites``, the first one's element and
 // simulation time kept. Also reported: the elements written and the most writes to one.
+// IMAGE 0: the elements' values are not kept (nobody reads them; the log has the writes).
 module fast_memory_writer #(
     parameter NAME = "writer", parameter W = 1, parameter DEPTH = 1, parameter SIZE = 1,
     parameter ELEM_W = 1, parameter LANES = 1, parameter ADDR_OFF = 0, parameter ADDR_W = 1,
-    parameter DATA_OFF = 0, parameter EN_OFF = 0, parameter [31:0] SALT = 0
+    parameter DATA_OFF = 0, parameter EN_OFF = 0, parameter IMAGE = 1,
+    parameter [31:0] SALT = 0
 ) (
     input clk, input rst, input step, input [31:0] seed, input [15:0] threshold,
     input valid, output ready, input [W-1:0] payload, output [63:0] count
 );
-    reg [ELEM_W-1:0] memory [0:SIZE-1];
+    reg [ELEM_W-1:0] memory [0:(IMAGE ? SIZE : 1)-1];
     reg [7:0] writes [0:SIZE-1];
     reg [63:0] size = 64'd0, out_of_bounds = 64'd0, bad, where;
     reg [63:0] max_writes = 64'd0, rewrites = 64'd0, first_rewrite = 64'd0;
@@ -177,7 +179,7 @@ module fast_memory_writer #(
         if (!$value$plusargs({NAME, "_max_writes=%d"}, max_writes)) max_writes = 64'd0;
         `FAST_ROOM("memory", "elements", size, SIZE)
         for (where = 0; where < size; where = where + 1) begin
-            memory[where] = {ELEM_W{1'b0}};
+            if (IMAGE) memory[where] = {ELEM_W{1'b0}};
             writes[where] = 8'd0;
         end
     end
@@ -189,7 +191,7 @@ module fast_memory_writer #(
                 if (payload[EN_OFF + lane]) begin
                     where = payload[ADDR_OFF +: ADDR_W] + lane;
                     if (where < size) begin
-                        memory[where] <= payload[DATA_OFF + lane * ELEM_W +: ELEM_W];
+                        if (IMAGE) memory[where] <= payload[DATA_OFF + lane * ELEM_W +: ELEM_W];
                         taken = writes[where];
                         if (taken != 8'hff) writes[where] = taken + 8'd1;
                         if (taken == 8'd0) written = written + 1;
@@ -210,7 +212,7 @@ module fast_memory_writer #(
                  NAME, out_of_bounds, NAME, written, NAME, most);
         $display("FASTSIM %0s.max_writes=%0d %0s.rewrites=%0d %0s.first_rewrite=%0d %0s.first_rewrite_time=%0d",
                  NAME, max_writes, NAME, rewrites, NAME, first_rewrite, NAME, first_rewrite_time);
-        `FAST_DUMP("_memory", memory, size)
+        if (IMAGE) `FAST_DUMP("_memory", memory, size)
     end
 endmodule
 

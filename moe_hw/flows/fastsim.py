@@ -401,7 +401,8 @@ def testbench(top, ports, bench):
                 f".DEPTH({_depth(actor.depth)}), .SIZE({_depth(actor.size)}), "
                 f".ELEM_W({elem_w}), .LANES({lanes or 1}), .ADDR_OFF({addr_off}), "
                 f".ADDR_W({addr_w}), .DATA_OFF({data_off}), .EN_OFF({en_off}), "
-                f".SALT({salt})) {name}__actor({common}, {handshake}, {name}__count);")
+                f".IMAGE({int(_wants_image(bench, name))}), .SALT({salt})) "
+                f"{name}__actor({common}, {handshake}, {name}__count);")
             moved.append(f"{name}__count")
         elif isinstance(actor, MemoryReader):
             response = ports[f"{actor.response}__payload"]
@@ -761,9 +762,12 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
 
 
 def _wants_image(bench, name):
-    """Whether the results may read writer ``name``'s memory image (a function of the lookup
-    may; dumping a memory nobody reads costs time at large sizes)."""
-    return any(callable(spec) or spec == f"{name}.memory" for spec in bench.results.values())
+    """Whether writer ``name``'s elements are read: by a reader sharing its memory, or by the
+    results (a function of the lookup may). Keeping and dumping a memory nobody reads costs
+    time at large sizes (the write log has every write)."""
+    return any(isinstance(actor, MemoryReader) and isinstance(actor.memory, str) and
+               actor.memory == name for actor in bench.streams.values()) or \
+        any(callable(spec) or spec == f"{name}.memory" for spec in bench.results.values())
 
 
 def harness_counters(values):
