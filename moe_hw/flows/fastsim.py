@@ -672,7 +672,8 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                   progress=None, expected_cycles=None, trace=None):
     """Run ``bench`` (a :class:`FastBench`) on the design ``verilog_text`` (module ``top``,
     port manifest ``ports``) in ``sim``; returns the results dict ``bench.results`` names,
-    plus ``cycles``. ``trace``: write a waveform there (VCD if its name ends in .vcd, else
+    plus ``cycles`` and ``harness`` (:func:`harness_counters`). A failed check of the harness
+    raises :class:`FastCheckError`. ``trace``: write a waveform there (VCD if its name ends in .vcd, else
     FST)."""
     if sim not in FAST_SIMULATORS:
         raise ValueError(f"Fast simulator must be one of {', '.join(FAST_SIMULATORS)}, "

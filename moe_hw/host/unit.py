@@ -243,7 +243,9 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     benches only): first start an old problem and reset it that many cycles after its start
     (``sim/harness.py``, ``reset_mid_problem``); the results then hold ``reset_busy``.
     Returns an :class:`Outcome`; with ``check`` its ``problems`` list the differences from
-    the golden model (the caller decides whether they are fatal).
+    the golden model (the caller decides whether they are fatal). On the fast path the
+    outcome's ``harness`` holds the testbench's counters (a report line sums them up); a run
+    that fails a check names its waveform (see :func:`failure_waveform`).
     """
     check_stall_seed(stall, seed)
     gen_settings, runtime = unit.split_settings(settings)
