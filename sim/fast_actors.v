@@ -10,16 +10,53 @@
 // generator, so stalled runs differ from the cocotb path's stalled runs in timing only.
 //
 // Inputs are read with $fread (binary words: several times faster to load than hex text);
-// logs are written with $writememh. Run-time files and counts come from plusargs named after
+// logs are written raw ($fwrite "%u", FAST_DUMP). Run-time files and counts come from plusargs named after
 // the actor (NAME):
 //   +NAME=FILE +NAME_count=N     a source's words ($fread: each word big-endian, in whole
 //                                bytes)
-//   +NAME_out=FILE               a sink's log of every beat taken ($writememh at the end)
+//   +NAME_out=FILE               a sink's log of every beat taken (written at the end)
 //   +NAME_size=N +NAME=FILE      a memory's elements (reader: loaded as a source's words;
 //                                writer: zeroed)
 //   +NAME_memory=FILE            a writer's memory image at the end
+//   +NAME_max_writes=N           the most writes a writer's element may take (0: any number)
 //   +NAME_addr=FILE +NAME_enable=FILE    a reader's log of requests
 // Each prints ``FASTSIM NAME.key=value`` lines at the end for the host to read.
+
+// The room check and the loader every actor that starts with words in memory shares (the
+// source's words, a memory reader's elements). Both stop the run with a ``FASTSIM error``
+// line naming the actor (NAME, WHAT: "source" or "memory"; NOUN: what its words are).
+// ROOM: the array's depth; LOAD: COUNT words of BYTES bytes into ARRAY from +NAME=FILE
+// ($fread: each word big-endian, in whole bytes). DUMP: the first COUNT words of ARRAY into
+// +NAME<KEY>=FILE, raw ($fwrite "%u", the same bytes in Verilator and Icarus: each word in
+// 32-bit pieces, least significant first, each little-endian; several times faster to write
+// and to read back than $writememh's hex). The module declares ``file``, ``fd``, ``dump``.
+`define FAST_ROOM(WHAT, NOUN, COUNT, ROOM) \
+    if ((COUNT) > (ROOM)) begin \
+        $display("FASTSIM error: %0s %0s has %0d %0s, room for %0d", WHAT, NAME, COUNT, \
+                 NOUN, ROOM); \
+        $finish; \
+    end
+`define FAST_LOAD(WHAT, NOUN, ARRAY, COUNT, BYTES) \
+    if ((COUNT) > 0) begin \
+        if (!$value$plusargs({NAME, "=%s"}, file)) begin \
+            $display("FASTSIM error: %0s %0s has no +%0s=FILE", WHAT, NAME, NAME); \
+            $finish; \
+        end \
+        fd = $fopen(file, "rb"); \
+        if (fd == 0 || $fread(ARRAY, fd, 0, COUNT) != (COUNT) * (BYTES)) begin \
+            $display("FASTSIM error: %0s %0s cannot read %0d %0s from %0s", WHAT, NAME, \
+                     COUNT, NOUN, file); \
+            $finish; \
+        end \
+        $fclose(fd); \
+    end
+
+`define FAST_DUMP(KEY, ARRAY, COUNT) \
+    if ((COUNT) > 0 && $value$plusargs({NAME, KEY, "=%s"}, file)) begin \
+        fd = $fopen(file, "wb"); \
+        for (dump = 0; dump < (COUNT); dump = dump + 1) $fwrite(fd, "%u", ARRAY[dump]); \
+        $fclose(fd); \
+    end
 
 // Seeded random pauses: ``pause`` is high with probability threshold / 65536 per step.
 module fast_pauses #(parameter [31:0] SALT = 0) (
@@ -56,23 +93,8 @@ module fast_source #(
     fast_pauses #(SALT) pauses(clk, rst, step, seed, threshold, pause);
     initial begin
         if (!$value$plusargs({NAME, "_count=%d"}, count)) count = 64'd0;
-        if (count > DEPTH) begin
-            $display("FASTSIM error: source %0s has %0d words, room for %0d", NAME, count, DEPTH);
-            $finish;
-        end
-        if (count > 0) begin
-            if (!$value$plusargs({NAME, "=%s"}, file)) begin
-                $display("FASTSIM error: source %0s has no +%0s=FILE", NAME, NAME);
-                $finish;
-            end
-            fd = $fopen(file, "rb");
-            if (fd == 0 || $fread(words, fd, 0, count) != count * (MEM_W / 8)) begin
-                $display("FASTSIM error: source %0s cannot read %0d words from %0s", NAME,
-                         count, file);
-                $finish;
-            end
-            $fclose(fd);
-        end
+        `FAST_ROOM("source", "words", count, DEPTH)
+        `FAST_LOAD("source", "words", words, count, MEM_W / 8)
     end
     always @(posedge clk)
         if (rst) begin
@@ -105,6 +127,8 @@ module fast_sink #(
 );
     reg [W-1:0] log [0:DEPTH-1];
     reg [8*1024-1:0] file;
+    reg [63:0] dump;
+    integer fd;
     wire pause;
     fast_pauses #(SALT) pauses(clk, rst, step, seed, threshold, pause);
     always @(posedge clk)
@@ -120,34 +144,44 @@ module fast_sink #(
         end
     final begin
         $display("FASTSIM %0s.count=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
-        if (count > 0 && count <= DEPTH && $value$plusargs({NAME, "_out=%s"}, file))
-            $writememh(file, log, 0, count - 1);
+        if (count <= DEPTH) `FAST_DUMP("_out", log, count)
     end
 endmodule
 
 // MemoryWriter: a sink whose beats (fields addr, data, enable) also write lanes into a memory
-// of NAME_size elements; lanes outside it are not written and are counted.
+// of NAME_size elements; lanes outside it are not written and are counted. The scoreboard's
+// writes per address: every element counts the writes it takes (saturating at 255); a write
+// past NAME_max_writes (0: no limit) is counted in ``rewrites``, the first one's element and
+// simulation time kept. Also reported: the elements written and the most writes to one.
+// IMAGE 0: the elements' values are not kept (nobody reads them; the log has the writes).
 module fast_memory_writer #(
     parameter NAME = "writer", parameter W = 1, parameter DEPTH = 1, parameter SIZE = 1,
     parameter ELEM_W = 1, parameter LANES = 1, parameter ADDR_OFF = 0, parameter ADDR_W = 1,
-    parameter DATA_OFF = 0, parameter EN_OFF = 0, parameter [31:0] SALT = 0
+    parameter DATA_OFF = 0, parameter EN_OFF = 0, parameter IMAGE = 1,
+    parameter [31:0] SALT = 0
 ) (
     input clk, input rst, input step, input [31:0] seed, input [15:0] threshold,
     input valid, output ready, input [W-1:0] payload, output [63:0] count
 );
-    reg [ELEM_W-1:0] memory [0:SIZE-1];
+    reg [ELEM_W-1:0] memory [0:(IMAGE ? SIZE : 1)-1];
+    reg [7:0] writes [0:SIZE-1];
     reg [63:0] size = 64'd0, out_of_bounds = 64'd0, bad, where;
+    reg [63:0] max_writes = 64'd0, rewrites = 64'd0, first_rewrite = 64'd0;
+    reg [63:0] first_rewrite_time = 64'd0, written = 64'd0, most = 64'd0;
+    reg [7:0] taken;
     reg [8*1024-1:0] file;
-    integer lane;
+    reg [63:0] dump;
+    integer lane, fd;
     fast_sink #(.NAME(NAME), .W(W), .DEPTH(DEPTH), .SALT(SALT)) log(
         clk, rst, step, seed, threshold, valid, ready, payload, count);
     initial begin
         if (!$value$plusargs({NAME, "_size=%d"}, size)) size = 64'd0;
-        if (size > SIZE) begin
-            $display("FASTSIM error: memory %0s has %0d elements, room for %0d", NAME, size, SIZE);
-            $finish;
+        if (!$value$plusargs({NAME, "_max_writes=%d"}, max_writes)) max_writes = 64'd0;
+        `FAST_ROOM("memory", "elements", size, SIZE)
+        for (where = 0; where < size; where = where + 1) begin
+            if (IMAGE) memory[where] = {ELEM_W{1'b0}};
+            writes[where] = 8'd0;
         end
-        for (where = 0; where < size; where = where + 1) memory[where] = {ELEM_W{1'b0}};
     end
     always @(posedge clk)
         if (rst) out_of_bounds <= 64'd0;
@@ -156,15 +190,29 @@ module fast_memory_writer #(
             for (lane = 0; lane < LANES; lane = lane + 1)
                 if (payload[EN_OFF + lane]) begin
                     where = payload[ADDR_OFF +: ADDR_W] + lane;
-                    if (where < size) memory[where] <= payload[DATA_OFF + lane * ELEM_W +: ELEM_W];
-                    else bad = bad + 1;
+                    if (where < size) begin
+                        if (IMAGE) memory[where] <= payload[DATA_OFF + lane * ELEM_W +: ELEM_W];
+                        taken = writes[where];
+                        if (taken != 8'hff) writes[where] = taken + 8'd1;
+                        if (taken == 8'd0) written = written + 1;
+                        if (taken != 8'hff && {56'd0, taken} >= most) most = {56'd0, taken} + 1;
+                        if (max_writes != 0 && {56'd0, taken} >= max_writes) begin
+                            if (rewrites == 0) begin
+                                first_rewrite = where;
+                                first_rewrite_time = $time;
+                            end
+                            rewrites = rewrites + 1;
+                        end
+                    end else bad = bad + 1;
                 end
             out_of_bounds <= bad;
         end
     final begin
-        $display("FASTSIM %0s.out_of_bounds=%0d", NAME, out_of_bounds);
-        if (size > 0 && $value$plusargs({NAME, "_memory=%s"}, file))
-            $writememh(file, memory, 0, size - 1);
+        $display("FASTSIM %0s.out_of_bounds=%0d %0s.written=%0d %0s.most_writes=%0d",
+                 NAME, out_of_bounds, NAME, written, NAME, most);
+        $display("FASTSIM %0s.max_writes=%0d %0s.rewrites=%0d %0s.first_rewrite=%0d %0s.first_rewrite_time=%0d",
+                 NAME, max_writes, NAME, rewrites, NAME, first_rewrite, NAME, first_rewrite_time);
+        if (IMAGE) `FAST_DUMP("_memory", memory, size)
     end
 endmodule
 
@@ -198,6 +246,7 @@ module fast_memory_reader #(
     reg [LANES*ELEM_W-1:0] word;
     reg [RESP_W-1:0] response;
     reg [8*1024-1:0] file;
+    reg [63:0] dump;
     reg v;
     integer lane, fd;
     wire request_pause, response_pause;
@@ -206,22 +255,9 @@ module fast_memory_reader #(
     initial begin
         if (!$value$plusargs({NAME, "_size=%d"}, size)) size = 64'd0;
         if (!$value$plusargs({NAME, "_latency=%d"}, latency)) latency = 64'd0;
-        if (size > SIZE && !SHARED) begin
-            $display("FASTSIM error: memory %0s has %0d elements, room for %0d", NAME, size, SIZE);
-            $finish;
-        end
-        if (size > 0 && !SHARED) begin
-            if (!$value$plusargs({NAME, "=%s"}, file)) begin
-                $display("FASTSIM error: memory %0s has no +%0s=FILE", NAME, NAME);
-                $finish;
-            end
-            fd = $fopen(file, "rb");
-            if (fd == 0 || $fread(memory, fd, 0, size) != size * (MEM_W / 8)) begin
-                $display("FASTSIM error: memory %0s cannot read %0d elements from %0s", NAME,
-                         size, file);
-                $finish;
-            end
-            $fclose(fd);
+        if (!SHARED) begin
+            `FAST_ROOM("memory", "elements", size, SIZE)
+            `FAST_LOAD("memory", "elements", memory, size, MEM_W / 8)
         end
     end
     always @(posedge clk)
@@ -271,9 +307,9 @@ module fast_memory_reader #(
         n = requests;
         $display("FASTSIM %0s.requests=%0d %0s.log_depth=%0d %0s.out_of_bounds=%0d %0s.queue_overflow=%0d %0s.pending=%0d",
                  NAME, n, NAME, LOG_DEPTH, NAME, out_of_bounds, NAME, overflow, NAME, tail - head);
-        if (n > 0 && n <= LOG_DEPTH) begin
-            if ($value$plusargs({NAME, "_addr=%s"}, file)) $writememh(file, log_addr, 0, n - 1);
-            if ($value$plusargs({NAME, "_enable=%s"}, file)) $writememh(file, log_enable, 0, n - 1);
+        if (n <= LOG_DEPTH) begin
+            `FAST_DUMP("_addr", log_addr, n)
+            `FAST_DUMP("_enable", log_enable, n)
         end
     end
 endmodule
@@ -288,6 +324,8 @@ module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEP
     reg [63:0] log_cycle [0:DEPTH-1];
     reg [63:0] log_value [0:DEPTH-1];
     reg [8*1024-1:0] file;
+    reg [63:0] dump;
+    integer fd;
     always @(posedge clk)
         if (rst) begin
             last <= {W{1'b0}};
@@ -302,9 +340,9 @@ module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEP
         end
     final begin
         $display("FASTSIM %0s.changes=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
-        if (count > 0 && count <= DEPTH) begin
-            if ($value$plusargs({NAME, "_cycle=%s"}, file)) $writememh(file, log_cycle, 0, count - 1);
-            if ($value$plusargs({NAME, "_value=%s"}, file)) $writememh(file, log_value, 0, count - 1);
+        if (count <= DEPTH) begin
+            `FAST_DUMP("_cycle", log_cycle, count)
+            `FAST_DUMP("_value", log_value, count)
         end
     end
 endmodule

@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from moe_hw.flows.simulate import simulator_available
+from moe_hw.flows.simulate import build_root, simulator_available
 
 # The tests' problems are small: a Verilator model compiled at -O0 builds in less than half
 # the time it takes at Verilator's own levels and simulates them about as fast
 # (moe_hw/flows/simulate.py).
 os.environ.setdefault("MOE_HW_VERILATOR_OPT", "-O0")
+
+# A fast-path run that fails a check in a test is run again with a trace, and the failure
+# names the waveform kept here (moe_hw/host/unit.py, failure_waveform).
+os.environ.setdefault("MOE_HW_FAILURE_WAVEFORMS", str(build_root() / "failed-waveforms"))
 
 # Property tests are reproducible by default: the examples are derandomized (the same ones
 # every run) and no example database is kept. HYPOTHESIS_PROFILE=fuzz draws fresh ones.

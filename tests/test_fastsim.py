@@ -4,6 +4,8 @@ stall-free problem; stalled runs bit-exact with a clean scoreboard; hangs report
 for the many (no build), one Verilator model for dispatch."""
 
 import dataclasses
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,3 +186,92 @@ def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
     # As make runs it: a script, not an import of moe_hw.
     done = subprocess.run([sys.executable, objcache.__file__, sys.executable, "-c", "pass"])
     assert done.returncode == 0
+
+
+def _valid_pairs(stimulus, settings):
+    """The pairs of a dispatch stimulus that write a row (expert and slot in range)."""
+    index, location = stimulus["index"], stimulus["location"]
+    return np.flatnonzero((index >= 0) & (index < settings["num_experts"]) &
+                          (location >= 0) & (location < settings["capacity"]))
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_fast_path_counts_writes_per_element(sim):
+    """The writer's counters: a clean dispatch writes every element of its valid pairs' rows
+    once (reported in the outcome); two pairs sent to one (expert, slot) write its row twice,
+    which fails the run naming the element."""
+    (_, inputs, settings), = bench_runs("dispatch")
+    outcome = run(DISPATCH, inputs, settings, sim="fast-icarus")
+    assert outcome.passed, outcome.problems
+    counters = outcome.harness
+    stimulus, bench = DISPATCH.pack(outcome.problem, outcome.params, stall=0.0, seed=0)
+    pairs = _valid_pairs(stimulus, bench)
+    assert counters["write.written"] == len(pairs) * bench["hidden"] > 0
+    assert (counters["write.most_writes"], counters["write.max_writes"],
+            counters["write.rewrites"]) == (1, 1, 0)
+    assert counters["header.sent"] == counters["header.words"] == bench["pairs"]
+    assert any(line.startswith("harness: ") and "at most 1 writes to one (limit 1)" in line
+               for line in outcome.report)
+    first, second = pairs[:2]
+    for name in ("index", "location"):
+        stimulus[name] = stimulus[name].copy()
+        stimulus[name][second] = stimulus[name][first]
+    element = (stimulus["index"][first] * bench["capacity"] + stimulus["location"][first]) \
+        * bench["hidden"]
+    with pytest.raises(SimulationError, match=f"dispatch wrote element {element} of the write "
+                       "memory more than 1 time, the most its semantics allow"):
+        DISPATCH.simulate(outcome.params, stimulus, bench, sim="fast-icarus")
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_fast_path_write_limit_bites_and_keeps_a_waveform(sim, monkeypatch):
+    """combine_scatter rewrites a token's row once per slot naming it (its limit is the most
+    slots of one token); held to one write per element it fails, and the failure names the
+    waveform of the failing run, which exists."""
+    (unit, inputs, settings), *_ = bench_runs("combine_scatter")
+    clean = run(unit, inputs, settings, sim="fast-icarus")
+    assert clean.passed and clean.harness["write.most_writes"] == \
+        clean.harness["write.max_writes"] > 1, clean.harness
+    original = type(unit).fast
+
+    def write_once(self, stimulus, settings):
+        bench = original(self, stimulus, settings)
+        streams = {**bench.streams,
+                   "write": dataclasses.replace(bench.streams["write"], max_writes=1)}
+        return dataclasses.replace(bench, streams=streams)
+
+    monkeypatch.setattr(type(unit), "fast", write_once)
+    with pytest.raises(SimulationError, match="more than 1 time") as failure:
+        run(unit, inputs, settings, sim="fast-icarus")
+    waveform = str(failure.value).split("waveform of the failing run: ")[1]
+    assert waveform.endswith(".fst") and Path(waveform).stat().st_size > 0
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_a_mismatch_names_the_element_and_keeps_a_waveform(sim, monkeypatch):
+    """A wrong element (one input bit flipped on its way into the hardware: every row of its
+    token's pairs differs) fails the score with the first mismatching element (index, got and
+    expected bits), the write log's first wrong lane, and the path of the waveform of the
+    failing run, which exists."""
+    (_, inputs, settings), = bench_runs("dispatch")
+    original = type(DISPATCH).fast
+
+    def flipped(self, stimulus, settings):
+        stimulus = {**stimulus, "input": stimulus["input"].copy()}
+        stimulus["input"][stimulus["row"][0], 0] ^= 1
+        return original(self, stimulus, settings)
+
+    monkeypatch.setattr(type(DISPATCH), "fast", flipped)
+    outcome = run(DISPATCH, inputs, settings, sim="fast-icarus")
+    assert not outcome.passed
+    element = re.search(r"dispatch: 2 elements differ from golden; first at \[(\d+), (\d+)\]: "
+                        r"got 0x([0-9a-f]+), want 0x([0-9a-f]+)", outcome.problems[0])
+    row, column, got, want = (int(text, 0 if n < 2 else 16)
+                              for n, text in enumerate(element.groups()))
+    assert got != want and got == int(outcome.outputs["dispatch"].view(np.uint32)[row, column])
+    lane = re.search(r"write log beat (\d+): data lane (\d+) got 0x([0-9a-f]+), expected "
+                     r"0x([0-9a-f]+)", outcome.problems[1])
+    beat, index, got, want = (int(text, 0 if n < 2 else 16) for n, text in enumerate(lane.groups()))
+    assert got != want and got == int(outcome.results["data"][beat][index])
+    waveform = outcome.problems[-1].split("waveform of the failing run: ")[1]
+    assert waveform.endswith(".fst") and Path(waveform).stat().st_size > 0

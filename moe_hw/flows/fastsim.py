@@ -2,7 +2,7 @@
 
 The cocotb path (:mod:`moe_hw.flows.simulate`, ``sim/harness.py``) wakes Python on every clock
 edge to drive each stream beat and memory access: about 24,000 cycles/s at one lane. Here the
-host writes the problem's stream words and memory contents to hex files, and a testbench
+host writes the problem's stream words and memory contents to files, and a testbench
 generated around the unit's emitted Verilog runs the problem to ``done`` on its own:
 
 * the stream sources, sinks and memory models are small Verilog modules written once
@@ -11,13 +11,13 @@ generated around the unit's emitted Verilog runs the problem to ``done`` on its 
   their seeded random pauses come from one xorshift32 per port (seed and probability are
   plusargs);
 * they load their words with ``$fread`` (binary) before the clock starts and dump their logs
-  with ``$writememh`` at the end, so the host reads the results back in bulk;
+  raw (``$fwrite "%u"``) at the end, so the host reads the results back in bulk;
 * the scoreboard's checks the cocotb benches make per beat become counters and flags (beats
-  offered and taken, beats after ``done``, lanes out of bounds, a response queue overflow, a
-  cycle limit that reports a hang), and the unit's own ``unpack``/``score`` then judge the
-  logs exactly as they judge the cocotb bench's.
+  offered and taken, beats after ``done``, lanes out of bounds, writes per element past the
+  unit's limit, a response queue overflow, a cycle limit that reports a hang), and the unit's
+  own ``unpack``/``score`` then judge the logs exactly as they judge the cocotb bench's.
 
-Why files (``$fread``/``$writememh``) and a generated Verilog testbench rather than DPI or a
+Why files (``$fread``/``$fwrite``) and a generated Verilog testbench rather than DPI or a
 C++ harness:
 the same testbench runs under Verilator (a standalone executable: a few lines of C++ toggle
 the clock and call ``eval()``, faster than Verilator's ``--timing`` scheduler) and under
@@ -44,13 +44,21 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FAST_SIMULATORS", "FastBench", "Source", "Sink", "MemoryReader", "MemoryWriter",
-           "lane_beats", "simulate_fast", "testbench"]
+from .simulate import SimulationError
+
+__all__ = ["FAST_SIMULATORS", "FastBench", "FastCheckError", "Source", "Sink", "MemoryReader",
+           "MemoryWriter", "harness_counters", "harness_line", "lane_beats", "simulate_fast",
+           "testbench"]
 
 FAST_SIMULATORS = ("fast", "fast-icarus")
 SETTLE = 16                    # cycles after done in which nothing may move (as run_once)
 PROGRESS_PERIOD = 1 << 16      # cycles between the testbench's progress lines
-_CHUNK = 1 << 15               # words packed or unpacked at a time (bounds the bit matrices)
+
+
+class FastCheckError(SimulationError):
+    """A check of the harness failed after the run started (a hang, beats after done, words
+    left untaken, a write past an element's limit, a log overflowing): the run is
+    reproducible, so a waveform of it can be written by running it again with a trace."""
 
 
 # ---- the description a unit gives --------------------------------------------------------
@@ -93,10 +101,14 @@ class MemoryReader:
 @dataclass
 class MemoryWriter:
     """A memory write port (``MemoryWriter``): a sink of up to ``depth`` beats (fields
-    ``addr``, ``data``, ``enable``) writing into a zeroed memory of ``size`` elements."""
+    ``addr``, ``data``, ``enable``) writing into a zeroed memory of ``size`` elements.
+    ``max_writes``: the most writes the unit's semantics give one element (1: written once;
+    a unit that accumulates or rewrites in place says how many; ``None``: no limit); a write
+    past it fails the run, naming the element."""
 
     size: int
     depth: int
+    max_writes: int | None = 1
 
 
 @dataclass
@@ -144,7 +156,7 @@ def lane_beats(rows, lanes):
     return padded.reshape(count * beats, lanes)
 
 
-# ---- payload words <-> hex files ---------------------------------------------------------
+# ---- payload words <-> files -------------------------------------------------------------
 def _fields(desc, port):
     """``{name: (offset, element width, count or None)}`` of a payload port's layout."""
     if "array" in desc:                    # a plain array of lanes
@@ -178,6 +190,39 @@ def _columns(offset, width, count):
     return [(offset + e * width, width) for e in range(count or 1)]
 
 
+def _byte_span(bit, width):
+    """The first byte, the shift in it and the bytes a field of ``width`` bits at ``bit``
+    touches (at most 9: a 64-bit field off a byte boundary)."""
+    return bit // 8, bit % 8, (bit % 8 + width + 7) // 8
+
+
+def _put_bits(words, bit, width, values):
+    """OR ``values`` (uint64, cut to ``width`` bits) into bits ``bit``.. of ``[n, bytes]``
+    little-endian words: a few shifts per byte, no bit matrix."""
+    first, shift, span = _byte_span(bit, width)
+    if width < 64:
+        values = values & np.uint64((1 << width) - 1)
+    low = values << np.uint64(shift)
+    for i in range(min(span, 8)):
+        words[:, first + i] |= ((low >> np.uint64(8 * i)) & np.uint64(0xff)).astype(np.uint8)
+    if span == 9:
+        words[:, first + 8] |= (values >> np.uint64(64 - shift)).astype(np.uint8)
+
+
+def _get_bits(words, bit, width):
+    """Bits ``bit``..``bit + width - 1`` of ``[n, bytes]`` little-endian words, as uint64."""
+    first, shift, span = _byte_span(bit, width)
+    value = np.zeros(len(words), dtype=np.uint64)
+    for i in range(min(span, 8)):
+        value |= words[:, first + i].astype(np.uint64) << np.uint64(8 * i)
+    value >>= np.uint64(shift)
+    if span == 9:
+        value |= words[:, first + 8].astype(np.uint64) << np.uint64(64 - shift)
+    if width < 64:
+        value &= np.uint64((1 << width) - 1)
+    return value
+
+
 def pack_words(desc, values, port):
     """Payload words (bytes, least significant first: ``[n, bytes]`` uint8) from field
     values: ``values`` maps field names (``None`` for a plain payload) to arrays, or is a
@@ -198,17 +243,13 @@ def pack_words(desc, values, port):
         raise ValueError(f"port {port}: the fields have different lengths {sorted(lengths)}")
     n = lengths.pop() if lengths else 0
     words = np.zeros((n, nbytes), dtype=np.uint8)
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        bits = np.zeros((stop - start, nbytes * 8), dtype=np.uint8)
-        for name, array in arrays.items():
-            offset, width, count = fields[name]
-            part = array[start:stop].astype(np.int64).view(np.uint64) \
-                if array.dtype.kind == "i" else array[start:stop].astype(np.uint64)
-            part = part.reshape(stop - start, count or 1)
-            for e, (bit, w) in enumerate(_columns(offset, width, count)):
-                bits[:, bit:bit + w] = (part[:, e, None] >> np.arange(w, dtype=np.uint64)) & 1
-        words[start:stop] = np.packbits(bits, axis=1, bitorder="little")
+    for name, array in arrays.items():
+        offset, width, count = fields[name]
+        values = array.astype(np.int64).view(np.uint64) if array.dtype.kind == "i" \
+            else array.astype(np.uint64)
+        values = values.reshape(n, count or 1)
+        for e, (bit, w) in enumerate(_columns(offset, width, count)):
+            _put_bits(words, bit, w, values[:, e])
     return words
 
 
@@ -217,48 +258,24 @@ def write_words(path, words):
     Path(path).write_bytes(np.ascontiguousarray(words[:, ::-1]).tobytes())
 
 
-_NIBBLE = np.zeros(256, dtype=np.uint8)
-for _digit, _value in zip(b"0123456789abcdef", range(16)):
-    _NIBBLE[_digit] = _NIBBLE[ord(chr(_digit).upper())] = _value
-
-
-def read_hex(path, count):
-    """``count`` words from a ``$writememh`` file as ``[count, bytes]`` little-endian words
-    (Icarus's address comments are skipped; x and z digits read as 0)."""
+def read_words(path, count):
+    """``count`` words the testbench wrote raw (``$fwrite "%u"``: each word in 32-bit pieces,
+    least significant first, each little-endian) as ``[count, bytes]`` little-endian words,
+    padded to whole 32-bit pieces (the padding bits are 0)."""
     if count == 0:
-        return np.zeros((0, 1), dtype=np.uint8)
-    text = Path(path).read_bytes()
-    digits = text.index(b"\n")
-    if b"//" not in text[:3] and len(text) == count * (digits + 1):
-        # Verilator: one word per line, all of one width (no Python object per line).
-        table = np.frombuffer(text, dtype=np.uint8).reshape(count, digits + 1)[:, :digits]
-    else:
-        lines = [line.strip() for line in text.splitlines()
-                 if line.strip() and not line.startswith(b"//")]
-        if len(lines) != count:
-            raise ValueError(f"{path}: {len(lines)} words, expected {count}")
-        digits = len(lines[0])
-        table = np.frombuffer(b"".join(lines), dtype=np.uint8).reshape(count, digits)
-    nibbles = _NIBBLE[table]
-    nibbles = nibbles[:, ::-1]
-    if digits % 2:
-        nibbles = np.hstack([nibbles, np.zeros((count, 1), dtype=np.uint8)])
-    return nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
+        return np.zeros((0, 4), dtype=np.uint8)
+    raw = np.fromfile(path, dtype=np.uint8)
+    if len(raw) % count or (len(raw) // count) % 4:
+        raise ValueError(f"{path}: {len(raw)} bytes, not {count} words of whole 32-bit pieces")
+    return raw.reshape(count, len(raw) // count)
 
 
 def unpack_field(words, desc, name, port):
     """One field of payload words: int64 ``[n]`` for a scalar field, uint64 ``[n, count]``
     for an array field (both unsigned, as the cocotb benches unpack them)."""
     offset, width, count = _fields(desc, port)[name]
-    n = len(words)
-    out = np.zeros((n, count or 1), dtype=np.uint64)
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        bits = np.unpackbits(words[start:stop], axis=1, bitorder="little")
-        for e, (bit, w) in enumerate(_columns(offset, width, count)):
-            column = np.zeros((stop - start, 64), dtype=np.uint8)
-            column[:, :w] = bits[:, bit:bit + w]
-            out[start:stop, e] = np.packbits(column, axis=1, bitorder="little").view("<u8")[:, 0]
+    out = np.stack([_get_bits(words, bit, w) for bit, w in _columns(offset, width, count)],
+                   axis=1) if len(words) else np.zeros((0, count or 1), dtype=np.uint64)
     return out if count is not None else out[:, 0].astype(np.int64)
 
 
@@ -384,7 +401,8 @@ def testbench(top, ports, bench):
                 f".DEPTH({_depth(actor.depth)}), .SIZE({_depth(actor.size)}), "
                 f".ELEM_W({elem_w}), .LANES({lanes or 1}), .ADDR_OFF({addr_off}), "
                 f".ADDR_W({addr_w}), .DATA_OFF({data_off}), .EN_OFF({en_off}), "
-                f".SALT({salt})) {name}__actor({common}, {handshake}, {name}__count);")
+                f".IMAGE({int(_wants_image(bench, name))}), .SALT({salt})) "
+                f"{name}__actor({common}, {handshake}, {name}__count);")
             moved.append(f"{name}__count")
         elif isinstance(actor, MemoryReader):
             response = ports[f"{actor.response}__payload"]
@@ -532,9 +550,11 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     from .simulate import _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
     opt = _verilator_opt() if sim == "fast" else ""
-    # The per-cycle code at -O2 (Verilator's own -Os runs slower); the set-up code stays
-    # unoptimised (see flows/simulate.py), unless one level is asked for.
-    levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2"]
+    # The per-cycle code at -O2 (Verilator's own -Os runs slower; -O3 is no faster), and
+    # Verilator's runtime (the $fread, $fwrite and start-up code, compiled once: objcache.py)
+    # at -O2; the set-up code stays unoptimised (see flows/simulate.py), unless one level is
+    # asked for.
+    levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
     digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
                                      str(trace)]).encode()).hexdigest()[:16]
     build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{f'-{trace}' if trace else ''}"
@@ -560,8 +580,10 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
             define = ["-DFAST_TRACE"] if trace else []
             if sim == "fast":
                 (build_dir / "main.cpp").write_text(_MAIN_CPP)
+                # --x-initial fast: no random start values (every register of the unit and
+                # the harness has its own; memories are zeroed or loaded): 20 % off the start.
                 args = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
-                        "--x-assign", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
+                        "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
                         "-Wno-style", "--top-module", "fast_tb", "-Mdir", "obj",
                         "-o", "fast_tb", *define,
                         *({"fst": ["--trace-fst"], "vcd": ["--trace"]}.get(trace, [])),
@@ -573,7 +595,6 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
             done = subprocess.run(args, cwd=build_dir, capture_output=True, text=True)
             (build_dir / "build.log").write_text(done.stdout + done.stderr)
             if done.returncode:
-                from .simulate import SimulationError
                 raise SimulationError(f"building the fast testbench of {top} failed "
                                       f"({args[0]}):\n{(done.stdout + done.stderr)[-6000:]}")
             (build_dir / "built.ok").write_text("ok\n")
@@ -651,9 +672,9 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                   progress=None, expected_cycles=None, trace=None):
     """Run ``bench`` (a :class:`FastBench`) on the design ``verilog_text`` (module ``top``,
     port manifest ``ports``) in ``sim``; returns the results dict ``bench.results`` names,
-    plus ``cycles``. ``trace``: write a waveform there (VCD if its name ends in .vcd, else
+    plus ``cycles`` and ``harness`` (:func:`harness_counters`). A failed check of the harness
+    raises :class:`FastCheckError`. ``trace``: write a waveform there (VCD if its name ends in .vcd, else
     FST)."""
-    from .simulate import SimulationError, build_root
     if sim not in FAST_SIMULATORS:
         raise ValueError(f"Fast simulator must be one of {', '.join(FAST_SIMULATORS)}, "
                          f"not {sim!r}")
@@ -697,7 +718,9 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                 args.append(f"+{name}_out={run_dir / f'{name}.out'}")
                 if isinstance(actor, MemoryWriter):
                     args += [f"+{name}_size={int(actor.size)}",
-                             f"+{name}_memory={run_dir / f'{name}.memory'}"]
+                             f"+{name}_max_writes={int(actor.max_writes or 0)}"]
+                    if _wants_image(bench, name):
+                        args.append(f"+{name}_memory={run_dir / f'{name}.memory'}")
             elif isinstance(actor.memory, str):          # a writer's memory
                 args += [f"+{name}_size={int(bench.streams[actor.memory].size)}",
                          f"+{name}_latency={int(actor.latency)}",
@@ -723,15 +746,15 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
         if "error" in values:
             raise SimulationError(f"{top} in {sim}: {values['error']}")
         if "hang" in values:
-            raise SimulationError(f"{bench.what} did not finish within {bench.limit} cycles "
-                                  "(hang?)")
+            raise FastCheckError(f"{bench.what} did not finish within {bench.limit} cycles "
+                                 "(hang?)")
         if "cycles" not in values:
             raise SimulationError(f"{top} in {sim} stopped without finishing:\n"
                                   f"{output[-6000:]}")
         if int(values["moved_after_done"]):
-            raise SimulationError(f"{bench.what} moved after done: "
-                                  f"{values['moved_after_done']} more beats in the "
-                                  f"{bench.settle} cycles after it")
+            raise FastCheckError(f"{bench.what} moved after done: "
+                                 f"{values['moved_after_done']} more beats in the "
+                                 f"{bench.settle} cycles after it")
         if progress and "seconds" in values:
             cycles, seconds = int(values["cycles"]), values["seconds"]
             progress(f"simulated {cycles} cycles in {seconds:.3f} s from the clock's start to "
@@ -739,31 +762,76 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
         return _results(bench, ports, values, run_dir, top, sim)
 
 
+def _wants_image(bench, name):
+    """Whether writer ``name``'s elements are read: by a reader sharing its memory, or by the
+    results (a function of the lookup may). Keeping and dumping a memory nobody reads costs
+    time at large sizes (the write log has every write)."""
+    return any(isinstance(actor, MemoryReader) and isinstance(actor.memory, str) and
+               actor.memory == name for actor in bench.streams.values()) or \
+        any(callable(spec) or spec == f"{name}.memory" for spec in bench.results.values())
+
+
+def harness_counters(values):
+    """The harness's counters and flags of a run (``FASTSIM actor.key=value`` lines) as
+    ``{"actor.key": int}``: beats offered and taken, beats logged, requests, lanes out of
+    bounds, writes per element, responses left, beats after done."""
+    return {key: int(value) for key, value in values.items()
+            if ("." in key and not key.startswith("status.") and value.isdigit())
+            or key == "moved_after_done"}
+
+
+def harness_line(counters):
+    """One report line of :func:`harness_counters`: beats in (taken of offered), beats out,
+    reads, lanes out of bounds, writes per element (most, and the limit), after done."""
+    def total(key):
+        return sum(value for name, value in counters.items() if name.endswith(f".{key}"))
+
+    parts = [f"beats in {total('sent')} of {total('words')}",
+             f"beats out {total('count')}", f"reads {total('requests')}",
+             f"lanes out of bounds {total('out_of_bounds')}"]
+    for name in sorted(key[:-len(".max_writes")] for key in counters
+                       if key.endswith(".max_writes")):
+        limit = counters[f"{name}.max_writes"]
+        parts.append(f"{name}: {counters[f'{name}.written']} elements written, at most "
+                     f"{counters[f'{name}.most_writes']} writes to one (limit "
+                     f"{limit if limit else 'none'})")
+    parts.append(f"beats after done {counters.get('moved_after_done', 0)}")
+    return "harness: " + ", ".join(parts)
+
+
 def _results(bench, ports, values, run_dir, top, sim):
-    from .simulate import SimulationError
     logs = {}
     for name, actor in bench.streams.items():
         if isinstance(actor, Source):
             sent, count = int(values[f"{name}.sent"]), int(values[f"{name}.words"])
             if actor.all_taken and sent != count:
-                raise SimulationError(f"{sent} of {count} {name} words taken")
+                raise FastCheckError(f"{sent} of {count} {name} words taken")
         elif isinstance(actor, (Sink, MemoryWriter)):
             count, depth = int(values[f"{name}.count"]), int(values[f"{name}.depth"])
             if count > depth:
-                raise SimulationError(f"{bench.what} sent {count} {name} beats, more than the "
-                                      f"{depth} its fast description allows")
-            logs[name] = read_hex(run_dir / f"{name}.out", count)
+                raise FastCheckError(f"{bench.what} sent {count} {name} beats, more than the "
+                                     f"{depth} its fast description allows")
+            logs[name] = read_words(run_dir / f"{name}.out", count)
+            if isinstance(actor, MemoryWriter) and int(values[f"{name}.rewrites"]):
+                limit = int(values[f"{name}.max_writes"])
+                raise FastCheckError(
+                    f"{bench.what} wrote element {values[f'{name}.first_rewrite']} of the "
+                    f"{name} memory more than {limit} time{'s' if limit > 1 else ''}, the most "
+                    f"its semantics allow (first at simulation time "
+                    f"{values[f'{name}.first_rewrite_time']}; {values[f'{name}.rewrites']} "
+                    f"lane writes past the limit, {values[f'{name}.most_writes']} writes to "
+                    "one element at most)")
         else:
             count, depth = int(values[f"{name}.requests"]), int(values[f"{name}.log_depth"])
             if count > depth:
-                raise SimulationError(f"{bench.what} made {count} {name} requests, more than "
-                                      f"the {depth} its fast description allows")
+                raise FastCheckError(f"{bench.what} made {count} {name} requests, more than "
+                                     f"the {depth} its fast description allows")
             pending = int(values[f"{name}.pending"])
             if actor.all_taken and pending:
-                raise SimulationError(f"{pending} {actor.response} responses never taken")
+                raise FastCheckError(f"{pending} {actor.response} responses never taken")
             if int(values[f"{name}.queue_overflow"]):
-                raise SimulationError(f"{name}: more requests in flight than the memory "
-                                      "model's queue holds")
+                raise FastCheckError(f"{name}: more requests in flight than the memory "
+                                     "model's queue holds")
 
     def lookup(spec):
         if callable(spec):
@@ -784,9 +852,9 @@ def _results(bench, ports, values, run_dir, top, sim):
         if name in bench.monitors and key == "log":
             count = int(values[f"{name}.changes"])
             if count > int(values[f"{name}.depth"]):
-                raise SimulationError(f"{name} changed {count} times, more than its fast "
-                                      "description allows")
-            return np.stack([unpack_field(read_hex(run_dir / f"{name}.{column}", count),
+                raise FastCheckError(f"{name} changed {count} times, more than its fast "
+                                     "description allows")
+            return np.stack([unpack_field(read_words(run_dir / f"{name}.{column}", count),
                                           {"width": 64}, None, name)
                              for column in ("cycle", "value")], axis=1).reshape(count, 2)
         actor = bench.streams[name]
@@ -798,14 +866,15 @@ def _results(bench, ports, values, run_dir, top, sim):
             return np.int64(int(values[f"{name}.{key}"]))
         if isinstance(actor, MemoryWriter) and key == "memory":
             elem_w = _fields(ports[f"{name}__payload"], name)["data"][1]
-            words = read_hex(run_dir / f"{name}.memory", int(actor.size))
+            words = read_words(run_dir / f"{name}.memory", int(actor.size))
             return unpack_field(words, {"width": elem_w}, None, name).astype(np.uint64)
         if isinstance(actor, MemoryReader) and key in ("addr", "enable"):
             count = int(values[f"{name}.requests"])
-            words = read_hex(run_dir / f"{name}.{key}", count)
+            words = read_words(run_dir / f"{name}.{key}", count)
             return unpack_field(words, {"width": 8 * words.shape[1]}, None, name)
         raise ValueError(f"the fast description's result {spec!r} names nothing known")
 
     results = {key: lookup(spec) for key, spec in bench.results.items()}
     results["cycles"] = np.int64(int(values["cycles"]))
+    results["harness"] = harness_counters(values)
     return results

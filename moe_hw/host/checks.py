@@ -186,6 +186,13 @@ def compare_log(what, got, want, fmt=None):
         same = bits_equal(g, w, fmt) if (fmt is not None and name == "data") else g == w
         bad = np.flatnonzero(~same.reshape(expected, -1).all(axis=1)) if expected else []
         if len(bad):
-            return [f"{what} beat {bad[0]}: {name} {g[bad[0]]} != expected {w[bad[0]]} "
+            beat = bad[0]
+            if g[beat].ndim:                # a row of lanes: name the first lane that differs
+                lane = int(np.flatnonzero(~same.reshape(expected, -1)[beat])[0])
+                return [f"{what} beat {beat}: {name} lane {lane} got "
+                        f"{int(g[beat].reshape(-1)[lane]):#x}, expected "
+                        f"{int(w[beat].reshape(-1)[lane]):#x} (reordered or wrong; beat "
+                        f"{g[beat]} != expected {w[beat]})"]
+            return [f"{what} beat {beat}: {name} {g[beat]} != expected {w[beat]} "
                     "(reordered or wrong)"]
     return []

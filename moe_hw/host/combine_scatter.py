@@ -180,6 +180,10 @@ class CombineScatter(Unit):
         headers = slots if settings["feed"] else 0
         rows = stimulus["expert_out"].reshape(slots, hidden)[:headers]
         beats = lane_beats(rows, settings["lanes"])
+        # Scatter-add: a token's row is read and rewritten once per valid slot naming it.
+        tokens = np.asarray(stimulus["token"][:headers], dtype=np.int64)
+        valid = tokens[(tokens >= 0) & (tokens < settings["tokens"])]
+        most = int(np.bincount(valid).max()) if len(valid) else 1
         return FastBench(
             streams={"header": Source({name: stimulus[name][:headers]
                                        for name in ("token", "gate")}, all_taken=True),
@@ -187,7 +191,7 @@ class CombineScatter(Unit):
                      "read": MemoryReader("read_data", "write", settings["memory_latency"],
                                           requests=2 * len(beats) + 16, all_taken=True),
                      "write": MemoryWriter(size=settings["tokens"] * hidden,
-                                           depth=2 * len(beats) + 16)},
+                                           depth=2 * len(beats) + 16, max_writes=most)},
             sizes={name: settings[name] for name in ("tokens", "slots", "hidden")},
             results={"memory": "write.memory", "write_addr": "write.addr",
                      "write_enable": "write.enable", "write_data": "write.data",

@@ -10,7 +10,7 @@ import numpy as np
 from .. import golden
 from ..blocks.run_control import EMPTY_CYCLES
 from ..problems import routed_problem
-from ..flows.fastsim import FastBench, Sink, Source, lane_beats
+from ..flows.fastsim import FastBench, MemoryWriter, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
 from ..units.dispatch import DispatchParams, DispatchUnit
 from .checks import (check_dtype, check_fits_field, check_maxima, compare_bits, compare_log,
@@ -138,7 +138,9 @@ class Dispatch(Unit):
                                        for name in ("gate", "index", "location")},
                                       all_taken=True),
                      "data": Source({"data": beats}, all_taken=True),
-                     "write": Sink(depth=len(beats))},
+                     # Each (expert, slot) row is one pair's: every element written once.
+                     "write": MemoryWriter(size=settings["num_experts"] * settings["capacity"]
+                                           * settings["hidden"], depth=len(beats))},
             sizes={name: settings[name] for name in sizes},
             results={"addr": "write.addr", "enable": "write.enable", "data": "write.data",
                      "dropped": "dropped", "error": "error", "busy_after": "busy"},

@@ -375,8 +375,11 @@ class MoELayer(Unit):
                      "read_request": MemoryReader("read_response", "write",
                                                   settings["memory_latency"],
                                                   requests=2 * expected + 16),
+                     # Dispatch writes an element once; the expert phase (affine or
+                     # stacked) rewrites each filled row in place once more.
                      "write": MemoryWriter(size=settings["memory_size"],
-                                           depth=2 * len(beats) + 16),
+                                           depth=2 * len(beats) + 16,
+                                           max_writes=1 + settings["runtime"]["affine"]),
                      "output": Sink(depth=2 * settings["expected_beats"] + 16)},
             sizes=settings["runtime"], monitors={"phase": 64},
             results={"data": "output.data", "enable": "output.enable", "last": "output.last",

@@ -134,6 +134,7 @@ class MoeReRouting(Unit):
             "counts": Source({"count": stimulus["counts"]}),
             "read_request": MemoryReader("read_response", stimulus["memory"],
                                          settings["memory_latency"], requests=2 * beats + 16),
+            # Every token moves to its own output row: each element written once.
             "write": MemoryWriter(size=settings["out_elements"], depth=2 * beats + 16),
             "row_write": Sink(depth=2 * tokens + 16),
             "expert_token_num": Sink(depth=2 * runtime["num_experts"] + 16)}

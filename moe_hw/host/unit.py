@@ -26,10 +26,14 @@ them, and the whole is checked against one golden model. It has no Verilog of it
 """
 
 import dataclasses
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from ..flows.fastsim import FAST_SIMULATORS, FastCheckError, harness_line
 from ..formats import FORMATS
 from ..params import ParameterError, canonical_name, check_choice
 from .checks import HostError, check_count, check_stall_seed
@@ -71,6 +75,7 @@ class Outcome:
     stall: float
     problems: list | None = None   # the score's findings; None when not checked
     report: list = field(default_factory=list)
+    harness: dict | None = None    # the fast path's counters and flags (None on cocotb)
 
     @property
     def efficiency(self):
@@ -282,7 +287,9 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
     benches only): first start an old problem and reset it that many cycles after its start
     (``sim/harness.py``, ``reset_mid_problem``); the results then hold ``reset_busy``.
     Returns an :class:`Outcome`; with ``check`` its ``problems`` list the differences from
-    the golden model (the caller decides whether they are fatal).
+    the golden model (the caller decides whether they are fatal). On the fast path the
+    outcome's ``harness`` holds the testbench's counters (a report line sums them up); a run
+    that fails a check names its waveform (see :func:`failure_waveform`).
     """
     check_stall_seed(stall, seed)
     gen_settings, runtime = unit.split_settings(settings)
@@ -298,15 +305,27 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
                             f"{sim}")
         reset_at = check_count("reset_at", reset_at)
         bench_settings = {**bench_settings, "reset_at": reset_at}
-    results = unit.simulate(params, stimulus, bench_settings, sim=sim, stall=stall, seed=seed,
-                            progress=progress, expected_cycles=unit.cycles(problem, params),
-                            trace=trace)
+    def simulate(trace):
+        return unit.simulate(params, stimulus, bench_settings, sim=sim, stall=stall, seed=seed,
+                             progress=progress, expected_cycles=unit.cycles(problem, params),
+                             trace=trace)
+
+    try:
+        results = simulate(trace)
+    except FastCheckError as error:
+        waveform = failure_waveform(unit, sim, trace, simulate)
+        if waveform is None:
+            raise
+        raise FastCheckError(f"{error}; waveform of the failing run: {waveform}") from error
+    harness = results.pop("harness", None)
     outputs = unit.unpack(problem, params, results)
     cycles = int(results["cycles"])
     outcome = Outcome(unit.name, params, problem, {**outputs, "cycles": np.int64(cycles)},
                       results, cycles, unit.ideal_cycles(problem, params),
-                      unit.cycles(problem, params), float(stall))
+                      unit.cycles(problem, params), float(stall), harness=harness)
     outcome.report.append(unit.describe(problem, params))
+    if harness:
+        outcome.report.append(harness_line(harness))
     line = (f"cycles: {cycles} (ideal {outcome.ideal_cycles}, efficiency "
             f"{outcome.efficiency:.4f}")
     if outcome.expected_cycles is not None and stall == 0:
@@ -319,12 +338,39 @@ def run(unit, inputs, settings=None, *, params=None, sim="verilator", stall=0.0,
             outcome.problems.append(f"{cycles} cycles, but the stall-free formula gives "
                                     f"{outcome.expected_cycles}")
         if outcome.problems:
+            waveform = failure_waveform(unit, sim, trace, simulate)
+            if waveform is not None:
+                outcome.problems.append(f"waveform of the failing run: {waveform}")
             outcome.report.append(f"check: DIFFERS from {unit.golden}: "
                                   + "; ".join(outcome.problems))
         else:
             outcome.report.append(f"check: bit-exact against {unit.golden}; scoreboard clean "
                                   "(nothing lost, duplicated, reordered or out of bounds)")
     return outcome
+
+
+def failure_waveform(unit, sim, trace, simulate):
+    """The waveform of a failing fast-path run: ``trace`` if the run wrote one; else, when
+    ``MOE_HW_FAILURE_WAVEFORMS`` names a folder (the tests set it), the run again with a
+    trace into a new file there (the run is deterministic: its seed drives the pauses), FST
+    from Icarus and VCD from Verilator (whose FST needs lz4's headers). ``None``: no
+    waveform (the cocotb path, or no folder)."""
+    if unit.simulator(sim) not in FAST_SIMULATORS:
+        return None
+    if trace is not None:
+        return Path(trace)
+    folder = os.environ.get("MOE_HW_FAILURE_WAVEFORMS")
+    if not folder:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    handle, path = tempfile.mkstemp(prefix=f"{unit.name}-{sim}-", dir=folder,
+                                    suffix=".fst" if sim == "fast-icarus" else ".vcd")
+    os.close(handle)
+    try:
+        simulate(path)
+    except FastCheckError:
+        pass                            # the same failure again, now with its waveform
+    return Path(path)
 
 
 class Composition:
