@@ -187,8 +187,11 @@ class DispatchUnit(wiring.Component):
         # Beats of dropped pairs vanish at the queue's output (``keep``); the beat is held in
         # two registers written in turn (``alternate``), so that ``write.ready`` reaches only
         # the output's flags and pointers, not the clock enable of lanes x 32 data bits.
+        # Its ready is decided a credit ahead (``ready_ahead``): the take fans out across the
+        # lanes, and the credit count's loop through it was the critical path at 16 lanes.
         mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout,
-                                                         keep="write", alternate=("beat",))
+                                                         keep="write", alternate=("beat",),
+                                                         ready_ahead=True)
         pair = h_out.payload
         # The data beats enter through a one-register credit pipeline whose ring drives its
         # output (only while the run is on, so that nothing is left in it after one): the
