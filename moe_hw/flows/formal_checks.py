@@ -21,8 +21,9 @@ write or output outside the unit's range, for any header bit pattern and any run
 ``done_within`` (bounded liveness: with the consumer always ready and the producer always
 valid, ``done`` rises within the unit's stall-free cycle formula plus :data:`MARGIN`),
 ``conservation`` (at ``done``, beats counted against the sizes and the inputs that pass the
-mask), ``cover_*``
-(a run reaching ``done`` through a given path).
+mask), ``cover_*`` (a run reaching ``done`` through a given path), ``reset_quiet`` (in a
+harness whose reset is a free input: from a reset until a start, nothing valid, busy and done
+low).
 """
 
 import dataclasses
@@ -34,6 +35,7 @@ from amaranth.utils import ceil_log2
 
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, RunControl
+from ..golden.expand import BACKWARD_MODES
 from ..params import ParameterError, check_int
 from ..stream import SkidBuffer
 from .formal import Property
@@ -108,6 +110,39 @@ def held_property(name, depth=12):
     return Property(f"{name}_held", "assert",
                     lambda h: h.held(getattr(h.dut, name), Assert), depth,
                     f"{name}: once valid, valid and payload hold until ready")
+
+
+#: The one-bit status outputs that must be low while a unit is idle after reset.
+STATUS = ("busy", "done", "error", "held", "running", "begin", "decide")
+
+
+def reset_quiet(depth, *, start=None, assume=None,
+                doc="after a reset, until a start is taken: no output valid; busy, done and "
+                    "error low"):
+    """``reset_quiet`` (SPEC section 2, as tests/test_reset.py checks it in simulation): in
+    a harness whose reset is a free input, from the cycle after a reset (and from the first
+    cycle, the state reset leaves) until a start is taken, no output stream is valid and the
+    status outputs of :data:`STATUS` the unit has (busy, done, error, ...) are low. The start
+    is taken when ``start`` is high while not ``busy``; ``start(h)`` gives it for a unit
+    without those ports (the skid buffer: an item taken in). ``assume(h)`` adds the unit's
+    contract."""
+
+    def build(h):
+        dut, m = h.dut, h.m
+        if assume is not None:
+            assume(h)
+        go = start(h) if start is not None else dut.start & ~dut.busy
+        # Its ``init`` is 1, the value reset gives it.
+        quiet = Signal(init=1, name="reset_quiet")
+        with m.If(go):
+            m.d.sync += quiet.eq(0)
+        members = dut.signature.members
+        still = [channel.valid for _, channel in h.streams(wiring.Out)]
+        still += [getattr(dut, name) for name in STATUS
+                  if name in members and members[name].flow == wiring.Out]
+        m.d.comb += Assert(implies(quiet, ~Cat(*still).any()))
+
+    return Property("reset_quiet", "assert", build, depth, doc, reset=True)
 
 
 def always_flowing(h, memory=None):
@@ -247,7 +282,9 @@ def _skid_properties(dut, settings):
                      "payload (none lost or duplicated)"),
             Property("full_throughput", "assert", full_throughput, 6,
                      "consumer always ready: i.ready stays high"),
-            Property("cover_full", "cover", cover_full, 8, "both entries held")]
+            Property("cover_full", "cover", cover_full, 8, "both entries held"),
+            reset_quiet(6, start=lambda h: taken(h.dut.i),
+                        doc="after a reset, until an item is taken in: o.valid and held low")]
 
 
 # ---- the run control -------------------------------------------------------------------------
@@ -255,10 +292,12 @@ def _skid_properties(dut, settings):
 def _run_control_properties(dut, settings):
     names = list(dut.sizes)
 
-    def track(h):
-        dut = h.dut
+    def contract(h):
         # The unit's contract: it raises ``finished`` only while running.
-        h.m.d.comb += Assume(~dut.finished | dut.running)
+        h.m.d.comb += Assume(~h.dut.finished | h.dut.running)
+
+    def track(h):
+        contract(h)
         return RunTracker(h, names)
 
     def sizes_held(h):
@@ -316,7 +355,10 @@ def _run_control_properties(dut, settings):
                      "busy/done exclusive; start clears done/error; error only when too big "
                      "or on a fault; empty and too-big runs done at cycle 2; no begin then"),
             Property("cover_error", "cover", cover_error, 8, "a too-big run ends in error"),
-            Property("cover_run", "cover", cover_run, 10, "a run that begins ends in done")]
+            Property("cover_run", "cover", cover_run, 10, "a run that begins ends in done"),
+            reset_quiet(6, assume=contract,
+                        doc="after a reset, until a start is taken: busy, done, error, "
+                            "running, begin and decide low")]
 
 
 # ---- dispatch --------------------------------------------------------------------------------
@@ -387,7 +429,8 @@ def _dispatch_properties(dut, settings):
                          "done after a run with a write and a dropped pair", kind="cover"),
             run_property("cover_empty_expert", sizes, cover_empty_expert, run_depth,
                          "done after a run with writes where some expert got no pair",
-                         kind="cover")]
+                         kind="cover"),
+            reset_quiet(run_depth)]
 
 
 # ---- the units with a run control: what they share ------------------------------------------
@@ -462,7 +505,8 @@ def _locations_properties(dut, settings):
             run_property("cover_drop", p.sizes,
                          lambda h, run: [run.finished & ~h.dut.error & (h.dut.dropped != 0)],
                          run_depth, "done after a run with a pair past the capacity",
-                         kind="cover")]
+                         kind="cover"),
+            reset_quiet(run_depth)]
 
 
 # ---- sparse_index ----------------------------------------------------------------------------
@@ -494,7 +538,8 @@ def _sparse_index_properties(dut, settings):
             done_within(p.sizes, bound, run_depth,
                         "consumer ready, producer valid: done within the cycle formula with "
                         "every beat's place cycles at lanes, + 2"),
-            cover_done(p.sizes, run_depth)]
+            cover_done(p.sizes, run_depth),
+            reset_quiet(run_depth)]
 
 
 # ---- the combines ----------------------------------------------------------------------------
@@ -551,7 +596,8 @@ def _combine_scatter_properties(dut, settings):
              run_property("conservation", sizes, conservation, run_depth,
                           "at done: a header per slot; reads = writes = ceil(H/lanes) per "
                           "slot whose token is in [0, S); dropped = the others"),
-             cover_done(sizes, run_depth)]
+             cover_done(sizes, run_depth),
+             reset_quiet(run_depth)]
     return [*(_with_memory(prop, *memory) for prop in props),
             done_within(sizes, lambda h, run: formula_table(h, run, sizes, worst_cycles),
                         run_depth, "consumer ready, producer valid, memory latency 1: done "
@@ -611,7 +657,8 @@ def _combine_gather_properties(dut, settings):
              run_property("conservation", sizes, conservation, run_depth,
                           "at done: a header and ceil(H/lanes) data beats per token, "
                           "ceil(H/lanes) reads per pair passing the mask; dropped = the rest"),
-             cover_done(sizes, run_depth)]
+             cover_done(sizes, run_depth),
+             reset_quiet(run_depth)]
     return [*(_with_memory(prop, *memory) for prop in props),
             done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), run_depth,
                         "consumer ready, producer valid, memory latency 1: done within "
@@ -682,64 +729,95 @@ def _moe_re_routing_properties(dut, settings):
                           "reads and writes, A per-token writes; none for a refused run"),
              cover_done(sizes, run_depth),
              run_property("cover_move", sizes, cover_move, run_depth,
-                          "done after a run that moved tokens from two ranks", kind="cover")]
+                          "done after a run that moved tokens from two ranks", kind="cover"),
+             reset_quiet(run_depth)]
     return [*(_with_memory(prop, *memory) for prop in props),
             done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), run_depth,
                         "consumer ready, producer valid, memory latency 1: done within the "
                         "cycle formula (a move's) + 2", memory=memory)]
 
 
-# ---- expand ----------------------------------------------------------------------------------
+# ---- expand and expand_backward --------------------------------------------------------------
 
-def _expand_properties(dut, settings):
+def _stream_unit_properties(dut, *, output, out_size, inputs, cycles, liveness_doc):
+    """The checks of a unit that takes a plan and a data stream and sends one output stream
+    of ``ceil(out_size/lanes)`` beats (expand, expand_backward): ``inputs`` maps each input
+    stream to its beats in a run (``beats(run)``); ``cycles`` is the unit's cycle formula
+    over its sizes (in port order)."""
     p = dut.params
     sizes = dut.sizes
-    if p.parts != 1:
+    if getattr(p, "parts", 1) != 1:
         raise ParameterError(f"parts must be 1 for the formal checks, not {p.parts}")
 
     def beats_of(h, run):
         dut = h.dut
         return {name: run.counter(h, taken(getattr(dut, name)), f"{name}_beats")
-                for name in ("plan", "input_data", "output")}
+                for name in (*inputs, output)}
 
     def in_bounds(h, run):
-        # Output beat n (counted from the start) only while busy and n < ceil(n_out/lanes);
+        # Output beat n (counted from the start) only while busy and n < ceil(size/lanes);
         # ``last`` exactly on the final beat; every lane enabled but on the final beat, which
-        # enables exactly the lanes below n_out's remainder: no element outside the output.
+        # enables exactly the lanes below the size's remainder: no element outside the output.
         dut = h.dut
-        out = dut.output
-        sent = beats_of(h, run)["output"]
-        total = row_count(run, "output_elements", p.lanes)
+        out = getattr(dut, output)
+        sent = beats_of(h, run)[output]
+        total = row_count(run, out_size, p.lanes)
         final = sent == total - 1
-        enable = Mux(final, last_enable_of(run.size["output_elements"], p.lanes),
-                     (1 << p.lanes) - 1)
+        enable = Mux(final, last_enable_of(run.size[out_size], p.lanes), (1 << p.lanes) - 1)
         return [implies(out.valid, dut.busy & (sent < total) &
                         (out.payload.last == final) & (out.payload.enable == enable))]
 
     def conservation(h, run):
-        # At done: the plan's beats, ceil(n_in/lanes) input beats and ceil(n_out/lanes) output
-        # beats; an empty or refused run takes and sends nothing.
+        # At done: each input's beats and ceil(size/lanes) output beats; an empty (no output
+        # elements) or refused run takes and sends nothing.
         dut = h.dut
         beats = beats_of(h, run)
         ran = run.finished & ~dut.error & (run.size["output_elements"] != 0)
-        return [implies(ran, (beats["plan"] == p.plan_beats) &
-                        (beats["input_data"] == row_count(run, "input_elements", p.lanes)) &
-                        (beats["output"] == row_count(run, "output_elements", p.lanes))),
-                implies(run.finished & ~ran, (beats["plan"] == 0) & (beats["input_data"] == 0) &
-                        (beats["output"] == 0))]
+        expected = {name: beats(run) for name, beats in inputs.items()}
+        expected[output] = row_count(run, out_size, p.lanes)
+        return [implies(ran, Cat(*(beats[name] == value
+                                   for name, value in expected.items())).all()),
+                implies(run.finished & ~ran, Cat(*(beats[name] == 0
+                                                   for name in expected)).all())]
 
-    run_depth = p.cycles(p.max_input, p.max_output) + MARGIN + 2
-    return [run_property("output_in_bounds", sizes, in_bounds, run_depth,
-                         "output beats only while busy, fewer than ceil(n_out/lanes); last on "
-                         "the final one, whose enables stop at n_out"),
+    run_depth = max(cycles(*values) for values in itertools.product(
+        *(range(maximum + 1) for maximum in sizes.values()))) + MARGIN + 2
+    listed = ", ".join(f"{name}'s beats" for name in inputs)
+    return [run_property(f"{output}_in_bounds", sizes, in_bounds, run_depth,
+                         f"{output} beats only while busy, fewer than ceil({out_size}/lanes); "
+                         f"last on the final one, whose enables stop at {out_size}"),
             *held_properties(dut, run_depth),
-            done_within(sizes, lambda h, run: formula_table(h, run, sizes, p.cycles),
-                        run_depth, "consumer ready, producer valid: done within "
-                        "plan + ceil(n_in/lanes) + ceil(n_out/lanes) + overhead + 2"),
+            done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles),
+                        run_depth, liveness_doc),
             run_property("conservation", sizes, conservation, run_depth,
-                         "at done: the plan's beats, ceil(n_in/lanes) in, ceil(n_out/lanes) "
-                         "out; nothing for an empty or refused run"),
-            cover_done(sizes, run_depth)]
+                         f"at done: {listed}, ceil({out_size}/lanes) out; nothing for an "
+                         "empty or refused run"),
+            cover_done(sizes, run_depth),
+            reset_quiet(run_depth)]
+
+
+def _expand_properties(dut, settings):
+    p = dut.params
+    return _stream_unit_properties(
+        dut, output="output", out_size="output_elements",
+        inputs={"plan": lambda run: p.plan_beats,
+                "input_data": lambda run: row_count(run, "input_elements", p.lanes)},
+        cycles=p.cycles, liveness_doc="consumer ready, producer valid: done within plan + "
+        "ceil(n_in/lanes) + ceil(n_out/lanes) + overhead + 2")
+
+
+def _expand_backward_properties(dut, settings):
+    p = dut.params
+
+    def cycles(input_elements, output_elements, mode):
+        return p.cycles(input_elements, output_elements, BACKWARD_MODES[mode])
+
+    return _stream_unit_properties(
+        dut, output="input_grad", out_size="input_elements",
+        inputs={"plan": lambda run: p.plan_beats,
+                "grad_output": lambda run: row_count(run, "output_elements", p.lanes)},
+        cycles=cycles, liveness_doc="consumer ready, producer valid: done within the cycle "
+        "formula (plan, items, flush, drain, overhead) + 2")
 
 
 # ---- the targets -----------------------------------------------------------------------------
@@ -784,6 +862,9 @@ DEFAULTS = {
                        "max_ranks": 2, "max_experts": 2, "max_blocks": 4,
                        "count_type": "int32", "scales": True, "max_outstanding": 4},
     "expand": {"format": "int8", "lanes": 2, "max_rank": 2, "max_input": 4, "max_output": 6},
+    # The float adders (lane tree, accumulators, drain pre-adders) make each step slow.
+    "expand_backward": {"format": "bf16", "lanes": 2, "max_rank": 2, "max_input": 4,
+                        "max_output": 4, "add_stages": 1},
 }
 
 #: The shared blocks checked on their own: name -> ``make(settings)``, the component.
@@ -801,4 +882,5 @@ PROPERTIES = {
     "combine_gather": _combine_gather_properties,
     "moe_re_routing": _moe_re_routing_properties,
     "expand": _expand_properties,
+    "expand_backward": _expand_backward_properties,
 }
