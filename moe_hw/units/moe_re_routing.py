@@ -358,6 +358,13 @@ class MoeReRoutingUnit(wiring.Component):
         # written, a read-out's total enters the prefix sum, which never stalls), so every
         # register below loads every cycle and the issue buffer's output is always taken.
         m.d.comb += issue.o.ready.eq(1)
+        # The banks' and the prefix sum's clear: a copy of ``decide`` of their own (held
+        # inverted, so that Yosys keeps it apart from the run control's), so that the run
+        # registers that load in the decide cycle and the banks' clear logic are two nets,
+        # not one that spans the unit.
+        not_deciding = Signal(init=1)
+        m.d.sync += not_deciding.eq(~ctl.accept)
+        clear = ~not_deciding
         bank_depth = min(BANK_EXPERTS, p.max_experts)
         bank_bits = ceil_log2(bank_depth)
         banks = []
@@ -371,7 +378,7 @@ class MoeReRoutingUnit(wiring.Component):
                 bank.en.eq(1), bank.valid.eq(issue.o.valid),
                 bank.index.eq(request.index[:bank_bits]),
                 bank.increment.eq(request.increment & own), bank.amount.eq(request.amount),
-                bank.clear.eq(ctl.decide),
+                bank.clear.eq(clear),
             ]
         # The result's bank, one-hot, in registers: the selection is an AND with each bank's
         # flag and an OR over the banks, and the AND folds into the LUT of the bank's own
@@ -614,7 +621,7 @@ class MoeReRoutingUnit(wiring.Component):
         m.d.comb += [
             ctl.fault.eq(offsets_done & refused),
             ctl.finished.eq(drained),
-            prefix.clear.eq(ctl.decide),
+            prefix.clear.eq(clear),
             row_start.eq(ctl.begin | rank_end),
         ]
         with m.If(count_phase & rank_end & last_rank):
