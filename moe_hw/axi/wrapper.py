@@ -76,10 +76,11 @@ class AxiWrapper(wiring.Component):
     """``unit`` (a component with :func:`~moe_hw.blocks.run_control.run_ports` and a
     ``sizes`` property) behind AXI interfaces; see the module docstring."""
 
-    clock_ports = ("aclk", "aresetn")
-
-    def __init__(self, unit, *, name, axi=None, rows=None, names=None):
+    def __init__(self, unit, *, name, axi=None, rows=None, names=None, own_clock=True):
         self.unit, self.name = unit, name
+        # ``own_clock=False``: no ``aclk``/``aresetn``, the ambient ``sync`` domain (for a
+        # harness that clocks the wrapper itself: the synthesis flow's out-of-context one).
+        self.clock_ports = ("aclk", "aresetn") if own_clock else None
         self.axi = axi = axi or AxiParams()
         self.rows, self.names = dict(rows or {}), dict(names or {})
         members = unit.signature.members
@@ -110,8 +111,8 @@ class AxiWrapper(wiring.Component):
                 raise ValueError(f"axi_rows: {self.rows[port]!r} is not a size of {name}")
         self.registers = layout_registers(self._registers())
         self.axil_addr_width = max(12, (max(r.offset for r in self.registers) + 3).bit_length())
-        signature = {"aclk": In(1), "aresetn": In(1), "irq": Out(1),
-                     **axil_members(self.axil_addr_width)}
+        signature = {**({"aclk": In(1), "aresetn": In(1)} if own_clock else {}),
+                     "irq": Out(1), **axil_members(self.axil_addr_width)}
         for port in self.inputs:
             signature.update(axis_members(self.bus(port, "s_axis"), self._shape(port), In))
         for port in self.outputs:
@@ -230,8 +231,9 @@ class AxiWrapper(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.domains.sync = sync = ClockDomain("sync")
-        m.d.comb += [sync.clk.eq(self.aclk), sync.rst.eq(~self.aresetn)]
+        if self.clock_ports:
+            m.domains.sync = sync = ClockDomain("sync")
+            m.d.comb += [sync.clk.eq(self.aclk), sync.rst.eq(~self.aresetn)]
         unit = m.submodules.unit = self.unit
         regs = m.submodules.registers = AxiLiteRegisters(self.registers,
                                                          addr_width=self.axil_addr_width)

@@ -107,12 +107,13 @@ class Unit:
         """The component for ``params``."""
         raise NotImplementedError
 
-    def build_axi(self, params, axi=None):
+    def build_axi(self, params, axi=None, *, own_clock=True):
         """The component for ``params`` behind AXI interfaces (:mod:`moe_hw.axi`), with the
-        wrapper's parameters ``axi`` (an :class:`~moe_hw.axi.AxiParams`)."""
+        wrapper's parameters ``axi`` (an :class:`~moe_hw.axi.AxiParams`); ``own_clock``:
+        see :class:`~moe_hw.axi.AxiWrapper`."""
         from ..axi import AxiWrapper
         return AxiWrapper(self.build(params), name=self.name, axi=axi, rows=self.axi_rows,
-                          names=self.axi_names)
+                          names=self.axi_names, own_clock=own_clock)
 
     def make_params(self, settings=None, base=None):
         """``params`` from ``settings`` (name -> value) on top of ``base``; unknown names are
