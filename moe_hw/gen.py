@@ -31,6 +31,12 @@ def _list():
         for field in dataclasses.fields(unit.params):
             doc = field.metadata.get("doc", "")
             print(f"      {field.name:<16} default {field.default!r:<8} {doc}".rstrip())
+    from .axi import AxiParams
+    print("\nBus interfaces (--set interface=axi: AXI4-Stream, AXI4 master, AXI4-Lite; "
+          "moe_hw/axi), with:")
+    for field in dataclasses.fields(AxiParams):
+        print(f"      {field.name:<16} default {field.default!r:<8} "
+              f"{field.metadata.get('doc', '')}".rstrip())
     print("\nCompositions (python -m moe_hw.run NAME [--in FILE.npz]: units' Verilog chained "
           "on the host; no Verilog of their own):")
     for composition in compositions().values():
