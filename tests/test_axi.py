@@ -6,7 +6,7 @@ lost or duplicated). dispatch's whole wrapper runs under cocotb in test_dispatch
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module, Value
+from amaranth.hdl import Value
 from amaranth.lib import data
 from amaranth.sim import Simulator
 

@@ -25,7 +25,7 @@ port in the same cycle. An offset with no register reads 0 and ignores writes (r
 OKAY).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring

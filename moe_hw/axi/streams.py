@@ -16,7 +16,7 @@ each row. ``tkeep``:
 """
 
 from amaranth.hdl import Cat, Module, Mux, Shape, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..stream import SkidBuffer
@@ -57,7 +57,6 @@ class AxisToStream(wiring.Component):
     takes ``row_beats`` (per run, held while it runs) and has a ``tlast_error`` pulse."""
 
     def __init__(self, prefix, shape, *, rows=0, row_beats_width=16):
-        from amaranth.lib import stream
         self.prefix, self.shape, self.rows = prefix, shape, rows
         members = {**axis_members(prefix, shape, In), "o": Out(stream.Signature(shape))}
         if rows:
@@ -86,10 +85,10 @@ class AxisToStream(wiring.Component):
 class StreamToAxis(wiring.Component):
     """The unit's stream ``i`` in, ``m_axis_<name>_*`` out; see the module docstring.
     ``busy``: a beat is held. ``rows``: the lanes of a row stream, or 0. A row stream takes
-    ``row_beats`` and ``last_lanes`` (the lanes of a row's last beat that hold elements, 1..lanes), per run."""
+    ``row_beats`` and ``last_lanes`` (the lanes of a row's last beat that hold elements,
+    1 to ``rows``), per run."""
 
     def __init__(self, prefix, shape, *, rows=0, row_beats_width=16):
-        from amaranth.lib import stream
         self.prefix, self.shape, self.rows = prefix, shape, rows
         members = {**axis_members(prefix, shape, Out), "i": In(stream.Signature(shape)),
                    "busy": Out(1)}

@@ -30,7 +30,7 @@ A unit's streams and ports are named in its declaration (``moe_hw/host/U.py``): 
 
 from dataclasses import dataclass
 
-from amaranth.hdl import ClockDomain, Module, Shape, Signal
+from amaranth.hdl import Cat, ClockDomain, Module, Shape, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -258,7 +258,6 @@ class AxiWrapper(wiring.Component):
             shape = self._shape(port)
             slave = port in self.inputs
             lanes = _lanes_of(shape)[0] if port in self.rows else 0
-            row_beats = Signal(32, name=f"{port}_row_beats")
             adapter_class = AxisToStream if slave else StreamToAxis
             prefix = self.bus(port, "s_axis" if slave else "m_axis")
             adapter = adapter_class(prefix, shape, rows=lanes, row_beats_width=32)
@@ -270,6 +269,7 @@ class AxiWrapper(wiring.Component):
                 wiring.connect(m, getattr(unit, port), adapter.i)
                 drained.append(~adapter.busy)
             if lanes:
+                row_beats = Signal(32, name=f"{port}_row_beats")
                 row = getattr(regs, self.rows[port])
                 shift = exact_log2(lanes)
                 m.d.sync += row_beats.eq((row + lanes - 1) >> shift)
@@ -307,11 +307,7 @@ class AxiWrapper(wiring.Component):
 
         # ---- run control ---------------------------------------------------------------------
         all_drained = Signal()
-        m.d.comb += all_drained.eq(1)
-        for flag in drained:
-            all_drained_next = Signal()
-            m.d.comb += all_drained_next.eq(all_drained & flag)
-            all_drained = all_drained_next
+        m.d.comb += all_drained.eq(Cat(*drained).all() if drained else 1)
         m.d.comb += [accept.eq(regs.start & ~unit.busy & ~armed & all_drained),
                      unit.start.eq(accept)]
         finish = armed & unit.done & all_drained
