@@ -10,7 +10,9 @@ the first word takes the beat's low lanes (and, below them, the part of the prev
 that spilled over, when this beat continues it at the next address), and the part that
 spills into the next word waits in a carry register. The carry leaves on its own (one word)
 when the next beat does not continue it or when no beat is waiting. Aligned beats pass one
-per cycle; an unaligned run of consecutive beats costs one word more than its beats.
+per cycle; an unaligned run of consecutive beats costs one word more than its beats. The
+rotation is a registered stage of its own (a skid buffer), so that the merge with the carry
+starts from registers: latency two cycles.
 
 :class:`AxiWriteMaster` groups consecutive words into INCR bursts and issues them:
 
@@ -94,43 +96,56 @@ class WriteRealign(wiring.Component):
         skid = m.submodules.skid = SkidBuffer(self.o.payload.shape())
         wiring.connect(m, skid.o, wiring.flipped(self.o))
 
+        # ---- stage 1: rotate each beat onto the byte lanes (registered) -------------------
+        # Element l of the beat goes to lane group (l + offset) mod lanes; ``low``: the lanes
+        # below the offset, which a continuing beat takes from the carry; ``follows``: the
+        # beat's address is the previous beat's plus ``lanes`` (it continues that beat).
+        rotation = data.StructLayout({"word": self.word_width, "data": lanes * width,
+                                      "strb": lanes, "low": lanes, "follows": 1})
+        rot = m.submodules.rotate = SkidBuffer(rotation)
         addr = beat.addr
         offset = addr[:shift] if shift else Const(0, 1)
         flat = Cat(beat.data[n] for n in range(lanes))
-        # Element l of the beat goes to byte lane group (l + offset) mod lanes.
         turn = Signal(range(lanes + 1))
         m.d.comb += turn.eq(lanes - offset)
-        rotated = Cat(flat, flat).bit_select(turn * width, lanes * width)
-        rotated_en = Cat(beat.enable, beat.enable).bit_select(turn, lanes)
-        low = Signal(lanes)                        # the lanes below the offset (from the carry)
-        m.d.comb += low.eq((Const(1, lanes + 1) << offset) - 1)
+        previous = Signal.like(addr)              # the address of the last beat taken, + lanes
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += previous.eq(addr + lanes)
+        m.d.comb += [
+            rot.i.valid.eq(self.i.valid), self.i.ready.eq(rot.i.ready),
+            rot.i.payload.word.eq(addr[shift:]),
+            rot.i.payload.data.eq(Cat(flat, flat).bit_select(turn * width, lanes * width)),
+            rot.i.payload.strb.eq(Cat(beat.enable, beat.enable).bit_select(turn, lanes)),
+            rot.i.payload.low.eq((Const(1, lanes + 1) << offset) - 1),
+            rot.i.payload.follows.eq(addr == previous),
+        ]
 
-        carry_valid = Signal()
+        # ---- stage 2: merge with the carry, or let the carry out alone ---------------------
+        r = rot.o.payload
+        carry_valid = Signal()                    # set only by the beat just before
         carry_data = Signal(lanes * width, reset_less=True)
         carry_en = Signal(lanes)
         carry_word = Signal(self.word_width)
-        carry_next = Signal.like(addr)            # the address a continuing beat has
-        continues = carry_valid & (addr == carry_next)
-        flush = carry_valid & ~(self.i.valid & continues)
-
-        merged = Cat(Mux(low[n], carry_data.word_select(n, width),
-                         rotated.word_select(n, width)) for n in range(lanes))
-        merged_en = (low & carry_en & continues.replicate(lanes)) | (~low & rotated_en)
+        continues = carry_valid & r.follows
+        flush = carry_valid & ~(rot.o.valid & continues)
+        merged = Cat(Mux(r.low[n], carry_data.word_select(n, width), r.data.word_select(n, width))
+                     for n in range(lanes))
+        merged_en = (r.low & carry_en & continues.replicate(lanes)) | (~r.low & r.strb)
         m.d.comb += [
-            skid.i.valid.eq(flush | self.i.valid),
-            self.i.ready.eq(skid.i.ready & ~flush),
-            skid.i.payload.word.eq(Mux(flush, carry_word, addr[shift:])),
+            skid.i.valid.eq(flush | rot.o.valid),
+            rot.o.ready.eq(skid.i.ready & ~flush),
+            skid.i.payload.word.eq(Mux(flush, carry_word, r.word)),
             skid.i.payload.data.eq(Mux(flush, carry_data, merged)),
             skid.i.payload.strb.eq(Mux(flush, carry_en, merged_en)),
-            self.busy.eq(carry_valid | skid.held),
+            self.busy.eq(carry_valid | rot.held | skid.held),
         ]
         with m.If(skid.i.ready):
             with m.If(flush):
                 m.d.sync += carry_valid.eq(0)
-            with m.Elif(self.i.valid):
-                m.d.sync += [carry_valid.eq((rotated_en & low).any()),
-                             carry_data.eq(rotated), carry_en.eq(rotated_en & low),
-                             carry_word.eq(addr[shift:] + 1), carry_next.eq(addr + lanes)]
+            with m.Elif(rot.o.valid):
+                m.d.sync += [carry_valid.eq((r.strb & r.low).any()),
+                             carry_data.eq(r.data), carry_en.eq(r.strb & r.low),
+                             carry_word.eq(r.word + 1)]
         return m
 
 
