@@ -4,6 +4,9 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--freq MHZ] [--json FILE] [--timeout S] [--work DIR] [--check]
 
+``--set interface=axi`` (and ``axi_*``) synthesizes the unit behind its AXI wrapper, as
+``python -m moe_hw.gen emit`` does.
+
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
 ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
 into the design's folder of --work). Every port
@@ -25,6 +28,7 @@ from pathlib import Path
 from .cli import fail, parse_sets, run_main
 from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, TARGETS, SynthError, format_table,
                           synthesize, target as find_target)
+from .gen import split_interface
 from .registry import unit_or_point
 
 __all__ = ["main", "synth", "synth_params", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
@@ -58,6 +62,7 @@ def synth_params(name, target, settings=None):
     unit, point = unit_or_point(name)
     settings = dict(settings or {})
     base = dict(point.params if point else {})
+    unit_settings, _, _ = split_interface(settings)
     # The multipliers and block memories are built for the device: registered MULT18X18D
     # and DP16KD blocks on ECP5 (the inferred `*` leaves the DSP registers unused, an
     # inferred block RAM has no output register), unless --set dsp=... / bram=... says
@@ -67,7 +72,7 @@ def synth_params(name, target, settings=None):
         for field in ("dsp", "bram"):
             if field in fields:
                 base.setdefault(field, "ecp5")
-    params = unit.make_params(settings, base=base)
+    params = unit.make_params(unit_settings, base=base)
     shown = {**base, **settings}
     description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])
     return unit, params, description
@@ -79,7 +84,13 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
     of the design point's) on ``target``; return the
     :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
     unit, params, description = synth_params(name, target, settings)
-    return synthesize(unit.name, lambda: unit.build(params), target, description=description,
+    _, _, axi = split_interface(settings)
+
+    def build():
+        return unit.build(params) if axi is None else unit.build_axi(params, axi,
+                                                                     own_clock=False)
+
+    return synthesize(unit.name, build, target, description=description,
                       params=dataclasses.asdict(params), seeds=seeds, freq=freq,
                       timeout=timeout, work_dir=work_dir, progress=progress)
 

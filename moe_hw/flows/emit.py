@@ -15,7 +15,7 @@ from amaranth.back import rtlil, verilog
 from amaranth.hdl import ClockDomain, Module, Shape, Value
 from amaranth.lib import data, wiring
 
-__all__ = ["describe_shape", "port_manifest", "emit_verilog", "write_unit"]
+__all__ = ["describe_shape", "port_manifest", "emit_verilog", "fusesoc_core", "write_unit"]
 
 
 def describe_shape(shape):
@@ -49,11 +49,12 @@ def emit_verilog(component, name):
 
     Every emitted unit has ``clk`` and ``rst`` inputs, so that one testbench and one
     integration recipe serve all of them: a purely combinational unit (a float block with
-    zero pipeline stages) gets them unused.
+    zero pipeline stages) gets them unused. A component that names its own ``clock_ports``
+    (the AXI wrapper: ``aclk``, ``aresetn``) keeps those instead.
     """
     with _zero_init_as_loops():
         text = verilog.convert(component, name=name, emit_src=False)
-        if "input clk;" not in text:
+        if "input clk;" not in text and not getattr(component, "clock_ports", None):
             top = Module()
             top.domains.sync = domain = ClockDomain()
             top.submodules.unit = component
@@ -112,8 +113,22 @@ def _lookup(component, path):
     return obj
 
 
-def write_unit(component, name, out_dir, *, unit, params, runtime=None):
-    """Write ``<name>.v`` and ``<name>.json`` into ``out_dir``; return both paths."""
+def fusesoc_core(name, files, description):
+    """A FuseSoC CAPI2 core file for the emitted Verilog ``files`` of top module ``name``."""
+    listed = "\n".join(f"      - {file}" for file in files)
+    return (f"CAPI=2:\n\nname: moe_hw:units:{name}:0.1.0\ndescription: "
+            f"{json.dumps(description)}\n\nfilesets:\n  rtl:\n    files:\n{listed}\n"
+            f"    file_type: verilogSource\n\ntargets:\n  default:\n    filesets: [rtl]\n"
+            f"    toplevel: {name}\n")
+
+
+def write_unit(component, name, out_dir, *, unit, params, runtime=None, interface=None):
+    """Write ``<name>.v``, ``<name>.json`` and the FuseSoC core ``<name>.core`` into
+    ``out_dir``; return the Verilog's and the manifest's paths. A component with a register
+    map (the AXI wrapper) also gets ``<name>_regs.md`` and ``<name>_regs.h``, and its buses
+    and registers in the manifest; ``interface`` (the wrapper's parameters) goes in the
+    manifest too."""
+    from ..axi import c_header, markdown_table
     out_dir.mkdir(parents=True, exist_ok=True)
     v_path = out_dir / f"{name}.v"
     j_path = out_dir / f"{name}.json"
@@ -124,6 +139,20 @@ def write_unit(component, name, out_dir, *, unit, params, runtime=None):
         "parameters": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params,
         "ports": port_manifest(component),
     }
+    files = [v_path.name, j_path.name]
+    if hasattr(component, "register_map"):
+        title = f"Register map of {name} (AXI4-Lite s_axil, 32-bit registers)"
+        md_path, h_path = out_dir / f"{name}_regs.md", out_dir / f"{name}_regs.h"
+        md_path.write_text(markdown_table(component.registers, title))
+        h_path.write_text(c_header(component.registers, name, title))
+        manifest["interface"] = {"name": "axi", **(dataclasses.asdict(interface)
+                                                   if interface is not None else {})}
+        manifest["buses"] = component.buses()
+        manifest["registers"] = component.register_map()
+        files += [md_path.name, h_path.name]
+    core_path = out_dir / f"{name}.core"
+    core_path.write_text(fusesoc_core(name, [v_path.name], f"moe_hw {unit} ({name})"))
+    manifest["files"] = files + [core_path.name]
     for attr in ("latency",):
         if hasattr(component, attr):
             manifest[attr] = getattr(component, attr)

@@ -99,6 +99,8 @@ class Unit:
     outputs = ()               # npz output keys (``cycles`` is added)
     runtime = ()               # run-time values, from --set or scalars in the npz
     ideal = "one beat per cycle"   # what ideal_cycles counts, for reports
+    axi_rows = {}              # AXI wrapper: {stream: size} for streams of token rows
+    axi_names = {}             # AXI wrapper: {port: bus name} (a port's name otherwise)
 
     @property
     def bench(self):
@@ -109,6 +111,14 @@ class Unit:
     def build(self, params):
         """The component for ``params``."""
         raise NotImplementedError
+
+    def build_axi(self, params, axi=None, *, own_clock=True):
+        """The component for ``params`` behind AXI interfaces (:mod:`moe_hw.axi`), with the
+        wrapper's parameters ``axi`` (an :class:`~moe_hw.axi.AxiParams`); ``own_clock``:
+        see :class:`~moe_hw.axi.AxiWrapper`."""
+        from ..axi import AxiWrapper
+        return AxiWrapper(self.build(params), name=self.name, axi=axi, rows=self.axi_rows,
+                          names=self.axi_names, own_clock=own_clock)
 
     def make_params(self, settings=None, base=None):
         """``params`` from ``settings`` (name -> value) on top of ``base``; unknown names are
