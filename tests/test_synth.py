@@ -11,9 +11,14 @@ import random
 from pathlib import Path
 
 import pytest
+from amaranth.back import rtlil
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from moe_hw import synth
+from moe_hw.flows import synth as flow
 from moe_hw.flows.out_of_context import OutOfContext, ReferenceAdder
 from moe_hw.flows.synth import (RESOURCES, TARGETS, CriticalPath, report_clocks,
                                 report_resources)
@@ -111,6 +116,46 @@ def test_board_target_writes_a_bitstream(one_synthesis_at_a_time, tmp_path, caps
         assert f"pin '{port}$tr_io' constrained to Bel" in log
 
 
+class _ElementNamed(wiring.Component):
+    """Two 2-bit registers, ``x`` and one named ``x[1]``, the name Amaranth gives element 1
+    of an array-layout signal ``x``: ABC's bit 1 of ``x`` and bit 0 of ``x[1]`` share a
+    name."""
+
+    a: In(4)
+    y: Out(4)
+
+    def elaborate(self, platform):
+        m = Module()
+        x, x1 = Signal(2, name="x"), Signal(2, name="x[1]")
+        m.d.sync += [x.eq(self.a[:2] ^ x1), x1.eq(self.a[2:] & x)]
+        m.d.comb += self.y.eq(Cat(x ^ x1, x & x1))
+        return m
+
+
+def _yosys_cells(tmp_path, component):
+    """The cell counts by type of the flow's Yosys synthesis of ``component`` on ECP5 (no
+    place and route)."""
+    (tmp_path / "top.il").write_text(rtlil.convert(component, name="top"))
+    flow._yosys_synth(tmp_path, TARGETS["ecp5-85k"], 600, "test design")
+    return json.loads((tmp_path / "stat.json").read_text())["design"]["num_cells_by_type"]
+
+
+def test_yosys_keeps_nets_whose_names_meet(one_synthesis_at_a_time, tmp_path):
+    """Yosys 0.70's ABC9 step maps nets back by name (``flow.YOSYS_PREPARE``): without the
+    flow's renaming this design stops Yosys on a failed assertion, or (named otherwise) loses
+    a flip-flop. With it, all four flip-flops are there."""
+    assert _yosys_cells(tmp_path, _ElementNamed())["TRELLIS_FF"] == 4
+
+
+def test_scan_layers_synthesises_at_small_maxima(one_synthesis_at_a_time, tmp_path):
+    """scan_layers at the smallest maxima whose ABC9 step failed (its array-layout fields'
+    names met), through Yosys only."""
+    unit, params, _ = synth.synth_params("scan_layers", "ecp5-85k", {
+        "format": "bf16", "max_tokens": 32, "max_hidden": 64, "max_layers": 8})
+    cells = _yosys_cells(tmp_path, OutOfContext(unit.build(params)))
+    assert cells["TRELLIS_FF"] > 0 and cells["LUT4"] > 0
+
+
 def test_board_target_without_work_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ulx3s-85f"], 2)
     assert lines == [f"{PROG}: error: target ulx3s-85f writes a bitstream: name --work DIR "
@@ -126,7 +171,6 @@ def test_a_tool_that_does_not_finish_is_one_line(capsys):
 def test_a_seed_that_does_not_finish_is_skipped(one_synthesis_at_a_time, monkeypatch):
     """A seed whose place and route passes the time limit is left out of the best-of; only
     when no seed finishes is it the run's error."""
-    from moe_hw.flows import synth as flow
     real = flow._run_tool
     calls = []
 

@@ -440,6 +440,42 @@ def _work_dir(work_dir):
             yield temporary
 
 
+#: Yosys commands run on the RTLIL before the target's synthesis script.
+#:
+#: ``rename -hide w:*]`` gives every wire whose name ends in ``]`` an internal name, a
+#: workaround for Yosys 0.70 (YoWASP): its ABC9 step maps ABC's inputs and outputs back to
+#: nets by name (``abc_ops_reintegrate``), bit k of a wire ``x`` as ``x[k]``, so bit k of
+#: ``x`` and bit 0 of a wire named ``x[k]`` come back as one net. Amaranth names the elements
+#: of an array-layout signal exactly so (the fields ``x[0]``, ``x[1]``, ... beside ``x``):
+#: whether the two names meet depends on which alias Yosys keeps for each bit, and when they
+#: do, Yosys either stops on a failed assertion (``GetSize(conn.first) ==
+#: GetSize(conn.second)``: scan_layers at small maxima on ECP5) or silently joins two nets
+#: (a flip-flop lost). The fields are only names of the signal's bits, so hiding them changes
+#: no logic.
+YOSYS_PREPARE = "rename -hide w:*]"
+
+
+def _yosys_synth(work, target, timeout, where):
+    """Yosys's synthesis for ``target`` of ``work/top.il`` into ``work/netlist.json`` and
+    ``work/stat.json``; raises :class:`SynthError` naming ``where`` when it fails or passes
+    ``timeout`` seconds.
+
+    Yosys writes its whole log into ``yosys.log`` itself (``-l``): under YoWASP, what it
+    prints after its linked ABC has run is lost from its standard output, error included.
+    The standard output goes to ``yosys.out`` (where a tool that cannot start says why)."""
+    script = (f"read_rtlil top.il; {YOSYS_PREPARE}; {' '.join(target.synth)} -top top "
+              "-json netlist.json; tee -q -o stat.json stat -json")
+    log = work / "yosys.log"
+    log.unlink(missing_ok=True)
+    code = _run_tool("yosys", ["-l", log.name, "-p", script], work, work / "yosys.out",
+                     timeout)
+    if code is None:
+        raise SynthError(f"{where}: yosys did not finish in {timeout:g} s")
+    if code != 0:
+        raise SynthError(f"{where}: yosys failed: "
+                         f"{_tool_error(log if log.exists() else work / 'yosys.out')}")
+
+
 def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
                    progress):
     def say(text):
@@ -452,14 +488,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
     say(f"yosys {' '.join(target.synth)} ({wrapper.input_bits} input and "
         f"{wrapper.output_bits} output bits) ...")
     step = time.perf_counter()
-    script = (f"read_rtlil top.il; {' '.join(target.synth)} -top top -json netlist.json; "
-              "tee -q -o stat.json stat -json")
-    code = _run_tool("yosys", ["-p", script], work, work / "yosys.log", timeout)
     where = f"{description} on {target.name}"
-    if code is None:
-        raise SynthError(f"{where}: yosys did not finish in {timeout:g} s")
-    if code != 0:
-        raise SynthError(f"{where}: yosys failed: {_tool_error(work / 'yosys.log')}")
+    _yosys_synth(work, target, timeout, where)
     if target.patch is not None:
         netlist = json.loads((work / "netlist.json").read_text())
         target.patch(netlist)
