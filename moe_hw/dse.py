@@ -18,9 +18,8 @@ pool (``--jobs``, default: one per CPU) or on a Dask distributed cluster (``--sc
 point that fails (does not fit, a tool error, a run past ``--timeout``) is a row with its
 reason; the sweep goes on, and the command exits 0 when the sweep is done. Results are cached
 per (unit, parameters, target, seeds, target frequency, tool versions, the design's RTLIL
-text): a re-run only places and routes the points it has not seen, and a change to the
-hardware is a new point (the flow's own tool options are not in the key: delete the cache
-after changing them). A failure is cached only when it is the design's (does not fit, a
+text, the flow's own steps and tool options): a re-run only places and routes the points it
+has not seen, and a change to the hardware or to the flow is a new point. A failure is cached only when it is the design's (does not fit, a
 tool's error), not when a run passed its time limit or a worker died.
 
 ``--out DIR`` gets ``results.csv``, ``results.json``, ``results.md`` and ``pareto.png``
@@ -46,8 +45,8 @@ from amaranth.back import rtlil
 
 from .cli import fail, run_main, table_cell
 from .flows.out_of_context import OutOfContext
-from .flows.synth import (DEFAULT_TIMEOUT, RESOURCES, SynthError, _check_positive,
-                          target as find_target, tool_versions)
+from .flows.synth import (DEFAULT_TIMEOUT, RESOURCES, YOSYS_PREPARE, SynthError,
+                          _check_positive, target as find_target, tool_versions)
 from .params import ParameterError
 from .registry import parse_value, unit_or_point
 from .synth import synth, synth_params
@@ -160,6 +159,8 @@ def _cache_key(unit, params, target, seeds, freq, design_text):
     identity = {"unit": unit.name, "params": dataclasses.asdict(params), "target": target.name,
                 "seeds": seeds, "freq": target.default_freq if freq is None else freq,
                 "tools": tool_versions(target),
+                # the flow's own steps and options: a change to them is a new result
+                "flow": [YOSYS_PREPARE, *target.synth, *target.nextpnr_args],
                 "rtlil": hashlib.sha256(design_text.encode()).hexdigest()}
     text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
