@@ -172,6 +172,11 @@ def done_within(names, bound_of, depth, doc, memory=None):
     return run_property("done_within", names, conditions, depth, doc)
 
 
+def size_tuples(maxima):
+    """Every tuple of run-time sizes up to ``maxima`` (name -> maximum, in order)."""
+    return itertools.product(*(range(maximum + 1) for maximum in maxima.values()))
+
+
 def formula_table(h, run, maxima, cycles):
     """The unit's own cycle formula as a table: ``cycles(*sizes)`` (Python) for every tuple of
     run-time sizes up to ``maxima`` (name -> maximum, in ``cycles``' argument order), chosen
@@ -183,7 +188,7 @@ def formula_table(h, run, maxima, cycles):
     bound = Signal(len(run.cycles), name="run_bound")
     h.m.d.comb += bound.eq(EMPTY_CYCLES)
     with h.m.Switch(key):
-        for sizes in itertools.product(*(range(maximum + 1) for maximum in maxima.values())):
+        for sizes in size_tuples(maxima):
             value = sum(size << offset for size, offset in
                         zip(sizes, itertools.accumulate((len(run.size[name]) for name in
                                                          names[:-1]), initial=0)))
@@ -552,6 +557,15 @@ def _with_memory(prop, request, response):
     return dataclasses.replace(prop, build=build)
 
 
+def _with_memory_checks(props, memory, sizes, cycles, depth, liveness_doc):
+    """The checks of a unit with a memory read port ``memory`` (request, response): ``props``
+    under the port's contract, and ``done_within`` with a memory of latency 1 behind it,
+    bounded by the unit's cycle formula ``cycles`` over ``sizes`` (:func:`formula_table`)."""
+    return [*(_with_memory(prop, *memory) for prop in props),
+            done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), depth,
+                        liveness_doc, memory=memory)]
+
+
 def _combine_scatter_properties(dut, settings):
     p = dut.params
     sizes = dut.sizes
@@ -586,9 +600,7 @@ def _combine_scatter_properties(dut, settings):
                         (writes == passed * beats) & (dut.dropped == headers - passed)),
                 implies(run.finished & dut.error, (reads == 0) & (writes == 0))]
 
-    worst = max(worst_cycles(*values) for values in itertools.product(
-        *(range(maximum + 1) for maximum in sizes.values())))
-    run_depth = worst + MARGIN + 2
+    run_depth = max(worst_cycles(*values) for values in size_tuples(sizes)) + MARGIN + 2
     props = [port_in_bounds(("read", "write"), sizes, limit, run_depth,
                             "every enabled lane's read and write in [0, S*H) of the run, only "
                             "while busy"),
@@ -598,10 +610,9 @@ def _combine_scatter_properties(dut, settings):
                           "slot whose token is in [0, S); dropped = the others"),
              cover_done(sizes, run_depth),
              reset_quiet(run_depth)]
-    return [*(_with_memory(prop, *memory) for prop in props),
-            done_within(sizes, lambda h, run: formula_table(h, run, sizes, worst_cycles),
-                        run_depth, "consumer ready, producer valid, memory latency 1: done "
-                        "within the slowest slot order's replayed cycles + 2", memory=memory)]
+    return _with_memory_checks(props, memory, sizes, worst_cycles, run_depth,
+                               "consumer ready, producer valid, memory latency 1: done within "
+                               "the slowest slot order's replayed cycles + 2")
 
 
 def _combine_gather_properties(dut, settings):
@@ -659,10 +670,9 @@ def _combine_gather_properties(dut, settings):
                           "ceil(H/lanes) reads per pair passing the mask; dropped = the rest"),
              cover_done(sizes, run_depth),
              reset_quiet(run_depth)]
-    return [*(_with_memory(prop, *memory) for prop in props),
-            done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), run_depth,
-                        "consumer ready, producer valid, memory latency 1: done within "
-                        "the cycle formula + 2", memory=memory)]
+    return _with_memory_checks(props, memory, sizes, cycles, run_depth,
+                               "consumer ready, producer valid, memory latency 1: done within "
+                               "the cycle formula + 2")
 
 
 # ---- moe_re_routing --------------------------------------------------------------------------
@@ -731,10 +741,9 @@ def _moe_re_routing_properties(dut, settings):
              run_property("cover_move", sizes, cover_move, run_depth,
                           "done after a run that moved tokens from two ranks", kind="cover"),
              reset_quiet(run_depth)]
-    return [*(_with_memory(prop, *memory) for prop in props),
-            done_within(sizes, lambda h, run: formula_table(h, run, sizes, cycles), run_depth,
-                        "consumer ready, producer valid, memory latency 1: done within the "
-                        "cycle formula (a move's) + 2", memory=memory)]
+    return _with_memory_checks(props, memory, sizes, cycles, run_depth,
+                               "consumer ready, producer valid, memory latency 1: done within "
+                               "the cycle formula (a move's) + 2")
 
 
 # ---- expand and expand_backward --------------------------------------------------------------
@@ -780,8 +789,7 @@ def _stream_unit_properties(dut, *, output, out_size, inputs, cycles, liveness_d
                 implies(run.finished & ~ran, Cat(*(beats[name] == 0
                                                    for name in expected)).all())]
 
-    run_depth = max(cycles(*values) for values in itertools.product(
-        *(range(maximum + 1) for maximum in sizes.values()))) + MARGIN + 2
+    run_depth = max(cycles(*values) for values in size_tuples(sizes)) + MARGIN + 2
     listed = ", ".join(f"{name}'s beats" for name in inputs)
     return [run_property(f"{output}_in_bounds", sizes, in_bounds, run_depth,
                          f"{output} beats only while busy, fewer than ceil({out_size}/lanes); "
