@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from amaranth.sim import Simulator
 from hypothesis import settings as hypothesis_settings
 
 from moe_hw.flows.simulate import build_root, simulator_available
@@ -55,6 +56,15 @@ def simulator_cases(cases, *, icarus):
 
 
 STALLS = [pytest.param(0.0, id="no-stall"), pytest.param(0.3, id="stall")]
+
+
+def run_pysim(top, *benches):
+    """Run ``benches`` as testbenches on ``top`` with a clock, in Amaranth's simulator."""
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    for bench in benches:
+        sim.add_testbench(bench)
+    sim.run()
 
 
 @contextlib.contextmanager

@@ -8,21 +8,12 @@ import numpy as np
 import pytest
 from amaranth.hdl import Value
 from amaranth.lib import data
-from amaranth.sim import Simulator
 
 from moe_hw.axi import (AxiLiteRegisters, AxisToStream, Field, Register, StreamToAxis,
                         WriteRealign)
 from moe_hw.axi.registers import layout_registers
 
-from conftest import STALLS
-
-
-def run_pysim(top, *benches):
-    sim = Simulator(top)
-    sim.add_clock(1e-6)
-    for bench in benches:
-        sim.add_testbench(bench)
-    sim.run()
+from conftest import STALLS, run_pysim
 
 
 REGISTERS = [

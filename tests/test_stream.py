@@ -7,22 +7,12 @@ import pytest
 from amaranth.hdl import Module, Signal, Value
 from amaranth.lib import data
 from amaranth.lib.fifo import SyncFIFO
-from amaranth.sim import Simulator
 
 from moe_hw.flows.simulate import simulate
 from moe_hw.stream import CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay
 from moe_hw.stream.credit import ring_groups
 
-from conftest import STALLS, simulator_params
-
-
-def run_pysim(top, *benches):
-    """Run ``benches`` as testbenches on ``top`` with a clock, in Amaranth's simulator."""
-    sim = Simulator(top)
-    sim.add_clock(1e-6)
-    for bench in benches:
-        sim.add_testbench(bench)
-    sim.run()
+from conftest import STALLS, run_pysim, simulator_params
 
 
 def run_skid_pysim(items, p_valid, p_ready, seed, dut=None):
