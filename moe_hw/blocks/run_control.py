@@ -103,8 +103,8 @@ class RunControl(wiring.Component):
         running = Signal()
         deciding = Signal()
         preparing = Signal()
-        too_big = [getattr(self, name) > maximum for name, maximum in self.sizes.items()]
-        empty = [getattr(self, name) == 0 for name in self.empty_when_zero]
+        too_big = {name: getattr(self, name) > maximum for name, maximum in self.sizes.items()}
+        empty = {name: getattr(self, name) == 0 for name in self.empty_when_zero}
         too_big_flags = Signal(len(too_big))
         empty_flags = Signal(len(empty) + 1)
         m.d.comb += [
@@ -115,18 +115,23 @@ class RunControl(wiring.Component):
             self.running.eq(running),
             self.busy.eq(deciding | preparing | running),
         ]
-        # ``clear`` (neither too big nor empty) is registered beside the flags, so that
-        # ``begin`` is one gate of two registers: the OR of the flags stays off the path
-        # from ``begin`` into the unit's first counters.
-        clear = Signal()
-        go = deciding & clear
+        # The checks are registered in every cycle, not only at ``accept``: in the decide
+        # cycle they hold the checks of the sizes at the start. ``clear`` (neither too big nor
+        # empty) is one flag per size (its checks ORed) and one for ``empty_also``, so that
+        # the start-time path is the checks of one size, and ``begin`` one gate of
+        # ``deciding`` and a few flags (a single registered flag for the whole OR was the
+        # critical path of dispatch and re-routing: every size's compares in one cycle).
+        bad = [too_big[name] | empty[name] if name in empty else too_big[name]
+               for name in self.sizes]
+        bad_flags = Signal(len(bad) + 1)
+        m.d.sync += [too_big_flags.eq(Cat(*too_big.values())),
+                     empty_flags.eq(Cat(*empty.values(), self.empty_also)),
+                     bad_flags.eq(Cat(*bad, self.empty_also))]
+        go = deciding & ~bad_flags.any()
         m.d.sync += deciding.eq(self.accept)
         with m.If(self.accept):
             m.d.sync += [self.size(name).eq(getattr(self, name)) for name in self.sizes]
-            m.d.sync += [self.done.eq(0), self.error.eq(0),
-                         too_big_flags.eq(Cat(*too_big)),
-                         empty_flags.eq(Cat(*empty, self.empty_also)),
-                         clear.eq(~Cat(*too_big, *empty, self.empty_also).any())]
+            m.d.sync += [self.done.eq(0), self.error.eq(0)]
         with m.If(deciding):
             with m.If(self.too_big):
                 m.d.sync += [self.error.eq(1), self.done.eq(1)]
