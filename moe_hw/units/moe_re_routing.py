@@ -281,6 +281,11 @@ class MoeReRoutingUnit(wiring.Component):
         ranks_zero = Signal()
         no_move = Signal()                         # A == 0 or H == 0
         hidden_bad = Signal()                      # H == 0 with A > 0
+        # A == 0 and H == 0, registered at accept beside ranks_zero: the decide cycle's flags
+        # above are then gates of two registers, not compares of the held sizes (whose
+        # sub-terms Yosys shares with the row reader's, across the unit).
+        tokens_zero = Signal()
+        hidden_zero = Signal()
         beats = Signal(range(p.max_beats + 1))
         last_en = Signal(p.lanes)
         hidden_step = Signal(bits_for(p.max_hidden))
@@ -648,6 +653,7 @@ class MoeReRoutingUnit(wiring.Component):
             m.d.sync += [
                 cumsum_mode.eq(~self.expert_token_num_type), scatter_idx.eq(self.idx_type),
                 ranks_zero.eq(self.num_ranks == 0),
+                tokens_zero.eq(self.tokens == 0), hidden_zero.eq(self.hidden == 0),
             ]
         # The run registers load in the decide cycle, from the held sizes: ``accept`` (a
         # function of the start port) then reaches only the few registers above.
@@ -655,8 +661,8 @@ class MoeReRoutingUnit(wiring.Component):
         hidden_held = held["hidden"]
         with m.If(ctl.decide):
             m.d.sync += [
-                no_move.eq((held["tokens"] == 0) | (hidden_held == 0)),
-                hidden_bad.eq((held["tokens"] != 0) & (hidden_held == 0)),
+                no_move.eq(tokens_zero | hidden_zero),
+                hidden_bad.eq(~tokens_zero & hidden_zero),
                 beats.eq((hidden_held + (p.lanes - 1)) >> lanes_log2),
                 last_en.eq(last_enable_of(hidden_held, p.lanes)),
                 hidden_step.eq(hidden_held),
