@@ -107,13 +107,17 @@ class RunControl(wiring.Component):
         empty = {name: getattr(self, name) == 0 for name in self.empty_when_zero}
         too_big_flags = Signal(len(too_big))
         empty_flags = Signal(len(empty) + 1)
+        # ``idle`` (neither deciding, preparing nor running) is a register of its own, so that
+        # ``accept``, which fans out to the clock enables of every register a unit loads at
+        # the start, is one gate of the start port and a register.
+        idle = Signal(init=1)
         m.d.comb += [
-            self.accept.eq(self.start & ~deciding & ~preparing & ~running),
+            self.accept.eq(self.start & idle),
             self.decide.eq(deciding),
             self.too_big.eq(too_big_flags.any()),
             self.empty.eq(empty_flags.any()),
             self.running.eq(running),
-            self.busy.eq(deciding | preparing | running),
+            self.busy.eq(~idle),
         ]
         # The checks are registered in every cycle, not only at ``accept``: in the decide
         # cycle they hold the checks of the sizes at the start. ``clear`` (neither too big nor
@@ -139,6 +143,7 @@ class RunControl(wiring.Component):
                 m.d.sync += self.done.eq(1)
         if self.setup == 1:
             m.d.comb += self.begin.eq(go)
+            preparing_next = 0
         else:
             left = Signal(range(self.setup), name="setup_left")
             with m.If(go):
@@ -148,11 +153,14 @@ class RunControl(wiring.Component):
                 with m.If(left == 0):
                     m.d.sync += preparing.eq(0)
             m.d.comb += self.begin.eq(preparing & (left == 0))
+            preparing_next = go | (preparing & (left != 0))
         with m.If(self.begin):
             m.d.sync += running.eq(1)
-        m.d.sync += self.stopped.eq(~((running | self.begin) & ~self.finished))
+        running_next = (running | self.begin) & ~self.finished
+        m.d.sync += self.stopped.eq(~running_next)
         with m.If(self.fault & running):
             m.d.sync += self.error.eq(1)
         with m.If(self.finished):
             m.d.sync += [running.eq(0), self.done.eq(1)]
+        m.d.sync += idle.eq(~(self.accept | preparing_next | running_next))
         return m
