@@ -188,15 +188,17 @@ def test_ring_queue_order_and_latency(depth):
             assert out_cycle == in_cycle + RingQueue.LATENCY
 
 
-@pytest.mark.parametrize("skid", [True, False])
+@pytest.mark.parametrize("skid,late_read", [(True, False), (False, False), (False, True)],
+                         ids=["skid", "ring", "late-read"])
 @pytest.mark.parametrize("latency", [1, 3])
-def test_credit_pipeline_order_and_throughput(latency, skid):
+def test_credit_pipeline_order_and_throughput(latency, skid, late_read):
     # A 40-bit datapath of ``latency`` free-running registers between take and payload, with
-    # the queue's skid buffer or the bare ring on ``o``: every item leaves in order; while
-    # the producer and the consumer never wait, one item per cycle, each ``latency`` +
-    # the queue's latency after its take; with random stalls later, no item is lost.
+    # the queue's skid buffer or the bare ring on ``o`` (read in the take's cycle, or in the
+    # cycle after it with ``late_read``): every item leaves in order; while the producer and
+    # the consumer never wait, one item per cycle, each ``latency`` + the queue's latency
+    # after its take; with random stalls later, no item is lost.
     m = Module()
-    dut = m.submodules.dut = CreditPipeline(latency, 40, skid=skid)
+    dut = m.submodules.dut = CreditPipeline(latency, 40, skid=skid, late_read=late_read)
     data = Signal(40)
     m.d.comb += dut.payload.eq(delay(m, data, latency, 1, name="datapath"))
     rng = np.random.default_rng(latency)
@@ -205,7 +207,11 @@ def test_credit_pipeline_order_and_throughput(latency, skid):
 
     async def bench(ctx):
         cycle = 0
+        late = None                     # the cycle of a take whose payload is read now
         while len(got) < len(items):
+            if late is not None:
+                got.append((ctx.get(dut.o.payload), late))
+                late = None
             stalls = cycle >= 100
             valid = len(taken) < len(items) and not (stalls and rng.random() < 0.3)
             ready = not (stalls and rng.random() < 0.4)
@@ -213,7 +219,10 @@ def test_credit_pipeline_order_and_throughput(latency, skid):
             ctx.set(data, items[len(taken)] if valid else 0)
             ctx.set(dut.o.ready, ready)
             if ctx.get(dut.o.valid) and ready:
-                got.append((ctx.get(dut.o.payload), cycle))
+                if late_read:
+                    late = cycle
+                else:
+                    got.append((ctx.get(dut.o.payload), cycle))
             if ctx.get(dut.take):
                 taken.append(cycle)
             await ctx.tick()
@@ -225,6 +234,11 @@ def test_credit_pipeline_order_and_throughput(latency, skid):
     assert taken[:90] == list(range(taken[0], taken[0] + 90))
     for (_, out_cycle), in_cycle in zip(got[:80], taken):
         assert out_cycle == in_cycle + latency + dut.queue_latency
+
+
+def test_credit_pipeline_late_read_needs_the_ring():
+    with pytest.raises(ValueError, match="late_read is for a ring that drives the output"):
+        CreditPipeline(2, 8, late_read=True)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5, 16])

@@ -57,6 +57,14 @@ pointer XOR k (its own reset value and its own increment logic) and writes its g
 entries at that address too, so each group's slots are a fixed permutation of the others'
 and the FIFO order is unchanged. The copies add no logic between a pointer and its RAM, and
 no cycle: every latency is the one of a single ring.
+
+A wide ring's groups sit beside the lanes they feed, across the chip, and the take (a gate
+of the consumer's flags) reaches every group's read pointer in the cycle it is made. With
+``late_read=True`` (``skid=False`` only) the pointer copies advance a cycle after the take,
+on a register of their own that the placer puts between the take and the groups: the item
+taken in cycle c is on ``o.payload`` in cycle c + 1 (not c), and the consumer loads it a
+cycle later. ``o.valid`` and the credits are unchanged, and so are the ring's slots: the
+taken entry is still there a cycle after its take (see :class:`Ring`).
 """
 
 from amaranth.hdl import Module, Mux, Signal, Value
@@ -92,12 +100,21 @@ class Ring(wiring.Component):
 
     Latency: an entry written in cycle c is on ``r_data``, with ``nonempty`` high, from
     cycle c + 1.
+
+    ``late``: the read pointers advance a cycle after ``r_en`` (see the module docstring): the
+    entry read in cycle c (``r_en`` high) stays on ``r_data`` in cycle c + 1. No write has
+    reached its slot by then: the write in cycle c is at the read pointer plus the entries
+    held, which are at least one (the entry read) and, with the one written, at most
+    ``depth`` (less than the slots, or the write would overwrite an entry), so it is
+    elsewhere; a write in cycle c + 1 lands at the clock edge that ends it. (Skipping an entry
+    that is being written, with ``nonempty`` low, is not for a late reader.)
     """
 
-    def __init__(self, shape, depth):
+    def __init__(self, shape, depth, *, late=False):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, not {depth!r}")
         self.depth = depth
+        self.late = bool(late)
         super().__init__({"w_en": In(1), "w_data": In(shape),
                           "r_en": In(1), "r_data": Out(shape), "nonempty": Out(1)})
 
@@ -105,6 +122,7 @@ class Ring(wiring.Component):
         m = Module()
         slots = 1 << ceil_log2(self.depth)
         w_data = Value.cast(self.w_data)
+        advance = delay(m, self.r_en, 1, 1, name="r_advance") if self.late else self.r_en
         r_data = Value.cast(self.r_data)
         write_always = slots > self.depth
         for group, (start, stop) in enumerate(ring_groups(len(w_data), slots)):
@@ -124,7 +142,7 @@ class Ring(wiring.Component):
             ]
             with m.If(self.w_en):
                 m.d.sync += w_ptr.eq(_next_slot(w_ptr, group))
-            with m.If(self.r_en):
+            with m.If(advance):
                 m.d.sync += r_ptr.eq(_next_slot(r_ptr, group))
         items = Signal(range(slots + 1), name="items")
         fills = self.w_en & ~self.r_en
@@ -213,7 +231,9 @@ class CreditPipeline(wiring.Component):
     producer's valid back to it: dispatch's data input at 16 lanes, where the flag's nets
     run across the wide datapath). It costs a credit in a cycle nothing is taken, so its
     default depth is one more, ``latency + 4``: it is then never less ready than the exact
-    flag at ``latency + 3``."""
+    flag at ``latency + 3``. ``late_read``: the ring's read pointers follow the take a cycle
+    late (with ``skid=False`` only; see the module docstring): the item taken in cycle c is
+    on ``o.payload`` in cycle c + 1."""
 
     #: Cycles the queue adds from the datapath's output to ``o.valid``.
     QUEUE_LATENCY = RingQueue.LATENCY
@@ -224,11 +244,14 @@ class CreditPipeline(wiring.Component):
     IDLE_LATENCY = 1
 
     def __init__(self, latency, shape, *, depth=None, skid=True, keep=None, alternate=(),
-                 ready_ahead=False):
+                 ready_ahead=False, late_read=False):
         if not isinstance(latency, int) or latency < 0:
             raise ValueError(f"latency must be a non-negative integer, not {latency!r}")
         if (keep is not None or alternate) and not skid:
             raise ValueError("keep and alternate need the skid buffer (skid=True)")
+        if late_read and skid:
+            raise ValueError("late_read is for a ring that drives the output (skid=False)")
+        self.late_read = bool(late_read)
         self.latency = latency
         self.skid = bool(skid)
         self._keep = keep
@@ -263,7 +286,8 @@ class CreditPipeline(wiring.Component):
         else:
             # The ring holds every counted item (at most ``depth``); it is read only while
             # it holds one.
-            ring = m.submodules.ring = Ring(self.payload.shape(), self.depth)
+            ring = m.submodules.ring = Ring(self.payload.shape(), self.depth,
+                                            late=self.late_read)
             reads = self.o.valid & self.o.ready
             m.d.comb += [
                 ring.w_en.eq(arrives), ring.w_data.eq(self.payload), ring.r_en.eq(reads),

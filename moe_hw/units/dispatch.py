@@ -93,12 +93,21 @@ class DispatchParams(FloatDatapathParams, UnitParams):
         return self.mul_latency
 
     @property
+    def late_operands(self):
+        """At 16 lanes the data ring's read pointers follow the take a cycle late
+        (``CreditPipeline(late_read=True)``): the lane groups' pointer copies span the chip,
+        and the take reached the far ones in the cycle it was made (216.8 MHz). The operands
+        are then loaded a cycle later: one cycle more per run."""
+        return self.lanes >= 16
+
+    @property
     def overhead(self):
         """Stall-free cycles beyond one per data beat: run control (start, decide), slot
-        address, header queue (its ring's read is the current pair), operand register,
-        multiplier, output queue, its idle register, done register."""
+        address, header queue (its ring's read is the current pair), operand register (a
+        cycle later with :attr:`late_operands`), multiplier, output queue, its idle register,
+        done register."""
         return (START_LATENCY + slot_latency(self) + CreditPipeline.RING_LATENCY + 1 +
-                self.stages +
+                self.late_operands + self.stages +
                 CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     @property
@@ -147,9 +156,9 @@ class DispatchUnit(wiring.Component):
 
     @property
     def latency(self):
-        """Cycles from a data beat entering to its write leaving (operand register,
-        multiplier, output queue)."""
-        return 1 + self.params.stages + CreditPipeline.QUEUE_LATENCY
+        """Cycles from a data beat entering to its write leaving (operand register, a cycle
+        later with late operands, multiplier, output queue)."""
+        return 1 + self.params.late_operands + self.params.stages + CreditPipeline.QUEUE_LATENCY
 
     @property
     def overhead(self):
@@ -189,7 +198,8 @@ class DispatchUnit(wiring.Component):
         # the output's flags and pointers, not the clock enable of lanes x 32 data bits.
         # Its ready is decided a credit ahead (``ready_ahead``): the take fans out across the
         # lanes, and the credit count's loop through it was the critical path at 16 lanes.
-        mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.stages, out_layout,
+        mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.late_operands + p.stages,
+                                                         out_layout,
                                                          keep="write", alternate=("beat",),
                                                          ready_ahead=True)
         pair = h_out.payload
@@ -200,7 +210,8 @@ class DispatchUnit(wiring.Component):
         # skid buffer here puts the take on the clock enable of lanes x 32 payload bits.) Its
         # ready is decided a credit ahead, so that the take does not loop back into it.
         data_in = m.submodules.data_in = CreditPipeline(1, p.data_layout(), skid=False,
-                                                         ready_ahead=True)
+                                                         ready_ahead=True,
+                                                         late_read=p.late_operands)
         beats_in = data_in.o
         # The data input takes the run control's own copy of the run flag (``stopped``): the
         # flag's net spans the unit, and the input's take and credit count were on it.
@@ -238,7 +249,10 @@ class DispatchUnit(wiring.Component):
         # A copy of the gate register per group of up to four lanes (two copies at most
         # lanes 8, four at 16): the gate fans out to every lane's operand logic, and the
         # lanes that share a copy share the logic that classifies it too.
-        gates = replicated(m, pair.gate, name="lane_gate", copies=min(4, max(2, p.lanes // 4)))
+        # (With late operands the beat's data reaches its operand registers a cycle after the
+        # take, and the gate follows it through a register.)
+        gate = delay(m, pair.gate, 1, 1, name="gate_late") if p.late_operands else pair.gate
+        gates = replicated(m, gate, name="lane_gate", copies=min(4, max(2, p.lanes // 4)))
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
