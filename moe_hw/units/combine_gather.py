@@ -475,19 +475,24 @@ class CombineGatherUnit(wiring.Component):
             with m.Else():                       # the next window
                 m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
                              cur_tok.eq(next_tok), cur_beat.eq(next_beat),
-                             to_end.eq(next_to_end),
-                             win_tok.eq(next_tok), win_beat.eq(next_beat),
-                             win_to_end.eq(next_to_end),
-                             win_len.eq(next_len), pass_left.eq(next_len),
+                             to_end.eq(next_to_end), pass_left.eq(next_len),
                              over.eq(next_over), over_less.eq(next_over_less),
-                             win_over.eq(next_over), win_over_less.eq(next_over_less),
                              over_len.eq(next_over_len), over_less_len.eq(next_over_less_len),
-                             win_over_len.eq(next_over_len),
-                             win_over_less_len.eq(next_over_less_len),
                              len_over.eq(next_len_over), len_over_less.eq(next_len_over_less),
                              *window_follows(after_less, after_less2, after_less3)]
                 with m.If(last_window):
                     m.d.sync += [gen_active.eq(0), gen_idle.eq(1)]
+        # The next window's start (the win_* registers) loads whenever the segment in hand
+        # ends the window's last pass, not on the take: its clock enable is then two
+        # registers, not the scheduler's handshake (a net to eight wide registers). Nothing
+        # reads them on a window's last pass (only the next pass restarts from them), and
+        # while the take waits the state, and so the value loaded, does not change.
+        with m.If(end_pass & last_pass):
+            m.d.sync += [win_tok.eq(next_tok), win_beat.eq(next_beat),
+                         win_to_end.eq(next_to_end), win_len.eq(next_len),
+                         win_over.eq(next_over), win_over_less.eq(next_over_less),
+                         win_over_len.eq(next_over_len),
+                         win_over_less_len.eq(next_over_less_len)]
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
         # Their next values are choices among sums of registers alone (avail + 1, avail - 1,
         # fill + 1, formed beside the handshakes), by the header take and by ``gen`` last: no
