@@ -317,6 +317,11 @@ class DispatchBackwardGateUnit(wiring.Component):
         next_member = Signal(range(group))       # the member after it
         last_member = Signal()                   # member == G - 1
         first_beat = Signal()                    # the round of beat 0 (takes the headers)
+        # first_beat & more_pairs, a register of its own: the item's valid, its header take
+        # and the take's clock enables (the pair count, the token and its row address) start
+        # from it rather than from a gate of the two (the path was first_beat -> the take ->
+        # pairs_left's clock enable, 219.4 MHz).
+        need_header = Signal()
         # The group's pairs, one entry per member: the addresses of the pair's next beat in
         # both rows, whether the pair reads, whether it is a pair at all; every item writes
         # its pair's entry back with the addresses a beat on (the adder is off the issue
@@ -339,7 +344,6 @@ class DispatchBackwardGateUnit(wiring.Component):
         new_round = Signal()
         _, last_beat = row_beats(m, beats, start=new_round, step=step, name="round")
         m.d.comb += new_round.eq(ctl.begin | (step & last_beat))
-        need_header = first_beat & more_pairs
 
         live = Signal()
         real = Signal()
@@ -417,6 +421,9 @@ class DispatchBackwardGateUnit(wiring.Component):
         # The dropped count, a cycle later (off the handshake path).
         with m.If(delay(m, take_header & ~h.in_range, 1, 1, name="take_dropped")):
             m.d.sync += self.dropped.eq(self.dropped + 1)
+        first_beat_next = Mux(issue & last_member, last_beat, first_beat)
+        more_pairs_next = Mux(take_header, ~last_pair, more_pairs)
+        m.d.sync += need_header.eq(first_beat_next & more_pairs_next)
         with m.If(issue):
             m.d.sync += [member.eq(next_member),
                          next_member.eq(Mux(next_member == group - 1, 0, next_member + 1)),
@@ -530,7 +537,7 @@ class DispatchBackwardGateUnit(wiring.Component):
                 headers_left.eq(pairs), headers_open.eq(1),
                 pairs_left.eq(pairs), more_pairs.eq(1), last_pair.eq(pairs == 1),
                 member.eq(0), next_member.eq(1), last_member.eq(0),
-                first_beat.eq(1), issuing.eq(1),
+                first_beat.eq(1), need_header.eq(1), issuing.eq(1),
                 ring.eq(1), fresh.eq(1),
             ]
         return m
