@@ -35,6 +35,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from ..blocks.block_memory import bram_param
 from ..params import UnitParams, param
 from .registers import AxiLiteRegisters, Field, Register, axil_members, layout_registers
 from .streams import AxisToStream, StreamToAxis, axis_members, tdata_width
@@ -56,6 +57,7 @@ class AxiParams(UnitParams):
                                  doc="write bursts awaiting their response, at most")
     axi_fifo_depth: int = param(512, minimum=2, maximum=1 << 16, power_of_two=True,
                                 doc="bus words buffered per AXI4 master (a block RAM)")
+    axi_bram: str = bram_param()
 
 
 def _is_write_port(member):
@@ -290,7 +292,8 @@ class AxiWrapper(wiring.Component):
             master = m.submodules[f"axi_{port}"] = AxiWriteMaster(
                 prefix, lanes=lanes, width=width, word_width=realign.word_width,
                 addr_width=self.axi.axi_addr_width, max_burst=self.axi.axi_max_burst,
-                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth)
+                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth,
+                bram=self.axi.axi_bram)
             self._forward(m, master, axi_write_members(prefix,
                                                        addr_width=self.axi.axi_addr_width,
                                                        data_width=lanes * width))
