@@ -309,11 +309,18 @@ class AxiWrapper(wiring.Component):
             bus_errors.append(master.bus_error)
 
         # ---- run control ---------------------------------------------------------------------
-        all_drained = Signal()
-        m.d.comb += all_drained.eq(Cat(*drained).all() if drained else 1)
+        # ``all_drained`` and ``unit_done`` are their flags a cycle ago (registers: the start
+        # and done decisions are then one LUT from flip-flops). While no run is on nothing
+        # enters the buses, so a start sees the buses drained as they are; a run finishes
+        # once the unit was done and the buses drained in the cycle before (the unit then has
+        # nothing more to give, so they stay drained).
+        all_drained = Signal(init=1)
+        unit_done = Signal()
+        m.d.sync += [all_drained.eq(Cat(*drained).all() if drained else 1),
+                     unit_done.eq(unit.done)]
         m.d.comb += [accept.eq(regs.start & ~unit.busy & ~armed & all_drained),
                      unit.start.eq(accept)]
-        finish = armed & unit.done & all_drained
+        finish = armed & unit.done & unit_done & all_drained
         done = Signal()
         with m.If(accept):
             m.d.sync += [armed.eq(1), done.eq(0), bus_error.eq(0), stream_error.eq(0)]

@@ -310,6 +310,7 @@ class AxiWriteMaster(wiring.Component):
         w_ptr = Signal(range(self.fifo_depth))
         r_ptr = Signal(range(self.fifo_depth))
         used = Signal(range(self.fifo_depth + 1))    # words written and not yet read
+        empty = Signal(init=1)                          # used == 0 (a register)
         readable = Signal(range(self.fifo_depth + 1))   # words the RAM can be read for
         nonempty = Signal()                              # readable != 0 (a register)
         written = delay(m, take, 1, 1, name="written")   # a word reaches the RAM
@@ -323,8 +324,9 @@ class AxiWriteMaster(wiring.Component):
             m.d.sync += w_ptr.eq(_next(w_ptr, self.fifo_depth))
         with m.If(read):
             m.d.sync += r_ptr.eq(_next(r_ptr, self.fifo_depth))
-        _count(m, used, fifo_room, take, read, lambda level: level != self.fifo_depth)
-        _count(m, readable, nonempty, written, read, lambda level: level != 0)
+        _count(m, used, take, read, [(fifo_room, lambda level: level != self.fifo_depth),
+                                     (empty, lambda level: level == 0)])
+        _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -374,7 +376,7 @@ class AxiWriteMaster(wiring.Component):
         m.d.comb += p("bready").eq(1)
         m.d.sync += self.bus_error.eq(answered & (p("bresp") != 0))
         m.d.sync += in_flight.eq(in_flight + issue - answered)
-        m.d.comb += self.idle.eq(~inp.held & ~is_open & (used == 0) & ~ahead.busy &
+        m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
                                  (cmd.level == 0) & (in_flight == 0))
         return m
 
@@ -386,15 +388,15 @@ def _next(ptr, depth):
     return (ptr + 1)[:len(ptr)]
 
 
-def _count(m, level, flag, grows_by, shrinks_by, flag_of):
-    """``level`` (a register) counts ``grows_by`` up and ``shrinks_by`` down; ``flag`` is the
-    register ``flag_of(level)`` of the next level, chosen by the two (no carry chain between
-    the handshakes and the flag)."""
+def _count(m, level, grows_by, shrinks_by, flags):
+    """``level`` (a register) counts ``grows_by`` up and ``shrinks_by`` down; each of
+    ``flags`` (``(register, function of a level)`` pairs) is its function of the next level, a
+    choice by the two among three compares (no carry chain between the handshakes and the
+    flag)."""
     grows = grows_by & ~shrinks_by
     shrinks = shrinks_by & ~grows_by
-    m.d.sync += [
-        level.eq(Mux(grows, level + 1, Mux(shrinks, level - 1, level))),
-        flag.eq(Mux(grows, flag_of(level + 1), Mux(shrinks, flag_of(level - 1),
-                                                   flag_of(level)))),
-    ]
+    m.d.sync += level.eq(Mux(grows, level + 1, Mux(shrinks, level - 1, level)))
+    for flag, flag_of in flags:
+        m.d.sync += flag.eq(Mux(grows, flag_of(level + 1), Mux(shrinks, flag_of(level - 1),
+                                                                 flag_of(level))))
 
