@@ -167,13 +167,14 @@ class WriteRealign(wiring.Component):
         carry_valid = Signal()                    # set only by the beat just before
         carry_data = Signal(lanes * width, reset_less=True)
         carry_en = Signal(lanes)
+        carry_low = Signal(lanes)                 # the carry's lanes; 0 without a carry
         carry_word = Signal(self.word_width)
         continues = carry_valid & r["follows"]
         flush = carry_valid & ~(valid & continues)
-        # Lane n takes the carry when the carry leaves alone or the lane is below the offset
-        # (its enable then says whether the beat continues the carry).
-        from_carry = Cat(flush | r["low"][n] for n in range(lanes))
-        merged = Cat(Mux(from_carry[n], carry_data.word_select(n, width),
+        # The choices are registers: a beat that continues the carry has the carry's offset
+        # (so its low lanes are the carry's) and the carry's word; lanes that the carry does
+        # not hold come from the beat, and are enabled only when they are the beat's.
+        merged = Cat(Mux(carry_low[n], carry_data.word_select(n, width),
                          r["data"].word_select(n, width)) for n in range(lanes))
         merged_en = Mux(flush, carry_en,
                         (r["low"] & carry_en & continues.replicate(lanes)) |
@@ -181,17 +182,19 @@ class WriteRealign(wiring.Component):
         m.d.comb += [
             skid.i.valid.eq(flush | valid),
             ready.eq(skid.i.ready & ~flush),
-            skid.i.payload.word.eq(Mux(flush, carry_word, r["word"])),
+            skid.i.payload.word.eq(Mux(carry_valid, carry_word, r["word"])),
             skid.i.payload.data.eq(merged),
             skid.i.payload.strb.eq(merged_en),
             self.busy.eq(carry_valid | Cat(s.held for s in skids).any()),
         ]
+        spill = r["strb"] & r["low"]
         with m.If(skid.i.ready):
             with m.If(flush):
-                m.d.sync += carry_valid.eq(0)
+                m.d.sync += [carry_valid.eq(0), carry_low.eq(0)]
             with m.Elif(valid):
-                m.d.sync += [carry_valid.eq((r["strb"] & r["low"]).any()),
-                             carry_data.eq(r["data"]), carry_en.eq(r["strb"] & r["low"]),
+                m.d.sync += [carry_valid.eq(spill.any()),
+                             carry_low.eq(Mux(spill.any(), r["low"], 0)),
+                             carry_data.eq(r["data"]), carry_en.eq(spill),
                              carry_word.eq(r["word"] + 1)]
         return m
 
