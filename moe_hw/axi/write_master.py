@@ -139,7 +139,7 @@ class WriteRealign(wiring.Component):
         with m.If(inp.o.valid & inp.o.ready):
             m.d.sync += previous.eq(addr + lanes)
         source = {"word": addr[shift:], "data": Cat(beat.data[n] for n in range(lanes)),
-                  "strb": beat.enable, "low": (Const(1, lanes + 1) << offset) - 1,
+                  "strb": beat.enable, "low": Cat(offset > n for n in range(lanes)),
                   "follows": addr == previous, "rest": offset}
         valid, ready = inp.o.valid, inp.o.ready
         for stage in range(self.rotation_stages):
