@@ -85,6 +85,9 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
     :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
     unit, params, description = synth_params(name, target, settings)
     _, _, axi = split_interface(settings)
+    if axi is not None and "axi_bram" not in (settings or {}) and \
+            find_target(target).nextpnr == "ecp5":
+        axi = dataclasses.replace(axi, axi_bram="ecp5")     # as the units' bram, above
 
     def build():
         return unit.build(params) if axi is None else unit.build_axi(params, axi,

@@ -6,6 +6,7 @@ for bit with golden.dispatch_forward, the strobes element by element with the un
 enables, and every burst is checked (INCR, length, wlast, no 4 KiB crossing). Plus the
 emitted files (register map, C header, manifest, FuseSoC core) and the parameter errors."""
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -42,10 +43,10 @@ CASES = {
 }
 
 
-def check(case, sim, stall):
+def check(case, sim, stall, axi=AXI):
     sizes, base = CASES[case]
     outputs, results, findings = run_axi(problem(sorted(CASES).index(case), **sizes), PARAMS,
-                                         AXI, sim=sim, stall=stall, seed=3, base=base)
+                                         axi, sim=sim, stall=stall, seed=3, base=base)
     assert findings == [], "\n".join(findings)
     return results
 
@@ -66,7 +67,9 @@ def test_dispatch_axi(case, stall):
 
 @pytest.mark.parametrize("sim", simulator_params("icarus"))
 def test_dispatch_axi_icarus(sim):
-    check("k2_drops", sim, 0.3)
+    """On Icarus, with the word FIFO in DP16KD blocks (their simulation model), as the
+    synthesis flow builds it on ECP5."""
+    check("k2_drops", sim, 0.3, dataclasses.replace(AXI, axi_bram="ecp5"))
 
 
 def test_gen_emits_axi_files(tmp_path):

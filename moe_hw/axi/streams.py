@@ -39,11 +39,14 @@ def axis_members(prefix, shape, flow):
 
 
 def row_position(m, row_beats, take, restart):
-    """Whether the beat in hand is the last of its row (``row_beats`` beats a row), counting
-    the taken beats; ``restart`` (a new run) puts the count back to a row's first beat."""
+    """Whether the beat in hand is the last of its row (``row_beats`` beats a row, set a
+    cycle before the first beat), counting the taken beats; ``restart`` (a new run) puts the
+    count back to a row's first beat."""
     beat = Signal.like(row_beats, name="row_beat")      # the beat in hand, within its row
+    final = Signal.like(row_beats, name="row_final")    # row_beats - 1, a register
     is_last = Signal()
-    m.d.comb += is_last.eq(beat == row_beats - 1)
+    m.d.sync += final.eq(row_beats - 1)
+    m.d.comb += is_last.eq(beat == final)
     with m.If(take):
         m.d.sync += beat.eq(Mux(is_last, 0, beat + 1))
     with m.If(restart):
@@ -54,7 +57,8 @@ def row_position(m, row_beats, take, restart):
 class AxisToStream(wiring.Component):
     """``s_axis_<name>_*`` in, the unit's stream ``o`` out; see the module docstring.
     ``rows``: the lanes of a row stream (its payload's ``data`` array), or 0. A row stream
-    takes ``row_beats`` (per run, held while it runs) and has a ``tlast_error`` pulse."""
+    takes ``row_beats`` (per run, held while it runs, set a cycle before its first beat) and
+    has a ``tlast_error`` pulse."""
 
     def __init__(self, prefix, shape, *, rows=0, row_beats_width=16):
         self.prefix, self.shape, self.rows = prefix, shape, rows
@@ -86,7 +90,7 @@ class StreamToAxis(wiring.Component):
     """The unit's stream ``i`` in, ``m_axis_<name>_*`` out; see the module docstring.
     ``busy``: a beat is held. ``rows``: the lanes of a row stream, or 0. A row stream takes
     ``row_beats`` and ``last_lanes`` (the lanes of a row's last beat that hold elements,
-    1 to ``rows``), per run."""
+    1 to ``rows``), per run (``row_beats`` set a cycle before the run's first beat)."""
 
     def __init__(self, prefix, shape, *, rows=0, row_beats_width=16):
         self.prefix, self.shape, self.rows = prefix, shape, rows

@@ -35,6 +35,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from ..blocks.block_memory import bram_param
 from ..params import UnitParams, param
 from .registers import AxiLiteRegisters, Field, Register, axil_members, layout_registers
 from .streams import AxisToStream, StreamToAxis, axis_members, tdata_width
@@ -56,6 +57,7 @@ class AxiParams(UnitParams):
                                  doc="write bursts awaiting their response, at most")
     axi_fifo_depth: int = param(512, minimum=2, maximum=1 << 16, power_of_two=True,
                                 doc="bus words buffered per AXI4 master (a block RAM)")
+    axi_bram: str = bram_param()
 
 
 def _is_write_port(member):
@@ -290,7 +292,8 @@ class AxiWrapper(wiring.Component):
             master = m.submodules[f"axi_{port}"] = AxiWriteMaster(
                 prefix, lanes=lanes, width=width, word_width=realign.word_width,
                 addr_width=self.axi.axi_addr_width, max_burst=self.axi.axi_max_burst,
-                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth)
+                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth,
+                bram=self.axi.axi_bram)
             self._forward(m, master, axi_write_members(prefix,
                                                        addr_width=self.axi.axi_addr_width,
                                                        data_width=lanes * width))
@@ -306,11 +309,18 @@ class AxiWrapper(wiring.Component):
             bus_errors.append(master.bus_error)
 
         # ---- run control ---------------------------------------------------------------------
-        all_drained = Signal()
-        m.d.comb += all_drained.eq(Cat(*drained).all() if drained else 1)
+        # ``all_drained`` and ``unit_done`` are their flags a cycle ago (registers: the start
+        # and done decisions are then one LUT from flip-flops). While no run is on nothing
+        # enters the buses, so a start sees the buses drained as they are; a run finishes
+        # once the unit was done and the buses drained in the cycle before (the unit then has
+        # nothing more to give, so they stay drained).
+        all_drained = Signal(init=1)
+        unit_done = Signal()
+        m.d.sync += [all_drained.eq(Cat(*drained).all() if drained else 1),
+                     unit_done.eq(unit.done)]
         m.d.comb += [accept.eq(regs.start & ~unit.busy & ~armed & all_drained),
                      unit.start.eq(accept)]
-        finish = armed & unit.done & all_drained
+        finish = armed & unit.done & unit_done & all_drained
         done = Signal()
         with m.If(accept):
             m.d.sync += [armed.eq(1), done.eq(0), bus_error.eq(0), stream_error.eq(0)]

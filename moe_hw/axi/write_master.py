@@ -10,9 +10,12 @@ the first word takes the beat's low lanes (and, below them, the part of the prev
 that spilled over, when this beat continues it at the next address), and the part that
 spills into the next word waits in a carry register. The carry leaves on its own (one word)
 when the next beat does not continue it or when no beat is waiting. Aligned beats pass one
-per cycle; an unaligned run of consecutive beats costs one word more than its beats. The
-rotation is a registered stage of its own (a skid buffer), so that the merge with the carry
-starts from registers: latency two cycles.
+per cycle; an unaligned run of consecutive beats costs one word more than its beats. Every
+step starts from registers (skid buffers between them): the beat is registered as it comes
+in, the rotation is a 4:1 choice per bit for each two bits of the lane offset, one
+registered stage each (one stage up to 4 lanes, two up to 16), and the merge with the carry
+decides from the last stage's registers. Latency (:attr:`WriteRealign.latency`): 3 cycles
+up to 4 lanes, 4 up to 16.
 
 :class:`AxiWriteMaster` groups consecutive words into INCR bursts and issues them:
 
@@ -21,7 +24,14 @@ starts from registers: latency two cycles.
   holds ``max_burst`` beats, when the next word would start a new 4 KiB page, or in a cycle
   in which no word arrives. Its words wait in a data FIFO (``fifo_depth`` words, a block
   RAM); a full FIFO stops the input, which then closes the burst: nothing waits on a burst
-  that cannot grow.
+  that cannot grow. The decision is made from registers: each word comes in through a
+  register stage that holds its bus address (``base_word`` added) and whether it follows
+  the word before and starts a 4 KiB page; the burst's length limit and the FIFO's room are
+  registers of their own.
+* The FIFO is a :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for
+  DP16KD blocks with their output registers), written through a register and read ahead
+  (two cycles) into a :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM
+  output and no FIFO flag is combinational logic's input.
 * AW is issued from the command queue while fewer than ``outstanding`` bursts await their
   write response (B); each issued burst's length goes to the W side, which sends its words
   from the FIFO with ``wlast`` on the last, going on to the next burst without a gap.
@@ -37,11 +47,12 @@ Every AXI output is a register (skid buffers on AW and W, constants elsewhere).
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..stream import RegisteredFIFO, SkidBuffer
+from ..blocks.block_memory import MEMORY_TARGETS, BlockMemory
+from ..params import check_choice
+from ..stream import CreditPipeline, RegisteredFIFO, SkidBuffer, delay
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "word_layout"]
 
@@ -75,6 +86,9 @@ class WriteRealign(wiring.Component):
     """Element-addressed write beats (``i``: ``addr``, ``data``, ``enable``) onto bus words
     (``o``: :func:`word_layout`); see the module docstring. ``busy``: a word is held."""
 
+    #: Lane-offset bits each rotation stage resolves (a 4:1 choice per bit).
+    STAGE_BITS = 2
+
     def __init__(self, write_layout):
         self.write_layout = write_layout
         array = write_layout["data"].shape
@@ -89,72 +103,125 @@ class WriteRealign(wiring.Component):
                                                                 self.width))),
                           "busy": Out(1)})
 
+    @property
+    def rotation_stages(self):
+        """Registered stages of the rotation (at least one)."""
+        return max(1, -(-self.shift // self.STAGE_BITS))
+
+    @property
+    def latency(self):
+        """Cycles from a beat on ``i`` to its word on ``o`` (no stalls): the input register,
+        the rotation's stages, the merge's output register."""
+        return 2 + self.rotation_stages
+
     def elaborate(self, platform):
         m = Module()
         lanes, width, shift = self.lanes, self.width, self.shift
-        beat = self.i.payload
-        skid = m.submodules.skid = SkidBuffer(self.o.payload.shape())
-        wiring.connect(m, skid.o, wiring.flipped(self.o))
+        skids = []
 
-        # ---- stage 1: rotate each beat onto the byte lanes (registered) -------------------
-        # Element l of the beat goes to lane group (l + offset) mod lanes; ``low``: the lanes
-        # below the offset, which a continuing beat takes from the carry; ``follows``: the
-        # beat's address is the previous beat's plus ``lanes`` (it continues that beat).
+        # ---- the input register: the rotation starts from flip-flops ----------------------
+        inp = m.submodules.input = SkidBuffer(self.write_layout)
+        wiring.connect(m, wiring.flipped(self.i), inp.i)
+        skids.append(inp)
+        beat = inp.o.payload
+
+        # ---- the rotation, STAGE_BITS of the lane offset per registered stage -------------
+        # Element l of the beat goes to lane (l + offset) mod lanes. ``low``: the lanes below
+        # the offset, which a continuing beat takes from the carry; ``follows``: the beat's
+        # address is the previous beat's plus ``lanes`` (it continues that beat); ``rest``:
+        # the offset bits the later stages resolve.
         rotation = data.StructLayout({"word": self.word_width, "data": lanes * width,
-                                      "strb": lanes, "low": lanes, "follows": 1})
-        rot = m.submodules.rotate = SkidBuffer(rotation)
+                                      "strb": lanes, "low": lanes, "follows": 1,
+                                      "rest": max(1, shift)})
         addr = beat.addr
         offset = addr[:shift] if shift else Const(0, 1)
-        flat = Cat(beat.data[n] for n in range(lanes))
-        turn = Signal(range(lanes + 1))
-        m.d.comb += turn.eq(lanes - offset)
         previous = Signal.like(addr)              # the address of the last beat taken, + lanes
-        with m.If(self.i.valid & self.i.ready):
+        with m.If(inp.o.valid & inp.o.ready):
             m.d.sync += previous.eq(addr + lanes)
-        m.d.comb += [
-            rot.i.valid.eq(self.i.valid), self.i.ready.eq(rot.i.ready),
-            rot.i.payload.word.eq(addr[shift:]),
-            rot.i.payload.data.eq(Cat(flat, flat).bit_select(turn * width, lanes * width)),
-            rot.i.payload.strb.eq(Cat(beat.enable, beat.enable).bit_select(turn, lanes)),
-            rot.i.payload.low.eq((Const(1, lanes + 1) << offset) - 1),
-            rot.i.payload.follows.eq(addr == previous),
-        ]
+        source = {"word": addr[shift:], "data": Cat(beat.data[n] for n in range(lanes)),
+                  "strb": beat.enable, "low": Cat(offset > n for n in range(lanes)),
+                  "follows": addr == previous, "rest": offset}
+        valid, ready = inp.o.valid, inp.o.ready
+        for stage in range(self.rotation_stages):
+            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(rotation)
+            skids.append(rot)
+            low_bit = stage * self.STAGE_BITS
+            bits = source["rest"][low_bit:min(shift, low_bit + self.STAGE_BITS)]
+            m.d.comb += [
+                rot.i.valid.eq(valid), ready.eq(rot.i.ready),
+                rot.i.payload.word.eq(source["word"]),
+                rot.i.payload.data.eq(_rotate(source["data"], width, bits, low_bit)),
+                rot.i.payload.strb.eq(_rotate(source["strb"], 1, bits, low_bit)),
+                rot.i.payload.low.eq(source["low"]), rot.i.payload.follows.eq(source["follows"]),
+                rot.i.payload.rest.eq(source["rest"]),
+            ]
+            r = rot.o.payload
+            source = {name: r[name] for name in rotation.members}
+            valid, ready = rot.o.valid, rot.o.ready
 
-        # ---- stage 2: merge with the carry, or let the carry out alone ---------------------
-        r = rot.o.payload
+        # ---- merge with the carry, or let the carry out alone ------------------------------
+        skid = m.submodules.skid = SkidBuffer(self.o.payload.shape())
+        wiring.connect(m, skid.o, wiring.flipped(self.o))
+        skids.append(skid)
+        r = source
         carry_valid = Signal()                    # set only by the beat just before
         carry_data = Signal(lanes * width, reset_less=True)
         carry_en = Signal(lanes)
+        carry_low = Signal(lanes)                 # the carry's lanes; 0 without a carry
         carry_word = Signal(self.word_width)
-        continues = carry_valid & r.follows
-        flush = carry_valid & ~(rot.o.valid & continues)
-        merged = Cat(Mux(r.low[n], carry_data.word_select(n, width), r.data.word_select(n, width))
-                     for n in range(lanes))
-        merged_en = (r.low & carry_en & continues.replicate(lanes)) | (~r.low & r.strb)
+        continues = carry_valid & r["follows"]
+        flush = carry_valid & ~(valid & continues)
+        # The choices are registers: a beat that continues the carry has the carry's offset
+        # (so its low lanes are the carry's) and the carry's word; lanes that the carry does
+        # not hold come from the beat, and are enabled only when they are the beat's.
+        merged = Cat(Mux(carry_low[n], carry_data.word_select(n, width),
+                         r["data"].word_select(n, width)) for n in range(lanes))
+        merged_en = Mux(flush, carry_en,
+                        (r["low"] & carry_en & continues.replicate(lanes)) |
+                        (~r["low"] & r["strb"]))
         m.d.comb += [
-            skid.i.valid.eq(flush | rot.o.valid),
-            rot.o.ready.eq(skid.i.ready & ~flush),
-            skid.i.payload.word.eq(Mux(flush, carry_word, r.word)),
-            skid.i.payload.data.eq(Mux(flush, carry_data, merged)),
-            skid.i.payload.strb.eq(Mux(flush, carry_en, merged_en)),
-            self.busy.eq(carry_valid | rot.held | skid.held),
+            skid.i.valid.eq(flush | valid),
+            ready.eq(skid.i.ready & ~flush),
+            skid.i.payload.word.eq(Mux(carry_valid, carry_word, r["word"])),
+            skid.i.payload.data.eq(merged),
+            skid.i.payload.strb.eq(merged_en),
+            self.busy.eq(carry_valid | Cat(s.held for s in skids).any()),
         ]
+        spill = r["strb"] & r["low"]
         with m.If(skid.i.ready):
             with m.If(flush):
-                m.d.sync += carry_valid.eq(0)
-            with m.Elif(rot.o.valid):
-                m.d.sync += [carry_valid.eq((r.strb & r.low).any()),
-                             carry_data.eq(r.data), carry_en.eq(r.strb & r.low),
-                             carry_word.eq(r.word + 1)]
+                m.d.sync += [carry_valid.eq(0), carry_low.eq(0)]
+            with m.Elif(valid):
+                m.d.sync += [carry_valid.eq(spill.any()),
+                             carry_low.eq(Mux(spill.any(), r["low"], 0)),
+                             carry_data.eq(r["data"]), carry_en.eq(spill),
+                             carry_word.eq(r["word"] + 1)]
         return m
+
+
+def _rotate(value, width, bits, low_bit):
+    """``value`` (lanes of ``width`` bits) rotated towards the high lanes by ``bits``
+    (a slice of the lane offset starting at its bit ``low_bit``) << ``low_bit`` lanes: a
+    choice per output lane among 2 ** len(bits) input lanes."""
+    lanes = len(value) // width
+    out = []
+    for n in range(lanes):
+        choices = [value.word_select((n - (k << low_bit)) % lanes, width)
+                   for k in range(1 << len(bits))]
+        for bit in range(len(bits)):
+            choices = [Mux(bits[bit], choices[k + 1], choices[k])
+                       for k in range(0, len(choices), 2)]
+        out.append(choices[0])
+    return Cat(out)
 
 
 class AxiWriteMaster(wiring.Component):
     """Bus words (``i``: :func:`word_layout`) as AXI4 write bursts on ``<prefix>_*``; see the
-    module docstring."""
+    module docstring. ``bram``: how the word FIFO is built (a
+    :class:`~moe_hw.blocks.block_memory.BlockMemory` target)."""
 
     def __init__(self, prefix, *, lanes, width, word_width, addr_width=32, max_burst=256,
-                 outstanding=4, fifo_depth=512, id_width=1):
+                 outstanding=4, fifo_depth=512, id_width=1, bram="generic"):
         for name, value, low, high in (("max_burst", max_burst, 1, 256),
                                        ("outstanding", outstanding, 1, 64),
                                        ("fifo_depth", fifo_depth, 2, 1 << 16),
@@ -172,9 +239,11 @@ class AxiWriteMaster(wiring.Component):
         self.bus_bytes = self.data_width // 8
         self.size = exact_log2(self.bus_bytes)           # AWSIZE
         self.addr_width = addr_width
+        self.word_width = word_width
         self.bus_word_width = addr_width - self.size     # a bus word's address
         self.max_burst, self.outstanding, self.fifo_depth = max_burst, outstanding, fifo_depth
         self.id_width = id_width
+        self.bram = check_choice("bram", bram, MEMORY_TARGETS)
         super().__init__({
             "i": In(stream.Signature(word_layout(word_width, lanes, width))),
             "base_word": In(self.bus_word_width),
@@ -187,38 +256,80 @@ class AxiWriteMaster(wiring.Component):
         m = Module()
         p = lambda name: getattr(self, f"{self.prefix}_{name}")     # noqa: E731
         lanes, width = self.lanes, self.width
-        beat = self.i.payload
+        entry_width = lanes * width + lanes
 
-        # ---- burst former ------------------------------------------------------------------
+        # ---- the input register: each word's bus address and its relation to the one
+        # before, from registers, so that the burst former decides from flip-flops ----------
+        page_bits = 12 - self.size
+        arrival = data.StructLayout({"word": self.bus_word_width, "follows": 1, "page": 1,
+                                     "entry": entry_width})
+        inp = m.submodules.input = SkidBuffer(arrival, alternate=("entry",))
+        beat = self.i.payload
+        after = Signal(self.word_width + 1)        # the last word in, + 1 (no wrap)
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += after.eq(beat.word + 1)
+        page_low = (self.base_word[:page_bits] + beat.word[:page_bits])[:page_bits] \
+            if page_bits > 0 else Const(0, 1)
+        m.d.comb += [
+            inp.i.valid.eq(self.i.valid), self.i.ready.eq(inp.i.ready),
+            inp.i.payload.word.eq(self.base_word + beat.word),
+            inp.i.payload.follows.eq(beat.word == after),
+            inp.i.payload.page.eq(page_low == 0),      # the word starts a 4 KiB page
+            inp.i.payload.entry.eq(Cat(beat.data, beat.strb)),
+        ]
+        word = inp.o.payload
+
+        # ---- burst former --------------------------------------------------------------------
         command = data.StructLayout({"word": self.bus_word_width, "len": 8})
         cmd = m.submodules.commands = RegisteredFIFO(command, 4)
-        fifo = m.submodules.words = SyncFIFOBuffered(width=lanes * width + lanes,
-                                                     depth=self.fifo_depth)
-        word = Signal(self.bus_word_width)
-        m.d.comb += word.eq(self.base_word + beat.word)
         is_open = Signal()
         start = Signal(self.bus_word_width)
         length = Signal(8)                          # AWLEN: beats - 1
-        next_word = Signal(self.bus_word_width)
-        page_bits = 12 - self.size
-        new_page = (word[:page_bits] == 0) if page_bits > 0 else Const(1)
-        extend = is_open & (word == next_word) & (length != self.max_burst - 1) & ~new_page
-        room = fifo.w_rdy & (extend | ~is_open | cmd.w_rdy)
-        take = self.i.valid & room
+        at_max = Signal()                           # the open burst holds max_burst beats
+        fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
+        extend = is_open & word.follows & ~at_max & ~word.page
+        room = fifo_room & (extend | ~is_open | cmd.w_rdy)
+        take = inp.o.valid & room
         close = is_open & Mux(take, ~extend, cmd.w_rdy)
         m.d.comb += [
-            self.i.ready.eq(room),
-            fifo.w_en.eq(take), fifo.w_data.eq(Cat(beat.data, beat.strb)),
+            inp.o.ready.eq(room),
             cmd.w_en.eq(close), cmd.w_data.word.eq(start), cmd.w_data.len.eq(length),
         ]
         with m.If(take):
             with m.If(extend):
-                m.d.sync += [length.eq(length + 1), next_word.eq(next_word + 1)]
+                m.d.sync += [length.eq(length + 1),
+                             at_max.eq(length == self.max_burst - 2)]
             with m.Else():
-                m.d.sync += [is_open.eq(1), start.eq(word), length.eq(0),
-                             next_word.eq(word + 1)]
+                m.d.sync += [is_open.eq(1), start.eq(word.word), length.eq(0),
+                             at_max.eq(self.max_burst == 1)]
         with m.Elif(close):
             m.d.sync += is_open.eq(0)
+
+        # ---- the word FIFO: a block RAM (registered write, two-cycle read) read ahead into
+        # a credit-counted queue; every flag is a register -----------------------------------
+        store = m.submodules.store = BlockMemory(entry_width, self.fifo_depth,
+                                                 target=self.bram, registered_write=True)
+        ahead = m.submodules.ahead = CreditPipeline(BlockMemory.latency, entry_width)
+        w_ptr = Signal(range(self.fifo_depth))
+        r_ptr = Signal(range(self.fifo_depth))
+        used = Signal(range(self.fifo_depth + 1))    # words written and not yet read
+        empty = Signal(init=1)                          # used == 0 (a register)
+        readable = Signal(range(self.fifo_depth + 1))   # words the RAM can be read for
+        nonempty = Signal()                              # readable != 0 (a register)
+        written = delay(m, take, 1, 1, name="written")   # a word reaches the RAM
+        read = ahead.take
+        m.d.comb += [
+            store.write_addr.eq(w_ptr), store.write_data.eq(word.entry), store.write_en.eq(take),
+            store.read_addr.eq(r_ptr), store.read_en.eq(1),
+            ahead.i_valid.eq(nonempty), ahead.payload.eq(store.read_data),
+        ]
+        with m.If(take):
+            m.d.sync += w_ptr.eq(_next(w_ptr, self.fifo_depth))
+        with m.If(read):
+            m.d.sync += r_ptr.eq(_next(r_ptr, self.fifo_depth))
+        _count(m, used, take, read, [(fifo_room, lambda level: level != self.fifo_depth),
+                                     (empty, lambda level: level == 0)])
+        _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -240,14 +351,14 @@ class AxiWriteMaster(wiring.Component):
             "data": lanes * width, "strb": self.bus_bytes, "last": 1}))
         active = Signal()
         left = Signal(8)                            # beats after the one in hand
-        sending = active & fifo.r_rdy & w.i.ready
-        last = left == 0
+        last = Signal()                             # left == 0 (a register)
+        sending = active & ahead.o.valid & w.i.ready
         load = lengths.r_rdy & (~active | (sending & last))
         lane_bytes = width // 8
-        strb = fifo.r_data[lanes * width:]
+        strb = ahead.o.payload[lanes * width:]
         m.d.comb += [
-            w.i.valid.eq(active & fifo.r_rdy), fifo.r_en.eq(sending),
-            w.i.payload.data.eq(fifo.r_data[:lanes * width]),
+            w.i.valid.eq(active & ahead.o.valid), ahead.o.ready.eq(active & w.i.ready),
+            w.i.payload.data.eq(ahead.o.payload[:lanes * width]),
             w.i.payload.strb.eq(Cat(strb[n].replicate(lane_bytes) for n in range(lanes))),
             w.i.payload.last.eq(last),
             lengths.r_en.eq(load),
@@ -256,17 +367,39 @@ class AxiWriteMaster(wiring.Component):
             w.o.ready.eq(p("wready")),
         ]
         with m.If(sending):
-            m.d.sync += left.eq(left - 1)
+            m.d.sync += [left.eq(left - 1), last.eq(left == 1)]
             with m.If(last):
                 m.d.sync += active.eq(0)
         with m.If(load):
-            m.d.sync += [active.eq(1), left.eq(lengths.r_data)]
+            m.d.sync += [active.eq(1), left.eq(lengths.r_data),
+                         last.eq(lengths.r_data == 0)]
 
         # ---- B -------------------------------------------------------------------------------
         answered = p("bvalid")
         m.d.comb += p("bready").eq(1)
         m.d.sync += self.bus_error.eq(answered & (p("bresp") != 0))
         m.d.sync += in_flight.eq(in_flight + issue - answered)
-        m.d.comb += self.idle.eq(~is_open & (fifo.level == 0) & (cmd.level == 0) &
-                                 (in_flight == 0))
+        m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
+                                 (cmd.level == 0) & (in_flight == 0))
         return m
+
+
+def _next(ptr, depth):
+    """The slot after ``ptr`` in a ring of ``depth`` slots."""
+    if depth & (depth - 1):
+        return Mux(ptr == depth - 1, 0, ptr + 1)
+    return (ptr + 1)[:len(ptr)]
+
+
+def _count(m, level, grows_by, shrinks_by, flags):
+    """``level`` (a register) counts ``grows_by`` up and ``shrinks_by`` down; each of
+    ``flags`` (``(register, function of a level)`` pairs) is its function of the next level, a
+    choice by the two among three compares (no carry chain between the handshakes and the
+    flag)."""
+    grows = grows_by & ~shrinks_by
+    shrinks = shrinks_by & ~grows_by
+    m.d.sync += level.eq(Mux(grows, level + 1, Mux(shrinks, level - 1, level)))
+    for flag, flag_of in flags:
+        m.d.sync += flag.eq(Mux(grows, flag_of(level + 1), Mux(shrinks, flag_of(level - 1),
+                                                                 flag_of(level))))
+
