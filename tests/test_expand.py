@@ -41,7 +41,7 @@ def check(unit, inputs, fmt, *, sim="verilator", stall=0.0, seed=0):
     n_out = outcome.problem["output_elements"]
     if stall == 0.0:
         lanes = params.lanes
-        want = (params.max_rank + lanes + -(-n_in // lanes) + -(-n_out // lanes)
+        want = (params.max_rank + lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
                 + params.tree_latency + 10 if n_out else EMPTY_CYCLES)
         assert outcome.cycles == outcome.expected_cycles == want
     return outcome
@@ -229,6 +229,8 @@ def test_expand_cycle_formula():
     assert params.overhead == 13
     assert params.cycles(1024, 1024 * 512) == 22 + 64 + 32768 + 13
     assert params.cycles(5, 0) == EMPTY_CYCLES
+    # No input but some output (only a hostile run): the load still takes its one cycle.
+    assert params.cycles(0, 16) == params.cycles(1, 16) == 22 + 1 + 1 + 13
 
 
 def test_expand_bench_problems_on_chip_efficiency():
@@ -276,7 +278,7 @@ SPLIT_PARAMS = {
 def part_cycles(params, n_in, n_out):
     """One part's stall-free cycles, the formula written out: plan, load, output, overhead."""
     lanes = params.lanes
-    return (params.max_rank + lanes + -(-n_in // lanes) + -(-n_out // lanes)
+    return (params.max_rank + lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
             + params.tree_latency + 10 if n_out else EMPTY_CYCLES)
 
 

@@ -95,11 +95,12 @@ class Plan:
         self.dy = [[k + cin - wrap * s for cin in (0, 1) for wrap in (0, 1)]
                    for (s, _), k in zip(dims, digits)]
         self.da = [[step * t for step in steps] for steps, (_, t) in zip(self.dy, dims)]
-        self.y0, self.a0 = [], []
+        self.y0, self.a0, self.c0 = [], [], []
         for lane in range(lanes):
             x = self.digits_of(lane % self.output_elements if self.output_elements else 0)
             self.y0.append([xd + k - s for xd, k, (s, _) in zip(x, digits, dims)])
             self.a0.append([xd * t for xd, (_, t) in zip(x, dims)])
+            self.c0.append(carries(self.y0[-1]))
 
     def digits_of(self, element):
         """The mixed-radix digits of a flat output element over :attr:`dims`."""
@@ -120,10 +121,12 @@ class Plan:
         then each lane's start values."""
         entries = max(params.max_rank, 4)
 
-        def word(digits, addrs):
+        def word(digits, addrs, carry=()):
             fields = ([(v, params.digit_width) for v in digits]
                       + [(0, params.digit_width)] * (entries - len(digits))
-                      + [(v, params.addr_width) for v in addrs])
+                      + [(v, params.addr_width) for v in addrs]
+                      + [(0, params.addr_width)] * (entries - len(addrs))
+                      + [(c, 1) for c in carry])
             value, offset = 0, 0
             for field, width in fields:
                 value |= (field & ((1 << width) - 1)) << offset
@@ -131,7 +134,7 @@ class Plan:
             return value
 
         return ([word(dy, da) for dy, da in zip(self.dy, self.da)]
-                + [word(y0, a0) for y0, a0 in zip(self.y0, self.a0)])
+                + [word(y0, a0, c0) for y0, a0, c0 in zip(self.y0, self.a0, self.c0)])
 
 
 def plan(input_shape, expand_size, params):
@@ -166,6 +169,15 @@ def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
                 params.lanes if odometers is None else odometers)
 
 
+def carries(y):
+    """The carries ``[c_0, .., c_{R-1}]`` of an odometer's step from ``y`` (each dim's
+    ``y_d = x_d + k_d - s_d``): ``c_d = (y_d >= 0) | ((y_d + 1 >= 0) & c_{d+1}``, c_R = 0."""
+    out = [0] * (len(y) + 1)
+    for d in reversed(range(len(y))):
+        out[d] = int(y[d] >= 0 or (y[d] + 1 >= 0 and out[d + 1]))
+    return out[:-1]
+
+
 def odometer_addresses(the_plan, beats):
     """The read address of every lane of ``beats`` output beats, stepping the plan exactly
     as the hardware's odometers do ([beats, lanes]; modulo nothing, as the true values)."""
@@ -173,17 +185,13 @@ def odometer_addresses(the_plan, beats):
     out = np.zeros((beats, the_plan.lanes), np.int64)
     for lane in range(the_plan.lanes):
         y = list(the_plan.y0[lane])
-        q = [v + 1 for v in y]
         a = list(the_plan.a0[lane])
         for beat in range(beats):
             out[beat, lane] = sum(a)
-            carry = [0] * (rank + 1)
-            for d in reversed(range(rank)):
-                carry[d] = int(y[d] >= 0 or (q[d] >= 0 and carry[d + 1]))
+            carry = carries(y) + [0]
             for d in range(rank):
                 step = 2 * carry[d + 1] + carry[d]
                 y[d] += the_plan.dy[d][step]
-                q[d] += the_plan.dy[d][step]
                 a[d] += the_plan.da[d][step]
     return out
 

@@ -22,6 +22,9 @@ Ports:
 
 ``i_valid`` (in), ``i_ready`` (out, a register)
     An item enters the pipeline in a cycle both are high (``take``).
+``ready_next`` (out)
+    The value ``i_ready`` takes at the next edge: for a producer that keeps copies of
+    ``i_ready`` (:func:`~moe_hw.stream.replicated`) to form its take per group of lanes.
 ``take`` (out)
     ``i_valid & i_ready``: the unit's datapath registers its inputs this cycle.
 ``payload`` (in)
@@ -264,6 +267,7 @@ class CreditPipeline(wiring.Component):
             raise ValueError(f"depth must be at least 2, not {self.depth!r}")
         super().__init__({
             "i_valid": In(1), "i_ready": Out(1), "i_full": Out(1, init=1), "take": Out(1),
+            "ready_next": Out(1),
             "payload": In(shape),
             "o": Out(stream.Signature(shape)),
             "busy": Out(1),
@@ -313,6 +317,7 @@ class CreditPipeline(wiring.Component):
         # ``i_full`` is ``~i_ready``, a register of its own: a second copy of the flag for a
         # producer whose take fans out widely (kept apart from ``i_ready`` by the inversion).
         m.d.sync += [self.i_ready.eq(ready_next), self.i_full.eq(~ready_next)]
+        m.d.comb += self.ready_next.eq(ready_next)
         # busy: a register (the count is zero, or about to be, and nothing waits in the
         # skid buffer), a cycle behind the items.
         idle = Signal()

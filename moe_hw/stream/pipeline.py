@@ -48,7 +48,7 @@ def replicated(m, value, *, name, copies=2):
     width = len(value)
     out = []
     for copy in range(copies):
-        invert = Const(-1 if copy >= 2 else 0, width)
+        invert = Const((1 << width) - 1 if copy >= 2 else 0, width)   # unsigned: no extension
         reg = Signal(width, name=f"{name}_{copy}", init=-(copy % 2) % (1 << width))
         m.d.sync += reg.eq(value ^ invert)
         out.append(reg ^ invert if copy >= 2 else reg)

@@ -28,8 +28,9 @@ Streams and ports (payload fields are listed least significant first):
 ``plan`` (in)
     The address generator's run-time plan, ``max_rank + lanes`` beats taken first in a run
     (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
-    ``max(max_rank, 4)``): beat d < ``max_rank`` holds dim d's four steps of y_d and of a_d
-    (below), beat ``max_rank + l`` lane l's start values of every dim. The host planner
+    ``max(max_rank, 4)``, and ``carry``, ``max_rank`` bits): beat d < ``max_rank`` holds dim d's four steps of y_d and of a_d
+    (below), beat ``max_rank + l`` lane l's start values of every dim and the carries of
+    its first step. The host planner
     (:func:`moe_hw.host.expand.plan`) computes it from the input shape and the expand sizes.
     (A stream rather than a port sampled with ``start``: the plan of 16 lanes by 6 dims is
     thousands of bits.)
@@ -46,9 +47,16 @@ the planner computes. Dim d of a lane holds ``y_d = x_d + k_d - s_d`` and ``q_d 
 of the address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out of dim d is
 ``c_d = (y_d >= 0) | ((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs), and each
 register adds one of four planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d + c_{d+1} -
-c_d*s_d`` to y_d and q_d, that times t_d to a_d: both sums, with and without the carry in,
-are formed in parallel with the lookahead, which then only chooses between them. Counters
-and adders only, no run-time multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside the loop.
+c_d*s_d`` to y_d and q_d, that times t_d to a_d. Counters and adders only, no run-time
+multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside the loop.
+
+The odometer runs a step ahead (:func:`odometer`), so that no adder and no lookahead share a
+cycle: it holds the carries of the coming step (registers; a lane's start carries come with
+its plan beat) and, per dim, the candidates of the next y_d and q_d, y_d plus each step
+(registers). A step takes the next y_d as the candidate its carries choose, the next carries
+from the lookahead over the chosen candidates' sign bits, and forms the following candidates
+from the chosen one: one step per cycle with every loop a register choice followed by either
+the lookahead or an adder.
 
 The buffer: ``lanes`` copies, one per output lane, each a
 :class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
@@ -73,8 +81,9 @@ after every part is done and stays high until the next start; ``error`` is high,
 the unit is the core itself: the names above, no prefix, no extra register.
 
 Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
-:meth:`ExpandParams.cycles` = ``max_rank + lanes + ceil(n_in / lanes) + ceil(n_out / lanes)
-+`` :attr:`ExpandParams.overhead`, the plan beats, the load beats, the output beats, and a
+:meth:`ExpandParams.cycles` = ``max_rank + lanes + max(1, ceil(n_in / lanes)) + ceil(n_out
+/ lanes) +`` :attr:`ExpandParams.overhead`, the plan beats, the load beats (a cycle with no
+input: the last lane's odometer loads its plan beat), the output beats, and a
 fixed overhead (run control, the address tree, the memory read, the lane select, the output
 queue, done);
 an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
@@ -94,7 +103,7 @@ from ..blocks.banked_memory import BankedMemory
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import CreditPipeline
+from ..stream import CreditPipeline, replicated
 
 __all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "PARTS", "SPLIT_LATENCY",
            "StrideAddressParams", "dim_steps", "odometer", "sum_tree"]
@@ -139,13 +148,15 @@ class StrideAddressParams:
         return max(1, ceil_log2(self.max_rank))
 
     def plan_layout(self):
-        """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each.
-        Dim d's beat: the steps of y_d and of a_d, entry ``2*c_{d+1} + c_d``; lane l's beat:
-        the start y_d and a_d of dim d in entry d (dim 0 outermost)."""
+        """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each, and
+        ``carry``, ``max_rank`` bits. Dim d's beat: the steps of y_d and of a_d, entry
+        ``2*c_{d+1} + c_d`` (``carry`` unused); lane l's beat: the start y_d and a_d of dim d
+        in entry d (dim 0 outermost) and the start's carries, c_d in bit d."""
         entries = max(self.max_rank, 4)
         return data.StructLayout({
             "digit": data.ArrayLayout(signed(self.digit_width), entries),
             "addr": data.ArrayLayout(self.addr_width, entries),
+            "carry": self.max_rank,
         })
 
 
@@ -190,8 +201,14 @@ class ExpandParams(StrideAddressParams, UnitParams):
         high)."""
         if output_elements == 0:
             return EMPTY_CYCLES
-        return (self.plan_beats + -(-input_elements // self.lanes)
+        return (self.plan_beats + self.load_cycles(input_elements)
                 + -(-output_elements // self.lanes) + self.overhead)
+
+    def load_cycles(self, input_elements):
+        """Cycles of the load: one per input beat, at least one (the last lane's odometer
+        loads its plan beat in the cycle after the take; a hostile run with no input but
+        some output waits for it)."""
+        return max(1, -(-input_elements // self.lanes))
 
     def split_cycles(self, part_sizes):
         """Exact stall-free cycles of a run split over the parts, ``part_sizes`` a list of
@@ -218,47 +235,60 @@ class ExpandParams(StrideAddressParams, UnitParams):
 
 def dim_steps(m, p, payload, loads):
     """The dims' step registers ``(dy, da)`` of the address generator: dim d's four steps of
-    y_d and of a_d, loaded from the plan beat ``payload`` in a cycle ``loads[d]`` is high."""
-    dy = [Signal(data.ArrayLayout(signed(p.digit_width), 4), name=f"dim{d}_dy")
+    y_d and of a_d, loaded from the plan beat ``payload`` in a cycle ``loads[d]`` is high.
+    ``dy`` has two more entries, 4 and 5: steps 2 and 3 plus one (the steps of q_d with a
+    carry in, for the odometer's flags a step ahead)."""
+    dy = [Signal(data.ArrayLayout(signed(p.digit_width), 6), name=f"dim{d}_dy")
           for d in range(p.max_rank)]
     da = [Signal(data.ArrayLayout(p.addr_width, 4), name=f"dim{d}_da")
           for d in range(p.max_rank)]
     for d in range(p.max_rank):
         with m.If(loads[d]):
             m.d.sync += [dy[d][i].eq(payload.digit[i]) for i in range(4)]
+            m.d.sync += [dy[d][4 + i].eq(payload.digit[2 + i] + 1) for i in range(2)]
             m.d.sync += [da[d][i].eq(payload.addr[i]) for i in range(4)]
     return dy, da
 
 
 def odometer(m, p, dy, da, *, load, start, take, name):
-    """One lane's odometer (see the module docstring): loads its start values from the plan
-    beat ``start`` when ``load`` is high, else steps by the planned constants when ``take``
-    is high. Returns the dims' shares of the address, ``[a_0, .., a_{R-1}]`` (registers);
-    the address is their sum (:func:`sum_tree`)."""
+    """One lane's odometer (see the module docstring), a step ahead: loads its start values
+    and start carries from the plan beat ``start`` when ``load`` is high, else steps by the
+    planned constants when ``take`` is high. Returns the dims' shares of the address,
+    ``[a_0, .., a_{R-1}]`` (registers); the address is their sum (:func:`sum_tree`).
+
+    The registers: the carries ``c_d`` of the coming step, and per dim the candidates of
+    the next y_d, ``v_i = y_d + dy_i`` (i = 2*carry in + wrap; 4 and 5 the next q_d with a
+    carry in). A step takes the next y_d as the candidate its carries choose, and the next
+    carries from the chosen candidates' sign bits: registers chosen by registers, then the
+    lookahead; the adders only form the following candidates from the chosen one."""
     rank = p.max_rank
-    y = [Signal(signed(p.digit_width), name=f"{name}_y{d}") for d in range(rank)]
-    q = [Signal(signed(p.digit_width), name=f"{name}_q{d}") for d in range(rank)]
+    carry = Signal(rank, name=f"{name}_carry")      # c_d, out of dim d, this step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
-    carry = [Const(0)] * (rank + 1)  # carry[d]: out of dim d; carry[rank] = 0
+    next_carry = [Const(0)] * (rank + 1)             # the following step's; c_R = 0
+    steps = []
     for d in reversed(range(rank)):
-        carry[d] = ~y[d][-1] | (~q[d][-1] & carry[d + 1])
+        innermost = d == rank - 1
+        # The innermost dim has no carry in: its candidates 0 and 1 only (its q_d unused).
+        count = 2 if innermost else 6
+        v = Signal(data.ArrayLayout(signed(p.digit_width), count), name=f"{name}_v{d}")
+        choice = carry[d] if innermost else Cat(carry[d], carry[d + 1])
+        y_next = v[choice]
+        next_carry[d] = ~y_next.as_signed()[-1]
+        if not innermost:
+            # q_d + dy_i = y_d + dy_(i+2): step i's q_d candidate is entry i + 2.
+            q_next = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
+            next_carry[d] |= ~q_next.as_signed()[-1] & next_carry[d + 1]
+        steps.append((d, v, choice, y_next, count))
     with m.If(load):
-        for d in range(rank):
-            m.d.sync += [y[d].eq(start.digit[d]), q[d].eq(start.digit[d] + 1),
-                         a[d].eq(start.addr[d])]
+        m.d.sync += carry.eq(start.carry)
+        m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
     with m.Elif(take):
-        for d in range(rank):
-            # Without a carry in, dim d wraps when y_d >= 0 (step 0 or 1); with one,
-            # when q_d >= 0 (step 2 or 3). Both sums are formed from registers in
-            # parallel with the lookahead, which then only chooses between them.
-            no_carry, with_carry = ~y[d][-1], ~q[d][-1]
-            for reg, steps in ((y[d], dy[d]), (q[d], dy[d]), (a[d], da[d])):
-                low = reg + Mux(no_carry, steps[1], steps[0])
-                if d == rank - 1:      # the innermost dim: no carry in
-                    m.d.sync += reg.eq(low)
-                else:
-                    high = reg + Mux(with_carry, steps[3], steps[2])
-                    m.d.sync += reg.eq(Mux(carry[d + 1], high, low))
+        m.d.sync += carry.eq(Cat(*next_carry[:rank]))
+        m.d.sync += [a[d].eq(a[d] + da[d][choice]) for d, _, choice, _, _ in steps]
+    for d, v, _, y_next, count in steps:
+        base = Mux(load, start.digit[d], y_next)
+        with m.If(load | take):
+            m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
     return a
 
 
@@ -343,18 +373,20 @@ class ExpandUnit(wiring.Component):
             ]
 
         # ---- the plan: the dims' steps, then the lanes' start values -------------------------
+        # A plan beat is registered, with a load flag per dim and per lane (registers: each
+        # lane's odometer loads on a flag of its own), and loaded a cycle after its take.
         planning = running & plan_open
         plan_take = self.plan.valid & planning
         m.d.comb += self.plan.ready.eq(planning)
+        beat = Signal(p.plan_layout(), name="plan_beat")
+        beat_loads = Signal(p.plan_beats, name="plan_loads")
+        m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
         with m.If(plan_take):
-            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
+            m.d.sync += [beat.eq(self.plan.payload),
+                         plan_next.eq(Cat(Const(0), plan_next[:-1]))]
             with m.If(plan_next[-1]):
                 m.d.sync += plan_open.eq(0)
-                # (A hostile run with no input but some output generates at once.)
-                with m.If(~load_open):
-                    m.d.sync += generating.eq(1)
-        dy, da = dim_steps(m, p, self.plan.payload, [plan_take & plan_next[d]
-                                                      for d in range(rank)])
+        dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         # ---- load: every input beat is one row of every lane's copy ------------------------
         copies = []
@@ -372,24 +404,34 @@ class ExpandUnit(wiring.Component):
         with m.If(load_take):
             m.d.sync += [load_row.eq(load_row + 1), load_left.eq(load_left - 1)]
             with m.If(load_left == 1):
-                m.d.sync += [load_open.eq(0), generating.eq(1)]
+                m.d.sync += load_open.eq(0)
 
         # ---- the output pipeline: free-running, behind a credit-counted queue --------------
         pipe = m.submodules.output_pipe = CreditPipeline(p.read_latency, p.output_layout())
         wiring.connect(m, pipe.o, wiring.flipped(self.output))
-        m.d.comb += pipe.i_valid.eq(running & generating)
+        # generating is set only while running (by the last input beat, or a cycle after the
+        # last plan beat when there is no input: the last lane's odometer loads then) and
+        # falls with the last output beat, so it is the pipeline's valid on its own.
+        m.d.comb += pipe.i_valid.eq(generating)
         take = pipe.take
         with m.If(take):
             m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 2)]
-            with m.If(out_last):
-                m.d.sync += generating.eq(0)
-        m.d.comb += ctl.finished.eq(running & ~plan_open & ~load_open & ~generating &
-                                    ~pipe.busy)
+        generating_next = Mux((load_take & (load_left == 1)) | (beat_loads[-1] & ~load_open),
+                              1, Mux(take & out_last, 0, generating))
+        m.d.sync += generating.eq(generating_next)
+        m.d.comb += ctl.finished.eq(running & ~plan_open & ~beat_loads[-1] & ~load_open &
+                                    ~generating & ~pipe.busy)
+        # The odometers' step: the take, formed per group of lanes from copies of its two
+        # registers, so that no one net reaches every odometer register.
+        groups = min(lanes, 4)
+        takes = [valid & ready for valid, ready in zip(
+            replicated(m, generating_next, name="generating_copy", copies=groups),
+            replicated(m, pipe.ready_next, name="ready_copy", copies=groups))]
 
         # ---- the lanes' odometers ----------------------------------------------------------
         for lane in range(lanes):
-            a = odometer(m, p, dy, da, load=plan_take & plan_next[rank + lane],
-                         start=self.plan.payload, take=take, name=f"lane{lane}")
+            a = odometer(m, p, dy, da, load=beat_loads[rank + lane], start=beat,
+                         take=takes[lane * groups // lanes], name=f"lane{lane}")
             # The address, its row in the lane's copy and its element in the row.
             addr = sum_tree(m, a, name=f"lane{lane}_addr")
             copy = copies[lane]

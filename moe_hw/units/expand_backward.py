@@ -44,8 +44,9 @@ Streams and ports (payload fields are listed least significant first):
 ``plan`` (in)
     The address generator's plan, ``max_rank + 1`` beats taken first in a run
     (:meth:`~moe_hw.units.expand.StrideAddressParams.plan_layout`): each dim's steps, then
-    the start values of the one odometer (element 0), which advances ``lanes`` elements per
-    beat in the ``reduce`` and ``rows`` modes and one per element in ``elements`` mode.
+    the start values and carries of the one odometer (element 0), which advances ``lanes``
+    elements per beat in the ``reduce`` and ``rows`` modes and one per element in
+    ``elements`` mode.
 ``grad_output`` (in)
     The output gradient, flat in C order, ``ceil(output_elements / lanes)`` beats: ``data``
     (``lanes`` elements, lane 0 first; lanes past the end are ignored).
