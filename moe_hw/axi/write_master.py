@@ -43,7 +43,8 @@ from amaranth.utils import exact_log2
 
 from ..stream import RegisteredFIFO, SkidBuffer
 
-__all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "word_layout"]
+__all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
+           "check_bus", "form_bursts", "rotate", "word_layout"]
 
 #: AXI4 constants of every burst: INCR, normal access, bufferable and modifiable.
 AWBURST_INCR = 0b01
@@ -69,6 +70,83 @@ def axi_write_members(prefix, *, addr_width, data_width, id_width=1):
         f"{prefix}_bid": In(id_width), f"{prefix}_bresp": In(2), f"{prefix}_bvalid": In(1),
         f"{prefix}_bready": Out(1),
     }
+
+
+def check_bus(master, *, lanes, width, addr_width, max_burst, outstanding, fifo_depth):
+    """Check an AXI4 master's parameters and set its bus facts on ``master``:
+    ``data_width``, ``bus_bytes``, ``size`` (AxSIZE), ``addr_width``, ``bus_word_width`` (a
+    bus word's address), ``max_burst``, ``outstanding``, ``fifo_depth``."""
+    for name, value, low, high in (("max_burst", max_burst, 1, 256),
+                                   ("outstanding", outstanding, 1, 64),
+                                   ("fifo_depth", fifo_depth, 2, 1 << 16),
+                                   ("addr_width", addr_width, 12, 64)):
+        if not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name} must be an integer between {low} and {high}, "
+                             f"not {value!r}")
+    master.data_width = lanes * width
+    if master.data_width % 8 or master.data_width & (master.data_width - 1) or \
+            master.data_width < 8:
+        raise ValueError(f"the bus width (lanes x element width) must be a power of two "
+                         f"of at least 8 bits, not {master.data_width}")
+    master.bus_bytes = master.data_width // 8
+    master.size = exact_log2(master.bus_bytes)
+    master.addr_width = addr_width
+    master.bus_word_width = addr_width - master.size
+    master.max_burst, master.outstanding, master.fifo_depth = max_burst, outstanding, fifo_depth
+
+
+def beat_position(m, addr, lanes, take):
+    """Where an element-addressed beat of ``lanes`` elements at ``addr`` falls on the bus
+    words: ``offset`` (its lane 0's lane in the word), ``turn`` (``lanes - offset``: the
+    rotation that puts element l on lane ``(l + offset) mod lanes``), ``low`` (the lanes
+    below the offset: those of the next word) and ``follows`` (the beat's address is the
+    previous taken beat's plus ``lanes``: it continues that beat). ``take``: the beat is
+    taken this cycle."""
+    shift = exact_log2(lanes)
+    offset = addr[:shift] if shift else Const(0, 1)
+    turn = Signal(range(lanes + 1))
+    m.d.comb += turn.eq(lanes - offset)
+    previous = Signal.like(addr)              # the address of the last beat taken, + lanes
+    with m.If(take):
+        m.d.sync += previous.eq(addr + lanes)
+    low = ((Const(1, lanes + 1) << offset) - 1)[:lanes]
+    return offset, turn, low, addr == previous
+
+
+def rotate(value, amount, lanes, width):
+    """``value`` (``lanes`` fields of ``width`` bits) rotated: field n of the result is field
+    ``(n + amount) mod lanes`` of ``value``."""
+    return Cat(value, value).bit_select(amount * width, lanes * width)
+
+
+def form_bursts(m, *, valid, word, room, commands, max_burst, size):
+    """Group bus words arriving in order (``word``, absolute, when ``valid``) into INCR
+    bursts: a burst grows while words arrive one after another at consecutive addresses and
+    closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
+    continue it, when it holds ``max_burst`` beats, when the next word would start a new
+    4 KiB page (``size``: log2 of the bus bytes), or in a cycle in which no word arrives.
+    ``room``: the caller can take a word. Returns ``(ready, take, is_open)``: a word can be
+    taken, a word is taken, a burst is open."""
+    is_open = Signal()
+    start = Signal.like(word)
+    length = Signal(8)                          # AxLEN: beats - 1
+    next_word = Signal.like(word)
+    page_bits = 12 - size
+    new_page = (word[:page_bits] == 0) if page_bits > 0 else Const(1)
+    extend = is_open & (word == next_word) & (length != max_burst - 1) & ~new_page
+    ready = room & (extend | ~is_open | commands.w_rdy)
+    take = valid & ready
+    close = is_open & Mux(take, ~extend, commands.w_rdy)
+    m.d.comb += [commands.w_en.eq(close), commands.w_data.word.eq(start),
+                 commands.w_data.len.eq(length)]
+    with m.If(take):
+        with m.If(extend):
+            m.d.sync += [length.eq(length + 1), next_word.eq(next_word + 1)]
+        with m.Else():
+            m.d.sync += [is_open.eq(1), start.eq(word), length.eq(0), next_word.eq(word + 1)]
+    with m.Elif(close):
+        m.d.sync += is_open.eq(0)
+    return ready, take, is_open
 
 
 class WriteRealign(wiring.Component):
@@ -104,20 +182,15 @@ class WriteRealign(wiring.Component):
                                       "strb": lanes, "low": lanes, "follows": 1})
         rot = m.submodules.rotate = SkidBuffer(rotation)
         addr = beat.addr
-        offset = addr[:shift] if shift else Const(0, 1)
+        offset, turn, low, follows = beat_position(m, addr, lanes, self.i.valid & self.i.ready)
         flat = Cat(beat.data[n] for n in range(lanes))
-        turn = Signal(range(lanes + 1))
-        m.d.comb += turn.eq(lanes - offset)
-        previous = Signal.like(addr)              # the address of the last beat taken, + lanes
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += previous.eq(addr + lanes)
         m.d.comb += [
             rot.i.valid.eq(self.i.valid), self.i.ready.eq(rot.i.ready),
             rot.i.payload.word.eq(addr[shift:]),
-            rot.i.payload.data.eq(Cat(flat, flat).bit_select(turn * width, lanes * width)),
-            rot.i.payload.strb.eq(Cat(beat.enable, beat.enable).bit_select(turn, lanes)),
-            rot.i.payload.low.eq((Const(1, lanes + 1) << offset) - 1),
-            rot.i.payload.follows.eq(addr == previous),
+            rot.i.payload.data.eq(rotate(flat, turn, lanes, width)),
+            rot.i.payload.strb.eq(rotate(beat.enable, turn, lanes, 1)),
+            rot.i.payload.low.eq(low),
+            rot.i.payload.follows.eq(follows),
         ]
 
         # ---- stage 2: merge with the carry, or let the carry out alone ---------------------
@@ -155,25 +228,10 @@ class AxiWriteMaster(wiring.Component):
 
     def __init__(self, prefix, *, lanes, width, word_width, addr_width=32, max_burst=256,
                  outstanding=4, fifo_depth=512, id_width=1):
-        for name, value, low, high in (("max_burst", max_burst, 1, 256),
-                                       ("outstanding", outstanding, 1, 64),
-                                       ("fifo_depth", fifo_depth, 2, 1 << 16),
-                                       ("addr_width", addr_width, 12, 64)):
-            if not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be an integer between {low} and {high}, "
-                                 f"not {value!r}")
+        check_bus(self, lanes=lanes, width=width, addr_width=addr_width, max_burst=max_burst,
+                  outstanding=outstanding, fifo_depth=fifo_depth)
         self.prefix = prefix
         self.lanes, self.width = lanes, width
-        self.data_width = lanes * width
-        if self.data_width % 8 or self.data_width & (self.data_width - 1) or \
-                self.data_width < 8:
-            raise ValueError(f"the bus width (lanes x element width) must be a power of two "
-                             f"of at least 8 bits, not {self.data_width}")
-        self.bus_bytes = self.data_width // 8
-        self.size = exact_log2(self.bus_bytes)           # AWSIZE
-        self.addr_width = addr_width
-        self.bus_word_width = addr_width - self.size     # a bus word's address
-        self.max_burst, self.outstanding, self.fifo_depth = max_burst, outstanding, fifo_depth
         self.id_width = id_width
         super().__init__({
             "i": In(stream.Signature(word_layout(word_width, lanes, width))),
@@ -196,29 +254,13 @@ class AxiWriteMaster(wiring.Component):
                                                      depth=self.fifo_depth)
         word = Signal(self.bus_word_width)
         m.d.comb += word.eq(self.base_word + beat.word)
-        is_open = Signal()
-        start = Signal(self.bus_word_width)
-        length = Signal(8)                          # AWLEN: beats - 1
-        next_word = Signal(self.bus_word_width)
-        page_bits = 12 - self.size
-        new_page = (word[:page_bits] == 0) if page_bits > 0 else Const(1)
-        extend = is_open & (word == next_word) & (length != self.max_burst - 1) & ~new_page
-        room = fifo.w_rdy & (extend | ~is_open | cmd.w_rdy)
-        take = self.i.valid & room
-        close = is_open & Mux(take, ~extend, cmd.w_rdy)
+        ready, take, is_open = form_bursts(m, valid=self.i.valid, word=word, room=fifo.w_rdy,
+                                           commands=cmd, max_burst=self.max_burst,
+                                           size=self.size)
         m.d.comb += [
-            self.i.ready.eq(room),
+            self.i.ready.eq(ready),
             fifo.w_en.eq(take), fifo.w_data.eq(Cat(beat.data, beat.strb)),
-            cmd.w_en.eq(close), cmd.w_data.word.eq(start), cmd.w_data.len.eq(length),
         ]
-        with m.If(take):
-            with m.If(extend):
-                m.d.sync += [length.eq(length + 1), next_word.eq(next_word + 1)]
-            with m.Else():
-                m.d.sync += [is_open.eq(1), start.eq(word), length.eq(0),
-                             next_word.eq(word + 1)]
-        with m.Elif(close):
-            m.d.sync += is_open.eq(0)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
