@@ -43,6 +43,12 @@ class CombineGather(RowGather):
     outputs = ("combined",)
     runtime = ("capacity", "memory_latency")
     ideal = "one read beat per cycle: max(top_k, 1)*S*ceil(H/lanes)"
+    axi_rows = {"data": "hidden"}
+
+    @property
+    def axi_names(self):
+        """The read port's bus is named after the buffer it reads."""
+        return {"read": self.buffer}
 
     def build(self, params):
         return self.component(params)

@@ -55,6 +55,7 @@ class MoeReRouting(Unit):
                "expert_token_num")
     runtime = ("expert_token_num_type", "idx_type", "memory_latency")
     ideal = "one beat per cycle: A*ceil(H/lanes)"
+    axi_names = {"read": "tokens", "write": "permute_tokens"}
 
     def build(self, params):
         return MoeReRoutingUnit(params)
