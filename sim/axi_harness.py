@@ -11,7 +11,7 @@ import numpy as np
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
-from cocotbext.axi import AxiLiteBus, AxiLiteMaster
+from cocotbext.axi import AxiLiteBus, AxiLiteMaster, AxiStreamBus
 from harness import high
 
 
@@ -154,3 +154,20 @@ async def run_to_irq(dut, axil, reg, monitor, limit):
     assert not high(dut.irq), "irq still high after IRQ.done was cleared"
     irq_after = await axil.read_dword(reg["IRQ"])
     return cycles, status, irq_after
+
+
+class ItemBus(AxiStreamBus):
+    """An AXI4-Stream seen without ``tlast`` and ``tkeep``: a sink on it takes every beat as a
+    frame of its own (a stream of items, such as counts, whose ``tlast`` is always 0)."""
+
+    _optional_signals = ["tvalid", "tready"]
+
+
+def take_items(sink, layout=None, name=None):
+    """Every beat a sink on an :class:`ItemBus` took, as integers (or their field ``name``
+    of ``layout``)."""
+    items = []
+    while not sink.empty():
+        word = int.from_bytes(bytes(sink.recv_nowait().tdata), "little")
+        items.append(word if layout is None else layout.unpack(word, name))
+    return items
