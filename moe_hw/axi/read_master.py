@@ -99,14 +99,21 @@ class AxiReadMaster(wiring.Component):
 
         # ---- split, stage 1: the request's position on the bus words (registered) --------
         position = data.StructLayout({"word": word_width, "offset": max(1, shift),
-                                      "low": lanes, "spill": 1, "follows": 1})
+                                      "low": lanes, "spill": 1, "follows": 1,
+                                      "page_first": 1, "page_last": 1})
         pre = m.submodules.position = SkidBuffer(position)
         req = self.request.payload
         offset, turn, low, follows = beat_position(m, req.addr, lanes,
                                                    self.request.valid & self.request.ready)
+        word = Signal(word_width)
+        m.d.comb += word.eq(self.base_word + req.addr[shift:])
+        page_bits = 12 - self.size
         m.d.comb += [
             pre.i.valid.eq(self.request.valid), self.request.ready.eq(pre.i.ready),
-            pre.i.payload.word.eq(self.base_word + req.addr[shift:]),
+            pre.i.payload.word.eq(word),
+            # The word starts a 4 KiB page; it is a page's last (its next starts one).
+            pre.i.payload.page_first.eq((word[:page_bits] == 0) if page_bits > 0 else 1),
+            pre.i.payload.page_last.eq(word[:page_bits].all() if page_bits > 0 else 1),
             pre.i.payload.offset.eq(offset), pre.i.payload.low.eq(low),
             # An enabled lane lands below the offset once rotated: the next word.
             pre.i.payload.spill.eq((rotate(req.enable, turn, lanes, 1) & low).any()),
@@ -118,7 +125,10 @@ class AxiReadMaster(wiring.Component):
                                          "offset": max(1, shift)})
         plans = m.submodules.plans = SyncFIFOBuffered(width=plan_layout.size,
                                                       depth=self.fifo_depth)
-        words = m.submodules.words = SkidBuffer(word_width)
+        # ``continues``: the word is the previous word plus one and starts no new page (for
+        # the burst former, from registers).
+        words = m.submodules.words = SkidBuffer(data.StructLayout({"word": word_width,
+                                                                   "continues": 1}))
         r = pre.o.payload
         last_spill = Signal()                    # the previous request read its next word
         half = Signal()                          # this request's first word is issued
@@ -129,14 +139,19 @@ class AxiReadMaster(wiring.Component):
         plan_ok = plans.w_rdy | ~final
         go = pre.o.valid & plan_ok & (words.i.ready | ~has_word)
         plan = Signal(plan_layout)
+        after = Signal(word_width)               # the last word issued, plus one
         m.d.comb += [
             words.i.valid.eq(pre.o.valid & has_word & plan_ok),
-            words.i.payload.eq(Mux(first, r.word, r.word + 1)),
+            words.i.payload.word.eq(Mux(first, r.word, r.word + 1)),
+            words.i.payload.continues.eq(Mux(first, (r.word == after) & ~r.page_first,
+                                             ~r.page_last)),
             plan.carry.eq(carry), plan.spill.eq(r.spill), plan.low.eq(r.low),
             plan.offset.eq(r.offset),
             plans.w_en.eq(go & final), plans.w_data.eq(plan),
             pre.o.ready.eq(go & final),
         ]
+        with m.If(words.i.valid & words.i.ready):
+            m.d.sync += after.eq(Mux(first, r.word + 1, r.word + 2))
         with m.If(go):
             m.d.sync += half.eq(~final)
             with m.If(final):
@@ -145,9 +160,9 @@ class AxiReadMaster(wiring.Component):
         # ---- bursts ------------------------------------------------------------------------
         command = data.StructLayout({"word": word_width, "len": 8})
         cmd = m.submodules.commands = RegisteredFIFO(command, 4)
-        ready, _, is_open = form_bursts(m, valid=words.o.valid, word=words.o.payload, room=1,
-                                        commands=cmd, max_burst=self.max_burst,
-                                        size=self.size)
+        ready, _, is_open = form_bursts(m, valid=words.o.valid, word=words.o.payload.word,
+                                        room=1, commands=cmd, max_burst=self.max_burst,
+                                        size=self.size, continues=words.o.payload.continues)
         m.d.comb += words.o.ready.eq(ready)
 
         # ---- AR: issued while bursts and the FIFO's room allow -----------------------------

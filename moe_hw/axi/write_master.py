@@ -119,21 +119,27 @@ def rotate(value, amount, lanes, width):
     return Cat(value, value).bit_select(amount * width, lanes * width)
 
 
-def form_bursts(m, *, valid, word, room, commands, max_burst, size):
+def form_bursts(m, *, valid, word, room, commands, max_burst, size, continues=None):
     """Group bus words arriving in order (``word``, absolute, when ``valid``) into INCR
     bursts: a burst grows while words arrive one after another at consecutive addresses and
     closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
     continue it, when it holds ``max_burst`` beats, when the next word would start a new
     4 KiB page (``size``: log2 of the bus bytes), or in a cycle in which no word arrives.
-    ``room``: the caller can take a word. Returns ``(ready, take, is_open)``: a word can be
-    taken, a word is taken, a burst is open."""
+    ``room``: the caller can take a word. ``continues`` (optional, a register): the word is
+    the previous word plus one and starts no new page, worked out by the caller a stage
+    earlier, so that the choice to extend is made from registers alone. Returns ``(ready,
+    take, is_open)``: a word can be taken, a word is taken, a burst is open."""
     is_open = Signal()
     start = Signal.like(word)
     length = Signal(8)                          # AxLEN: beats - 1
-    next_word = Signal.like(word)
-    page_bits = 12 - size
-    new_page = (word[:page_bits] == 0) if page_bits > 0 else Const(1)
-    extend = is_open & (word == next_word) & (length != max_burst - 1) & ~new_page
+    full = Signal()                             # the open burst holds max_burst beats
+    next_word = None
+    if continues is None:
+        next_word = Signal.like(word)
+        page_bits = 12 - size
+        new_page = (word[:page_bits] == 0) if page_bits > 0 else Const(1)
+        continues = (word == next_word) & ~new_page
+    extend = is_open & continues & ~full
     ready = room & (extend | ~is_open | commands.w_rdy)
     take = valid & ready
     close = is_open & Mux(take, ~extend, commands.w_rdy)
@@ -141,9 +147,11 @@ def form_bursts(m, *, valid, word, room, commands, max_burst, size):
                  commands.w_data.len.eq(length)]
     with m.If(take):
         with m.If(extend):
-            m.d.sync += [length.eq(length + 1), next_word.eq(next_word + 1)]
+            m.d.sync += [length.eq(length + 1), full.eq(length == max_burst - 2)]
         with m.Else():
-            m.d.sync += [is_open.eq(1), start.eq(word), length.eq(0), next_word.eq(word + 1)]
+            m.d.sync += [is_open.eq(1), start.eq(word), length.eq(0), full.eq(max_burst == 1)]
+        if next_word is not None:
+            m.d.sync += next_word.eq(word + 1)
     with m.Elif(close):
         m.d.sync += is_open.eq(0)
     return ready, take, is_open
