@@ -16,7 +16,9 @@ one word; an unaligned run of consecutive requests costs one word more than its 
 What the response side needs to put the beat back together (where the first word comes
 from, whether a second follows, the offset) goes to the plan queue, one entry per request.
 Registered stages: the request's position (:func:`~moe_hw.axi.write_master.beat_position`,
-the base address added), then the words one per cycle.
+the base address added, whether its word starts or ends a 4 KiB page), then the words one
+per cycle, each with whether it continues the word before on the same page (so the burst
+former decides from registers).
 
 **Bursts** (:func:`~moe_hw.axi.write_master.form_bursts`, the write master's burst former):
 consecutive words become INCR bursts of at most ``max_burst`` beats that never cross a 4 KiB
