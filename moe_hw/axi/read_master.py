@@ -26,7 +26,12 @@ boundary; their commands wait in a queue.
 
 **AR**: a burst is issued when fewer than ``outstanding`` bursts are in flight (issued and
 not finished by ``rlast``) and the response FIFO (``fifo_depth`` words, a block RAM) has room
-reserved for all its beats, so ``rready`` is always 1 and R never waits. A response other
+reserved for all its beats, so ``rready`` is always 1 and R never waits. The response FIFO
+and the plan queue (``fifo_depth`` entries) are the write master's
+:func:`~moe_hw.axi.write_master.block_fifo`: a
+:class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for DP16KD blocks with
+their output registers) read ahead into a :class:`~moe_hw.stream.CreditPipeline`'s queue,
+so that the assembly decides from registers. A response other
 than OKAY raises ``bus_error`` for one cycle (the data is passed on as it came).
 
 **Assemble** (the response side of the realignment): per plan entry, the first word is the
@@ -46,13 +51,14 @@ elsewhere).
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..stream import RegisteredFIFO, SkidBuffer
-from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, check_bus,
-                           form_bursts, rotate, rotation_stages)
+from ..blocks.block_memory import MEMORY_TARGETS
+from ..params import check_choice
+from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, block_fifo,
+                           check_bus, form_bursts, rotate, rotation_stages)
 
 __all__ = ["AxiReadMaster", "axi_read_members"]
 
@@ -73,10 +79,11 @@ def axi_read_members(prefix, *, addr_width, data_width, id_width=1):
 class AxiReadMaster(wiring.Component):
     """A read port (``request``: ``request_layout``, ``response``: ``response_layout``, as
     :class:`~moe_hw.blocks.row_reader.RowReader`'s) served by AXI4 read bursts on
-    ``<prefix>_*``; see the module docstring."""
+    ``<prefix>_*``; see the module docstring. ``bram``: how the plan queue and the response
+    FIFO are built (a :class:`~moe_hw.blocks.block_memory.BlockMemory` target)."""
 
     def __init__(self, prefix, request_layout, response_layout, *, addr_width=32,
-                 max_burst=256, outstanding=4, fifo_depth=512, id_width=1):
+                 max_burst=256, outstanding=4, fifo_depth=512, id_width=1, bram="generic"):
         array = response_layout["data"].shape
         self.lanes, self.width = array.length, Shape.cast(array.elem_shape).width
         check_bus(self, lanes=self.lanes, width=self.width, addr_width=addr_width,
@@ -85,6 +92,7 @@ class AxiReadMaster(wiring.Component):
             raise ValueError(f"fifo_depth ({fifo_depth}) must hold a whole burst of max_burst "
                              f"({max_burst}) beats")
         self.prefix, self.id_width = prefix, id_width
+        self.bram = check_choice("bram", bram, MEMORY_TARGETS)
         self.shift = exact_log2(self.lanes)
         self.request_layout, self.response_layout = request_layout, response_layout
         super().__init__({
@@ -131,8 +139,7 @@ class AxiReadMaster(wiring.Component):
         # ---- split, stage 2: the words, one per cycle, and the plan ----------------------
         plan_layout = data.StructLayout({"carry": 1, "spill": 1, "low": lanes,
                                          "offset": max(1, shift)})
-        plans = m.submodules.plans = SyncFIFOBuffered(width=plan_layout.size,
-                                                      depth=self.fifo_depth)
+        plan_room = Signal(init=1)               # the plan queue has room (a register)
         # ``continues``: the word is the previous word plus one and starts no new page (for
         # the burst former, from registers).
         words = m.submodules.words = SkidBuffer(data.StructLayout({"word": word_width,
@@ -144,7 +151,7 @@ class AxiReadMaster(wiring.Component):
         first = ~carry & ~half                   # the request's first word is to be read
         has_word = first | r.spill
         final = ~(first & r.spill)               # this step ends the request
-        plan_ok = plans.w_rdy | ~final
+        plan_ok = plan_room | ~final
         go = pre.o.valid & plan_ok & (words.i.ready | ~has_word)
         plan = Signal(plan_layout)
         after = Signal(word_width)               # the last word issued, plus one
@@ -155,9 +162,11 @@ class AxiReadMaster(wiring.Component):
                                              ~r.page_last)),
             plan.carry.eq(carry), plan.spill.eq(r.spill), plan.low.eq(r.low),
             plan.offset.eq(r.offset),
-            plans.w_en.eq(go & final), plans.w_data.eq(plan),
             pre.o.ready.eq(go & final),
         ]
+        plans, plans_empty = block_fifo(m, "plans", width=plan_layout.size,
+                                        depth=self.fifo_depth, target=self.bram,
+                                        write=go & final, data=plan, room=plan_room)
         with m.If(words.i.valid & words.i.ready):
             m.d.sync += after.eq(Mux(first, r.word + 1, r.word + 2))
         with m.If(go):
@@ -174,7 +183,6 @@ class AxiReadMaster(wiring.Component):
         m.d.comb += words.o.ready.eq(ready)
 
         # ---- AR: issued while bursts and the FIFO's room allow -----------------------------
-        fifo = m.submodules.responses = SyncFIFOBuffered(width=bits, depth=self.fifo_depth)
         in_flight = Signal(range(self.outstanding + 1))
         free = Signal(range(self.fifo_depth + 1), init=self.fifo_depth)   # unreserved words
         ar = m.submodules.ar = SkidBuffer(command)
@@ -189,7 +197,9 @@ class AxiReadMaster(wiring.Component):
         ]
 
         # ---- R: always taken into the reserved room ----------------------------------------
-        m.d.comb += [p("rready").eq(1), fifo.w_en.eq(p("rvalid")), fifo.w_data.eq(p("rdata"))]
+        m.d.comb += p("rready").eq(1)
+        fifo, fifo_empty = block_fifo(m, "responses", width=bits, depth=self.fifo_depth,
+                                      target=self.bram, write=p("rvalid"), data=p("rdata"))
         m.d.sync += self.bus_error.eq(p("rvalid") & (p("rresp") != 0))
         finished = p("rvalid") & p("rlast")
         m.d.sync += in_flight.eq(in_flight + issue - finished)
@@ -198,30 +208,31 @@ class AxiReadMaster(wiring.Component):
         merged_layout = data.StructLayout({"data": bits, "offset": max(1, shift)})
         merge = m.submodules.merge = SkidBuffer(merged_layout)
         head = Signal(plan_layout)
-        m.d.comb += head.eq(plans.r_data)
+        m.d.comb += head.eq(plans.o.payload)
+        word_in = fifo.o.payload
         kept = Signal(bits, reset_less=True)     # the last word taken off the FIFO
         got_first = Signal()                     # the head's first word is in ``kept``
         first_ready = head.carry | got_first
         need_word = ~first_ready | head.spill
         store_only = ~first_ready & head.spill   # this step only keeps the first word
-        step_ok = plans.r_rdy & (~need_word | fifo.r_rdy)
+        step_ok = plans.o.valid & (~need_word | fifo.o.valid)
         step = step_ok & (store_only | merge.i.ready)
-        low_word = Mux(first_ready, kept, fifo.r_data)
+        low_word = Mux(first_ready, kept, word_in)
         m.d.comb += [
             merge.i.valid.eq(step_ok & ~store_only),
             merge.i.payload.data.eq(Cat(
-                Mux(head.low[n], fifo.r_data.word_select(n, width),
+                Mux(head.low[n], word_in.word_select(n, width),
                     low_word.word_select(n, width)) for n in range(lanes))),
             merge.i.payload.offset.eq(head.offset),
-            fifo.r_en.eq(step & need_word),
-            plans.r_en.eq(step & ~store_only),
+            fifo.o.ready.eq(step & need_word),
+            plans.o.ready.eq(step & ~store_only),
         ]
-        popped = fifo.r_en & fifo.r_rdy
+        popped = step & need_word
         m.d.sync += free.eq(free - Mux(issue, cmd.r_data.len + 1, 0) + popped)
         with m.If(step):
             m.d.sync += got_first.eq(store_only)
             with m.If(need_word):
-                m.d.sync += kept.eq(fifo.r_data)
+                m.d.sync += kept.eq(word_in)
 
         # ---- assemble, stage 2: rotated into the response's lane order, the offset's bits
         # resolved a few per registered stage as in the write path ------------------------
@@ -245,7 +256,7 @@ class AxiReadMaster(wiring.Component):
         ]
 
         m.d.comb += self.idle.eq(~pre.held & ~half & ~words.held & ~is_open &
-                                 (cmd.level == 0) & (in_flight == 0) & (fifo.level == 0) &
-                                 (plans.level == 0) & ~merge.held &
+                                 (cmd.level == 0) & (in_flight == 0) & fifo_empty &
+                                 ~fifo.busy & plans_empty & ~plans.busy & ~merge.held &
                                  ~Cat(rot.held for rot in stages).any())
         return m

@@ -390,7 +390,8 @@ class AxiWrapper(wiring.Component):
             master = m.submodules[f"axi_{port}"] = AxiReadMaster(
                 prefix, request.payload.shape(), response.payload.shape(),
                 addr_width=self.axi.axi_addr_width, max_burst=self.axi.axi_max_burst,
-                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth)
+                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth,
+                bram=self.axi.axi_bram)
             self._forward(m, master, axi_read_members(prefix, addr_width=self.axi.axi_addr_width,
                                                       data_width=lanes * width))
             wiring.connect(m, request, master.request)

@@ -55,7 +55,7 @@ from ..params import check_choice
 from ..stream import CreditPipeline, RegisteredFIFO, SkidBuffer, delay
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
-           "check_bus", "form_bursts", "rotate", "rotation_stages", "word_layout"]
+           "block_fifo", "check_bus", "form_bursts", "rotate", "rotation_stages", "word_layout"]
 
 #: AXI4 constants of every burst: INCR, normal access, bufferable and modifiable.
 AWBURST_INCR = 0b01
@@ -351,29 +351,9 @@ class AxiWriteMaster(wiring.Component):
 
         # ---- the word FIFO: a block RAM (registered write, two-cycle read) read ahead into
         # a credit-counted queue; every flag is a register -----------------------------------
-        store = m.submodules.store = BlockMemory(entry_width, self.fifo_depth,
-                                                 target=self.bram, registered_write=True)
-        ahead = m.submodules.ahead = CreditPipeline(BlockMemory.latency, entry_width)
-        w_ptr = Signal(range(self.fifo_depth))
-        r_ptr = Signal(range(self.fifo_depth))
-        used = Signal(range(self.fifo_depth + 1))    # words written and not yet read
-        empty = Signal(init=1)                          # used == 0 (a register)
-        readable = Signal(range(self.fifo_depth + 1))   # words the RAM can be read for
-        nonempty = Signal()                              # readable != 0 (a register)
-        written = delay(m, take, 1, 1, name="written")   # a word reaches the RAM
-        read = ahead.take
-        m.d.comb += [
-            store.write_addr.eq(w_ptr), store.write_data.eq(word.entry), store.write_en.eq(take),
-            store.read_addr.eq(r_ptr), store.read_en.eq(1),
-            ahead.i_valid.eq(nonempty), ahead.payload.eq(store.read_data),
-        ]
-        with m.If(take):
-            m.d.sync += w_ptr.eq(_next(w_ptr, self.fifo_depth))
-        with m.If(read):
-            m.d.sync += r_ptr.eq(_next(r_ptr, self.fifo_depth))
-        _count(m, used, take, read, [(fifo_room, lambda level: level != self.fifo_depth),
-                                     (empty, lambda level: level == 0)])
-        _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
+        ahead, empty = block_fifo(m, "", width=entry_width, depth=self.fifo_depth,
+                                  target=self.bram, write=take, data=word.entry,
+                                  room=fifo_room)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -426,6 +406,46 @@ class AxiWriteMaster(wiring.Component):
         m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
                                  (cmd.level == 0) & (in_flight == 0))
         return m
+
+
+def block_fifo(m, name, *, width, depth, target, write, data, room=None):
+    """A FIFO of ``depth`` entries of ``width`` bits in a
+    :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
+    register, read in two cycles) read ahead into a
+    :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM output and no flag
+    is combinational logic's input. ``write``, ``data``: an entry goes in (the caller makes
+    sure there is room); ``room`` (optional, a register the caller made with init 1): set
+    to whether the next entry fits. Its submodules are ``<name>_store`` and
+    ``<name>_ahead`` (``store`` and ``ahead`` without a name). Returns ``(ahead, empty)``:
+    the pipeline (its ``o`` the FIFO's output stream, ``busy`` an entry in its queue) and a
+    register that is high while the block RAM holds no entry."""
+    prefix = f"{name}_" if name else ""
+    store = m.submodules[f"{prefix}store"] = BlockMemory(width, depth, target=target,
+                                                          registered_write=True)
+    ahead = m.submodules[f"{prefix}ahead"] = CreditPipeline(BlockMemory.latency, width)
+    w_ptr = Signal(range(depth), name=f"{prefix}w_ptr")
+    r_ptr = Signal(range(depth), name=f"{prefix}r_ptr")
+    used = Signal(range(depth + 1), name=f"{prefix}used")     # written and not yet read
+    empty = Signal(init=1, name=f"{prefix}empty")               # used == 0 (a register)
+    readable = Signal(range(depth + 1), name=f"{prefix}readable")   # the RAM can be read for
+    nonempty = Signal(name=f"{prefix}nonempty")                 # readable != 0 (a register)
+    written = delay(m, write, 1, 1, name=f"{prefix}written")   # an entry reaches the RAM
+    read = ahead.take
+    m.d.comb += [
+        store.write_addr.eq(w_ptr), store.write_data.eq(data), store.write_en.eq(write),
+        store.read_addr.eq(r_ptr), store.read_en.eq(1),
+        ahead.i_valid.eq(nonempty), ahead.payload.eq(store.read_data),
+    ]
+    with m.If(write):
+        m.d.sync += w_ptr.eq(_next(w_ptr, depth))
+    with m.If(read):
+        m.d.sync += r_ptr.eq(_next(r_ptr, depth))
+    flags = [(empty, lambda level: level == 0)]
+    if room is not None:
+        flags.insert(0, (room, lambda level: level != depth))
+    _count(m, used, write, read, flags)
+    _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
+    return ahead, empty
 
 
 def _next(ptr, depth):
