@@ -43,6 +43,11 @@ and every issued burst answered. ``base_word`` (the buffer's base address in bus
 added to every word address; it must hold while the master is not idle.
 
 Every AXI output is a register (skid buffers on AW and W, constants elsewhere).
+
+The pieces :class:`~moe_hw.axi.read_master.AxiReadMaster` uses too are functions here:
+:func:`check_bus` (the parameters), :func:`beat_position` (a beat's offset, low lanes and
+continuation), :func:`rotate` (one stage of the rotation), :func:`form_bursts` (the burst
+former) and :func:`block_fifo` (the block RAM FIFO read ahead).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
