@@ -9,7 +9,8 @@ Each run is bit-exact against ``golden.dispatch_forward`` (the same checks as
 tests/test_dispatch_axi.py) before its figures are printed. ``cycles`` counts from the
 AXI-Lite write that starts the run to ``irq``; ``ideal`` is one data beat per cycle
 (k*S*ceil(H/lanes)); ``native`` is the bare unit's exact stall-free count
-(``DispatchParams.overhead`` included), for comparison.
+(``DispatchParams.overhead`` included), for comparison. benchmarks/axi_combine_gather.py
+measures combine_gather's reads the same way (:func:`arguments`, :func:`table`).
 """
 
 import argparse
@@ -21,10 +22,11 @@ from moe_hw.host.dispatch import UNIT, run_axi
 from moe_hw.problems import routed_problem
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+def arguments(doc, argv, **defaults):
+    """The AXI benchmarks' shared options (problem shape, latencies, wrapper), parsed."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=defaults.get("tokens", 256))
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument("--experts", type=int, default=8)
@@ -32,7 +34,31 @@ def main(argv=None):
     parser.add_argument("--latency", type=int, nargs="+", default=[20])
     parser.add_argument("--outstanding", type=int, default=4)
     parser.add_argument("--sim", default="verilator")
-    args = parser.parse_args(argv)
+    for name, (default, help) in defaults.get("extra", {}).items():
+        parser.add_argument(f"--{name}", type=int, default=default, help=help)
+    return parser.parse_args(argv)
+
+
+def table(latencies, ideal, run):
+    """Run ``run(latency, progress)`` (returning ``(results, findings)``) at each latency and
+    print cycles, efficiency against ``ideal`` and the bursts; 1 on a finding, else 0."""
+    print(f"{'latency':>8} {'cycles':>8} {'eff':>6} {'bursts':>7} {'mean beats':>11} "
+          f"{'wall s':>7}")
+    for latency in latencies:
+        start = time.perf_counter()
+        results, findings = run(latency, lambda line: print(f"  ({line})", file=sys.stderr))
+        if findings:
+            print("\n".join(findings))
+            return 1
+        cycles = int(results["cycles"])
+        beats = results["burst_beats"]
+        print(f"{latency:>8} {cycles:>8} {ideal / cycles:>6.3f} {len(beats):>7} "
+              f"{beats.mean():>11.1f} {time.perf_counter() - start:>7.1f}")
+    return 0
+
+
+def main(argv=None):
+    args = arguments(__doc__, argv)
     problem = routed_problem(tokens=args.tokens, hidden=args.hidden, experts=args.experts,
                              top_k=args.top_k, seed=0)
     params = UNIT.params_for(problem, {"lanes": args.lanes})
@@ -43,21 +69,13 @@ def main(argv=None):
           f"E={args.experts}, C={problem['capacity']}, lanes {args.lanes} fp32 "
           f"({args.lanes * 32}-bit bus), max burst {axi.axi_max_burst}, outstanding "
           f"{axi.axi_outstanding}; ideal {ideal} cycles, bare unit {native} cycles")
-    print(f"{'latency':>8} {'cycles':>8} {'eff':>6} {'bursts':>7} {'mean beats':>11} "
-          f"{'wall s':>7}")
-    for latency in args.latency:
-        start = time.perf_counter()
+
+    def run(latency, progress):
         _, results, findings = run_axi(problem, params, axi, sim=args.sim, latency=latency,
-                                       progress=lambda line: print(f"  ({line})",
-                                                                   file=sys.stderr))
-        if findings:
-            print("\n".join(findings))
-            return 1
-        cycles = int(results["cycles"])
-        beats = results["burst_beats"]
-        print(f"{latency:>8} {cycles:>8} {ideal / cycles:>6.3f} {len(beats):>7} "
-              f"{beats.mean():>11.1f} {time.perf_counter() - start:>7.1f}")
-    return 0
+                                       progress=progress)
+        return results, findings
+
+    return table(args.latency, ideal, run)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@
 * each memory write port (a stream of ``addr``, ``data``, ``enable``) behind an AXI4 master
   ``m_axi_<name>_*`` (:class:`~moe_hw.axi.write_master.WriteRealign` then
   :class:`~moe_hw.axi.write_master.AxiWriteMaster`), its base address a register;
+* each memory read port (a request stream ``<name>_request`` of ``addr``, ``enable`` and
+  its response stream ``<name>_response`` of ``data``) behind an AXI4 master
+  ``m_axi_<name>_*`` with AR and R channels (:class:`~moe_hw.axi.read_master.AxiReadMaster`),
+  its base address a register;
 * the run control (``start``, the sizes, ``busy``, ``done``, ``error``) and the unit's other
   plain ports (counters such as ``dropped``) in an AXI4-Lite register file ``s_axil_*``
   (:class:`~moe_hw.axi.registers.AxiLiteRegisters`), with ``irq``;
@@ -19,12 +23,16 @@ and the base addresses, then 1 to ``CTRL.start``. A start while the wrapper is b
 ignored. The base addresses are taken at the start. ``STATUS.done`` rises when the unit is
 done and every write has been answered on the bus (B), and stays until the next start;
 ``IRQ.done`` is set at that moment and stays until software writes 1 to it; ``irq`` is
-``IRQ.done & CTRL.irq_enable``. ``STATUS.bus_error`` (a write response other than OKAY) and
+``IRQ.done & CTRL.irq_enable``. ``STATUS.bus_error`` (a read or write response other than
+OKAY) and
 ``STATUS.stream_error`` (a ``tlast`` that disagrees with the row size) hold until the next
 start. Base addresses are in bytes; their bits below the bus width are ignored.
 
 A unit's streams and ports are named in its declaration (``moe_hw/host/U.py``): ``axi_rows``
-(``{stream: size}``: the stream carries rows of that run-time size, in elements) and
+(``{stream: size}``: the stream carries rows of that run-time size, in elements; on an
+output stream whose payload has a ``data`` array beside other fields, such as a row's lane
+enables and last flag, ``tdata`` is the ``data`` alone, the rest said by ``tkeep`` and
+``tlast``) and
 ``axi_names`` (``{port: bus name}``, a port's name otherwise).
 """
 
@@ -39,6 +47,7 @@ from ..blocks.block_memory import bram_param
 from ..params import UnitParams, param
 from .registers import AxiLiteRegisters, Field, Register, axil_members, layout_registers
 from .streams import AxisToStream, StreamToAxis, axis_members, tdata_width
+from .read_master import AxiReadMaster, axi_read_members
 from .write_master import AxiWriteMaster, WriteRealign, axi_write_members
 
 __all__ = ["AxiParams", "AxiWrapper", "INTERFACES"]
@@ -54,7 +63,7 @@ class AxiParams(UnitParams):
     axi_addr_width: int = param(32, minimum=12, maximum=64, doc="AXI4 master address bits")
     axi_max_burst: int = param(256, minimum=1, maximum=256, doc="beats per burst, at most")
     axi_outstanding: int = param(4, minimum=1, maximum=64,
-                                 doc="write bursts awaiting their response, at most")
+                                 doc="bursts in flight per AXI4 master, at most")
     axi_fifo_depth: int = param(512, minimum=2, maximum=1 << 16, power_of_two=True,
                                 doc="bus words buffered per AXI4 master (a block RAM)")
     axi_bram: str = bram_param()
@@ -66,6 +75,26 @@ def _is_write_port(member):
     shape = member.signature.members["payload"].shape
     return isinstance(shape, data.StructLayout) and \
         {"addr", "data", "enable"} <= set(shape.members)
+
+
+def _read_port(members, port):
+    """The read port's name when ``port`` is the request stream of a read port (``X_request``:
+    ``addr`` and ``enable``, beside ``X_response``: ``data``), else None."""
+    if not port.endswith("_request"):
+        return None
+    name = port[:-len("_request")]
+    response = members.get(f"{name}_response")
+    shapes = []
+    for member in (members[port], response):
+        if member is None or not member.is_signature or \
+                not isinstance(member.signature, stream.Signature):
+            return None
+        shapes.append(member.signature.members["payload"].shape)
+    if not all(isinstance(shape, data.StructLayout) for shape in shapes):
+        return None
+    if set(shapes[0].members) != {"addr", "enable"} or set(shapes[1].members) != {"data"}:
+        return None
+    return name
 
 
 def _lanes_of(shape):
@@ -92,7 +121,13 @@ class AxiWrapper(wiring.Component):
                 raise ValueError(f"unit {name} has no {port!r} port; the AXI wrapper needs "
                                  f"the run-control ports")
         self.inputs, self.outputs, self.writes, self.counters, self.settings = [], [], [], [], []
+        self.reads = [read for read in map(lambda port: _read_port(members, port), members)
+                      if read is not None]
+        read_streams = {f"{read}_{end}" for read in self.reads for end in ("request",
+                                                                          "response")}
         for port, member in members.items():
+            if port in read_streams:
+                continue
             if member.is_signature:
                 if _is_write_port(member):
                     self.writes.append(port)
@@ -118,12 +153,18 @@ class AxiWrapper(wiring.Component):
         for port in self.inputs:
             signature.update(axis_members(self.bus(port, "s_axis"), self._shape(port), In))
         for port in self.outputs:
-            signature.update(axis_members(self.bus(port, "m_axis"), self._shape(port), Out))
+            signature.update(axis_members(self.bus(port, "m_axis"), self._axis_shape(port),
+                                          Out))
         for port in self.writes:
             lanes, width = _lanes_of(self._shape(port))
             signature.update(axi_write_members(self.bus(port, "m_axi"),
                                                addr_width=axi.axi_addr_width,
                                                data_width=lanes * width))
+        for port in self.reads:
+            lanes, width = self._read_lanes(port)
+            signature.update(axi_read_members(self.bus(port, "m_axi"),
+                                              addr_width=axi.axi_addr_width,
+                                              data_width=lanes * width))
         super().__init__(signature)
 
     # ---- description --------------------------------------------------------------------
@@ -133,6 +174,21 @@ class AxiWrapper(wiring.Component):
 
     def _shape(self, port):
         return self.unit.signature.members[port].signature.members["payload"].shape
+
+    def _axis_shape(self, port):
+        """The shape an AXI4-Stream carries for ``port``: a row stream's ``data`` alone."""
+        shape = self._shape(port)
+        if port in self.rows and isinstance(shape, data.StructLayout) and \
+                "data" in shape.members and len(shape.members) > 1:
+            if port in self.inputs:
+                raise ValueError(f"axi_rows: input stream {port!r} of {self.name} has fields "
+                                 f"beside its data; only an output row stream may")
+            return shape["data"].shape
+        return shape
+
+    def _read_lanes(self, port):
+        return _lanes_of(self.unit.signature.members[f"{port}_response"].signature
+                         .members["payload"].shape)
 
     def _width(self, port):
         member = self.unit.signature.members[port]
@@ -154,9 +210,10 @@ class AxiWrapper(wiring.Component):
             Register("STATUS", (
                 Field("busy", access="ro", doc="a run is on (from start to done)"),
                 Field("done", bit=1, access="ro",
-                      doc="the last run is done and all its writes answered"),
+                      doc="the last run is done and all its bus transfers answered"),
                 Field("error", bit=2, access="ro", doc="a size exceeded its maximum"),
-                Field("bus_error", bit=3, access="ro", doc="a write response was not OKAY"),
+                Field("bus_error", bit=3, access="ro",
+                      doc="a read or write response was not OKAY"),
                 Field("stream_error", bit=4, access="ro",
                       doc="a tlast disagreed with the row size")), "status", offset=0x04),
             Register("IRQ", (Field("done_irq", access="w1c",
@@ -175,7 +232,7 @@ class AxiWrapper(wiring.Component):
         for port in self.counters:
             regs.append(Register(port.upper(), (
                 Field(port, self._width(port), "ro", "counter of the last run"),), "counter"))
-        for port in self.writes:
+        for port in self.writes + self.reads:
             bus = self.names.get(port, port)
             wide = self.axi.axi_addr_width > 32
             regs.append(Register(f"{bus.upper()}_BASE" + ("_LO" if wide else ""), (
@@ -196,7 +253,7 @@ class AxiWrapper(wiring.Component):
             role = "slave" if port in self.inputs else "master"
             bus = {"name": self.bus(port, "s_axis" if role == "slave" else "m_axis"),
                    "kind": "axi4-stream", "role": role, "port": port,
-                   "tdata_width": tdata_width(self._shape(port))}
+                   "tdata_width": tdata_width(self._axis_shape(port))}
             if port in self.rows:
                 bus["tlast"] = f"last beat of a row of {self.rows[port]} elements"
             buses.append(bus)
@@ -204,6 +261,15 @@ class AxiWrapper(wiring.Component):
             lanes, width = _lanes_of(self._shape(port))
             buses.append({"name": self.bus(port, "m_axi"), "kind": "axi4", "role": "master",
                           "port": port, "channels": "write", "addr_width":
+                          self.axi.axi_addr_width, "data_width": lanes * width, "id_width": 1,
+                          "max_burst": self.axi.axi_max_burst,
+                          "outstanding": self.axi.axi_outstanding,
+                          "fifo_depth": self.axi.axi_fifo_depth, "burst": "INCR",
+                          "boundary": 4096})
+        for port in self.reads:
+            lanes, width = self._read_lanes(port)
+            buses.append({"name": self.bus(port, "m_axi"), "kind": "axi4", "role": "master",
+                          "port": port, "channels": "read", "addr_width":
                           self.axi.axi_addr_width, "data_width": lanes * width, "id_width": 1,
                           "max_burst": self.axi.axi_max_burst,
                           "outstanding": self.axi.axi_outstanding,
@@ -221,6 +287,12 @@ class AxiWrapper(wiring.Component):
                             for f in r.fields]} for r in self.registers]
 
     # ---- hardware -----------------------------------------------------------------------
+
+    def _base(self, regs, bus):
+        """The base address register(s) of the master ``bus``."""
+        if self.axi.axi_addr_width > 32:
+            return getattr(regs, f"{bus}_base_lo") | (getattr(regs, f"{bus}_base_hi") << 32)
+        return getattr(regs, f"{bus}_base")
 
     def _forward(self, m, inner, names):
         """Connect the wrapper's ports ``names`` to the same-named ports of ``inner``."""
@@ -257,9 +329,9 @@ class AxiWrapper(wiring.Component):
         # ---- streams -------------------------------------------------------------------------
         errors = []
         for port in self.inputs + self.outputs:
-            shape = self._shape(port)
+            shape = self._axis_shape(port)
             slave = port in self.inputs
-            lanes = _lanes_of(shape)[0] if port in self.rows else 0
+            lanes = _lanes_of(self._shape(port))[0] if port in self.rows else 0
             adapter_class = AxisToStream if slave else StreamToAxis
             prefix = self.bus(port, "s_axis" if slave else "m_axis")
             adapter = adapter_class(prefix, shape, rows=lanes, row_beats_width=32)
@@ -267,8 +339,13 @@ class AxiWrapper(wiring.Component):
             self._forward(m, adapter, axis_members(prefix, shape, In if slave else Out))
             if slave:
                 wiring.connect(m, adapter.o, getattr(unit, port))
-            else:
+            elif shape == self._shape(port):
                 wiring.connect(m, getattr(unit, port), adapter.i)
+                drained.append(~adapter.busy)
+            else:                           # a row stream's data alone
+                source = getattr(unit, port)
+                m.d.comb += [adapter.i.valid.eq(source.valid), source.ready.eq(adapter.i.ready),
+                             adapter.i.payload.eq(source.payload.data)]
                 drained.append(~adapter.busy)
             if lanes:
                 row_beats = Signal(32, name=f"{port}_row_beats")
@@ -299,13 +376,29 @@ class AxiWrapper(wiring.Component):
                                                        data_width=lanes * width))
             wiring.connect(m, getattr(unit, port), realign.i)
             wiring.connect(m, realign.o, master.i)
-            if self.axi.axi_addr_width > 32:
-                base = getattr(regs, f"{bus}_base_lo") | (getattr(regs, f"{bus}_base_hi") << 32)
-            else:
-                base = getattr(regs, f"{bus}_base")
             with m.If(accept):
-                m.d.sync += master.base_word.eq(base >> master.size)
+                m.d.sync += master.base_word.eq(self._base(regs, bus) >> master.size)
             drained.append(~realign.busy & master.idle)
+            bus_errors.append(master.bus_error)
+
+        # ---- memory read ports ---------------------------------------------------------------
+        for port in self.reads:
+            lanes, width = self._read_lanes(port)
+            bus = self.names.get(port, port)
+            prefix = f"m_axi_{bus}"
+            request, response = getattr(unit, f"{port}_request"), getattr(unit, f"{port}_response")
+            master = m.submodules[f"axi_{port}"] = AxiReadMaster(
+                prefix, request.payload.shape(), response.payload.shape(),
+                addr_width=self.axi.axi_addr_width, max_burst=self.axi.axi_max_burst,
+                outstanding=self.axi.axi_outstanding, fifo_depth=self.axi.axi_fifo_depth,
+                bram=self.axi.axi_bram)
+            self._forward(m, master, axi_read_members(prefix, addr_width=self.axi.axi_addr_width,
+                                                      data_width=lanes * width))
+            wiring.connect(m, request, master.request)
+            wiring.connect(m, master.response, response)
+            with m.If(accept):
+                m.d.sync += master.base_word.eq(self._base(regs, bus) >> master.size)
+            drained.append(master.idle)
             bus_errors.append(master.bus_error)
 
         # ---- run control ---------------------------------------------------------------------

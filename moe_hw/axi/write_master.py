@@ -43,6 +43,11 @@ and every issued burst answered. ``base_word`` (the buffer's base address in bus
 added to every word address; it must hold while the master is not idle.
 
 Every AXI output is a register (skid buffers on AW and W, constants elsewhere).
+
+The pieces :class:`~moe_hw.axi.read_master.AxiReadMaster` uses too are functions here:
+:func:`check_bus` (the parameters), :func:`beat_position` (a beat's offset, low lanes and
+continuation), :func:`rotate` (one stage of the rotation), :func:`form_bursts` (the burst
+former) and :func:`block_fifo` (the block RAM FIFO read ahead).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
@@ -54,7 +59,8 @@ from ..blocks.block_memory import MEMORY_TARGETS, BlockMemory
 from ..params import check_choice
 from ..stream import CreditPipeline, RegisteredFIFO, SkidBuffer, delay
 
-__all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "word_layout"]
+__all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
+           "block_fifo", "check_bus", "form_bursts", "rotate", "rotation_stages", "word_layout"]
 
 #: AXI4 constants of every burst: INCR, normal access, bufferable and modifiable.
 AWBURST_INCR = 0b01
@@ -82,6 +88,100 @@ def axi_write_members(prefix, *, addr_width, data_width, id_width=1):
     }
 
 
+def check_bus(master, *, lanes, width, addr_width, max_burst, outstanding, fifo_depth):
+    """Check an AXI4 master's parameters and set its bus facts on ``master``:
+    ``data_width``, ``bus_bytes``, ``size`` (AxSIZE), ``addr_width``, ``bus_word_width`` (a
+    bus word's address), ``max_burst``, ``outstanding``, ``fifo_depth``."""
+    for name, value, low, high in (("max_burst", max_burst, 1, 256),
+                                   ("outstanding", outstanding, 1, 64),
+                                   ("fifo_depth", fifo_depth, 2, 1 << 16),
+                                   ("addr_width", addr_width, 12, 64)):
+        if not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name} must be an integer between {low} and {high}, "
+                             f"not {value!r}")
+    master.data_width = lanes * width
+    if master.data_width % 8 or master.data_width & (master.data_width - 1) or \
+            master.data_width < 8:
+        raise ValueError(f"the bus width (lanes x element width) must be a power of two "
+                         f"of at least 8 bits, not {master.data_width}")
+    master.bus_bytes = master.data_width // 8
+    master.size = exact_log2(master.bus_bytes)
+    master.addr_width = addr_width
+    master.bus_word_width = addr_width - master.size
+    master.max_burst, master.outstanding, master.fifo_depth = max_burst, outstanding, fifo_depth
+
+
+def beat_position(m, addr, lanes, take):
+    """Where an element-addressed beat of ``lanes`` elements at ``addr`` falls on the bus
+    words: ``offset`` (its lane 0's lane in the word: element l goes to lane
+    ``(l + offset) mod lanes``), ``low`` (the lanes below the offset, those of the next word,
+    as one compare per lane) and ``follows`` (the beat's address is the previous taken beat's
+    plus ``lanes``: it continues that beat). ``take``: the beat is taken this cycle."""
+    shift = exact_log2(lanes)
+    offset = addr[:shift] if shift else Const(0, 1)
+    previous = Signal.like(addr)              # the address of the last beat taken, + lanes
+    with m.If(take):
+        m.d.sync += previous.eq(addr + lanes)
+    low = Cat(offset > n for n in range(lanes))
+    return offset, low, addr == previous
+
+
+def rotate(value, width, bits, low_bit=0, *, down=False):
+    """``value`` (lanes of ``width`` bits) rotated towards the high lanes (towards the low
+    ones when ``down``) by ``bits`` (a slice of a lane offset starting at its bit
+    ``low_bit``) << ``low_bit`` lanes: a choice per output lane among 2 ** len(bits) input
+    lanes (a 4:1 choice per bit for two bits). A whole offset resolved in registered stages
+    of a few bits each is the offset's rotation."""
+    lanes = len(value) // width
+    sign = 1 if down else -1
+    out = []
+    for n in range(lanes):
+        choices = [value.word_select((n + sign * (k << low_bit)) % lanes, width)
+                   for k in range(1 << len(bits))]
+        for bit in range(len(bits)):
+            choices = [Mux(bits[bit], choices[k + 1], choices[k])
+                       for k in range(0, len(choices), 2)]
+        out.append(choices[0])
+    return Cat(out)
+
+
+def rotation_stages(shift):
+    """Registered stages (at least one) that rotate by a lane offset of ``shift`` bits,
+    :attr:`WriteRealign.STAGE_BITS` bits each."""
+    return max(1, -(-shift // WriteRealign.STAGE_BITS))
+
+
+def form_bursts(m, *, valid, word, continues, room, commands, max_burst):
+    """Group bus words arriving in order (``word``, absolute, when ``valid``) into INCR
+    bursts: a burst grows while words arrive one after another at consecutive addresses and
+    closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
+    continue it, when it holds ``max_burst`` beats, when the word starts a new 4 KiB page,
+    or in a cycle in which no word arrives. ``continues`` (a register, worked out by the
+    caller a stage earlier): the word is the previous word plus one and starts no new page,
+    so that the choice to extend is made from registers alone; the burst's being full is a
+    register too. ``room`` (a register): the caller can take a word. Returns ``(ready,
+    take, is_open)``: a word can be taken, a word is taken, a burst is open."""
+    is_open = Signal()
+    start = Signal.like(word)
+    length = Signal(8)                          # AxLEN: beats - 1
+    at_max = Signal()                           # the open burst holds max_burst beats
+    extend = is_open & continues & ~at_max
+    ready = room & (extend | ~is_open | commands.w_rdy)
+    take = valid & ready
+    close = is_open & Mux(take, ~extend, commands.w_rdy)
+    m.d.comb += [commands.w_en.eq(close), commands.w_data.word.eq(start),
+                 commands.w_data.len.eq(length)]
+    with m.If(take):
+        with m.If(extend):
+            m.d.sync += [length.eq(length + 1), at_max.eq(length == max_burst - 2)]
+        with m.Else():
+            m.d.sync += [is_open.eq(1), start.eq(word), length.eq(0),
+                         at_max.eq(max_burst == 1)]
+    with m.Elif(close):
+        m.d.sync += is_open.eq(0)
+    return ready, take, is_open
+
+
 class WriteRealign(wiring.Component):
     """Element-addressed write beats (``i``: ``addr``, ``data``, ``enable``) onto bus words
     (``o``: :func:`word_layout`); see the module docstring. ``busy``: a word is held."""
@@ -106,7 +206,7 @@ class WriteRealign(wiring.Component):
     @property
     def rotation_stages(self):
         """Registered stages of the rotation (at least one)."""
-        return max(1, -(-self.shift // self.STAGE_BITS))
+        return rotation_stages(self.shift)
 
     @property
     def latency(self):
@@ -134,13 +234,9 @@ class WriteRealign(wiring.Component):
                                       "strb": lanes, "low": lanes, "follows": 1,
                                       "rest": max(1, shift)})
         addr = beat.addr
-        offset = addr[:shift] if shift else Const(0, 1)
-        previous = Signal.like(addr)              # the address of the last beat taken, + lanes
-        with m.If(inp.o.valid & inp.o.ready):
-            m.d.sync += previous.eq(addr + lanes)
+        offset, low, follows = beat_position(m, addr, lanes, inp.o.valid & inp.o.ready)
         source = {"word": addr[shift:], "data": Cat(beat.data[n] for n in range(lanes)),
-                  "strb": beat.enable, "low": Cat(offset > n for n in range(lanes)),
-                  "follows": addr == previous, "rest": offset}
+                  "strb": beat.enable, "low": low, "follows": follows, "rest": offset}
         valid, ready = inp.o.valid, inp.o.ready
         for stage in range(self.rotation_stages):
             rot = m.submodules[f"rotate{stage}"] = SkidBuffer(rotation)
@@ -150,8 +246,8 @@ class WriteRealign(wiring.Component):
             m.d.comb += [
                 rot.i.valid.eq(valid), ready.eq(rot.i.ready),
                 rot.i.payload.word.eq(source["word"]),
-                rot.i.payload.data.eq(_rotate(source["data"], width, bits, low_bit)),
-                rot.i.payload.strb.eq(_rotate(source["strb"], 1, bits, low_bit)),
+                rot.i.payload.data.eq(rotate(source["data"], width, bits, low_bit)),
+                rot.i.payload.strb.eq(rotate(source["strb"], 1, bits, low_bit)),
                 rot.i.payload.low.eq(source["low"]), rot.i.payload.follows.eq(source["follows"]),
                 rot.i.payload.rest.eq(source["rest"]),
             ]
@@ -199,22 +295,6 @@ class WriteRealign(wiring.Component):
         return m
 
 
-def _rotate(value, width, bits, low_bit):
-    """``value`` (lanes of ``width`` bits) rotated towards the high lanes by ``bits``
-    (a slice of the lane offset starting at its bit ``low_bit``) << ``low_bit`` lanes: a
-    choice per output lane among 2 ** len(bits) input lanes."""
-    lanes = len(value) // width
-    out = []
-    for n in range(lanes):
-        choices = [value.word_select((n - (k << low_bit)) % lanes, width)
-                   for k in range(1 << len(bits))]
-        for bit in range(len(bits)):
-            choices = [Mux(bits[bit], choices[k + 1], choices[k])
-                       for k in range(0, len(choices), 2)]
-        out.append(choices[0])
-    return Cat(out)
-
-
 class AxiWriteMaster(wiring.Component):
     """Bus words (``i``: :func:`word_layout`) as AXI4 write bursts on ``<prefix>_*``; see the
     module docstring. ``bram``: how the word FIFO is built (a
@@ -222,26 +302,11 @@ class AxiWriteMaster(wiring.Component):
 
     def __init__(self, prefix, *, lanes, width, word_width, addr_width=32, max_burst=256,
                  outstanding=4, fifo_depth=512, id_width=1, bram="generic"):
-        for name, value, low, high in (("max_burst", max_burst, 1, 256),
-                                       ("outstanding", outstanding, 1, 64),
-                                       ("fifo_depth", fifo_depth, 2, 1 << 16),
-                                       ("addr_width", addr_width, 12, 64)):
-            if not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be an integer between {low} and {high}, "
-                                 f"not {value!r}")
+        check_bus(self, lanes=lanes, width=width, addr_width=addr_width, max_burst=max_burst,
+                  outstanding=outstanding, fifo_depth=fifo_depth)
         self.prefix = prefix
         self.lanes, self.width = lanes, width
-        self.data_width = lanes * width
-        if self.data_width % 8 or self.data_width & (self.data_width - 1) or \
-                self.data_width < 8:
-            raise ValueError(f"the bus width (lanes x element width) must be a power of two "
-                             f"of at least 8 bits, not {self.data_width}")
-        self.bus_bytes = self.data_width // 8
-        self.size = exact_log2(self.bus_bytes)           # AWSIZE
-        self.addr_width = addr_width
         self.word_width = word_width
-        self.bus_word_width = addr_width - self.size     # a bus word's address
-        self.max_burst, self.outstanding, self.fifo_depth = max_burst, outstanding, fifo_depth
         self.id_width = id_width
         self.bram = check_choice("bram", bram, MEMORY_TARGETS)
         super().__init__({
@@ -282,54 +347,18 @@ class AxiWriteMaster(wiring.Component):
         # ---- burst former --------------------------------------------------------------------
         command = data.StructLayout({"word": self.bus_word_width, "len": 8})
         cmd = m.submodules.commands = RegisteredFIFO(command, 4)
-        is_open = Signal()
-        start = Signal(self.bus_word_width)
-        length = Signal(8)                          # AWLEN: beats - 1
-        at_max = Signal()                           # the open burst holds max_burst beats
         fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
-        extend = is_open & word.follows & ~at_max & ~word.page
-        room = fifo_room & (extend | ~is_open | cmd.w_rdy)
-        take = inp.o.valid & room
-        close = is_open & Mux(take, ~extend, cmd.w_rdy)
-        m.d.comb += [
-            inp.o.ready.eq(room),
-            cmd.w_en.eq(close), cmd.w_data.word.eq(start), cmd.w_data.len.eq(length),
-        ]
-        with m.If(take):
-            with m.If(extend):
-                m.d.sync += [length.eq(length + 1),
-                             at_max.eq(length == self.max_burst - 2)]
-            with m.Else():
-                m.d.sync += [is_open.eq(1), start.eq(word.word), length.eq(0),
-                             at_max.eq(self.max_burst == 1)]
-        with m.Elif(close):
-            m.d.sync += is_open.eq(0)
+        ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
+                                           continues=word.follows & ~word.page,
+                                           room=fifo_room, commands=cmd,
+                                           max_burst=self.max_burst)
+        m.d.comb += inp.o.ready.eq(ready)
 
         # ---- the word FIFO: a block RAM (registered write, two-cycle read) read ahead into
         # a credit-counted queue; every flag is a register -----------------------------------
-        store = m.submodules.store = BlockMemory(entry_width, self.fifo_depth,
-                                                 target=self.bram, registered_write=True)
-        ahead = m.submodules.ahead = CreditPipeline(BlockMemory.latency, entry_width)
-        w_ptr = Signal(range(self.fifo_depth))
-        r_ptr = Signal(range(self.fifo_depth))
-        used = Signal(range(self.fifo_depth + 1))    # words written and not yet read
-        empty = Signal(init=1)                          # used == 0 (a register)
-        readable = Signal(range(self.fifo_depth + 1))   # words the RAM can be read for
-        nonempty = Signal()                              # readable != 0 (a register)
-        written = delay(m, take, 1, 1, name="written")   # a word reaches the RAM
-        read = ahead.take
-        m.d.comb += [
-            store.write_addr.eq(w_ptr), store.write_data.eq(word.entry), store.write_en.eq(take),
-            store.read_addr.eq(r_ptr), store.read_en.eq(1),
-            ahead.i_valid.eq(nonempty), ahead.payload.eq(store.read_data),
-        ]
-        with m.If(take):
-            m.d.sync += w_ptr.eq(_next(w_ptr, self.fifo_depth))
-        with m.If(read):
-            m.d.sync += r_ptr.eq(_next(r_ptr, self.fifo_depth))
-        _count(m, used, take, read, [(fifo_room, lambda level: level != self.fifo_depth),
-                                     (empty, lambda level: level == 0)])
-        _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
+        ahead, empty = block_fifo(m, "", width=entry_width, depth=self.fifo_depth,
+                                  target=self.bram, write=take, data=word.entry,
+                                  room=fifo_room)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -382,6 +411,46 @@ class AxiWriteMaster(wiring.Component):
         m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
                                  (cmd.level == 0) & (in_flight == 0))
         return m
+
+
+def block_fifo(m, name, *, width, depth, target, write, data, room=None):
+    """A FIFO of ``depth`` entries of ``width`` bits in a
+    :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
+    register, read in two cycles) read ahead into a
+    :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM output and no flag
+    is combinational logic's input. ``write``, ``data``: an entry goes in (the caller makes
+    sure there is room); ``room`` (optional, a register the caller made with init 1): set
+    to whether the next entry fits. Its submodules are ``<name>_store`` and
+    ``<name>_ahead`` (``store`` and ``ahead`` without a name). Returns ``(ahead, empty)``:
+    the pipeline (its ``o`` the FIFO's output stream, ``busy`` an entry in its queue) and a
+    register that is high while the block RAM holds no entry."""
+    prefix = f"{name}_" if name else ""
+    store = m.submodules[f"{prefix}store"] = BlockMemory(width, depth, target=target,
+                                                          registered_write=True)
+    ahead = m.submodules[f"{prefix}ahead"] = CreditPipeline(BlockMemory.latency, width)
+    w_ptr = Signal(range(depth), name=f"{prefix}w_ptr")
+    r_ptr = Signal(range(depth), name=f"{prefix}r_ptr")
+    used = Signal(range(depth + 1), name=f"{prefix}used")     # written and not yet read
+    empty = Signal(init=1, name=f"{prefix}empty")               # used == 0 (a register)
+    readable = Signal(range(depth + 1), name=f"{prefix}readable")   # the RAM can be read for
+    nonempty = Signal(name=f"{prefix}nonempty")                 # readable != 0 (a register)
+    written = delay(m, write, 1, 1, name=f"{prefix}written")   # an entry reaches the RAM
+    read = ahead.take
+    m.d.comb += [
+        store.write_addr.eq(w_ptr), store.write_data.eq(data), store.write_en.eq(write),
+        store.read_addr.eq(r_ptr), store.read_en.eq(1),
+        ahead.i_valid.eq(nonempty), ahead.payload.eq(store.read_data),
+    ]
+    with m.If(write):
+        m.d.sync += w_ptr.eq(_next(w_ptr, depth))
+    with m.If(read):
+        m.d.sync += r_ptr.eq(_next(r_ptr, depth))
+    flags = [(empty, lambda level: level == 0)]
+    if room is not None:
+        flags.insert(0, (room, lambda level: level != depth))
+    _count(m, used, write, read, flags)
+    _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
+    return ahead, empty
 
 
 def _next(ptr, depth):

@@ -43,6 +43,12 @@ class CombineGather(RowGather):
     outputs = ("combined",)
     runtime = ("capacity", "memory_latency")
     ideal = "one read beat per cycle: max(top_k, 1)*S*ceil(H/lanes)"
+    axi_rows = {"data": "hidden"}
+
+    @property
+    def axi_names(self):
+        """The read port's bus is named after the buffer it reads."""
+        return {"read": self.buffer}
 
     def build(self, params):
         return self.component(params)
@@ -180,3 +186,48 @@ class CombineGather(RowGather):
 
 
 UNIT = CombineGather()
+
+
+def run_axi(problem, params, axi=None, *, sim="verilator", stall=0.0, seed=0, latency=20,
+            base=0x3000, progress=None):
+    """Run ``problem`` (a :func:`~moe_hw.problems.gather_problem` dict: ``gates``,
+    ``indices``, ``locations``, ``buffer``, ``capacity``) through combine_gather behind its
+    AXI wrapper, on the cocotbext-axi bench ``sim/bench_combine_gather_axi.py``: the expert
+    buffer in an ``AxiRam`` at ``base`` whose read data comes ``latency`` cycles after each
+    burst's address, the headers and the combined rows on AXI4-Streams. Returns ``(outputs,
+    results, findings)``: ``combined`` as read off the stream, the bench's results
+    (``cycles`` from the start write to ``irq``, the bursts), and what disagrees with
+    ``golden.combine_gather`` (empty when all is well)."""
+    from ..axi.streams import tdata_width
+    from ..flows.emit import describe_shape
+    from .axi_run import check_base, ram_size, simulate_axi, status_findings
+    inputs, runtime = UNIT.inputs_of(problem)
+    problem = UNIT.problem(inputs, runtime)
+    UNIT.fits(problem, params)
+    stimulus, settings = UNIT.pack(problem, params, stall=stall, seed=seed)
+    fmt = params.fmt
+    buffer_bytes = problem["buffer"].size * fmt.width // 8
+    check_base("base", base, params.lanes * fmt.width // 8)
+    settings.update(stall=stall, seed=seed, latency=latency, base=base,
+                    buffer_bytes=buffer_bytes, ram_size=ram_size(base + buffer_bytes),
+                    bus=f"m_axi_{UNIT.axi_names['read']}",
+                    header_layout=describe_shape(params.header_layout()),
+                    header_bytes=tdata_width(params.header_layout()) // 8)
+    results, _ = simulate_axi(UNIT, params, axi, stimulus, settings, sim=sim,
+                              progress=progress)
+    tokens, hidden = problem["tokens"], problem["hidden"]
+    outputs = {"combined": from_bits(results["combined"].astype(fmt.uint_dtype),
+                                     fmt).reshape(tokens, hidden)}
+    findings = compare_bits("combined", outputs["combined"], UNIT.reference(problem), fmt)
+    rows = problem["rows"]
+    want_dropped = int(np.count_nonzero(rows < 0)) if hidden and tokens else 0
+    if int(results["dropped"]) != want_dropped:
+        findings.append(f"DROPPED reads {int(results['dropped'])}, not {want_dropped}")
+    if int(results["frames"]) != (tokens if hidden else 0):
+        findings.append(f"{int(results['frames'])} rows on m_axis_data, not {tokens}")
+    if not int(results["frames_ok"]):
+        findings.append("a row on m_axis_data is not H elements long (tlast or tkeep)")
+    if not int(results["reads_inside"]):
+        findings.append("a read burst reaches outside the expert buffer")
+    findings += status_findings(results)
+    return outputs, results, findings

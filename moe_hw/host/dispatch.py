@@ -210,34 +210,24 @@ def run_axi(problem, params, axi=None, *, sim="verilator", stall=0.0, seed=0, la
     ``(outputs, results, findings)``: the golden model's outputs read from the RAM, the
     bench's results (``cycles`` from the start write to ``irq``, the bursts), and what
     disagrees with the golden model and the scoreboard (empty when all is well)."""
-    from ..axi import AxiParams
     from ..axi.streams import tdata_width
     from ..flows.emit import describe_shape
-    from ..flows.simulate import simulate
-    axi = axi or AxiParams()
+    from .axi_run import check_base, ram_size, simulate_axi, status_findings
     problem = UNIT.problem({name: problem[name] for name in UNIT.inputs},
                            {name: problem[name] for name in UNIT.runtime})
     UNIT.fits(problem, params)
     stimulus, settings = UNIT.pack(problem, params, stall=stall, seed=seed)
-    wrapper = UNIT.build_axi(params, axi)
-    # A design already emitted in this process is reused, and this wrapper then goes
-    # unelaborated: that is expected.
-    wrapper._MustUse__silence = wrapper.unit._MustUse__silence = True
     hidden = problem["input"].shape[1]
     rows = problem["num_experts"] * problem["capacity"]
     elements = rows * hidden
-    bus_bytes = params.lanes * params.fmt.width // 8
-    if base % bus_bytes:
-        raise ValueError(f"base must be a multiple of the bus width ({bus_bytes} bytes), "
-                         f"not {base:#x}")
-    ram_size = -(-(base + elements * params.fmt.width // 8 + 4096) // 4096) * 4096
-    settings.update(stall=stall, seed=seed, latency=latency, base=base, ram_size=ram_size,
-                    buffer_elements=elements, registers=wrapper.register_map(),
-                    bus=wrapper.bus("write", "m_axi"), max_burst=axi.axi_max_burst,
+    check_base("base", base, params.lanes * params.fmt.width // 8)
+    settings.update(stall=stall, seed=seed, latency=latency, base=base,
+                    ram_size=ram_size(base + elements * params.fmt.width // 8),
+                    buffer_elements=elements, bus=f"m_axi_{UNIT.axi_names['write']}",
                     header_layout=describe_shape(params.header_layout()),
                     header_bytes=tdata_width(params.header_layout()) // 8)
-    results = simulate(wrapper, "dispatch_axi", "bench_dispatch_axi", stimulus, sim=sim,
-                       settings=settings, key=("dispatch_axi", params, axi), progress=progress)
+    results, _ = simulate_axi(UNIT, params, axi, stimulus, settings, sim=sim,
+                              progress=progress)
     fmt = params.fmt
     outputs = {"dispatch": from_bits(results["memory"].astype(fmt.uint_dtype),
                                      fmt).reshape(rows, hidden),
@@ -258,9 +248,5 @@ def run_axi(problem, params, axi=None, *, sim="verilator", stall=0.0, seed=0, la
                         f"enables {len(want_strobed)} (or in another order)")
     if not int(results["guard_ok"]):
         findings.append("bytes outside the expert buffer were written")
-    status = int(results["status"])
-    if status & 0b11111 != 0b00010:
-        findings.append(f"STATUS reads {status:#x} after done (want done only)")
-    if int(results["irq_after"]):
-        findings.append("IRQ.done still set after it was cleared")
+    findings += status_findings(results)
     return outputs, results, findings

@@ -55,6 +55,7 @@ class MoeReRouting(Unit):
                "expert_token_num")
     runtime = ("expert_token_num_type", "idx_type", "memory_latency")
     ideal = "one beat per cycle: A*ceil(H/lanes)"
+    axi_names = {"read": "tokens", "write": "permute_tokens"}
 
     def build(self, params):
         return MoeReRoutingUnit(params)
@@ -182,10 +183,8 @@ class MoeReRouting(Unit):
             expert_token_num_type=problem["expert_token_num_type"],
             idx_type=problem["idx_type"])
 
-    def score(self, problem, params, outputs, results):
-        """The four outputs bit for bit; the write, read and per-token logs in source order
-        (nothing lost, duplicated, reordered or out of bounds); every count taken; no
-        error."""
+    def output_findings(self, problem, params, outputs):
+        """The four outputs against the golden model's, bit for bit."""
         permuted, scales, idx, expert_num = self.expected(problem)
         findings = compare_values("permute_tokens (bits)",
                                   token_bits(outputs["permute_tokens"], params),
@@ -196,6 +195,13 @@ class MoeReRouting(Unit):
             findings += compare_values("permute_per_token_scales (bits)",
                                        outputs["permute_per_token_scales"].view(np.uint32),
                                        scales.view(np.uint32))
+        return findings
+
+    def score(self, problem, params, outputs, results):
+        """The four outputs bit for bit; the write, read and per-token logs in source order
+        (nothing lost, duplicated, reordered or out of bounds); every count taken; no
+        error."""
+        findings = self.output_findings(problem, params, outputs)
         want = expected_logs(problem, params)
         findings += compare_log("write log", {name: results[f"write_{name}"]
                                               for name in ("addr", "enable", "data")},
@@ -362,3 +368,49 @@ def simulate_raw(problem, params, *, counts=None, sizes=None, sim="verilator", s
 
 
 UNIT = MoeReRouting()
+
+
+def run_axi(inputs, runtime, params, axi=None, *, sim="verilator", stall=0.0, seed=0,
+            latency=20, bases=(0x3000, 0x9040), progress=None):
+    """Run the npz ``inputs`` (``tokens``, ``expert_token_num_per_rank``, optionally
+    ``per_token_scales``) with ``runtime`` (``expert_token_num_type``, ``idx_type``)
+    through moe_re_routing behind its AXI wrapper, on the cocotbext-axi bench
+    ``sim/bench_moe_re_routing_axi.py``: one ``AxiRam`` holds ``tokens`` at ``bases[0]``
+    (read through ``m_axi_tokens``, data ``latency`` cycles after each burst's address) and
+    ``permute_tokens`` at ``bases[1]`` (written through ``m_axi_permute_tokens``, answered
+    ``latency`` cycles late), the counts and scales come in and the counts and the per-token
+    writes go out on AXI4-Streams. Returns ``(outputs, results, findings)``: the golden
+    model's outputs, the bench's results (``cycles`` from the start write to ``irq``), and
+    what disagrees with ``golden.moe_re_routing`` (empty when all is well)."""
+    from ..axi.streams import tdata_width
+    from ..flows.emit import describe_shape
+    from .axi_run import check_base, ram_size, simulate_axi, status_findings
+    problem = UNIT.problem(inputs, runtime)
+    UNIT.fits(problem, params)
+    stim, settings = UNIT.pack(problem, params, stall=stall, seed=seed)
+    elements = problem["num_tokens"] * problem["hidden"]
+    buffer_bytes = elements * params.element_width // 8
+    bus_bytes = params.lanes * params.element_width // 8
+    for name, base in zip(("bases[0]", "bases[1]"), bases):
+        check_base(name, base, bus_bytes)
+    if abs(bases[1] - bases[0]) < buffer_bytes + bus_bytes:
+        raise ValueError(f"bases {bases[0]:#x} and {bases[1]:#x} are closer than a buffer "
+                         f"({buffer_bytes} bytes) and a bus word")
+    settings.update(
+        stall=stall, seed=seed, latency=latency, bases=list(bases), buffer_bytes=buffer_bytes,
+        ram_size=ram_size(*(base + buffer_bytes for base in bases)),
+        buses={port: f"m_axi_{UNIT.axi_names[port]}" for port in ("read", "write")},
+        count_bytes=tdata_width(params.count_layout()) // 8,
+        row_write_layout=describe_shape(params.row_write_layout()))
+    results, _ = simulate_axi(UNIT, params, axi, stim, settings, sim=sim, progress=progress)
+    outputs = UNIT.unpack(problem, params, results)
+    findings = UNIT.output_findings(problem, params, outputs)
+    counts = [int(results["counts_taken"]), int(results["scales_taken"])]
+    want_counts = [count_beats(problem), problem["num_tokens"] if params.scales else 0]
+    findings += compare_values("counts and scales taken", counts, want_counts)
+    if not int(results["guard_ok"]):
+        findings.append("bytes outside permute_tokens were written")
+    if not int(results["reads_inside"]):
+        findings.append("a read burst reaches outside tokens")
+    findings += status_findings(results)
+    return outputs, results, findings

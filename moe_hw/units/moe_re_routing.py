@@ -266,6 +266,11 @@ class MoeReRoutingUnit(wiring.Component):
             members["scales"] = In(stream.Signature(p.scale_layout()))
         super().__init__(members)
 
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order (:attr:`MoeReRoutingParams.sizes`)."""
+        return self.params.sizes
+
     def elaborate(self, platform):
         m = Module()
         p = self.params

@@ -1,0 +1,47 @@
+"""combine_gather behind its AXI wrapper (``--set interface=axi``), on its emitted Verilog with
+cocotbext-axi (sim/bench_combine_gather_axi.py): AxiRam holds the expert buffer and answers
+the read bursts late, AxiLiteMaster programs and starts the run, AxiStreamSource sends the
+headers and AxiStreamSink takes the combined rows, with and without random pauses on both
+streams and on the RAM's AR and R channels. The rows are compared bit for bit with
+golden.combine_gather, DROPPED with the invalid pairs, and every read burst is checked (INCR,
+length, no 4 KiB crossing, inside the buffer)."""
+
+import numpy as np
+import pytest
+
+from moe_hw import problems
+from moe_hw.axi import AxiParams
+from moe_hw.host.combine_gather import run_axi
+from moe_hw.units.combine_gather import CombineGatherParams
+
+PARAMS = CombineGatherParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
+                             max_capacity=32, max_experts=8, max_top_k=2)
+# Short bursts and few outstanding ones, so that the small problems reach every limit.
+AXI = AxiParams(axi_max_burst=16, axi_outstanding=2, axi_fifo_depth=64)
+BUS_BYTES = 16
+
+CASES = {
+    # top-2 with capacity drops, H = 29: rows start off the bus words (realigned reads).
+    "k2_drops": (dict(tokens=23, hidden=29, experts=5, capacity=6, k=2), 0x3000),
+    # Rows of 64 elements (256 bytes) from a base 64 bytes into a page: every 16th row
+    # straddles a 4 KiB boundary, and its bursts are cut there.
+    "pages": (dict(tokens=40, hidden=64, experts=2, capacity=24, k=1), 0x3040),
+    "zero_tokens": (dict(tokens=0, hidden=16, experts=2, capacity=4, k=2), 0x3000),
+}
+
+
+@pytest.mark.parametrize("case, stall", [("k2_drops", 0.0), ("k2_drops", 0.3),
+                                         ("pages", 0.3), ("zero_tokens", 0.0)])
+def test_combine_gather_axi(case, stall):
+    sizes, base = CASES[case]
+    prob = problems.gather_problem(sorted(CASES).index(case), **sizes)
+    _, results, findings = run_axi(prob, PARAMS, AXI, stall=stall, seed=3, base=base)
+    assert findings == [], "\n".join(findings)
+    beats, addr = results["burst_beats"], results["burst_addr"]
+    assert np.all(beats <= AXI.axi_max_burst)
+    if case == "pages":
+        ends = addr + beats * BUS_BYTES
+        assert np.any((beats < AXI.axi_max_burst) & (ends % 4096 == 0)), \
+            "no burst was cut at a 4 KiB boundary"
+    if case == "zero_tokens":
+        assert len(beats) == 0
