@@ -257,19 +257,11 @@ class AxiWrapper(wiring.Component):
             if port in self.rows:
                 bus["tlast"] = f"last beat of a row of {self.rows[port]} elements"
             buses.append(bus)
-        for port in self.writes:
-            lanes, width = _lanes_of(self._shape(port))
+        masters = [(port, "write", _lanes_of(self._shape(port))) for port in self.writes]
+        masters += [(port, "read", self._read_lanes(port)) for port in self.reads]
+        for port, channels, (lanes, width) in masters:
             buses.append({"name": self.bus(port, "m_axi"), "kind": "axi4", "role": "master",
-                          "port": port, "channels": "write", "addr_width":
-                          self.axi.axi_addr_width, "data_width": lanes * width, "id_width": 1,
-                          "max_burst": self.axi.axi_max_burst,
-                          "outstanding": self.axi.axi_outstanding,
-                          "fifo_depth": self.axi.axi_fifo_depth, "burst": "INCR",
-                          "boundary": 4096})
-        for port in self.reads:
-            lanes, width = self._read_lanes(port)
-            buses.append({"name": self.bus(port, "m_axi"), "kind": "axi4", "role": "master",
-                          "port": port, "channels": "read", "addr_width":
+                          "port": port, "channels": channels, "addr_width":
                           self.axi.axi_addr_width, "data_width": lanes * width, "id_width": 1,
                           "max_burst": self.axi.axi_max_burst,
                           "outstanding": self.axi.axi_outstanding,
