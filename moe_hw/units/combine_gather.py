@@ -103,7 +103,7 @@ from ..blocks.row_reader import RowReader, last_enable_of, request_layout, respo
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay
+from ..stream import CreditPipeline, delay, replicated
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
 
@@ -324,7 +324,6 @@ class CombineGatherUnit(wiring.Component):
         fill = Signal(range(p.ring_depth + 1))
         avail = Signal(range(p.ring_depth + 1))
         avail_some = Signal()                    # avail != 0
-        avail_none = Signal(init=1)              # avail == 0: a copy of ~avail_some
         headers_left = Signal.like(self.tokens)
         all_in = Signal()
         header_open = Signal()
@@ -350,7 +349,11 @@ class CombineGatherUnit(wiring.Component):
         # alongside the position (the beats to the row's end, whether this pass is the last,
         # the next window's length), so that a step is one carry chain and a choice.
         gen_active = Signal()
-        gen_idle = Signal(init=1)                # ~gen_active, a copy
+        # ``gen`` (the scheduler's take) as a register of its own, decided a cycle ahead from
+        # the next values of its three flags: the position registers load on it, so that
+        # their clock enables are one LUT of registers (a window's switch: this, the
+        # segment's two flags and the first window's sizing).
+        can_gen = Signal()
         win_beat = Signal.like(beats)            # beat of the window's first item
         win_to_end = Signal.like(beats)          # beats from win_beat to its row's end
         win_len = Signal(range(window + 1))      # the window's items
@@ -364,22 +367,34 @@ class CombineGatherUnit(wiring.Component):
 
         follow_len = Signal(range(window + 1))   # the length of the window after the next
 
-        def window_follows(less, less2, less3):
+        def window_follows(less, less2, less3, over2, over3, over4):
             """The sizes kept for the window after the current one, from ``less``, ``less2``
             and ``less3`` (the items after the current window less one, two and three
             windows): the next window's length is a register too, so that the next position
             is one carry chain from registers, and it is chosen by the signs of registers;
             so is the length of the window after that, so that a switch's sums are one carry
-            chain from registers too."""
+            chain from registers too. ``over2``, ``over3`` and ``over4`` are the pairs
+            (``less2`` - beats, that less one) and the same for ``less3`` and ``less3`` -
+            window, in the sums' width: the window after the next one's length less beats
+            (and less one) is chosen among registers too, as the next ``len_over`` (and
+            ``len_over_less``)."""
             short = less[-1]                     # the window after the current is the last
             new_after = Mux(short, 0, less)
+            # (the ``over`` pairs are read only while the window they size is not past the
+            # last, so they need not follow ``short``)
             return [after.eq(new_after), after_less.eq(Mux(short, -window, less2)),
                     after_less2.eq(Mux(short, -2 * window, less3)),
                     after_less3.eq(Mux(short, -3 * window, less3 - window)),
                     last_window.eq(short | (less == 0)),
                     next_len.eq(Mux(short | less2[-1], new_after[:len(next_len)], window)),
                     follow_len.eq(Mux(less2[-1], 0,
-                                      Mux(less3[-1], less2[:len(follow_len)], window)))]
+                                      Mux(less3[-1], less2[:len(follow_len)], window))),
+                    follow_over.eq(Mux(less2[-1], no_len_over,
+                                       Mux(less3[-1], over2[0], full_len_over))),
+                    follow_over_less.eq(Mux(less2[-1], no_len_over_less,
+                                            Mux(less3[-1], over2[1], full_len_over_less))),
+                    after2_over.eq(over3[0]), after2_over_less.eq(over3[1]),
+                    after3_over.eq(over4[0]), after3_over_less.eq(over4[1])]
 
         pass_k = Signal(range(p.max_top_k))
         last_pass = Signal()                     # pass_k == k_last
@@ -397,6 +412,16 @@ class CombineGatherUnit(wiring.Component):
         win_over_less = Signal.like(over)
         beats_more = Signal(len(beats) + 1)      # beats + 1
         m.d.sync += beats_more.eq(beats + 1)
+        # Copies of ``beats`` for the position's steps, one for each register that steps by it
+        # (two levels of two copies: a copy of a copy differs from its twin in its input), so
+        # that no one net carries beats to every carry chain of the scheduler. They follow
+        # ``beats`` two cycles late, long before the first segment (the run control's setup,
+        # then the first window's sizing).
+        assert p.setup >= 2
+        to_end_beats, beats_copy = replicated(m, beats, name="beats_copy", copies=2)
+        over_beats, over_less_beats = replicated(m, to_end_beats, name="beats_over", copies=2)
+        over_len_beats, over_less_len_beats = replicated(m, beats_copy, name="beats_over_len",
+                                                         copies=2)
         # The next window's ``over`` is ``next_len - beats`` when the window ends at a row's
         # end, else ``over + next_len``. Both are registers kept alongside (``len_over`` and
         # ``over_len`` with their ``over_less`` twins), so that a window's switch is a choice
@@ -410,6 +435,16 @@ class CombineGatherUnit(wiring.Component):
         win_over_less_len = Signal(sum_shape)
         len_over = Signal(sum_shape)              # next_len - beats
         len_over_less = Signal(sum_shape)         # next_len - beats - 1
+        # The next ``len_over`` and ``len_over_less`` at a switch, kept as registers: the
+        # window after the next one's length less beats (and less one), chosen by
+        # ``window_follows`` among registers, from after_less2 and after_less3 less beats
+        # (and less one) kept in the sums' width (their low bits: exact whenever read).
+        follow_over = Signal(sum_shape)           # follow_len - beats
+        follow_over_less = Signal(sum_shape)      # follow_len - beats - 1
+        after2_over = Signal(sum_shape)           # after_less2 - beats
+        after2_over_less = Signal(sum_shape)      # after_less2 - beats - 1
+        after3_over = Signal(sum_shape)           # after_less3 - beats
+        after3_over_less = Signal(sum_shape)      # after_less3 - beats - 1
         # constants of the run, from the held ``beats`` (for the first window)
         no_len_over = Signal(sum_shape)           # -beats
         no_len_over_less = Signal(sum_shape)
@@ -432,15 +467,13 @@ class CombineGatherUnit(wiring.Component):
         end_pass = over_less[-1]                 # to_end >= pass_left: it finishes the pass
         next_tok = Mux(tail, cur_tok + 1, cur_tok)
         next_beat = Mux(tail, 0, cur_beat + pass_left)
-        next_to_end = Mux(tail, beats, to_end - pass_left)
+        next_to_end = Mux(tail, to_end_beats, to_end - pass_left)
         next_over = Mux(tail, len_over, over_len)
         next_over_less = Mux(tail, len_over_less, over_less_len)
 
         # (a switch makes ``follow_len`` the next window's length)
         next_over_len = Mux(tail, len_over + follow_len, over_len + follow_len)
         next_over_less_len = Mux(tail, len_over_less + follow_len, over_less_len + follow_len)
-        next_len_over = follow_len - beats
-        next_len_over_less = follow_len - beats_more
 
         # The command pipeline never stalls: a segment is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
@@ -456,16 +489,13 @@ class CombineGatherUnit(wiring.Component):
         cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
         m.d.comb += cmd_pipe.i_valid.eq(gen_active & avail_some)
         gen = cmd_pipe.take
-        # The position registers load on a copy of ``gen`` made of copies of its flags (each
-        # the inverse of the flag), so that the scheduler's take reaches them on a net of
-        # its own, not on the one that drives the counters and the command queue.
-        gen_pos = ~gen_idle & ~avail_none & ~cmd_pipe.i_full
-        with m.If(gen_pos):
+        with m.If(can_gen):
             with m.If(~end_pass):                # (then the segment ends its row)
-                m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(beats),
-                             pass_left.eq(over), over.eq(over - beats),
-                             over_less.eq(over_less - beats), over_len.eq(over_len - beats),
-                             over_less_len.eq(over_less_len - beats)]
+                m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(to_end_beats),
+                             pass_left.eq(over), over.eq(over - over_beats),
+                             over_less.eq(over_less - over_less_beats),
+                             over_len.eq(over_len - over_len_beats),
+                             over_less_len.eq(over_less_len - over_less_len_beats)]
             with m.Elif(~last_pass):             # the next pass over the same window
                 m.d.sync += [pass_k.eq(pass_k + 1), last_pass.eq(pass_k + 1 == k_last),
                              cur_tok.eq(win_tok), cur_beat.eq(win_beat), to_end.eq(win_to_end),
@@ -478,10 +508,14 @@ class CombineGatherUnit(wiring.Component):
                              to_end.eq(next_to_end), pass_left.eq(next_len),
                              over.eq(next_over), over_less.eq(next_over_less),
                              over_len.eq(next_over_len), over_less_len.eq(next_over_less_len),
-                             len_over.eq(next_len_over), len_over_less.eq(next_len_over_less),
-                             *window_follows(after_less, after_less2, after_less3)]
+                             len_over.eq(follow_over), len_over_less.eq(follow_over_less),
+                             *window_follows(after_less, after_less2, after_less3,
+                                             (after2_over, after2_over_less),
+                                             (after3_over, after3_over_less),
+                                             (after3_over - window,
+                                              after3_over_less - window))]
                 with m.If(last_window):
-                    m.d.sync += [gen_active.eq(0), gen_idle.eq(1)]
+                    m.d.sync += gen_active.eq(0)
         # The next window's start (the win_* registers) loads whenever the segment in hand
         # ends the window's last pass, not on the take: its clock enable is then two
         # registers, not the scheduler's handshake (a net to eight wide registers). Nothing
@@ -514,7 +548,6 @@ class CombineGatherUnit(wiring.Component):
         m.d.sync += [
             avail.eq(Mux(gen, Mux(next_pass, refilled, advanced), held)),
             avail_some.eq(some_next),
-            avail_none.eq(~some_next),
             # the next window starts at the current token
             fill.eq(Mux(gen & end_pass & last_pass, advanced, refilled)),
         ]
@@ -628,18 +661,25 @@ class CombineGatherUnit(wiring.Component):
 
         # An entry's pending bit in the next cycle, from its bit now: set if this beat (taken)
         # is its entry, cleared if its partial sum is freed now. A beat's own entry is never
-        # item_inc or item_inc2, so those two only clear.
-        def next_bit(bit, entry, taken):
-            freed_here = freed & (freed_item == entry)
-            return (bit | (taken & ~tag.final & (item == entry))) & ~freed_here
+        # item_inc or item_inc2, so those two only clear. For the constant entries (0 and 1,
+        # after a wrap) and item_inc2 the clearing is ``cleared`` (the entry freed now,
+        # one-hot) and the beat's entry ``item_bit``: bits of registers, so that those
+        # candidates are one LUT of registers, or a choice among such bits, not a compare.
+        def kept(bit, entry):                    # a register's entry, not the beat's
+            return bit & ~(freed & (freed_item == entry))
         padded = Cat(pending, Const(0, 2))       # entries past the window are never pending
-        here_kept = next_bit(pending_here, item, 0)
-        inc_kept = next_bit(pending_inc, item_inc, 0)
+        cleared_padded = Cat(cleared, Const(0, 2))
+
+        def next_first_bit(entry):
+            taken_here = ~tag.final & Cat(item_bit, Const(0, 2))[entry]
+            return (padded[entry] | taken_here) & ~cleared_padded[entry]
+        stays_all = padded & ~cleared_padded
+        here_kept = kept(pending_here, item)
+        inc_kept = kept(pending_inc, item_inc)
         m.d.sync += [
-            pending_here.eq(Mux(take, Mux(wrap, next_bit(pending[0], 0, 1), inc_kept),
-                                here_kept)),
-            pending_inc.eq(Mux(take, Mux(wrap, next_bit(padded[1], 1, 1),
-                                         next_bit(padded.bit_select(item_inc2, 1), item_inc2, 0)),
+            pending_here.eq(Mux(take, Mux(wrap, next_first_bit(0), inc_kept), here_kept)),
+            pending_inc.eq(Mux(take, Mux(wrap, next_first_bit(1),
+                                         stays_all.bit_select(item_inc2, 1)),
                                inc_kept)),
         ]
 
@@ -720,7 +760,7 @@ class CombineGatherUnit(wiring.Component):
         with m.If(ctl.decide):
             m.d.sync += [
                 headers_in.eq(0),
-                fill.eq(0), avail.eq(0), avail_some.eq(0), avail_none.eq(1), win_tok.eq(0),
+                fill.eq(0), avail.eq(0), avail_some.eq(0), win_tok.eq(0),
                 win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
                 item.eq(0), item_inc.eq(1), item_inc2.eq(2), item_bit.eq(1),
                 self.dropped.eq(0),
@@ -737,6 +777,18 @@ class CombineGatherUnit(wiring.Component):
         items_over_less = Signal(sum_shape)
         first_less_over = Signal(sum_shape)
         first_less_over_less = Signal(sum_shape)
+        # items less 2, 3 and 4 windows, less beats (and less one), in the sums' width (their
+        # low bits: from the low bits of the items and of run constants beats + n * window)
+        width = sum_shape.width
+        sizing_over = {}
+        for n in (2, 3, 4):
+            for less_one in (0, 1):
+                constant = Signal(width, name=f"beats_window{n}{'_more' * less_one}")
+                m.d.sync += constant.eq(beats + (n * window + less_one))
+                sizing_over[n, less_one] = Signal(sum_shape,
+                                                 name=f"first_less{n}_over{'_less' * less_one}")
+                with m.If(ctl.begin):
+                    m.d.sync += sizing_over[n, less_one].eq(items_in[:width] - constant)
         sizing = delay(m, ctl.begin, 1, 1, name="sizing")
         with m.If(ctl.begin):
             m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window),
@@ -754,10 +806,11 @@ class CombineGatherUnit(wiring.Component):
             first_over = Mux(first_short, items_over, full_len_over)
             first_over_less = Mux(first_short, items_over_less, full_len_over_less)
             m.d.sync += [
-                gen_active.eq(1), gen_idle.eq(0), win_len.eq(first_len), pass_left.eq(first_len),
+                gen_active.eq(1), win_len.eq(first_len), pass_left.eq(first_len),
                 over.eq(first_over), over_less.eq(first_over_less),
                 win_over.eq(first_over), win_over_less.eq(first_over_less),
-                *window_follows(first_less, first_less2, first_less3),
+                *window_follows(first_less, first_less2, first_less3,
+                                *(((sizing_over[n, 0], sizing_over[n, 1]) for n in (2, 3, 4)))),
             ]
             # over + next_len: items - beats when there are at most two windows (the first
             # window's over plus the second's length), else 2 * window - beats.
@@ -772,6 +825,11 @@ class CombineGatherUnit(wiring.Component):
                                      Mux(first_less2[-1], first_less_over_less,
                                          full_len_over_less))),
             ]
+        # can_gen: gen_active & avail_some & the command queue's ready, each at its next value
+        # (gen_active rises at sizing and falls after the last window's last segment; the
+        # decide cycle clears avail_some while gen_active is low).
+        gen_active_next = sizing | (gen_active & ~(gen & end_pass & last_pass & last_window))
+        m.d.sync += can_gen.eq(gen_active_next & some_next & cmd_pipe.ready_next)
         m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
                                     ~reader.busy & ~acc_pipe.busy)
         return m
