@@ -354,6 +354,7 @@ class CombineGatherUnit(wiring.Component):
         # their clock enables are one LUT of registers (a window's switch: this, the
         # segment's two flags and the first window's sizing).
         can_gen = Signal()
+        can_gen_n = Signal(init=1)               # ~can_gen, a copy
         win_beat = Signal.like(beats)            # beat of the window's first item
         win_to_end = Signal.like(beats)          # beats from win_beat to its row's end
         win_len = Signal(range(window + 1))      # the window's items
@@ -471,9 +472,10 @@ class CombineGatherUnit(wiring.Component):
         next_over = Mux(tail, len_over, over_len)
         next_over_less = Mux(tail, len_over_less, over_less_len)
 
-        # (a switch makes ``follow_len`` the next window's length)
-        next_over_len = Mux(tail, len_over + follow_len, over_len + follow_len)
-        next_over_less_len = Mux(tail, len_over_less + follow_len, over_less_len + follow_len)
+        # (a switch makes ``follow_len`` the next window's length; one carry chain each, after
+        # the choice of the next over)
+        next_over_len = next_over + follow_len
+        next_over_less_len = next_over_less + follow_len
 
         # The command pipeline never stalls: a segment is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
@@ -507,15 +509,18 @@ class CombineGatherUnit(wiring.Component):
                              cur_tok.eq(next_tok), cur_beat.eq(next_beat),
                              to_end.eq(next_to_end), pass_left.eq(next_len),
                              over.eq(next_over), over_less.eq(next_over_less),
-                             over_len.eq(next_over_len), over_less_len.eq(next_over_less_len),
-                             len_over.eq(follow_over), len_over_less.eq(follow_over_less),
-                             *window_follows(after_less, after_less2, after_less3,
-                                             (after2_over, after2_over_less),
-                                             (after3_over, after3_over_less),
-                                             (after3_over - window,
-                                              after3_over_less - window))]
+                             over_len.eq(next_over_len), over_less_len.eq(next_over_less_len)]
                 with m.If(last_window):
                     m.d.sync += gen_active.eq(0)
+        # The sizes kept for the windows after the next one load at a switch too, on a copy of
+        # can_gen of their own (inverted: Yosys would merge an equal copy), so that the take
+        # reaches them on a net apart from the position registers' one.
+        with m.If(~can_gen_n & end_pass & last_pass):
+            m.d.sync += [len_over.eq(follow_over), len_over_less.eq(follow_over_less),
+                         *window_follows(after_less, after_less2, after_less3,
+                                         (after2_over, after2_over_less),
+                                         (after3_over, after3_over_less),
+                                         (after3_over - window, after3_over_less - window))]
         # The next window's start (the win_* registers) loads whenever the segment in hand
         # ends the window's last pass, not on the take: its clock enable is then two
         # registers, not the scheduler's handshake (a net to eight wide registers). Nothing
@@ -829,7 +834,8 @@ class CombineGatherUnit(wiring.Component):
         # (gen_active rises at sizing and falls after the last window's last segment; the
         # decide cycle clears avail_some while gen_active is low).
         gen_active_next = sizing | (gen_active & ~(gen & end_pass & last_pass & last_window))
-        m.d.sync += can_gen.eq(gen_active_next & some_next & cmd_pipe.ready_next)
+        can_gen_next = gen_active_next & some_next & cmd_pipe.ready_next
+        m.d.sync += [can_gen.eq(can_gen_next), can_gen_n.eq(~can_gen_next)]
         m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
                                     ~reader.busy & ~acc_pipe.busy)
         return m
