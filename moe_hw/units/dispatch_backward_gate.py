@@ -388,8 +388,10 @@ class DispatchBackwardGateUnit(wiring.Component):
         ]
         take_header = issue & need_header
         m.d.comb += h_out.ready.eq(take_header)
-        # The group just issued was the last: no header is left once this item's is taken.
-        no_pairs_after = ~more_pairs | (take_header & last_pair)
+        # The group just issued was the last: no header is left once this item's is taken,
+        # if it issues (registers only, so that the end of the issue is one gate after
+        # ``issue``: the path was the take -> this flag -> ``issuing``, 222.3 MHz).
+        no_pairs_after = ~more_pairs | (need_header & last_pair)
 
         item = Signal(entry_layout)              # the item's pair, a beat on
         m.d.comb += [item.grad.eq(grad_addr + p.lanes), item.input.eq(input_addr + p.lanes),
