@@ -115,7 +115,7 @@ from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, RingQueue, SkidBuffer, delay
+from ..stream import PipelineControl, RingQueue, SkidBuffer, delay, replicated
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
 
@@ -371,10 +371,15 @@ class CombineScatterUnit(wiring.Component):
         # ``history[i]`` is the token of the (i + 1)-th latest one. A repeat stays in the
         # history, and the nearest match wins (stages 3 and 4), so that the history's next
         # value does not wait for the compares: they are a stage of their own.
+        # The token is compared by every history entry: a copy of it for each group of up
+        # to eight entries (one register fed all of them: 235.2 MHz, a 1.4 ns net).
         history = [Signal(token_bits, name=f"history{i}") for i in range(depth - 1)]
         history_valid = Signal(depth - 1)
         matches = Signal(depth - 1)
-        m.d.comb += matches.eq(Cat(*[history_valid[i] & (history[i] == h1_token)
+        copies = min(4, -(-(depth - 1) // 8))
+        h1_copies = replicated(m, token, name="h1_token_copy", copies=copies, en=en_h)
+        m.d.comb += matches.eq(Cat(*[history_valid[i] &
+                                     (history[i] == h1_copies[i * copies // (depth - 1)])
                                      for i in range(depth - 1)]))
         seen = delay(m, matches, 1, en_h, name="h2_seen")
         with m.If(en_h & h1_valid & h1_in_range):
@@ -449,7 +454,10 @@ class CombineScatterUnit(wiring.Component):
         issue = Signal()
         m.d.comb += issue.eq(beat_take & cur_valid)
         load = Signal()
-        _, last_beat = row_beats(m, beats, start=load, step=beat_take)
+        # The rows follow one another (a slot is loaded only when the one in hand ends), so
+        # the beat counter restarts by itself after a last beat: its clock enable is the take
+        # alone (it was the load, the take gated with the skid buffer's valid: 210.7 MHz).
+        _, last_beat = row_beats(m, beats, start=ctl.decide, step=beat_take, wrap=True)
         cur_free = ~cur_loaded | (beat_take & last_beat)
         m.d.comb += [h_skid.o.ready.eq(cur_free), load.eq(h_skid.o.valid & cur_free)]
         enable = Signal(p.lanes)
