@@ -77,7 +77,7 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   current-slot register) and ``hazard_window = max(1 + mul_latency + 2, 1 + read_latency) +
   add_latency + 3`` (join: the product through the operand register, the multiplier and the
   FIFO, or the read round trip; the adder; the write FIFO and the write being taken). At the
-  default parameters and read latency 2: ``hazard_window = 29``, ``overhead = 37``;
+  default parameters and read latency 2: ``hazard_window = 32``, ``overhead = 40``;
 - a hazard: a beat at the address of a beat issued in cycle c issues no earlier than
   ``c + hazard_window``. So a slot that repeats the previous slot's token (same token on
   back-to-back slots) costs ``max(0, hazard_window - ceil(H / lanes))`` cycles, one whose
@@ -329,6 +329,7 @@ class CombineScatterUnit(wiring.Component):
         last_enable = Signal(p.lanes)
         headers_left = Signal.like(self.slots)
         slots_left = Signal.like(self.slots)
+        no_slots = Signal()                     # slots_left == 0, as a register
 
         # ---- in-flight limits by distance --------------------------------------------------
         # Every slot that is not dropped issues ``beats`` beats, in slot order, and writes
@@ -466,7 +467,8 @@ class CombineScatterUnit(wiring.Component):
         with m.If(beat_take):
             m.d.sync += cur_addr.eq(cur_addr + p.lanes)
             with m.If(last_beat):
-                m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1)]
+                m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1),
+                             no_slots.eq(slots_left == 1)]
         with m.If(load):
             m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid), cur_gate.eq(slot.gate),
                          cur_addr.eq(slot.base), cur_lim.eq(slot.limit)]
@@ -586,7 +588,7 @@ class CombineScatterUnit(wiring.Component):
         wiring.connect(m, wiring.flipped(self.write), write_fifo.o)
 
         # ---- control ---------------------------------------------------------------------------
-        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & idle)
+        m.d.comb += ctl.finished.eq(running & no_slots & idle)
         # Every slot fails the mask when there is no token, but none carries data when H is
         # zero (registered in the start cycle, used in the decide cycle).
         all_dropped = Signal()
@@ -595,6 +597,7 @@ class CombineScatterUnit(wiring.Component):
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_enable.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.slots), slots_left.eq(self.slots),
+                no_slots.eq(self.slots == 0),
                 all_dropped.eq((self.hidden != 0) & (self.tokens == 0)),
                 self.dropped.eq(0),
             ]
