@@ -400,8 +400,13 @@ class DispatchBackwardGateUnit(wiring.Component):
         # ``issue``: the path was the take -> this flag -> ``issuing``, 222.3 MHz).
         no_pairs_after = ~more_pairs | (need_header & last_pair)
 
-        item = Signal(entry_layout)              # the item's pair, a beat on
-        m.d.comb += [item.grad.eq(grad_addr + p.lanes), item.input.eq(input_addr + p.lanes),
+        # The item's pair, a beat on. Each address is stepped on both of its sources, and the
+        # beat-0 choice comes last: ``first_beat`` reaches every bit of both addresses, and
+        # its net in front of the carry chains was the critical path (242.4 MHz).
+        item = Signal(entry_layout)
+        m.d.comb += [item.grad.eq(Mux(first_beat, h.address + p.lanes, ahead.grad + p.lanes)),
+                     item.input.eq(Mux(first_beat, input_base + p.lanes,
+                                       ahead.input + p.lanes)),
                      item.live.eq(live), item.real.eq(real)]
         if group >= 3:
             # The write is registered (the next address's carry chain then ends at a
