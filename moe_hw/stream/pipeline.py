@@ -31,8 +31,9 @@ def delay(m, value, latency, en, *, name="delayed", reset_less=False):
     return value
 
 
-def replicated(m, value, *, name, copies=2):
-    """``copies`` (1 to 4) registers that each load ``value`` every cycle: one copy of a
+def replicated(m, value, *, name, copies=2, en=None):
+    """``copies`` (1 to 4) registers that each load ``value`` every cycle (or in the cycles
+    of ``en``, when given): one copy of a
     broadcast value (a gate every lane multiplies by) for each group of lanes of a wide
     datapath, so that no single register, and no logic computed from it alone, drives the
     lanes of every group. Returns the copies' values (``value`` a cycle late, each).
@@ -50,7 +51,8 @@ def replicated(m, value, *, name, copies=2):
     for copy in range(copies):
         invert = Const((1 << width) - 1 if copy >= 2 else 0, width)   # unsigned: no extension
         reg = Signal(width, name=f"{name}_{copy}", init=-(copy % 2) % (1 << width))
-        m.d.sync += reg.eq(value ^ invert)
+        with m.If(1 if en is None else en):
+            m.d.sync += reg.eq(value ^ invert)
         out.append(reg ^ invert if copy >= 2 else reg)
     return out
 

@@ -34,10 +34,17 @@ class SkidBuffer(wiring.Component):
     LUT near wherever its ``ready`` comes from, and back.
 
     ``held`` (out) is high while the output register holds an item, shown or vanishing.
+
+    ``reset_held``: the registers of the fields that are not alternate are reset to 0 (else
+    they have no reset). With the output register loading the input whenever it holds no
+    item, a field whose producer drives 0 while ``i.valid`` is low then reads 0 on ``o``
+    whenever ``o.valid`` is low, reset included: a consumer can read such a field without
+    ``o.valid`` beside it.
     """
 
-    def __init__(self, shape, *, alternate=(), keep=None):
+    def __init__(self, shape, *, alternate=(), keep=None, reset_held=False):
         self._shape = shape
+        self._reset_held = reset_held
         self._alternate = tuple(alternate)
         self._keep = keep
         fields = (*self._alternate, *(() if keep is None else (keep,)))
@@ -70,10 +77,11 @@ class SkidBuffer(wiring.Component):
         held = Cat(i_bits[start:stop] for start, stop, alt in ranges if not alt)
         turns = Cat(i_bits[start:stop] for start, stop, alt in ranges if alt)
 
-        # The payload registers are read only beside their valid flags: no reset.
-        main = Signal(len(held), reset_less=True)
+        # The payload registers are read only beside their valid flags: no reset (unless
+        # asked for).
+        main = Signal(len(held), reset_less=not self._reset_held)
         main_valid = Signal()
-        skid = Signal(len(held), reset_less=True)
+        skid = Signal(len(held), reset_less=not self._reset_held)
         skid_valid = Signal()
 
         # ``shown``: the output register holds an item that waits for ``o.ready`` (without

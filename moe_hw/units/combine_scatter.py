@@ -77,7 +77,7 @@ latency ``read_latency``: a request taken in cycle c is answered from cycle c + 
   current-slot register) and ``hazard_window = max(1 + mul_latency + 2, 1 + read_latency) +
   add_latency + 3`` (join: the product through the operand register, the multiplier and the
   FIFO, or the read round trip; the adder; the write FIFO and the write being taken). At the
-  default parameters and read latency 2: ``hazard_window = 29``, ``overhead = 37``;
+  default parameters and read latency 2: ``hazard_window = 32``, ``overhead = 40``;
 - a hazard: a beat at the address of a beat issued in cycle c issues no earlier than
   ``c + hazard_window``. So a slot that repeats the previous slot's token (same token on
   back-to-back slots) costs ``max(0, hazard_window - ceil(H / lanes))`` cycles, one whose
@@ -115,7 +115,7 @@ from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import PipelineControl, RingQueue, SkidBuffer, delay
+from ..stream import PipelineControl, RingQueue, SkidBuffer, delay, replicated
 
 __all__ = ["CombineScatterParams", "CombineScatterUnit"]
 
@@ -329,6 +329,7 @@ class CombineScatterUnit(wiring.Component):
         last_enable = Signal(p.lanes)
         headers_left = Signal.like(self.slots)
         slots_left = Signal.like(self.slots)
+        no_slots = Signal()                     # slots_left == 0, as a register
 
         # ---- in-flight limits by distance --------------------------------------------------
         # Every slot that is not dropped issues ``beats`` beats, in slot order, and writes
@@ -338,7 +339,10 @@ class CombineScatterUnit(wiring.Component):
         # than j * beats beats are in flight. ``limit_of[j] = min(j * beats, depth)``: the
         # tracker's capacity bounds the in-flight count anyway. A register of the held
         # ``beats``.
-        limit_width = bits_for(depth)
+        # The limit as the room check reads it: ``no_limit`` for a dropped slot (always room:
+        # above every in-flight count + 1), 0 while the header skid buffer shows no slot.
+        limit_width = bits_for(depth + 2)
+        no_limit = (1 << limit_width) - 1
         limit_of = _limit_table(m, beats, depth, p.limit_stages)
 
         # ---- header pipeline: mask, history, limit; row address alongside --------------------
@@ -368,10 +372,15 @@ class CombineScatterUnit(wiring.Component):
         # ``history[i]`` is the token of the (i + 1)-th latest one. A repeat stays in the
         # history, and the nearest match wins (stages 3 and 4), so that the history's next
         # value does not wait for the compares: they are a stage of their own.
+        # The token is compared by every history entry: a copy of it for each group of up
+        # to eight entries (one register fed all of them: 235.2 MHz, a 1.4 ns net).
         history = [Signal(token_bits, name=f"history{i}") for i in range(depth - 1)]
         history_valid = Signal(depth - 1)
         matches = Signal(depth - 1)
-        m.d.comb += matches.eq(Cat(*[history_valid[i] & (history[i] == h1_token)
+        copies = min(4, -(-(depth - 1) // 8))
+        h1_copies = replicated(m, token, name="h1_token_copy", copies=copies, en=en_h)
+        m.d.comb += matches.eq(Cat(*[history_valid[i] &
+                                     (history[i] == h1_copies[i * copies // (depth - 1)])
                                      for i in range(depth - 1)]))
         seen = delay(m, matches, 1, en_h, name="h2_seen")
         with m.If(en_h & h1_valid & h1_in_range):
@@ -413,17 +422,19 @@ class CombineScatterUnit(wiring.Component):
         # enable then depends on registers only, not on the data stream. Its wide fields sit
         # in alternating registers (the current slot's registers load them anyway), so that
         # the beat's take, through the slot's end, reaches only the skid buffer's flags (it
-        # reached the clock enable of the base address: 213.6 MHz).
+        # reached the clock enable of the base address: 213.6 MHz). The limit is held in a
+        # plain register with a reset, so that it reads 0 while no slot is shown.
         h_skid = m.submodules.header_skid = SkidBuffer(data.StructLayout({
             "gate": width, "valid": 1, "base": p.addr_width,
-            "limit": limit_width}), alternate=("gate", "base", "limit"))
+            "limit": limit_width}), alternate=("gate", "base"), reset_held=True)
         m.d.comb += [
             h_skid.i.valid.eq(header_ctl.o_valid),
             header_ctl.o_ready.eq(h_skid.i.ready),
             h_skid.i.payload.gate.eq(h_gate),
             h_skid.i.payload.valid.eq(h_in_range),
             h_skid.i.payload.base.eq(h_base),
-            h_skid.i.payload.limit.eq(h_lim),
+            h_skid.i.payload.limit.eq(Mux(header_ctl.o_valid,
+                                          Mux(h_in_range, h_lim, no_limit), 0)),
         ]
         slot = h_skid.o.payload
 
@@ -444,7 +455,10 @@ class CombineScatterUnit(wiring.Component):
         issue = Signal()
         m.d.comb += issue.eq(beat_take & cur_valid)
         load = Signal()
-        _, last_beat = row_beats(m, beats, start=load, step=beat_take)
+        # The rows follow one another (a slot is loaded only when the one in hand ends), so
+        # the beat counter restarts by itself after a last beat: its clock enable is the take
+        # alone (it was the load, the take gated with the skid buffer's valid: 210.7 MHz).
+        _, last_beat = row_beats(m, beats, start=ctl.decide, step=beat_take, wrap=True)
         cur_free = ~cur_loaded | (beat_take & last_beat)
         m.d.comb += [h_skid.o.ready.eq(cur_free), load.eq(h_skid.o.valid & cur_free)]
         enable = Signal(p.lanes)
@@ -453,7 +467,8 @@ class CombineScatterUnit(wiring.Component):
         with m.If(beat_take):
             m.d.sync += cur_addr.eq(cur_addr + p.lanes)
             with m.If(last_beat):
-                m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1)]
+                m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1),
+                             no_slots.eq(slots_left == 1)]
         with m.If(load):
             m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid), cur_gate.eq(slot.gate),
                          cur_addr.eq(slot.base), cur_lim.eq(slot.limit)]
@@ -488,12 +503,15 @@ class CombineScatterUnit(wiring.Component):
         # cycle forms it for the next: for each change d of the count, whether the next cycle's
         # slot (the skid buffer's when the slot in hand is done with, else the one in hand) is
         # dropped or has ``count + d`` below its limit, a compare of registers each, then the
-        # choices by the slot's end and by the handshakes, last.
+        # choices by the slot's end and by the handshakes, last. The limits carry "dropped"
+        # and "no slot" in their values (``no_limit``, 0), so that the compares are the
+        # choice's only data (with the flags beside them, it was three LUT levels after the
+        # compares: 194.9 MHz).
         after = {-1: count_less, 0: count, 1: count_more}
         room_next = {}
         for d, value in after.items():
-            cur_ok = ~cur_valid | (value < cur_lim)
-            next_ok = h_skid.o.valid & (~slot.valid | (value < slot.limit))
+            cur_ok = value < cur_lim
+            next_ok = value < slot.limit
             # (``cur_free``: the next cycle's slot is the skid buffer's)
             room_next[d] = Mux(cur_free, next_ok, cur_ok)
         m.d.sync += room_ok.eq(by_change(room_next))
@@ -551,7 +569,11 @@ class CombineScatterUnit(wiring.Component):
             fifo.o.ready.eq(join),
             self.read_data.ready.eq(fifo.o.valid),
         ]
-        write_fifo = m.submodules.write_fifo = RingQueue(p.write_layout(), depth)
+        # (Its output skid buffer holds the address and the data in alternating registers, so
+        # that ``write.ready`` reaches only its flags and pointers, not the clock enables of
+        # the wide payload: its net was on the critical path, 227.6 MHz on one seed.)
+        write_fifo = m.submodules.write_fifo = RingQueue(p.write_layout(), depth,
+                                                         alternate=("addr", "data"))
         sums = Signal(p.write_layout())
         for lane in range(p.lanes):
             add = FloatAdderCore(p.format, p.add_latency)
@@ -570,7 +592,7 @@ class CombineScatterUnit(wiring.Component):
         wiring.connect(m, wiring.flipped(self.write), write_fifo.o)
 
         # ---- control ---------------------------------------------------------------------------
-        m.d.comb += ctl.finished.eq(running & (slots_left == 0) & idle)
+        m.d.comb += ctl.finished.eq(running & no_slots & idle)
         # Every slot fails the mask when there is no token, but none carries data when H is
         # zero (registered in the start cycle, used in the decide cycle).
         all_dropped = Signal()
@@ -579,6 +601,7 @@ class CombineScatterUnit(wiring.Component):
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 last_enable.eq(last_enable_of(self.hidden, p.lanes)),
                 headers_left.eq(self.slots), slots_left.eq(self.slots),
+                no_slots.eq(self.slots == 0),
                 all_dropped.eq((self.hidden != 0) & (self.tokens == 0)),
                 self.dropped.eq(0),
             ]

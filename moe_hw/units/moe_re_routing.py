@@ -611,7 +611,11 @@ class MoeReRoutingUnit(wiring.Component):
 
         # ---- the write port: a beat's address is its row's plus lanes per beat, counted by the
         # reader beside the read address (its ``step_tag``) ------------------------------------
-        m.submodules.write_skid = write_skid = SkidBuffer(p.write_layout())
+        # The address and the data in alternating registers: ``write.ready`` reaches only the
+        # skid buffer's flags, not the clock enables of the wide payload (the port's ready
+        # into the buffer was the critical path, 215.7 MHz).
+        m.submodules.write_skid = write_skid = SkidBuffer(p.write_layout(),
+                                                          alternate=("addr", "data"))
         m.d.comb += [
             write_skid.i.valid.eq(reader.beats.valid),
             reader.beats.ready.eq(write_skid.i.ready),
