@@ -101,21 +101,13 @@ class DispatchParams(FloatDatapathParams, UnitParams):
         return self.lanes >= 16
 
     @property
-    def operand_stages(self):
-        """Registers between the data ring's read and a lane's multiplier: one, and a second
-        at 16 lanes, so that one can sit by the ring and one by the multiplier (with one, a
-        lane's operand register into its multiplier's zero test was the critical path, 78 %
-        of it routing: 230.6 MHz). One cycle more per run."""
-        return 1 + (self.lanes >= 16)
-
-    @property
     def overhead(self):
         """Stall-free cycles beyond one per data beat: run control (start, decide), slot
-        address, header queue (its ring's read is the current pair), operand registers
-        (:attr:`operand_stages`; a cycle later with :attr:`late_operands`), multiplier, output
-        queue, its idle register, done register."""
-        return (START_LATENCY + slot_latency(self) + CreditPipeline.RING_LATENCY +
-                self.operand_stages + self.late_operands + self.stages +
+        address, header queue (its ring's read is the current pair), operand register (a
+        cycle later with :attr:`late_operands`), multiplier, output queue, its idle register,
+        done register."""
+        return (START_LATENCY + slot_latency(self) + CreditPipeline.RING_LATENCY + 1 +
+                self.late_operands + self.stages +
                 CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     @property
@@ -166,8 +158,7 @@ class DispatchUnit(wiring.Component):
     def latency(self):
         """Cycles from a data beat entering to its write leaving (operand register, a cycle
         later with late operands, multiplier, output queue)."""
-        return (self.params.operand_stages + self.params.late_operands + self.params.stages +
-                CreditPipeline.QUEUE_LATENCY)
+        return 1 + self.params.late_operands + self.params.stages + CreditPipeline.QUEUE_LATENCY
 
     @property
     def overhead(self):
@@ -207,8 +198,7 @@ class DispatchUnit(wiring.Component):
         # the output's flags and pointers, not the clock enable of lanes x 32 data bits.
         # Its ready is decided a credit ahead (``ready_ahead``): the take fans out across the
         # lanes, and the credit count's loop through it was the critical path at 16 lanes.
-        mul_ctl = m.submodules.mul_pipe = CreditPipeline(p.operand_stages + p.late_operands +
-                                                         p.stages,
+        mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.late_operands + p.stages,
                                                          out_layout,
                                                          keep="write", alternate=("beat",),
                                                          ready_ahead=True)
@@ -261,13 +251,13 @@ class DispatchUnit(wiring.Component):
         # lanes that share a copy share the logic that classifies it too.
         # (With late operands the beat's data reaches its operand registers a cycle after the
         # take, and the gate follows it through a register.)
-        gate = delay(m, pair.gate, p.late_operands + p.operand_stages - 1, 1, name="gate_late")
+        gate = delay(m, pair.gate, 1, 1, name="gate_late") if p.late_operands else pair.gate
         gates = replicated(m, gate, name="lane_gate", copies=min(4, max(2, p.lanes // 4)))
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(gates[len(gates) * lane // p.lanes]),
-                         mul.b.eq(delay(m, beats_in.payload.data[lane], p.operand_stages, 1,
+                         mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
                                         name=f"lane_data{lane}", reset_less=True)),
                          mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
         enable = Mux(last_beat, last_enable, Const((1 << p.lanes) - 1, p.lanes))
