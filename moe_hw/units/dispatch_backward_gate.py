@@ -400,29 +400,41 @@ class DispatchBackwardGateUnit(wiring.Component):
         # ``issue``: the path was the take -> this flag -> ``issuing``, 222.3 MHz).
         no_pairs_after = ~more_pairs | (need_header & last_pair)
 
-        # The item's pair, a beat on. Each address is stepped on both of its sources, and the
-        # beat-0 choice comes last: ``first_beat`` reaches every bit of both addresses, and
-        # its net in front of the carry chains was the critical path (242.4 MHz).
-        item = Signal(entry_layout)
-        m.d.comb += [item.grad.eq(Mux(first_beat, h.address + p.lanes, ahead.grad + p.lanes)),
-                     item.input.eq(Mux(first_beat, input_base + p.lanes,
-                                       ahead.input + p.lanes)),
-                     item.live.eq(live), item.real.eq(real)]
-        if group >= 3:
-            # The write is registered (the next address's carry chain then ends at a
-            # register, not at the distributed RAM's write port): the entry, written a cycle
-            # after its item's issue, is next read at the issue of the item G - 1 later, at
-            # least G - 1 >= 2 cycles after it.
-            m.d.comb += [
-                table_write.en.eq(delay(m, issue, 1, 1, name="table_write_en")),
-                table_write.addr.eq(delay(m, member, 1, 1, name="table_write_addr",
-                                          reset_less=True)),
-                table_write.data.eq(delay(m, item, 1, 1, name="table_write_data",
-                                          reset_less=True)),
-            ]
+        here = Signal(entry_layout)              # the item's pair, its addresses of this beat
+        m.d.comb += [here.grad.eq(grad_addr), here.input.eq(input_addr),
+                     here.live.eq(live), here.real.eq(real)]
+
+        def stepped(entry):
+            """``entry`` with its addresses a beat on."""
+            out = Signal(entry_layout)
+            m.d.comb += [out.grad.eq(entry.grad + p.lanes), out.input.eq(entry.input + p.lanes),
+                         out.live.eq(entry.live), out.real.eq(entry.real)]
+            return out
+
+        # The entry written back, a beat on. An entry written ``write_delay`` cycles after its
+        # item's issue is next read at the issue of the item G - 1 later, at least G - 1
+        # cycles after it, so the write may trail the issue by up to G - 2 cycles. With
+        # G >= 4 the item is registered as it is (its addresses are a choice of the beat-0
+        # flag between the header's and the entry's: the flag's net, or the header queue's
+        # read pointer, in front of a carry chain was the critical path, 242.4 and 224.1 MHz),
+        # then stepped into a second register; with G = 3 stepped into one register (the
+        # carry chain ends at a register, not at the distributed RAM's write port).
+        if group >= 4:
+            write_delay = 2
+            written = delay(m, stepped(delay(m, here, 1, 1, name="table_item", reset_less=True)),
+                            1, 1, name="table_write_data", reset_less=True)
+        elif group == 3:
+            write_delay = 1
+            written = delay(m, stepped(here), 1, 1, name="table_write_data", reset_less=True)
         else:
-            m.d.comb += [table_write.en.eq(issue), table_write.addr.eq(member),
-                         table_write.data.eq(item)]
+            write_delay = 0
+            written = stepped(here)
+        m.d.comb += [
+            table_write.en.eq(delay(m, issue, write_delay, 1, name="table_write_en")),
+            table_write.addr.eq(delay(m, member, write_delay, 1, name="table_write_addr",
+                                      reset_less=True)),
+            table_write.data.eq(written),
+        ]
         with m.If(issue):
             m.d.sync += ahead.eq(table_read.data)
         with m.If(take_header):
