@@ -389,7 +389,11 @@ class ScanLayersUnit(wiring.Component):
         # scan's groups (n = min(max_interleave, left)); the memory's registered read (two
         # cycles, always enabled) is the datapath of a credit pipeline in front of the scan's
         # ``x``.
-        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout())
+        # (The parameters wait in the queue's skid buffer in two registers written in turn:
+        # the scan registers them anyway, and its take then reaches only the buffer's flags,
+        # not the clock enable of a register as wide as the two lanes' vectors.)
+        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout(),
+                                                    alternate=("scale", "bias"))
         wiring.connect(m, fetch.o, scan.x)
         left = Signal(range(max_sequences + 1))
         group = Signal(range(p.interleave + 1))
