@@ -20,10 +20,13 @@ format:
 
 The hardware is the seed's point: one :class:`AffineLayerStep` (``lanes`` multipliers and
 adders), a carry store and a loop counter (the :class:`~moe_hw.blocks.scan.Scan` block), and
-a parameter memory of depth ``max_layers * ceil(max_hidden / lanes)`` read at the loop
-count (the shared :class:`~moe_hw.blocks.block_memory.BlockMemory`: a registered two-cycle
-read, DP16KD blocks with their output registers on ECP5 with ``bram="ecp5"``). Only the
-parameter memory grows with ``max_layers``.
+a parameter memory read at the loop count (the shared
+:class:`~moe_hw.blocks.block_memory.BlockMemory`: a registered two-cycle read, DP16KD blocks
+with their output registers on ECP5 with ``bram="ecp5"``): ``max_layers`` rows of
+``2**ceil(log2(ceil(max_hidden / lanes)))`` beats, a power of two, so that the address of
+layer l's beat b is the two counters side by side (no adder before the memory's address
+register; a ``max_hidden / lanes`` that is not a power of two leaves the rest of each row
+unused). Only the parameter memory grows with ``max_layers``.
 
 Loop order (layer-outer over a token-beat buffer): every beat of every token is a sequence
 of the scan (carry: the beat's activations; x: its layer's parameters; length L). The scan
@@ -64,7 +67,7 @@ cycle.
 from dataclasses import dataclass
 
 import numpy as np
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -314,20 +317,36 @@ class ScanLayersUnit(wiring.Component):
         sequences = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp=p.dsp,
                                       name="sequences")[:bits_for(max_sequences)]
 
-        # ---- the parameter memory: L * B beats, layer-major --------------------------------
-        depth = p.max_layers * p.max_beats
+        # ---- the parameter memory: L rows of B beats, at a power-of-two stride -----------
+        # Layer l's beat b is at address (l << stride_log2) | b: the read address is the
+        # fetch's layer and beat registers side by side (see the module docstring).
+        stride_log2 = ceil_log2(p.max_beats)
+        depth = p.max_layers << stride_log2
+        total_beats = p.max_layers * p.max_beats
         # (Its writes pass a register: the scan reads the first parameters several cycles
         # after the last write.)
         store = m.submodules.parameters = BlockMemory(p.params_layout(), depth,
                                                       target=p.bram, registered_write=True)
+        beats_m1 = Signal.like(beats)
+        beats_one = Signal()
+        # (L - 2, B - 2 and the group's n - 2, signed, so that the last-layer, last-beat and
+        # last-slot tests compare a counter with a register.)
+        layers_m2 = Signal(signed(len(layers) + 1))
+        beats_m2 = Signal(signed(len(beats) + 1))
+        with m.If(ctl.decide):
+            m.d.sync += [beats_m1.eq(beats - 1), beats_one.eq(beats == 1),
+                         layers_m2.eq(layers - 2), beats_m2.eq(beats - 2)]
         loading = Signal()
-        load_addr = Signal(range(depth + 1))
-        load_left = Signal(range(depth + 1))           # parameter beats still to come
+        load_beat = Signal(range(p.max_beats))         # the next parameter beat's place
+        load_layer = Signal(range(p.max_layers))
+        load_row_last = Signal()                       # load_beat == B - 1
+        load_left = Signal(range(total_beats + 1))     # parameter beats still to come
         load_last = Signal()                           # the next parameter beat is the last
         total = pipelined_product(m, layers, beats, en=1, dsp=p.dsp, name="load_total")
         m.d.comb += [
             self.layer_params.ready.eq(loading),
-            store.write_addr.eq(load_addr), store.write_data[0].eq(self.layer_params.payload),
+            store.write_addr.eq(Cat(load_beat[:stride_log2], load_layer)),
+            store.write_data[0].eq(self.layer_params.payload),
             store.write_en.eq(self.layer_params.valid & loading),
         ]
         scan_start = Signal()
@@ -335,9 +354,16 @@ class ScanLayersUnit(wiring.Component):
         # of the count: no compare follows the DSP's output in the cycle it loads.)
         m.d.comb += load_last.eq(load_left == 1)
         with m.If(ctl.begin):
-            m.d.sync += [loading.eq(1), load_addr.eq(0), load_left.eq(total)]
+            m.d.sync += [loading.eq(1), load_beat.eq(0), load_layer.eq(0),
+                         load_row_last.eq(beats == 1), load_left.eq(total)]
         with m.If(self.layer_params.valid & loading):
-            m.d.sync += [load_addr.eq(load_addr + 1), load_left.eq(load_left - 1)]
+            m.d.sync += load_left.eq(load_left - 1)
+            with m.If(load_row_last):
+                m.d.sync += [load_beat.eq(0), load_layer.eq(load_layer + 1),
+                             load_row_last.eq(beats_one)]
+            with m.Else():
+                m.d.sync += [load_beat.eq(load_beat + 1),
+                             load_row_last.eq(load_beat == beats_m2)]
             with m.If(load_last):
                 m.d.sync += [loading.eq(0), scan_start.eq(1)]
         with m.If(scan_start):
@@ -363,32 +389,25 @@ class ScanLayersUnit(wiring.Component):
         # scan's groups (n = min(max_interleave, left)); the memory's registered read (two
         # cycles, always enabled) is the datapath of a credit pipeline in front of the scan's
         # ``x``.
-        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout())
+        # (The parameters wait in the queue's skid buffer in two registers written in turn:
+        # the scan registers them anyway, and its take then reaches only the buffer's flags,
+        # not the clock enable of a register as wide as the two lanes' vectors.)
+        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout(),
+                                                    alternate=("scale", "bias"))
         wiring.connect(m, fetch.o, scan.x)
-        x_addr = Signal(range(depth))                # the address of the beat offered
-        m.d.comb += [store.read_addr.eq(x_addr), store.read_en.eq(1),
-                     fetch.payload.eq(store.read_data[0])]
         left = Signal(range(max_sequences + 1))
         group = Signal(range(p.interleave + 1))
         slot = Signal(range(p.interleave))
-        layer = Signal(range(p.max_layers))
+        layer = Signal(range(p.max_layers))          # the layer and beat of the beat offered
         beat = Signal(range(p.max_beats))
+        m.d.comb += [store.read_addr.eq(Cat(beat[:stride_log2], layer)), store.read_en.eq(1),
+                     fetch.payload.eq(store.read_data[0])]
         group_beat = Signal(range(p.max_beats))      # the beat of the group's first sequence
-        layer_base = Signal(range(depth))
         # Kept beside them, so that no compare or add waits for another add: beat + 1, the
-        # group's first beat is the last (group_beat == B - 1), layer_base + B, B - 1, B == 1.
+        # group's first beat is the last (group_beat == B - 1), B - 1, B == 1.
         beat_inc = Signal(range(p.max_beats + 1))
         group_last = Signal()
-        next_base = Signal(range(depth + p.max_beats + 1))
-        beats_m1 = Signal.like(beats)
-        beats_one = Signal()
-        # (L - 2 and the group's n - 2, signed, so that the last-layer and last-slot tests
-        # compare a counter with a register.)
-        layers_m2 = Signal(signed(len(layers) + 1))
         group_m2 = Signal(signed(bits_for(p.interleave) + 1))
-        with m.If(ctl.decide):
-            m.d.sync += [beats_m1.eq(beats - 1), beats_one.eq(beats == 1),
-                         layers_m2.eq(layers - 2)]
         generating = Signal()
         last_slot, last_layer, last_beat, final_group = (Signal(name=n) for n in (
             "x_last_slot", "x_last_layer", "x_last_beat", "x_final_group"))
@@ -424,10 +443,8 @@ class ScanLayersUnit(wiring.Component):
                 # next group from the beat after this one.
                 m.d.sync += [slot.eq(0), last_slot.eq(group == 1),
                              layer.eq(layer + 1), last_layer.eq(layer == layers_m2),
-                             layer_base.eq(next_base), next_base.eq(next_base + beats),
                              beat.eq(group_beat), beat_inc.eq(group_beat + 1),
-                             last_beat.eq(group_last),
-                             x_addr.eq(next_base + group_beat)]
+                             last_beat.eq(group_last)]
                 with m.If(last_layer):
                     m.d.sync += [generating.eq(0), group_beat.eq(next_beat),
                                  group_last.eq(next_last)]
@@ -435,18 +452,16 @@ class ScanLayersUnit(wiring.Component):
                         m.d.sync += waiting.eq(1)
             with m.Else():
                 m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot == group_m2),
-                             beat.eq(next_beat), beat_inc.eq(next_inc), last_beat.eq(next_last),
-                             x_addr.eq(Mux(last_beat, layer_base, layer_base + beat_inc))]
+                             beat.eq(next_beat), beat_inc.eq(next_inc), last_beat.eq(next_last)]
         with m.If(load):                             # after the above: it wins
             m.d.sync += [group.eq(pending_group), final_group.eq(pending_final),
                          left.eq(left - pending_group), pending_ready.eq(0), compute.eq(1),
                          waiting.eq(0), generating.eq(1),
-                         slot.eq(0), layer.eq(0), layer_base.eq(0), next_base.eq(beats),
+                         slot.eq(0), layer.eq(0),
                          last_slot.eq(pending_group == 1), last_layer.eq(layers == 1),
                          group_m2.eq(pending_group - 2),
                          beat.eq(start_beat), beat_inc.eq(start_inc), group_beat.eq(start_beat),
-                         group_last.eq(start_last), last_beat.eq(start_last),
-                         x_addr.eq(start_beat)]
+                         group_last.eq(start_last), last_beat.eq(start_last)]
 
         scan_started = Signal()
         with m.If(ctl.accept):
