@@ -151,6 +151,22 @@ def _build_model(runner, sim, verilog_text, top, build_dir, progress):
                  log_file=build_dir / "build.log")
 
 
+#: The files whose assertions cocotb has pytest rewrite: the benches and their harnesses.
+#: cocotb's default, every ``*.py``, puts each module the simulator's Python imports (numpy,
+#: pytest's own) through the rewriter, and with no bytecode written (PYTHONDONTWRITEBYTECODE,
+#: or a read-only install) each run parses and compiles them all again: about 1.5 s of every
+#: run of a small problem.
+REWRITTEN_FILES = "bench_*.py *harness.py"
+
+
+def _assertion_rewriting():
+    """The simulator's environment for cocotb's assertion rewriting (a value the user set
+    in ``COCOTB_REWRITE_ASSERTION_FILES`` is kept)."""
+    if "COCOTB_REWRITE_ASSERTION_FILES" in os.environ:
+        return {}
+    return {"COCOTB_REWRITE_ASSERTION_FILES": REWRITTEN_FILES}
+
+
 _DESIGNS = {}
 
 
@@ -231,7 +247,8 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
                 test_module=bench, hdl_toplevel=top, hdl_toplevel_lang="verilog",
                 build_dir=build_dir, test_dir=run_dir,
                 results_xml=str(run_dir / "results.xml"), log_file=log_file,
-                extra_env={"MOE_HW_RUN_DIR": str(run_dir), "COCOTB_RANDOM_SEED": "1"})
+                extra_env={"MOE_HW_RUN_DIR": str(run_dir), "COCOTB_RANDOM_SEED": "1",
+                           **_assertion_rewriting()})
             tests, failed = get_results(Path(results_xml))
         except SystemExit:     # cocotb_tools exits on a failed bench when run under pytest
             tests, failed = 1, 1
