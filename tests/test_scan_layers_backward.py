@@ -122,7 +122,7 @@ from moe_hw.host.unit import run  # noqa: E402
 from moe_hw.params import ParameterError  # noqa: E402
 from moe_hw.units.scan_layers_backward import ScanLayersBackwardParams, sweep_plan  # noqa: E402
 
-from conftest import STALLS, simulator_cases  # noqa: E402
+from conftest import FAST_SIM, STALLS, simulator_cases  # noqa: E402
 
 # Short float pipelines (A = 3: a token takes max(B, 4) cycles) keep the builds quick; one
 # build per format and storage mode.
@@ -328,7 +328,7 @@ def test_run_command(tmp_path):
             for name in ("format", "lanes", "max_tokens", "max_hidden", "max_layers",
                          "checkpoint", "mul_stages", "add_stages")]
     assert main(["scan_layers_backward", "--in", str(tmp_path / "in.npz"), "--out",
-                 str(tmp_path / "out.npz"), *sets]) == 0
+                 str(tmp_path / "out.npz"), *sets, "--sim", FAST_SIM]) == 0
     want = golden.scan_layers_backward(inputs["scale"], inputs["bias"], 1, inputs["input"],
                                        inputs["grad_output"])
     with np.load(tmp_path / "out.npz") as out:
