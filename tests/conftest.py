@@ -57,6 +57,12 @@ def simulator_cases(cases, *, icarus):
 
 STALLS = [pytest.param(0.0, id="no-stall"), pytest.param(0.3, id="stall")]
 
+# The fast path for tests whose subject is not the simulator (the run command's files, a
+# design point's run): Icarus, which compiles a design in well under a second, where a
+# Verilator model takes 5 to 20 s to build; the fast path itself is tested in Icarus too,
+# with one Verilator model (tests/test_fastsim.py). Verilator's fast path without Icarus.
+FAST_SIM = "fast-icarus" if simulator_available("icarus") is None else "fast"
+
 
 def run_pysim(top, *benches):
     """Run ``benches`` as testbenches on ``top`` with a clock, in Amaranth's simulator."""

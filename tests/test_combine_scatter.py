@@ -25,9 +25,10 @@ from moe_hw.units.combine_scatter import CombineScatterParams, CombineScatterUni
 
 from conftest import STALLS, simulator_cases
 
-# One design for every case (one Verilator and one Icarus build).
+# One design for every case (one Verilator and one Icarus build), the hazard test's too: its
+# rows reach lanes * hazard window (4 * 32) elements.
 PARAMS = CombineScatterParams(format="fp32", lanes=4, max_tokens=64, max_slots=256,
-                              max_hidden=64)
+                              max_hidden=128)
 LATENCY = 2
 
 
@@ -146,7 +147,8 @@ def test_hazard_cost_is_exact():
     read latency moves only the constant and the hazard window. Closed-form counts."""
     rng = np.random.default_rng(7)
     # H up to lanes * window: a row as long as the hazard window never waits.
-    params = dataclasses.replace(PARAMS, max_hidden=PARAMS.lanes * PARAMS.hazard_window(7))
+    params = PARAMS
+    assert params.max_hidden == params.lanes * params.hazard_window(7)
     for latency in (LATENCY, 1, 7):
         window = params.hazard_window(latency)
         for hidden in (4, 9, params.lanes * window):
@@ -238,8 +240,8 @@ def test_combine_scatter_input_errors():
         attempt({"gates": gates, "expert_out": out.astype(np.float16)})
     with pytest.raises(HostError, match="expert_out has 3 rows, but there are 2 slots"):
         attempt({"gates": gates, "expert_out": np.ones((3, 4), np.float32)})
-    with pytest.raises(HostError, match="hidden = 65 exceeds the unit's max_hidden of 64"):
-        attempt({"gates": gates, "expert_out": np.ones((2, 65), np.float32)})
+    with pytest.raises(HostError, match="hidden = 129 exceeds the unit's max_hidden of 128"):
+        attempt({"gates": gates, "expert_out": np.ones((2, 129), np.float32)})
     with pytest.raises(HostError, match="the problem needs max_hidden >= 65"):
         attempt({"gates": gates, "expert_out": np.ones((2, 65), np.float32)},
                 {"max_hidden": 64}, params=None)

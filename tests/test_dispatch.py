@@ -19,7 +19,7 @@ from moe_hw.params import ParameterError
 from moe_hw.run import from_npz
 from moe_hw.units.dispatch import DispatchParams
 
-from conftest import STALLS, simulator_cases
+from conftest import FAST_SIM, STALLS, simulator_cases
 
 MAXIMA = dict(max_pairs=256, max_hidden=64, max_capacity=32, max_experts=8)
 FP32_L4 = DispatchParams(format="fp32", lanes=4, **MAXIMA)
@@ -184,7 +184,8 @@ def test_run_reads_bfloat16_from_npz(tmp_path):
     b = np.array([2.0, 0.25, -1e30, 1e-30, 5.0, 3.0], dtype=ml_dtypes.bfloat16)
     np.savez(tmp_path / "in.npz", a=a, b=b)
     result = subprocess.run([sys.executable, "-m", "moe_hw.run", "fmul", "--in",
-                             str(tmp_path / "in.npz"), "--out", str(tmp_path / "out.npz")],
+                             str(tmp_path / "in.npz"), "--out", str(tmp_path / "out.npz"),
+                             "--sim", FAST_SIM],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "bf16" in result.stdout and "bit-exact" in result.stdout, result.stdout

