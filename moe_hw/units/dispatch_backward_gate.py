@@ -377,9 +377,9 @@ class DispatchBackwardGateUnit(wiring.Component):
         # An item issues when both request skid buffers have room, whether it reads or not:
         # its ``valid`` is then two LUTs of registers (an item that does not read waits
         # only while a read port stalls).
+        may_issue = issuing & input_skid.i.ready & grad_skid.i.ready   # header aside
         m.d.comb += [
-            pending.i_valid.eq(issuing & (~need_header | h_out.valid) &
-                               input_skid.i.ready & grad_skid.i.ready),
+            pending.i_valid.eq(may_issue & (~need_header | h_out.valid)),
             issue.eq(pending.take),
             pending.payload.reads.eq(reads),
             pending.payload.enable.eq(enable),
@@ -392,8 +392,7 @@ class DispatchBackwardGateUnit(wiring.Component):
         # the request skid buffer's flag -> the item's valid -> the take -> this -> the pair
         # count's clock enable, 5 LUTs, 223.1 MHz).
         take_header = Signal()
-        m.d.comb += take_header.eq(need_header & issuing & h_out.valid & pending.i_ready &
-                                   input_skid.i.ready & grad_skid.i.ready)
+        m.d.comb += take_header.eq(need_header & h_out.valid & may_issue & pending.i_ready)
         m.d.comb += h_out.ready.eq(take_header)
         # The group just issued was the last: no header is left once this item's is taken,
         # if it issues (registers only, so that the end of the issue is one gate after
