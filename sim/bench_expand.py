@@ -11,8 +11,13 @@ has these streams once per part (``settings["parts"]``), all driven at once. The
 import numpy as np
 
 import cocotb
-from harness import Pauses, Run, StreamSink, StreamSource, high, pack_lanes, reset, run_once, \
-    unpack_lanes
+from harness import MemoryReader, Pauses, Run, StreamSink, StreamSource, high, pack_lanes, \
+    reset, run_once, unpack_lanes
+
+
+def moved_by(source):
+    """What a source has moved so far: input beats sent, or reads taken."""
+    return len(source.requests) if isinstance(source, MemoryReader) else source.sent
 
 
 @cocotb.test()
@@ -26,26 +31,41 @@ async def expand(dut):
     # plan, input and output streams, their names prefixed, and its results saved under its
     # index (``data0``, ``input_taken0``, ...).
     split = "parts" in s
-    parts = s["parts"] if split else [{"prefix": "", "input": "input", "plan": s["plan"],
-                                       "expected_beats": s["expected_beats"]}]
+    external = s.get("external", False)
+    store = "memory" if external else "input"
+    parts = s["parts"] if split else [{"prefix": "", store: store, "plan": s["plan"],
+                                       "expected_beats": s["expected_beats"],
+                                       "expected_reads": s.get("expected_reads", 0)}]
 
     await reset(dut, inputs=["start", *runtime])
     stall, seed = s["stall"], s["seed"]
     plans, sources, sinks = [], [], []
     for index, part in enumerate(parts):
         prefix, part_seed = part["prefix"], seed + 3 * index
-        in_layout = run.layout(f"{prefix}{in_name}__payload")
-        beats = [in_layout.pack(data=pack_lanes(row, width))
-                 for row in st[part["input"]].astype(np.uint64)]
         plans.append(StreamSource(dut, f"{prefix}plan", [int(word) for word in part["plan"]],
                                   Pauses(stall, part_seed + 2)))
-        sources.append(StreamSource(dut, f"{prefix}{in_name}", beats, Pauses(stall, part_seed)))
+        if external:
+            # The input in a memory model behind the unit's read port.
+            sources.append(MemoryReader(
+                dut, f"{prefix}read_request", f"{prefix}read_response",
+                st[part["memory"]].astype(np.uint64), lanes=lanes, width=width,
+                request_layout=run.layout(f"{prefix}read_request__payload"),
+                response_layout=run.layout(f"{prefix}read_response__payload"),
+                latency=s["memory_latency"], request_pauses=Pauses(stall, part_seed),
+                response_pauses=Pauses(stall, part_seed + 7)))
+        else:
+            in_layout = run.layout(f"{prefix}{in_name}__payload")
+            beats = [in_layout.pack(data=pack_lanes(row, width))
+                     for row in st[part["input"]].astype(np.uint64)]
+            sources.append(StreamSource(dut, f"{prefix}{in_name}", beats,
+                                        Pauses(stall, part_seed)))
         sinks.append(StreamSink(dut, f"{prefix}{out_name}", Pauses(stall, part_seed + 1)))
-    work = sum(part["expected_beats"] + len(source.items) + len(part["plan"])
+    work = sum(part["expected_beats"] + part.get("expected_reads", 0) + len(part["plan"])
+               + (s["memory_latency"] if external else len(source.items))
                for part, source in zip(parts, sources))
     cycles = await run_once(dut, [*plans, *sources, *sinks], runtime, limit=40 * work + 2000,
                             what=run.manifest["top"],
-                            moved=lambda: tuple((len(sink.items), source.sent, plan.sent)
+                            moved=lambda: tuple((len(sink.items), moved_by(source), plan.sent)
                                                 for plan, source, sink in
                                                 zip(plans, sources, sinks)))
 
@@ -60,6 +80,15 @@ async def expand(dut):
             f"enable{key}": np.array([out.unpack(w, "enable") for w in sink.items],
                                      dtype=np.int64),
             f"last{key}": np.array([out.unpack(w, "last") for w in sink.items], dtype=np.int64),
-            f"input_taken{key}": source.sent, f"plan_taken{key}": plan.sent})
+            f"plan_taken{key}": plan.sent})
+        if external:
+            requests = np.array(source.requests, dtype=np.int64).reshape(len(source.requests), 2)
+            assert not source.queue, "a response was left untaken"
+            results.update({f"request_addr{key}": requests[:, 0],
+                            f"request_enable{key}": requests[:, 1],
+                            f"out_of_bounds{key}": source.out_of_bounds,
+                            f"input_taken{key}": 0})
+        else:
+            results[f"input_taken{key}"] = source.sent
     run.save(**results, cycles=cycles, error=int(high(dut.error)),
              busy_after=int(high(dut.busy)))

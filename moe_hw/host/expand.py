@@ -33,11 +33,12 @@ import numpy as np
 
 from .. import golden
 from ..blocks.row_reader import last_enable
-from ..flows.fastsim import FastBench, Sink, Source
-from ..golden.expand import _plan as expand_plan, merged_dims
+from ..flows.fastsim import FastBench, MemoryReader, Sink, Source
+from ..golden.expand import _addresses as golden_addresses, _plan as expand_plan, merged_dims
 from ..params import check_choice
 from ..units.expand import ELEMENT_FORMATS, PARTS, ExpandParams, ExpandUnit
-from .checks import HostError, compare_log, compare_values, need, runtime_int
+from .checks import (MEMORY_LATENCY, HostError, compare_log, compare_values, memory_latency,
+                     need, runtime_int)
 from .unit import Unit
 
 __all__ = ["UNIT", "Expand", "Plan", "Split", "plan", "split", "odometer_addresses",
@@ -196,6 +197,41 @@ def odometer_addresses(the_plan, beats):
     return out
 
 
+def lane_addresses(the_plan, beats):
+    """What :func:`odometer_addresses` gives, from the golden addresses: lane l of beat b
+    reads the address of output element ``(b * lanes + l) mod output_elements`` (the lanes past
+    the end of the last beat wrap to the start)."""
+    lanes, n = the_plan.lanes, the_plan.output_elements
+    if n == 0 or beats == 0:
+        return np.zeros((beats, lanes), np.int64)
+    flat = golden_addresses(the_plan.output_shape, the_plan.out_stride)
+    return flat[np.arange(beats * lanes) % n].reshape(beats, lanes)
+
+
+def external_reads(the_plan, beats, input_elements):
+    """The external path's reads for ``beats`` output beats, in the order the hardware issues
+    them (:mod:`moe_hw.units.expand`): each beat's lanes cut into groups at every lane whose
+    address is neither the one before it nor that plus one; one read per group at its first
+    lane's address, its lane enables the group's extent (its last address minus its first),
+    none past ``input_elements``. Returns ``(addr, enable)`` arrays, one entry per read."""
+    lanes = the_plan.lanes
+    if beats == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    addresses = lane_addresses(the_plan, beats)
+    starts = np.ones(addresses.shape, bool)
+    step = np.diff(addresses, axis=1)
+    starts[:, 1:] = (step != 0) & (step != 1)
+    flat, starts = addresses.reshape(-1), starts.reshape(-1)
+    first = np.flatnonzero(starts)
+    last = np.append(first[1:], flat.size) - 1
+    base = flat[first]
+    extent = flat[last] - base
+    lane = np.arange(lanes)
+    on = (lane[None, :] <= extent[:, None]) & (lane[None, :] < (input_elements - base)[:, None])
+    enable = (on.astype(np.int64) << lane).sum(axis=1)
+    return base.astype(np.int64), enable.astype(np.int64)
+
+
 class Split(NamedTuple):
     """A problem cut over the parts of a split unit (:func:`split`)."""
     split_dim: int | None      # the input dim cut (None: one part, not split)
@@ -241,7 +277,8 @@ def part_results(results, index, parts):
     if parts == 1:
         return results
     return {key: results[f"{key}{index}"]
-            for key in ("data", "enable", "last", "input_taken", "plan_taken")}
+            for key in ("data", "enable", "last", "input_taken", "plan_taken", "request_addr",
+                        "request_enable", "out_of_bounds") if f"{key}{index}" in results}
 
 
 class Expand(Unit):
@@ -253,7 +290,7 @@ class Expand(Unit):
     params = ExpandParams
     inputs = ("input", "expand_size")
     outputs = ("output",)
-    runtime = ("split_dim",)
+    runtime = ("split_dim", "memory_latency")
     ideal = "one beat per cycle: ceil(output elements / lanes) (of the largest part)"
 
     @property
@@ -275,7 +312,8 @@ class Expand(Unit):
             raise HostError(str(error)) from None
         problem = self.expand_problem(input, expand_size, output_shape, out_stride,
                                       sizes=("expand_size", expand_size))
-        return {**problem, "split_dim": split_dim_of(inputs, runtime)}
+        return {**problem, "split_dim": split_dim_of(inputs, runtime),
+                "memory_latency": memory_latency(runtime, inputs)}
 
     @staticmethod
     def expand_problem(input, expand_size, output_shape, out_stride, *, sizes):
@@ -325,7 +363,7 @@ class Expand(Unit):
         plans = self.part_plans(problem, params)
         if params.parts == 1:
             return stimulus(plans[0][0], params, plans[0][1])
-        return split_stimulus(plans, params)
+        return split_stimulus(plans, params, problem.get("memory_latency", MEMORY_LATENCY))
 
     def unpack(self, problem, params, results):
         cut = split(problem, params.parts)
@@ -372,6 +410,9 @@ class Expand(Unit):
                     ("plan beats taken", got["plan_taken"], plan_beats),
                     ("input beats taken", got["input_taken"], input_beats(part, params))):
                 part_findings += compare_values(what, [int(value)], [int(want_value)])
+            if params.memory == "external":
+                part_findings += read_findings(got, expected_reads(part, params,
+                                                                   self.plan(part, params)))
             whose = f"part {index}: " if params.parts > 1 else ""
             findings += [whose + finding for finding in part_findings]
         for what, got, want_value in (("error", results["error"], 0),
@@ -385,14 +426,24 @@ class Expand(Unit):
                    for part in split(problem, params.parts).parts)
 
     def cycles(self, problem, params):
+        parts = split(problem, params.parts).parts
+        if params.memory == "external":
+            latency = problem.get("memory_latency", MEMORY_LATENCY)
+            return params.split_cycles([
+                (part["input_elements"], part["output_elements"],
+                 len(expected_reads(part, params, self.plan(part, params))[0]), latency)
+                for part in parts])
         return params.split_cycles([(part["input_elements"], part["output_elements"])
-                                    for part in split(problem, params.parts).parts])
+                                    for part in parts])
 
     def describe(self, problem, params):
         line = (f"{self.name}: input {list(problem['input'].shape)} -> output "
                 f"{self.output_shape(problem)} (out_stride {problem['out_stride']}), "
                 f"{params.format}, lanes={params.lanes}, max_rank={params.max_rank}, "
                 f"max_input={params.max_input}")
+        if params.memory == "external":
+            line += (f", external memory (latency {problem.get('memory_latency', MEMORY_LATENCY)}"
+                     f", max_outstanding {params.max_outstanding})")
         if params.parts > 1 or problem["split_dim"] is not None:
             cut = split(problem, params.parts)
             line += (f", parts={params.parts} (split_dim {cut.split_dim}: part inputs "
@@ -415,8 +466,18 @@ class Expand(Unit):
         gate = random_elements(rng, (shape.tokens, 1), fmt)
         row = random_elements(rng, (1, shape.hidden), fmt)
         size = np.array([shape.tokens, shape.hidden], np.int64)
-        return {"gate": ({"input": gate, "expand_size": size}, {"lanes": shape.lanes}),
-                "row": ({"input": row, "expand_size": size}, {"lanes": shape.lanes})}
+        # A rank-5 expand (two dims broadcast) scaled with S and H: [4, 1, 8, 1, 16] ->
+        # [4, 24, 8, 20, 16] at S = 1024, H = 512.
+        rank5 = random_elements(rng, (4, 1, 8, 1, 16), fmt)
+        rank5_size = np.array([4, max(2, shape.tokens * 3 // 128), 8,
+                               max(2, shape.hidden * 5 // 128), 16], np.int64)
+        onchip = {"lanes": shape.lanes}
+        external = {"lanes": shape.lanes, "memory": "external"}
+        cases = {"gate": {"input": gate, "expand_size": size},
+                 "row": {"input": row, "expand_size": size},
+                 "rank5": {"input": rank5, "expand_size": rank5_size}}
+        return {**{name: (inputs, onchip) for name, inputs in cases.items()},
+                **{f"{name}_external": (inputs, external) for name, inputs in cases.items()}}
 
 
 def split_dim_of(inputs, runtime):
@@ -427,67 +488,119 @@ def split_dim_of(inputs, runtime):
     return None
 
 
+def read_findings(results, reads):
+    """The external path's read scoreboard: every read, in order, its address and lane
+    enables against ``reads`` (:func:`expected_reads`), and no lane out of bounds."""
+    addr, enable = reads
+    findings = compare_log("read log", {"addr": np.asarray(results["request_addr"], np.int64),
+                                        "enable": np.asarray(results["request_enable"],
+                                                             np.int64)},
+                           {"addr": addr, "enable": enable})
+    if int(results["out_of_bounds"]):
+        findings.append(f"{int(results['out_of_bounds'])} lanes read out of bounds")
+    return findings
+
+
 def input_beats(problem, params):
-    """Input beats the unit takes: none for an empty output."""
-    if problem["output_elements"] == 0:
+    """Input beats the unit takes: none for an empty output, or on the external path."""
+    if problem["output_elements"] == 0 or params.memory == "external":
         return 0
     return -(-problem["input_elements"] // params.lanes)
 
 
 def stimulus(problem, params, the_plan):
     """The bench's ``(stimulus, settings)``: the input's beats (lanes elements each, the last
-    padded with zeros), the run-time sizes and the plan's beats (none for an empty run)."""
+    padded with zeros), or with ``memory`` = external the input's elements in the memory
+    model (``memory``), the run-time sizes and the plan's beats (none for an empty run)."""
     lanes, width = params.lanes, params.element_width
+    runtime = {"input_elements": problem["input_elements"],
+               "output_elements": problem["output_elements"]}
+    settings = {"lanes": lanes, "width": width,
+                "runtime": {k: int(v) for k, v in runtime.items()},
+                "plan": the_plan.beats(params) if problem["output_elements"] else [],
+                "expected_beats": int(-(-problem["output_elements"] // lanes))}
+    flat = np.ascontiguousarray(problem["input"]).reshape(-1).view(_UINT[width])
+    if params.memory == "external":
+        reads = expected_reads(problem, params, the_plan)
+        return ({"memory": flat.astype(np.uint64)},
+                {**settings, "external": True,
+                 "memory_latency": int(problem.get("memory_latency", MEMORY_LATENCY)),
+                 "expected_reads": len(reads[0])})
     beats = input_beats(problem, params)
     bits = np.zeros(beats * lanes, np.uint64)
     if beats:
-        flat = np.ascontiguousarray(problem["input"]).reshape(-1).view(_UINT[width])
         bits[:flat.size] = flat
-    runtime = {"input_elements": problem["input_elements"],
-               "output_elements": problem["output_elements"]}
-    return ({"input": bits.reshape(beats, lanes)},
-            {"lanes": lanes, "width": width, "runtime": {k: int(v) for k, v in runtime.items()},
-             "plan": the_plan.beats(params) if problem["output_elements"] else [],
-             "expected_beats": int(-(-problem["output_elements"] // lanes))})
+    return {"input": bits.reshape(beats, lanes)}, settings
 
 
-def split_stimulus(plans, params):
+def expected_reads(problem, params, the_plan):
+    """The external path's reads of a problem (one part): :func:`external_reads` over its
+    output beats (none for an empty output)."""
+    beats = -(-problem["output_elements"] // params.lanes)
+    return external_reads(the_plan, beats, problem["input_elements"])
+
+
+def split_stimulus(plans, params, memory_latency=MEMORY_LATENCY):
     """The bench's ``(stimulus, settings)`` for a split unit: each part's input beats
-    (``input<p>``), run-time sizes (``part<p>_...``), plan beats and expected beats, from
-    ``plans`` (:meth:`Expand.part_plans`)."""
+    (``input<p>``) or memory (``memory<p>``), run-time sizes (``part<p>_...``), plan beats and
+    expected beats (and reads), from ``plans`` (:meth:`Expand.part_plans`)."""
     arrays, runtime, parts = {}, {}, []
     for index, (part, the_plan) in enumerate(plans):
         prefix = params.prefix(index)
-        stim, settings = stimulus(part, params, the_plan)
-        arrays[f"input{index}"] = stim["input"]
+        stim, settings = stimulus({**part, "memory_latency": memory_latency}, params, the_plan)
+        key = "memory" if params.memory == "external" else "input"
+        arrays[f"{key}{index}"] = stim[key]
         runtime.update({prefix + name: value for name, value in settings["runtime"].items()})
-        parts.append({"prefix": prefix, "input": f"input{index}", "plan": settings["plan"],
-                      "expected_beats": settings["expected_beats"]})
+        parts.append({"prefix": prefix, key: f"{key}{index}", "plan": settings["plan"],
+                      "expected_beats": settings["expected_beats"],
+                      "expected_reads": settings.get("expected_reads", 0)})
+    extra = ({"external": True, "memory_latency": int(memory_latency)}
+             if params.memory == "external" else {})
     return arrays, {"lanes": params.lanes, "width": params.element_width, "runtime": runtime,
-                    "parts": parts}
+                    "parts": parts, **extra}
+
+
+def bench_parts(settings):
+    """The parts the bench drives: a split run's ``settings["parts"]``, or the one part of a
+    run that is not split (its input or memory, plan and expected beats and reads)."""
+    if "parts" in settings:
+        return settings["parts"]
+    key = "memory" if settings.get("external") else "input"
+    return [{"prefix": "", key: key, "plan": settings["plan"],
+             "expected_beats": settings["expected_beats"],
+             "expected_reads": settings.get("expected_reads", 0)}]
 
 
 def fast_bench(unit, stimulus, settings):
     """sim/bench_expand.py on the fast path (``expand``, ``repeat``, ``expand_backward``):
-    the same streams and results, for one unit or the parts of a split one."""
+    the same streams and results, for one unit or the parts of a split one, with an input
+    stream or a memory read port."""
     source, sink = settings.get("streams", ("input_data", "output"))
     split_run = "parts" in settings
-    parts = settings["parts"] if split_run else [
-        {"prefix": "", "input": "input", "plan": settings["plan"],
-         "expected_beats": settings["expected_beats"]}]
     streams, results, work = {}, {"error": "error", "busy_after": "busy"}, 0
-    for index, part in enumerate(parts):
+    for index, part in enumerate(bench_parts(settings)):
         prefix, key = part["prefix"], str(index) if split_run else ""
         beats, plan = part["expected_beats"], part["plan"]
         streams.update({f"{prefix}plan": Source(plan),
-                        f"{prefix}{source}": Source({"data": stimulus[part["input"]]}),
                         f"{prefix}{sink}": Sink(depth=2 * beats + 16)})
         results.update({f"data{key}": f"{prefix}{sink}.data",
                         f"enable{key}": f"{prefix}{sink}.enable",
                         f"last{key}": f"{prefix}{sink}.last",
-                        f"input_taken{key}": f"{prefix}{source}.sent",
                         f"plan_taken{key}": f"{prefix}plan.sent"})
-        work += beats + len(stimulus[part["input"]]) + len(plan)
+        if settings.get("external"):
+            reads = part["expected_reads"]
+            streams[f"{prefix}read_request"] = MemoryReader(
+                f"{prefix}read_response", stimulus[part["memory"]],
+                settings["memory_latency"], requests=2 * reads + 16, all_taken=True)
+            results.update({f"request_addr{key}": f"{prefix}read_request.addr",
+                            f"request_enable{key}": f"{prefix}read_request.enable",
+                            f"out_of_bounds{key}": f"{prefix}read_request.out_of_bounds",
+                            f"input_taken{key}": 0})
+            work += beats + reads + len(plan) + settings["memory_latency"]
+        else:
+            streams[f"{prefix}{source}"] = Source({"data": stimulus[part["input"]]})
+            results[f"input_taken{key}"] = f"{prefix}{source}.sent"
+            work += beats + len(stimulus[part["input"]]) + len(plan)
     return FastBench(streams=streams, sizes=settings["runtime"], results=results,
                      limit=40 * work + 2000, what=unit.name)
 

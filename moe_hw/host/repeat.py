@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import golden
 from ..golden.expand import _plan as expand_plan, _repeat_plan as repeat_plan
-from .checks import HostError, need
+from .checks import HostError, memory_latency, need
 from .expand import (UNIT as EXPAND, Expand, element_array, format_of_elements, size_list,
                      split_dim_of)
 
@@ -45,7 +45,8 @@ class Repeat(Expand):
         return {**problem, "repeat_size": repeat_size, "repeat_input": input,
                 "repeat_output_shape": output_shape,
                 "split_dim": expand_split_dim(input.shape, repeat_size,
-                                              split_dim_of(inputs, runtime))}
+                                              split_dim_of(inputs, runtime)),
+                "memory_latency": memory_latency(runtime, inputs)}
 
     @staticmethod
     def output_shape(problem):
@@ -71,9 +72,13 @@ class Repeat(Expand):
         fmt = shape.format if shape.format in ELEMENT_DTYPES else "fp32"
         # The on-chip path holds lanes copies of the input: a few token rows, not all S.
         tokens = random_elements(rng, (min(shape.tokens, 8), shape.hidden), fmt)
-        return {f"k{shape.top_k}": ({"input": tokens,
-                                     "repeat_size": np.array([shape.top_k, 1], np.int64)},
-                                    {"lanes": shape.lanes})}
+        # The external path reads the input from memory: every token row.
+        all_tokens = random_elements(rng, (shape.tokens, shape.hidden), fmt)
+        size = np.array([shape.top_k, 1], np.int64)
+        return {f"k{shape.top_k}": ({"input": tokens, "repeat_size": size},
+                                    {"lanes": shape.lanes}),
+                f"k{shape.top_k}_external": ({"input": all_tokens, "repeat_size": size},
+                                             {"lanes": shape.lanes, "memory": "external"})}
 
 
 def expand_split_dim(input_shape, repeat_size, split_dim):

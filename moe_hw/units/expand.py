@@ -5,16 +5,35 @@ Elements are moved, never changed: the ``format`` only sets the element width (3
 fp32, 16 for fp16 and bf16, 8 for int8). ``repeat`` runs on the same hardware (the host maps
 it to reshape + expand + reshape, :mod:`moe_hw.host.repeat`).
 
-On-chip path (the only one built so far): the whole input is first loaded into an on-chip
-buffer, then the output streams out at one beat of ``lanes`` elements per cycle for every
-stride pattern (an innermost broadcast, kept runs shorter than ``lanes``, a broadcast row):
-each lane reads its own copy of the buffer.
+Two paths, chosen at generation time by ``memory``:
+
+- ``onchip`` (the default): the whole input is first loaded into an on-chip buffer, then the
+  output streams out at one beat of ``lanes`` elements per cycle for every stride pattern (an
+  innermost broadcast, kept runs shorter than ``lanes``, a broadcast row): each lane reads its
+  own copy of the buffer. The input must fit ``max_input`` (lanes copies of it on chip).
+- ``external``: the input stays in a memory behind a read port (``read_request`` /
+  ``read_response``, the row reader's port: a request's ``addr`` is the element address of
+  lane 0 and lane l of the response holds element ``addr + l``), for an input that does not
+  fit on chip; ``max_input`` only sizes the addresses. Nothing is loaded. Each output beat's
+  lanes are cut into groups: a lane starts a group unless its address is the one of the lane
+  before it or that plus one (so a group's addresses span fewer than ``lanes`` elements), and
+  each group is one read at its first lane's address, its lane enables the group's extent
+  (never a lane at or past ``input_elements``). A broadcast of the innermost dim (every lane
+  one address), a row or a kept run of at least ``lanes`` elements is one read per beat (two
+  where a run ends inside the beat); kept runs shorter than ``lanes`` (a beat gathers several
+  of them) are a read per run. The responses, in order, are put back together into the output
+  beat (the lanes each serves, at their columns in it), which leaves when its last read is in.
+  At most ``max_outstanding`` reads are in flight.
 
 Streams and ports (payload fields are listed least significant first):
 
-``input_data`` (in)
+``input_data`` (in; on-chip path)
     The input, flat in C order, ``ceil(input_elements / lanes)`` beats: ``data`` (``lanes``
     elements, lane 0 first; the lanes past the end of the last beat are ignored).
+``read_request`` (out), ``read_response`` (in; external path)
+    The memory read port: a request's ``addr`` (element address of lane 0) and ``enable``
+    (the lanes wanted); a response's ``data`` (``lanes`` elements), one per request, in request
+    order, any latency, any pauses. The input is flat in C order from element address 0.
 ``output`` (out)
     The output, flat in C order, ``ceil(output_elements / lanes)`` beats: ``data``,
     ``enable`` (lane enables: partial on the last beat when the output is not a multiple of
@@ -28,9 +47,9 @@ Streams and ports (payload fields are listed least significant first):
 ``plan`` (in)
     The address generator's run-time plan, ``max_rank + lanes`` beats taken first in a run
     (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
-    ``max(max_rank, 4)``, and ``carry``, ``max_rank`` bits): beat d < ``max_rank`` holds dim d's four steps of y_d and of a_d
-    (below), beat ``max_rank + l`` lane l's start values of every dim and the carries of
-    its first step. The host planner
+    ``max(max_rank, 4)``, and ``carry``, ``max_rank`` bits): beat d < ``max_rank`` holds dim
+    d's four steps of y_d and of a_d (below), beat ``max_rank + l`` lane l's start values of
+    every dim and the carries of its first step. The host planner
     (:func:`moe_hw.host.expand.plan`) computes it from the input shape and the expand sizes.
     (A stream rather than a port sampled with ``start``: the plan of 16 lanes by 6 dims is
     thousands of bits.)
@@ -87,7 +106,19 @@ input: the last lane's odometer loads its plan beat), the output beats, and a
 fixed overhead (run control, the address tree, the memory read, the lane select, the output
 queue, done);
 an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
-cycles it lasts. With ``parts`` = P > 1 the parts run at once, each on its own streams:
+cycles it lasts.
+
+External path, with a memory of latency L (a response L cycles after its request is taken)
+and R reads (the groups of every output beat, the lanes past the end of the last beat
+included: they wrap to the first elements): ``max_rank + lanes + 1 + R + L + W +``
+:meth:`ExpandParams.external_overhead`, where ``W = floor((R - 1) / max_outstanding) *
+max(0, L + 1 - max_outstanding)`` (a read holds its tag for L + 1 cycles: with more latency
+than tags, every ``max_outstanding`` reads wait for the ones before them). The efficiency
+against one beat per cycle is about ``ceil(n_out / lanes) / R``: 1 for a broadcast row, an
+innermost broadcast and a replication of whole rows of a multiple of ``lanes`` elements.
+:func:`moe_hw.host.expand.external_reads` gives R and every read.
+
+With ``parts`` = P > 1 the parts run at once, each on its own streams:
 :meth:`ExpandParams.split_cycles` = ``max_p cycles(n_in_p, n_out_p) + 1``, the slowest part
 (an empty part counting ``EMPTY_CYCLES``) and the registered ``done``.
 """
@@ -100,12 +131,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from ..blocks.banked_memory import BankedMemory
-from ..blocks.row_reader import last_enable_of
+from ..blocks.row_reader import last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, replicated
+from ..stream import CreditPipeline, RegisteredFIFO, replicated
 
-__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "PARTS", "SPLIT_LATENCY",
+__all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "MEMORIES", "PARTS", "SPLIT_LATENCY",
            "StrideAddressParams", "dim_steps", "odometer", "sum_tree"]
 
 #: Element formats and their widths (the unit moves bits; nothing else differs).
@@ -113,6 +144,19 @@ ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
 
 #: The ``parts`` a unit may have (parallel expand cores, SBP split).
 PARTS = (1, 2, 4, 8)
+
+#: Where the input is read from (:attr:`ExpandParams.memory`).
+MEMORIES = ("onchip", "external")
+
+#: External path: registered levels after the address tree that find a beat's groups (the
+#: lanes' address differences, then the group-start flags).
+EXTERNAL_BREAK_LATENCY = 2
+#: External path: cycles from a group's issue to its read request in the request queue (the
+#: base and last lane, the extent and columns, the lane enables).
+EXTERNAL_ISSUE_LATENCY = 3
+#: External path: cycles from a response taken to its output beat in the output queue (the
+#: lanes' picks, the merge).
+EXTERNAL_MERGE_LATENCY = 2
 
 #: Cycles a split unit (``parts`` > 1) adds to its slowest part: the registered ``done``.
 SPLIT_LATENCY = 1
@@ -123,7 +167,8 @@ class StrideAddressParams:
     its plan layout (fields ``lanes``, ``max_rank``, ``max_input``, ``max_output``)."""
 
     def check(self):
-        if -(-self.max_input // self.lanes) > 1 << 16:
+        if getattr(self, "memory", "onchip") == "onchip" and -(-self.max_input // self.lanes) \
+                > 1 << 16:
             raise ParameterError(f"max_input must be at most {self.lanes << 16} at lanes "
                                  f"{self.lanes}, not {self.max_input}")
 
@@ -172,6 +217,11 @@ class ExpandParams(StrideAddressParams, UnitParams):
     max_output: int = param(1 << 24, minimum=1, maximum=1 << 40, doc="output elements")
     parts: int = param(1, choices=PARTS,
                        doc="parallel expand cores (SBP split); max_input/max_output per part")
+    memory: str = param("onchip", choices=MEMORIES,
+                        doc="where the input is read: an on-chip buffer loaded from input_data, "
+                            "or an external memory read port")
+    max_outstanding: int = param(32, minimum=2, maximum=1024,
+                             doc="external memory: reads in flight at once")
 
     @property
     def element_width(self):
@@ -196,13 +246,35 @@ class ExpandParams(StrideAddressParams, UnitParams):
         """Beats of the plan stream: one per dim, one per lane."""
         return self.max_rank + self.lanes
 
-    def cycles(self, input_elements, output_elements):
+    def cycles(self, input_elements, output_elements, reads=None, memory_latency=None):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is
-        high)."""
+        high). On the external path, ``reads`` is the run's read count (one per group of
+        lanes, see the module docstring) and ``memory_latency`` the memory's (cycles from a
+        request taken to its response)."""
         if output_elements == 0:
             return EMPTY_CYCLES
+        if self.memory == "external":
+            if reads is None or memory_latency is None:
+                raise ValueError("the external path's cycles need reads and memory_latency")
+            # Every read holds a tag from its request to its response, L + 1 cycles at full
+            # rate: with L + 1 above max_outstanding, each max_outstanding reads wait for the
+            # tags of the ones before them.
+            waits = (reads - 1) // self.max_outstanding * max(0, memory_latency + 1
+                                                          - self.max_outstanding)
+            return (self.plan_beats + 1 + reads + memory_latency + waits
+                    + self.external_overhead())
         return (self.plan_beats + self.load_cycles(input_elements)
                 + -(-output_elements // self.lanes) + self.overhead)
+
+    def external_overhead(self):
+        """Stall-free cycles of the external path beyond the plan beats, the plan's last
+        load, one per read and the memory's latency: run control, the address tree and the
+        group flags, the issue stages and the request queue, the merge and the output
+        queue, done."""
+        return (START_LATENCY + self.tree_latency + EXTERNAL_BREAK_LATENCY
+                + CreditPipeline.RING_LATENCY + 1 + EXTERNAL_ISSUE_LATENCY
+                + CreditPipeline.QUEUE_LATENCY + EXTERNAL_MERGE_LATENCY
+                + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     def load_cycles(self, input_elements):
         """Cycles of the load: one per input beat, at least one (the last lane's odometer
@@ -212,12 +284,13 @@ class ExpandParams(StrideAddressParams, UnitParams):
 
     def split_cycles(self, part_sizes):
         """Exact stall-free cycles of a run split over the parts, ``part_sizes`` a list of
-        ``(input_elements, output_elements)``, one per part: :meth:`cycles` of the slowest part
+        ``(input_elements, output_elements)`` (on the external path ``(input_elements,
+        output_elements, reads, memory_latency)``), one per part: :meth:`cycles` of the slowest part
         and, with ``parts`` > 1, the registered ``done`` (:data:`SPLIT_LATENCY`)."""
         if len(part_sizes) != self.parts:
             raise ValueError(f"part_sizes must have {self.parts} entries (parts), not "
                              f"{len(part_sizes)}")
-        slowest = max(self.cycles(n_in, n_out) for n_in, n_out in part_sizes)
+        slowest = max(self.cycles(*sizes) for sizes in part_sizes)
         return slowest + (SPLIT_LATENCY if self.parts > 1 else 0)
 
     def prefix(self, part):
@@ -227,6 +300,26 @@ class ExpandParams(StrideAddressParams, UnitParams):
 
     def input_layout(self):
         return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes)})
+
+    def address_beat_layout(self):
+        """External path: an address beat, every lane's address, the lanes that start a
+        group, and the output beat's lane enables and last flag."""
+        return data.StructLayout({"addr": data.ArrayLayout(self.addr_width, self.lanes),
+                                  "starts": self.lanes, "enable": self.lanes, "last": 1})
+
+    def tag_layout(self):
+        """External path: what a read's response needs: the lanes it serves, every lane's
+        column in it, the output beat's enables and last flag, and whether it is the beat's
+        last read."""
+        return data.StructLayout({
+            "served": self.lanes,
+            "col": data.ArrayLayout(max(1, ceil_log2(self.lanes)), self.lanes),
+            "out_enable": self.lanes, "out_last": 1, "read_last": 1})
+
+    def read_layout(self):
+        """External path: a read request (``addr``, ``enable``) and its tag."""
+        return data.StructLayout({"addr": self.addr_width, "enable": self.lanes,
+                                  **self.tag_layout().members})
 
     def output_layout(self):
         return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes),
@@ -292,6 +385,16 @@ def odometer(m, p, dy, da, *, load, start, take, name):
     return a
 
 
+def _select(onehot, values):
+    """The entry of ``values`` (an array view) that the one-hot ``onehot`` picks (zero when
+    it is zero): an AND-OR, no decoder."""
+    width = len(values[0])
+    out = Const(0, width)
+    for i in range(len(onehot)):
+        out = out | Mux(onehot[i], values[i], Const(0, width))
+    return out
+
+
 def sum_tree(m, values, *, name):
     """The registered pairwise sum of ``values`` (modulo their width): one register level per
     halving, at least one."""
@@ -320,8 +423,16 @@ class ExpandUnit(wiring.Component):
         streams = {}
         for part in range(p.parts):
             prefix = p.prefix(part)
+            if p.memory == "external":
+                streams.update({
+                    f"{prefix}read_request": Out(stream.Signature(
+                        request_layout(p.lanes, p.addr_width))),
+                    f"{prefix}read_response": In(stream.Signature(
+                        response_layout(p.lanes, p.element_width))),
+                })
+            else:
+                streams[f"{prefix}input_data"] = In(stream.Signature(p.input_layout()))
             streams.update({
-                f"{prefix}input_data": In(stream.Signature(p.input_layout())),
                 f"{prefix}output": Out(stream.Signature(p.output_layout())),
                 f"{prefix}plan": In(stream.Signature(p.plan_layout())),
             })
@@ -348,14 +459,9 @@ class ExpandUnit(wiring.Component):
         running = ctl.running
 
         # ---- run registers, loaded with start ---------------------------------------------
-        max_in_beats = p.rows
         max_out_beats = -(-p.max_output // lanes)
-        load_row = Signal(range(max(2, max_in_beats)))
-        load_left = Signal(range(max_in_beats + 1))
-        load_open = Signal()                 # an input beat is still to come
         out_left = Signal(range(max_out_beats + 1))
         out_last = Signal()                  # the beat in hand is the last (a register)
-        generating = Signal()                # an output beat is still to be issued
         last_en = Signal(lanes)
         # The plan beat expected next, one-hot: dims 0 .. max_rank-1, then the lanes.
         plan_next = Signal(p.plan_beats, init=1)
@@ -364,9 +470,6 @@ class ExpandUnit(wiring.Component):
             m.d.sync += [
                 plan_next.eq(1),
                 plan_open.eq(1),
-                load_row.eq(0),
-                load_left.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
-                load_open.eq(self.input_elements != 0),
                 out_left.eq((self.output_elements + (lanes - 1)) >> lanes_log2),
                 out_last.eq(self.output_elements <= lanes),
                 last_en.eq(last_enable_of(self.output_elements, lanes)),
@@ -388,16 +491,90 @@ class ExpandUnit(wiring.Component):
                 m.d.sync += plan_open.eq(0)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
-        # ---- load: every input beat is one row of every lane's copy ------------------------
-        copies = []
+        if p.memory == "external":
+            # The memory's size, held for the run: no lane past it is ever read.
+            self.n_in = Signal(range(p.max_input + 1), name="n_in")
+            with m.If(ctl.accept):
+                m.d.sync += self.n_in.eq(self.input_elements)
+            # No load: the output starts a cycle after the last plan beat (the last lane's
+            # odometer loads then).
+            ready_to_generate = beat_loads[-1]
+            load_open = Const(0)
+            pipe_latency = p.tree_latency + EXTERNAL_BREAK_LATENCY
+            pipe = m.submodules.address_pipe = CreditPipeline(
+                pipe_latency, p.address_beat_layout(), skid=False)
+        else:
+            ready_to_generate, load_open = self.load(m, ctl, running, plan_open, beat_loads)
+            pipe = m.submodules.output_pipe = CreditPipeline(p.read_latency, p.output_layout())
+            wiring.connect(m, pipe.o, wiring.flipped(self.output))
+            pipe_latency = p.read_latency
+
+        # ---- the address beats: free-running, behind a credit-counted queue ----------------
+        # generating is set only while running (by the last input beat, or a cycle after the
+        # last plan beat when there is no input: the last lane's odometer loads then) and
+        # falls with the last output beat, so it is the pipeline's valid on its own.
+        generating = Signal()                # an output beat is still to be issued
+        m.d.comb += pipe.i_valid.eq(generating)
+        take = pipe.take
+        with m.If(take):
+            m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 2)]
+        generating_next = Mux(ready_to_generate, 1, Mux(take & out_last, 0, generating))
+        m.d.sync += generating.eq(generating_next)
+        # The odometers' step: the take, formed per group of lanes from copies of its two
+        # registers, so that no one net reaches every odometer register.
+        groups = min(lanes, 4)
+        takes = [valid & ready for valid, ready in zip(
+            replicated(m, generating_next, name="generating_copy", copies=groups),
+            replicated(m, pipe.ready_next, name="ready_copy", copies=groups))]
+        addrs = []
+        for lane in range(lanes):
+            a = odometer(m, p, dy, da, load=beat_loads[rank + lane], start=beat,
+                         take=takes[lane * groups // lanes], name=f"lane{lane}")
+            addrs.append(sum_tree(m, a, name=f"lane{lane}_addr"))
+
+        # The beat's lane enables and last flag travel beside it.
+        flags = Signal(lanes + 1)
+        m.d.comb += flags.eq(Cat(Mux(out_last, last_en, (1 << lanes) - 1), out_last))
+        for stage in range(pipe_latency):
+            reg = Signal(lanes + 1, name=f"flags{stage}", reset_less=True)
+            m.d.sync += reg.eq(flags)
+            flags = reg
+        m.d.comb += [pipe.payload.enable.eq(flags[:lanes]), pipe.payload.last.eq(flags[lanes])]
+
+        idle = ~plan_open & ~beat_loads[-1] & ~load_open & ~generating & ~pipe.busy
+        if p.memory == "external":
+            idle &= self.external_reads(m, pipe, addrs)
+        else:
+            self.read_copies(m, pipe, addrs)
+        m.d.comb += ctl.finished.eq(running & idle)
+        return m
+
+    def load(self, m, ctl, running, plan_open, beat_loads):
+        """The on-chip path's load: every input beat is one row of every lane's copy of the
+        buffer (:attr:`copies`). Returns ``(ready_to_generate, load_open)``: the flag that
+        starts the output (the last input beat, or a cycle after the last plan beat when there
+        is no input) and the register that is high while an input beat is still to come."""
+        p = self.params
+        lanes = p.lanes
+        max_in_beats = p.rows
+        load_row = Signal(range(max(2, max_in_beats)))
+        load_left = Signal(range(max_in_beats + 1))
+        load_open = Signal()                 # an input beat is still to come
+        with m.If(ctl.accept):
+            m.d.sync += [
+                load_row.eq(0),
+                load_left.eq((self.input_elements + (lanes - 1)) >> ceil_log2(lanes)),
+                load_open.eq(self.input_elements != 0),
+            ]
+        self.copies = []
         for lane in range(lanes):
             copy = BankedMemory(data.ArrayLayout(p.element_width, lanes), p.rows)
             m.submodules[f"copy{lane}"] = copy
-            copies.append(copy)
+            self.copies.append(copy)
         loading = running & ~plan_open & load_open
         load_take = self.input_data.valid & loading
         m.d.comb += self.input_data.ready.eq(loading)
-        for copy in copies:
+        for copy in self.copies:
             m.d.comb += [copy.write_addr.eq(load_row),
                          copy.write_data.eq(self.input_data.payload.data),
                          copy.write_en.eq(load_take)]
@@ -405,36 +582,14 @@ class ExpandUnit(wiring.Component):
             m.d.sync += [load_row.eq(load_row + 1), load_left.eq(load_left - 1)]
             with m.If(load_left == 1):
                 m.d.sync += load_open.eq(0)
+        return (load_take & (load_left == 1)) | (beat_loads[-1] & ~load_open), load_open
 
-        # ---- the output pipeline: free-running, behind a credit-counted queue --------------
-        pipe = m.submodules.output_pipe = CreditPipeline(p.read_latency, p.output_layout())
-        wiring.connect(m, pipe.o, wiring.flipped(self.output))
-        # generating is set only while running (by the last input beat, or a cycle after the
-        # last plan beat when there is no input: the last lane's odometer loads then) and
-        # falls with the last output beat, so it is the pipeline's valid on its own.
-        m.d.comb += pipe.i_valid.eq(generating)
-        take = pipe.take
-        with m.If(take):
-            m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 2)]
-        generating_next = Mux((load_take & (load_left == 1)) | (beat_loads[-1] & ~load_open),
-                              1, Mux(take & out_last, 0, generating))
-        m.d.sync += generating.eq(generating_next)
-        m.d.comb += ctl.finished.eq(running & ~plan_open & ~beat_loads[-1] & ~load_open &
-                                    ~generating & ~pipe.busy)
-        # The odometers' step: the take, formed per group of lanes from copies of its two
-        # registers, so that no one net reaches every odometer register.
-        groups = min(lanes, 4)
-        takes = [valid & ready for valid, ready in zip(
-            replicated(m, generating_next, name="generating_copy", copies=groups),
-            replicated(m, pipe.ready_next, name="ready_copy", copies=groups))]
-
-        # ---- the lanes' odometers ----------------------------------------------------------
-        for lane in range(lanes):
-            a = odometer(m, p, dy, da, load=beat_loads[rank + lane], start=beat,
-                         take=takes[lane * groups // lanes], name=f"lane{lane}")
-            # The address, its row in the lane's copy and its element in the row.
-            addr = sum_tree(m, a, name=f"lane{lane}_addr")
-            copy = copies[lane]
+    def read_copies(self, m, pipe, addrs):
+        """The on-chip path's read: lane l reads the row of its address from its own copy and
+        keeps the element at the address's low bits."""
+        p = self.params
+        lanes_log2 = ceil_log2(p.lanes)
+        for lane, (addr, copy) in enumerate(zip(addrs, self.copies)):
             m.d.comb += [copy.read_addr.eq(addr >> lanes_log2), copy.read_en.eq(1)]
             element = Signal(p.element_width, name=f"lane{lane}_element", reset_less=True)
             if lanes_log2:
@@ -448,15 +603,171 @@ class ExpandUnit(wiring.Component):
                 m.d.sync += element.eq(copy.read_data[0])
             m.d.comb += pipe.payload.data[lane].eq(element)
 
-        # The beat's lane enables and last flag travel beside it.
-        flags = Signal(lanes + 1)
-        m.d.comb += flags.eq(Cat(Mux(out_last, last_en, (1 << lanes) - 1), out_last))
-        for stage in range(p.read_latency):
-            reg = Signal(lanes + 1, name=f"flags{stage}", reset_less=True)
-            m.d.sync += reg.eq(flags)
-            flags = reg
-        m.d.comb += [pipe.payload.enable.eq(flags[:lanes]), pipe.payload.last.eq(flags[lanes])]
-        return m
+    def external_reads(self, m, beats, addrs):
+        """The external path: each address beat from ``beats`` (its addresses ``addrs``, a
+        pipeline latency before the beat's payload) is cut into groups of neighbouring lanes,
+        each group one read of the memory port; the responses are put back together into
+        the output beats. Returns the flag that is high while nothing is inside."""
+        p = self.params
+        lanes = p.lanes
+        lanes_log2 = ceil_log2(lanes)
+        width = p.addr_width
+
+        # ---- the breaks: lane l starts a group unless its address is the one before it or
+        # that plus one (lane 0 always starts one). Two registered levels: the differences, then
+        # the flags. (The address pipeline's latency holds both, EXTERNAL_BREAK_LATENCY.)
+        diffs = []
+        for lane in range(1, lanes):
+            diff = Signal(signed(width + 1), name=f"lane{lane}_diff", reset_less=True)
+            m.d.sync += diff.eq(addrs[lane] - addrs[lane - 1])
+            diffs.append(diff)
+        held = []
+        for lane, addr in enumerate(addrs):
+            reg = Signal(width, name=f"lane{lane}_addr_held", reset_less=True)
+            m.d.sync += reg.eq(addr)
+            reg2 = Signal(width, name=f"lane{lane}_addr_held2", reset_less=True)
+            m.d.sync += reg2.eq(reg)
+            held.append(reg2)
+        starts = Signal(lanes, name="starts", reset_less=True)
+        m.d.sync += starts.eq(Cat(Const(1, 1), *(diff[1:].any() for diff in diffs)))
+        m.d.comb += [beats.payload.addr[lane].eq(held[lane]) for lane in range(lanes)]
+        m.d.comb += beats.payload.starts.eq(starts)
+
+        # ---- the issue: one group a cycle. first: the group's first lane (one-hot); rest: the
+        # beat's later group starts; single: rest is empty (this group ends the beat).
+        reads = m.submodules.read_pipe = CreditPipeline(EXTERNAL_ISSUE_LATENCY,
+                                                        p.read_layout())
+        have = Signal()
+        beat = Signal(p.address_beat_layout(), name="issue_beat", reset_less=True)
+        first = Signal(lanes, name="issue_first", reset_less=True)
+        rest = Signal(lanes, name="issue_rest", reset_less=True)
+        single = Signal(name="issue_single", reset_less=True)
+        issue = have & reads.i_ready
+        m.d.comb += reads.i_valid.eq(have)
+        loads = beats.o.valid & (~have | (issue & single))
+        m.d.comb += beats.o.ready.eq(~have | (issue & single))
+        lowest = Signal(lanes)
+        m.d.comb += lowest.eq(rest & -rest)
+        with m.If(loads):
+            incoming = beats.o.payload.starts
+            m.d.sync += [beat.eq(beats.o.payload), first.eq(1),
+                         rest.eq(incoming & ~1), single.eq(incoming[1:] == 0), have.eq(1)]
+        with m.Elif(issue):
+            m.d.sync += [first.eq(lowest), rest.eq(rest & ~lowest),
+                         single.eq((rest & ~lowest) == 0)]
+            with m.If(single):
+                m.d.sync += have.eq(0)
+
+        # Stage 1: the group's base address (the first lane's), its last lane (one-hot: the
+        # lane before the next start, or the top lane), the lanes' low address bits.
+        c1_base = Signal(width, name="c1_base", reset_less=True)
+        c1_first = Signal(lanes, name="c1_first", reset_less=True)
+        c1_end = Signal(lanes, name="c1_end", reset_less=True)
+        c1_low = Signal(data.ArrayLayout(lanes_log2 or 1, lanes), name="c1_low",
+                        reset_less=True)
+        c1_flags = Signal(lanes + 2, name="c1_flags", reset_less=True)
+        m.d.sync += [
+            c1_base.eq(_select(first, beat.addr)),
+            c1_first.eq(first),
+            c1_end.eq(Mux(single, 1 << (lanes - 1), lowest >> 1)),
+            c1_flags.eq(Cat(beat.enable, beat.last, single)),
+        ]
+        if lanes_log2:
+            m.d.sync += [c1_low[lane].eq(beat.addr[lane][:lanes_log2])
+                         for lane in range(lanes)]
+        # Stage 2: the lanes served (first .. end), the group's extent (its last address
+        # minus its first, below lanes: the addresses step by 0 or 1 from lane to lane) and
+        # every lane's column in the response (its address minus the base, modulo lanes);
+        # the room left in the memory from the base.
+        c2_base = Signal(width, name="c2_base", reset_less=True)
+        c2_served = Signal(lanes, name="c2_served", reset_less=True)
+        c2_extent = Signal(lanes_log2 or 1, name="c2_extent", reset_less=True)
+        c2_room = Signal(signed(width + 2), name="c2_room", reset_less=True)
+        c2_flags = Signal(lanes + 2, name="c2_flags", reset_less=True)
+        m.d.sync += [
+            c2_base.eq(c1_base),
+            c2_served.eq((c1_end << 1) - c1_first),
+            c2_room.eq(self.n_in - c1_base),
+            c2_flags.eq(c1_flags),
+        ]
+        if lanes_log2:
+            m.d.sync += c2_extent.eq(_select(c1_end, c1_low) - c1_base[:lanes_log2])
+            c2_col = Signal(data.ArrayLayout(lanes_log2, lanes), name="c2_col",
+                            reset_less=True)
+            m.d.sync += [c2_col[lane].eq(c1_low[lane] - c1_base[:lanes_log2])
+                         for lane in range(lanes)]
+            m.d.sync += reads.payload.col.eq(c2_col)
+        else:
+            m.d.sync += c2_extent.eq(0)
+        # Stage 3: the request's lane enables: the group's extent, within the memory (a lane
+        # past input_elements is never read, whatever the plan says).
+        m.d.sync += [
+            reads.payload.addr.eq(c2_base),
+            reads.payload.enable.eq(Cat(*((lane <= c2_extent) & (c2_room > lane)
+                                          for lane in range(lanes)))),
+            reads.payload.served.eq(c2_served),
+            reads.payload.out_enable.eq(c2_flags[:lanes]),
+            reads.payload.out_last.eq(c2_flags[lanes]),
+            reads.payload.read_last.eq(c2_flags[lanes + 1]),
+        ]
+        return ~have & ~reads.busy & self.responses(m, reads)
+
+    def responses(self, m, reads):
+        """The read requests out of ``reads`` (their tags into a FIFO of ``max_outstanding``
+        entries, so that no more reads are ever unanswered), each response joined with its
+        tag, its lanes' elements picked out and merged into the output beat, which leaves when
+        its last read's response is in. Returns the flag that is high while nothing is
+        inside."""
+        p = self.params
+        lanes = p.lanes
+        tags = m.submodules.tags = RegisteredFIFO(p.tag_layout(), p.max_outstanding)
+        o = reads.o
+        m.d.comb += [
+            self.read_request.valid.eq(o.valid & tags.w_rdy),
+            self.read_request.payload.addr.eq(o.payload.addr),
+            self.read_request.payload.enable.eq(o.payload.enable),
+            o.ready.eq(self.read_request.ready & tags.w_rdy),
+            tags.w_en.eq(o.valid & self.read_request.ready),
+            tags.w_data.served.eq(o.payload.served),
+            tags.w_data.col.eq(o.payload.col),
+            tags.w_data.out_enable.eq(o.payload.out_enable),
+            tags.w_data.out_last.eq(o.payload.out_last),
+            tags.w_data.read_last.eq(o.payload.read_last),
+        ]
+        out = m.submodules.output_pipe = CreditPipeline(EXTERNAL_MERGE_LATENCY,
+                                                        p.output_layout())
+        wiring.connect(m, out.o, wiring.flipped(self.output))
+        tag = tags.r_data
+        room = ~tag.read_last | out.i_ready
+        response_take = self.read_response.valid & tags.r_rdy & room
+        m.d.comb += [
+            self.read_response.ready.eq(tags.r_rdy & room),
+            tags.r_en.eq(self.read_response.valid & room),
+            out.i_valid.eq(self.read_response.valid & tags.r_rdy & tag.read_last),
+        ]
+        # Stage 1: every lane's element at its column (registers loaded every cycle), and the
+        # lanes this response serves (none when nothing is taken).
+        picked = Signal(data.ArrayLayout(p.element_width, lanes), name="picked",
+                        reset_less=True)
+        served = Signal(lanes, name="served")
+        d1_flags = Signal(lanes + 1, name="d1_flags", reset_less=True)
+        response = self.read_response.payload.data
+        m.d.sync += [picked[lane].eq(response[tag.col[lane]] if lanes > 1 else response[0])
+                     for lane in range(lanes)]
+        m.d.sync += [served.eq(Mux(response_take, tag.served, 0)),
+                     d1_flags.eq(Cat(tag.out_enable, tag.out_last))]
+        # Stage 2: the beat so far, the served lanes replaced; the output beat a register.
+        beat = Signal(data.ArrayLayout(p.element_width, lanes), name="merged_beat",
+                      reset_less=True)
+        merged = Signal(data.ArrayLayout(p.element_width, lanes), name="merged")
+        m.d.comb += [merged[lane].eq(Mux(served[lane], picked[lane], beat[lane]))
+                     for lane in range(lanes)]
+        m.d.sync += beat.eq(merged)
+        d2_flags = Signal(lanes + 1, name="d2_flags", reset_less=True)
+        m.d.sync += d2_flags.eq(d1_flags)
+        m.d.comb += [out.payload.data.eq(beat), out.payload.enable.eq(d2_flags[:lanes]),
+                     out.payload.last.eq(d2_flags[lanes])]
+        return ~tags.r_rdy & ~out.busy
 
     def elaborate_parts(self):
         """``parts`` expand cores, each on its own ports, under one registered status."""
@@ -471,10 +782,14 @@ class ExpandUnit(wiring.Component):
             core = m.submodules[f"part{part}"] = ExpandUnit(core_params)
             cores.append(core)
             prefix = p.prefix(part)
-            wiring.connect(m, wiring.flipped(getattr(self, f"{prefix}input_data")),
-                           core.input_data)
-            wiring.connect(m, wiring.flipped(getattr(self, f"{prefix}plan")), core.plan)
-            wiring.connect(m, core.output, wiring.flipped(getattr(self, f"{prefix}output")))
+            for name, member in core.signature.members.items():
+                if not member.is_signature:
+                    continue
+                ours = wiring.flipped(getattr(self, f"{prefix}{name}"))
+                if member.flow == wiring.In:
+                    wiring.connect(m, ours, getattr(core, name))
+                else:
+                    wiring.connect(m, getattr(core, name), ours)
             m.d.comb += [core.start.eq(accept),
                          core.input_elements.eq(getattr(self, f"{prefix}input_elements")),
                          core.output_elements.eq(getattr(self, f"{prefix}output_elements"))]
