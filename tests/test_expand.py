@@ -42,7 +42,7 @@ def check(unit, inputs, fmt, *, sim="verilator", stall=0.0, seed=0):
     if stall == 0.0:
         lanes = params.lanes
         want = (params.max_rank + lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
-                + params.tree_latency + 10 if n_out else EMPTY_CYCLES)
+                + params.address_latency + 10 if n_out else EMPTY_CYCLES)
         assert outcome.cycles == outcome.expected_cycles == want
     return outcome
 
@@ -223,14 +223,15 @@ def test_expand_bad_params(changes, message):
 
 def test_expand_cycle_formula():
     """The documented formula: plan beats (max_rank + lanes) + load beats + output beats +
-    overhead (13 at rank 6: run control 2, address tree 3, buffer read 3, lane select 1,
+    overhead (16 at rank 6: run control 2, lane addresses 6, buffer read 3, lane select 1,
     queue 2, busy 1, done 1)."""
     params = ExpandParams()
-    assert params.overhead == 13
-    assert params.cycles(1024, 1024 * 512) == 22 + 64 + 32768 + 13
+    assert params.address_latency == 6
+    assert params.overhead == 16
+    assert params.cycles(1024, 1024 * 512) == 22 + 64 + 32768 + 16
     assert params.cycles(5, 0) == EMPTY_CYCLES
     # No input but some output (only a hostile run): the load still takes its one cycle.
-    assert params.cycles(0, 16) == params.cycles(1, 16) == 22 + 1 + 1 + 13
+    assert params.cycles(0, 16) == params.cycles(1, 16) == 22 + 1 + 1 + 16
 
 
 def test_expand_bench_problems_on_chip_efficiency():
@@ -279,7 +280,7 @@ def part_cycles(params, n_in, n_out):
     """One part's stall-free cycles, the formula written out: plan, load, output, overhead."""
     lanes = params.lanes
     return (params.max_rank + lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
-            + params.tree_latency + 10 if n_out else EMPTY_CYCLES)
+            + params.address_latency + 10 if n_out else EMPTY_CYCLES)
 
 
 def check_split(unit, inputs, parts, *, split_dim=None, sim="verilator", stall=0.0, seed=0):

@@ -96,12 +96,21 @@ class Plan:
         self.dy = [[k + cin - wrap * s for cin in (0, 1) for wrap in (0, 1)]
                    for (s, _), k in zip(dims, digits)]
         self.da = [[step * t for step in steps] for steps, (_, t) in zip(self.dy, dims)]
-        self.y0, self.a0, self.c0 = [], [], []
+        # Lane 0's odometer start: its digits y_d = x_d + k_d - s_d, address shares and the
+        # carries of its first step.
+        x = [0] * len(dims)
+        self.y0 = [[xd + k - s for xd, k, (s, _) in zip(x, digits, dims)]]
+        self.a0 = [[0] * len(dims)]
+        self.c0 = [carries(self.y0[0])]
+        # Every lane's offset from lane 0 (lane l is element l, modulo the output): the digit
+        # constants u_d = k_d - k^l_d and the start offset A_l = sum_d k^l_d t_d.
+        self.u, self.offset = [], []
         for lane in range(lanes):
-            x = self.digits_of(lane % self.output_elements if self.output_elements else 0)
-            self.y0.append([xd + k - s for xd, k, (s, _) in zip(x, digits, dims)])
-            self.a0.append([xd * t for xd, (_, t) in zip(x, dims)])
-            self.c0.append(carries(self.y0[-1]))
+            k_lane = self.digits_of(lane % self.output_elements if self.output_elements else 0)
+            self.u.append([k - kl for k, kl in zip(digits, k_lane)])
+            self.offset.append(sum(kl * t for kl, (_, t) in zip(k_lane, dims)))
+        # w_d = t_{d-1} - s_d t_d: what a carry out of dim d adds to an address.
+        self.w = [(dims[d - 1][1] if d else 0) - s * t for d, (s, t) in enumerate(dims)]
 
     def digits_of(self, element):
         """The mixed-radix digits of a flat output element over :attr:`dims`."""
@@ -135,7 +144,9 @@ class Plan:
             return value
 
         return ([word(dy, da) for dy, da in zip(self.dy, self.da)]
-                + [word(y0, a0, c0) for y0, a0, c0 in zip(self.y0, self.a0, self.c0)])
+                + [word(self.y0[0], self.a0[0], self.c0[0])]
+                + [word(u, [offset]) for u, offset in
+                   zip(self.u[1:self.lanes], self.offset[1:self.lanes])])
 
 
 def plan(input_shape, expand_size, params):
@@ -153,9 +164,10 @@ def plan(input_shape, expand_size, params):
 
 
 def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
-    """The plan from an output shape and its ``out_stride`` (already checked): odometers
-    that advance ``step`` output elements per beat (default ``params.lanes``), the start
-    values of ``odometers`` lanes (default ``params.lanes``; lane l starts at element l)."""
+    """The plan from an output shape and its ``out_stride`` (already checked): an odometer
+    that advances ``step`` output elements per beat (default ``params.lanes``), its start
+    (element 0) and the constants of ``odometers`` lanes in all (default ``params.lanes``;
+    lane l reads element l and on; 1: the odometer alone)."""
     step = params.lanes if step is None else step
     merged = merged_dims(output_shape, out_stride)
     if len(merged) > params.max_rank:
@@ -180,20 +192,28 @@ def carries(y):
 
 
 def odometer_addresses(the_plan, beats):
-    """The read address of every lane of ``beats`` output beats, stepping the plan exactly
-    as the hardware's odometers do ([beats, lanes]; modulo nothing, as the true values)."""
+    """The read address of every lane of ``beats`` output beats, formed exactly as the
+    hardware forms them (:func:`moe_hw.units.expand.lane_addresses`): lane 0's odometer
+    stepped beat by beat, and each lane's offset from it by the carries of its digit
+    constants ([beats, lanes]; modulo nothing, as the true values)."""
     rank = len(the_plan.dims)
     out = np.zeros((beats, the_plan.lanes), np.int64)
-    for lane in range(the_plan.lanes):
-        y = list(the_plan.y0[lane])
-        a = list(the_plan.a0[lane])
-        for beat in range(beats):
-            out[beat, lane] = sum(a)
-            carry = carries(y) + [0]
-            for d in range(rank):
-                step = 2 * carry[d + 1] + carry[d]
-                y[d] += the_plan.dy[d][step]
-                a[d] += the_plan.da[d][step]
+    y = list(the_plan.y0[0])
+    a = list(the_plan.a0[0])
+    for beat in range(beats):
+        base = sum(a)
+        for lane in range(the_plan.lanes):
+            u = the_plan.u[lane]
+            carry, offset = 0, the_plan.offset[lane]
+            for d in reversed(range(rank)):
+                carry = int(y[d] >= u[d] or (y[d] >= u[d] - 1 and carry))
+                offset += carry * the_plan.w[d]
+            out[beat, lane] = base + offset
+        carry = carries(y) + [0]
+        for d in range(rank):
+            step = 2 * carry[d + 1] + carry[d]
+            y[d] += the_plan.dy[d][step]
+            a[d] += the_plan.da[d][step]
     return out
 
 

@@ -48,8 +48,9 @@ Streams and ports (payload fields are listed least significant first):
     The address generator's run-time plan, ``max_rank + lanes`` beats taken first in a run
     (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
     ``max(max_rank, 4)``, and ``carry``, ``max_rank`` bits): beat d < ``max_rank`` holds dim
-    d's four steps of y_d and of a_d (below), beat ``max_rank + l`` lane l's start values of
-    every dim and the carries of its first step. The host planner
+    d's four steps of y_d and of a_d (below), beat ``max_rank`` lane 0's odometer start (the
+    start values of every dim and the carries of its first step), beat ``max_rank + l`` (l >=
+    1) lane l's constants (u_d in ``digit``, A_l in ``addr`` entry 0). The host planner
     (:func:`moe_hw.host.expand.plan`) computes it from the input shape and the expand sizes.
     (A stream rather than a port sampled with ``start``: the plan of 16 lanes by 6 dims is
     thousands of bits.)
@@ -59,23 +60,31 @@ Streams and ports (payload fields are listed least significant first):
 The address generator. The host planner drops the size-1 output dims, merges neighbouring
 dims that are one run of addresses (a kept dim over a contiguous kept dim; two broadcast
 dims), and pads the result in front with size-1 dims to ``max_rank`` dims of sizes s_d and
-strides t_d. Lane l walks the output elements l, l + lanes, l + 2*lanes, ...: an odometer
-that adds K = ``lanes`` per beat in the mixed radix of the output shape, whose digits k_d
-the planner computes. Dim d of a lane holds ``y_d = x_d + k_d - s_d`` and ``q_d = y_d + 1``
-(two's complement: their sign bits are the wrap flags, registers, no compare) and its share
-of the address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out of dim d is
-``c_d = (y_d >= 0) | ((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs), and each
-register adds one of four planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d + c_{d+1} -
-c_d*s_d`` to y_d and q_d, that times t_d to a_d. Counters and adders only, no run-time
-multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside the loop.
+strides t_d. Lane l reads output elements l, l + lanes, l + 2*lanes, ... . One odometer,
+lane 0's, adds K = ``lanes`` per beat in the mixed radix of the output shape, whose digits
+k_d the planner computes. Dim d holds ``y_d = x_d + k_d - s_d`` and ``q_d = y_d + 1`` (two's
+complement: their sign bits are the wrap flags, registers, no compare) and its share of the
+address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out of dim d is ``c_d = (y_d >= 0) |
+((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs), and each register adds one of four
+planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d + c_{d+1} - c_d*s_d`` to y_d and q_d,
+that times t_d to a_d. Counters and adders only, no run-time multiplier. The address ``sum_d
+a_d`` is formed by a registered adder tree outside the loop.
 
 The odometer runs a step ahead (:func:`odometer`), so that no adder and no lookahead share a
-cycle: it holds the carries of the coming step (registers; a lane's start carries come with
-its plan beat) and, per dim, the candidates of the next y_d and q_d, y_d plus each step
+cycle: it holds the carries of the coming step (registers; its start carries come with its
+plan beat) and, per dim, the candidates of the next y_d and q_d, y_d plus each step
 (registers). A step takes the next y_d as the candidate its carries choose, the next carries
 from the lookahead over the chosen candidates' sign bits, and forms the following candidates
 from the chosen one: one step per cycle with every loop a register choice followed by either
 the lookahead or an adder.
+
+The other lanes have no loop (:func:`lane_addresses`): lane l's element is lane 0's plus l,
+so its digits are lane 0's plus the digits k^l of l, and its address is lane 0's plus ``A_l
+= sum_d k^l_d t_d`` plus ``w_d = t_{d-1} - s_d t_d`` for every dim d that carries; the
+carries ``c_d = (y_d >= u_d) | ((y_d >= u_d - 1) & c_{d+1})`` compare lane 0's digits with
+the lane's constants ``u_d = k_d - k^l_d`` (its plan beat holds u_d and A_l). A feed-forward
+pipeline per lane: the compares, the carries, the offset's adder tree, the add of lane 0's
+address (:attr:`StrideAddressParams.address_latency` cycles from the take in all).
 
 The buffer: ``lanes`` copies, one per output lane, each a
 :class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
@@ -102,8 +111,8 @@ the unit is the core itself: the names above, no prefix, no extra register.
 Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
 :meth:`ExpandParams.cycles` = ``max_rank + lanes + max(1, ceil(n_in / lanes)) + ceil(n_out
 / lanes) +`` :attr:`ExpandParams.overhead`, the plan beats, the load beats (a cycle with no
-input: the last lane's odometer loads its plan beat), the output beats, and a
-fixed overhead (run control, the address tree, the memory read, the lane select, the output
+input: the last lane loads its plan beat), the output beats, and a
+fixed overhead (run control, the lane addresses, the memory read, the lane select, the output
 queue, done);
 an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
 cycles it lasts.
@@ -135,6 +144,7 @@ from ..blocks.row_reader import last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, RegisteredFIFO, replicated
+from ..stream.pipeline import delay
 
 __all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "MEMORIES", "PARTS", "SPLIT_LATENCY",
            "StrideAddressParams", "dim_steps", "odometer", "sum_tree"]
@@ -192,6 +202,19 @@ class StrideAddressParams:
         """Registered levels of the address adder tree (at least one)."""
         return max(1, ceil_log2(self.max_rank))
 
+    @property
+    def offset_tree_latency(self):
+        """Registered levels of a lane's offset sum (its ``max_rank`` carry terms and its
+        start offset; at least one)."""
+        return max(1, ceil_log2(self.max_rank + 1))
+
+    @property
+    def address_latency(self):
+        """Cycles from a beat's take to its lanes' addresses (:func:`lane_addresses`): the
+        lanes' digit compares, their carries, their offset sums and the add of lane 0's
+        address."""
+        return 2 + self.offset_tree_latency + 1
+
     def plan_layout(self):
         """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each, and
         ``carry``, ``max_rank`` bits. Dim d's beat: the steps of y_d and of a_d, entry
@@ -229,9 +252,9 @@ class ExpandParams(StrideAddressParams, UnitParams):
 
     @property
     def read_latency(self):
-        """Cycles from a beat's take to its elements at the queue: the adder tree, the
+        """Cycles from a beat's take to its elements at the queue: the lane addresses, the
         buffer read, the lane select."""
-        return self.tree_latency + BankedMemory.read_latency(self.rows) + 1
+        return self.address_latency + BankedMemory.read_latency(self.rows) + 1
 
     @property
     def overhead(self):
@@ -271,14 +294,14 @@ class ExpandParams(StrideAddressParams, UnitParams):
         load, one per read and the memory's latency: run control, the address tree and the
         group flags, the issue stages and the request queue, the merge and the output
         queue, done."""
-        return (START_LATENCY + self.tree_latency + EXTERNAL_BREAK_LATENCY
+        return (START_LATENCY + self.address_latency + EXTERNAL_BREAK_LATENCY
                 + CreditPipeline.RING_LATENCY + 1 + EXTERNAL_ISSUE_LATENCY
                 + CreditPipeline.QUEUE_LATENCY + EXTERNAL_MERGE_LATENCY
                 + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     def load_cycles(self, input_elements):
-        """Cycles of the load: one per input beat, at least one (the last lane's odometer
-        loads its plan beat in the cycle after the take; a hostile run with no input but
+        """Cycles of the load: one per input beat, at least one (the last lane loads its
+        plan beat in the cycle after the take; a hostile run with no input but
         some output waits for it)."""
         return max(1, -(-input_elements // self.lanes))
 
@@ -343,7 +366,7 @@ def dim_steps(m, p, payload, loads):
     return dy, da
 
 
-def odometer(m, p, dy, da, *, load, start, take, name):
+def odometer(m, p, dy, da, *, load, start, take, name, digit_copies=0):
     """One lane's odometer (see the module docstring), a step ahead: loads its start values
     and start carries from the plan beat ``start`` when ``load`` is high, else steps by the
     planned constants when ``take`` is high. Returns the dims' shares of the address,
@@ -353,7 +376,11 @@ def odometer(m, p, dy, da, *, load, start, take, name):
     the next y_d, ``v_i = y_d + dy_i`` (i = 2*carry in + wrap; 4 and 5 the next q_d with a
     carry in). A step takes the next y_d as the candidate its carries choose, and the next
     carries from the chosen candidates' sign bits: registers chosen by registers, then the
-    lookahead; the adders only form the following candidates from the chosen one."""
+    lookahead; the adders only form the following candidates from the chosen one.
+
+    With ``digit_copies`` = n > 0, also returns n copies (:func:`~moe_hw.stream.replicated`)
+    of the digits ``[y_0, .., y_{R-1}]`` of the step the shares belong to (registers loaded
+    with them): ``(shares, copies)``."""
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d, out of dim d, this step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
@@ -372,17 +399,30 @@ def odometer(m, p, dy, da, *, load, start, take, name):
             q_next = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
             next_carry[d] |= ~q_next.as_signed()[-1] & next_carry[d + 1]
         steps.append((d, v, choice, y_next, count))
+    # ``take`` may be a list of copies of the step: dim d's registers load on copy
+    # ``d * len(take) // rank`` (the carries and the digit copies on the first).
+    takes = take if isinstance(take, (list, tuple)) else [take]
+    take_of = {d: takes[d * len(takes) // rank] for d in range(rank)}
     with m.If(load):
         m.d.sync += carry.eq(start.carry)
-        m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
-    with m.Elif(take):
+    with m.Elif(takes[0]):
         m.d.sync += carry.eq(Cat(*next_carry[:rank]))
-        m.d.sync += [a[d].eq(a[d] + da[d][choice]) for d, _, choice, _, _ in steps]
-    for d, v, _, y_next, count in steps:
-        base = Mux(load, start.digit[d], y_next)
-        with m.If(load | take):
+    bases = {}
+    for d, v, choice, y_next, count in steps:
+        with m.If(load):
+            m.d.sync += a[d].eq(start.addr[d])
+        with m.Elif(take_of[d]):
+            m.d.sync += a[d].eq(a[d] + da[d][choice])
+        base = bases[d] = Mux(load, start.digit[d], y_next)
+        with m.If(load | take_of[d]):
             m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
-    return a
+    if not digit_copies:
+        return a
+    digits = Cat(*(bases[d] for d in range(rank)))
+    copies = replicated(m, digits, name=f"{name}_y", copies=digit_copies, en=load | takes[0])
+    width = p.digit_width
+    return a, [[copy[d * width:(d + 1) * width].as_signed() for d in range(rank)]
+               for copy in copies]
 
 
 def _select(onehot, values):
@@ -410,6 +450,88 @@ def sum_tree(m, values, *, name):
         values, level = regs, level + 1
         if len(values) == 1:
             return values[0]
+
+
+def lane_addresses(m, p, dy, da, beat, beat_loads, takes):
+    """Every lane's read address, :attr:`StrideAddressParams.address_latency` cycles after
+    a beat's take (registers): one odometer (lane 0's, :func:`odometer`) and, per lane, its
+    offset from lane 0 as a feed-forward pipeline (see the module docstring).
+
+    Lane l's element is lane 0's plus l: its digits are lane 0's plus the digits k^l of l,
+    with carries ``c_d = (x_d + k^l_d + c_{d+1} >= s_d)``. In lane 0's ``y_d = x_d + k_d -
+    s_d`` that is ``c_d = (y_d >= u_d) | ((y_d >= u_d - 1) & c_{d+1})`` with ``u_d = k_d -
+    k^l_d`` (the lane's plan beat), and the address is lane 0's plus ``A_l = sum_d k^l_d
+    t_d`` (the lane's plan beat) plus ``sum_d c_d * w_d``, ``w_d = t_{d-1} - s_d t_d`` (a
+    carry into dim d - 1 less the wrap of dim d; ``t_{-1} = 0``): each ``w_d`` is formed from
+    the dims' step registers. Lane 0 has ``u_d = k_d`` and ``A_0 = 0`` (no carry: its
+    address is its own)."""
+    lanes, rank = p.lanes, p.max_rank
+    groups = len(takes)
+    # The odometer's step: its dims' registers spread over the copies of the take.
+    shares, digit_copies = odometer(m, p, dy, da, load=beat_loads[rank], start=beat,
+                                    take=takes, name="lane0", digit_copies=groups)
+    base = sum_tree(m, shares, name="lane0_addr")    # tree_latency after the take
+    # Lane 0's address, delayed to meet the lanes' offsets, a copy per group of lanes.
+    base = delay(m, base, p.address_latency - 2 - p.tree_latency, 1, name="lane0_base",
+                 reset_less=True)
+    bases = replicated(m, base, name="lane0_base_copy", copies=groups)
+    # w_d from the step registers: t_d = da[d][2] - da[d][0], -s_d t_d = da[d][1] - da[d][0].
+    w = []
+    for d in range(rank):
+        reg = Signal(p.addr_width, name=f"dim{d}_w", reset_less=True)
+        value = da[d][1] - da[d][0]
+        if d:
+            value = value + (da[d - 1][2] - da[d - 1][0])
+        m.d.sync += reg.eq(value)
+        w.append(reg)
+    k_minus_1 = []
+    for d in range(rank):
+        reg = Signal(signed(p.digit_width), name=f"dim{d}_k_minus_1", reset_less=True)
+        m.d.sync += reg.eq(dy[d][0] - 1)
+        k_minus_1.append(reg)
+
+    addrs = []
+    for lane in range(lanes):
+        group = lane * groups // lanes
+        y = digit_copies[group]
+        # The lane's constants: u_d and u_d - 1, and A_l (from its plan beat; lane 0's from
+        # the dims' steps).
+        if lane == 0:
+            u, u_minus_1, start = [dy[d][0] for d in range(rank)], k_minus_1, None
+        else:
+            u = [Signal(signed(p.digit_width), name=f"lane{lane}_u{d}", reset_less=True)
+                 for d in range(rank)]
+            u_minus_1 = [Signal(signed(p.digit_width), name=f"lane{lane}_u{d}_minus_1",
+                                reset_less=True) for d in range(rank)]
+            start = Signal(p.addr_width, name=f"lane{lane}_start", reset_less=True)
+            with m.If(beat_loads[rank + lane]):
+                m.d.sync += [u[d].eq(beat.digit[d]) for d in range(rank)]
+                m.d.sync += [u_minus_1[d].eq(beat.digit[d] - 1) for d in range(rank)]
+                m.d.sync += start.eq(beat.addr[0])
+        # Stage 1: the digits against the constants.
+        generate = Signal(rank, name=f"lane{lane}_generate", reset_less=True)
+        propagate = Signal(rank, name=f"lane{lane}_propagate", reset_less=True)
+        m.d.sync += [generate.eq(Cat(*(y[d] >= u[d] for d in range(rank)))),
+                     propagate.eq(Cat(*(y[d] >= u_minus_1[d] for d in range(rank))))]
+        # Stage 2: the carries.
+        carry = Signal(rank, name=f"lane{lane}_carry", reset_less=True)
+        c = Const(0)
+        carries = [None] * rank
+        for d in reversed(range(rank)):
+            c = generate[d] | (propagate[d] & c)
+            carries[d] = c
+        m.d.sync += carry.eq(Cat(*carries))
+        # Stages 3..: the offset, then lane 0's address added.
+        terms = [Mux(carry[d], w[d], 0) for d in range(rank)]
+        if start is not None:
+            terms.append(start)
+        offset = sum_tree(m, terms, name=f"lane{lane}_offset")
+        offset = delay(m, offset, p.offset_tree_latency - max(1, ceil_log2(len(terms))), 1,
+                       name=f"lane{lane}_offset_delay", reset_less=True)
+        addr = Signal(p.addr_width, name=f"lane{lane}_addr", reset_less=True)
+        m.d.sync += addr.eq(offset + bases[group])
+        addrs.append(addr)
+    return addrs
 
 
 class ExpandUnit(wiring.Component):
@@ -475,9 +597,9 @@ class ExpandUnit(wiring.Component):
                 last_en.eq(last_enable_of(self.output_elements, lanes)),
             ]
 
-        # ---- the plan: the dims' steps, then the lanes' start values -------------------------
+        # ---- the plan: the dims' steps, lane 0's odometer start, the lanes' constants -------
         # A plan beat is registered, with a load flag per dim and per lane (registers: each
-        # lane's odometer loads on a flag of its own), and loaded a cycle after its take.
+        # lane loads on a flag of its own), and loaded a cycle after its take.
         planning = running & plan_open
         plan_take = self.plan.valid & planning
         m.d.comb += self.plan.ready.eq(planning)
@@ -500,7 +622,7 @@ class ExpandUnit(wiring.Component):
             # odometer loads then).
             ready_to_generate = beat_loads[-1]
             load_open = Const(0)
-            pipe_latency = p.tree_latency + EXTERNAL_BREAK_LATENCY
+            pipe_latency = p.address_latency + EXTERNAL_BREAK_LATENCY
             pipe = m.submodules.address_pipe = CreditPipeline(
                 pipe_latency, p.address_beat_layout(), skid=False)
         else:
@@ -511,7 +633,7 @@ class ExpandUnit(wiring.Component):
 
         # ---- the address beats: free-running, behind a credit-counted queue ----------------
         # generating is set only while running (by the last input beat, or a cycle after the
-        # last plan beat when there is no input: the last lane's odometer loads then) and
+        # last plan beat when there is no input: the last lane loads then) and
         # falls with the last output beat, so it is the pipeline's valid on its own.
         generating = Signal()                # an output beat is still to be issued
         m.d.comb += pipe.i_valid.eq(generating)
@@ -520,17 +642,13 @@ class ExpandUnit(wiring.Component):
             m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 2)]
         generating_next = Mux(ready_to_generate, 1, Mux(take & out_last, 0, generating))
         m.d.sync += generating.eq(generating_next)
-        # The odometers' step: the take, formed per group of lanes from copies of its two
+        # The odometer's step: the take, formed per group of its dims from copies of its two
         # registers, so that no one net reaches every odometer register.
         groups = min(lanes, 4)
         takes = [valid & ready for valid, ready in zip(
             replicated(m, generating_next, name="generating_copy", copies=groups),
             replicated(m, pipe.ready_next, name="ready_copy", copies=groups))]
-        addrs = []
-        for lane in range(lanes):
-            a = odometer(m, p, dy, da, load=beat_loads[rank + lane], start=beat,
-                         take=takes[lane * groups // lanes], name=f"lane{lane}")
-            addrs.append(sum_tree(m, a, name=f"lane{lane}_addr"))
+        addrs = lane_addresses(m, p, dy, da, beat, beat_loads, takes)
 
         # The beat's lane enables and last flag travel beside it.
         flags = Signal(lanes + 1)
