@@ -429,10 +429,11 @@ def _select(onehot, values):
     """The entry of ``values`` (an array view) that the one-hot ``onehot`` picks (zero when
     it is zero): an AND-OR, no decoder."""
     width = len(values[0])
-    out = Const(0, width)
-    for i in range(len(onehot)):
-        out = out | Mux(onehot[i], values[i], Const(0, width))
-    return out
+    terms = [Mux(onehot[i], values[i], Const(0, width)) for i in range(len(onehot))]
+    while len(terms) > 1:          # a balanced OR tree
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 def sum_tree(m, values, *, name):
