@@ -119,7 +119,7 @@ filled rows::
                      COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with run_setup = 2 + product_latency (the run control's setup: P = k*S on a pipelined product
+with run_setup = 2 + product_latency (the sub-units' start: P = k*S on a pipelined product
 of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, TOTALS_LATENCY = 1
 (the per-expert totals' two registers before the work list, less the cycle the location
 generator's ``done`` already comes after its last total), EXPERT_OVERHEAD = 5,
@@ -237,11 +237,13 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
 
     @property
     def run_setup(self):
-        """The layer's run control's setup cycles: P = k*S on a pipelined product of the held
-        sizes (from the decide cycle on) and a fabric register after it, which the sub-units
-        take at the layer's ``begin``. ``begin`` is then a register too (it reaches every
-        sub-unit's start logic, far across the die). The sub-units start this many cycles
-        after the layer's start cycle (4 at the defaults)."""
+        """Cycles from the layer's start cycle to the cycle its sub-units (location
+        generator, dispatch) are started (4 at the defaults): P = k*S on a pipelined product
+        of the held sizes (from the decide cycle on) and a fabric register after it, which
+        the sub-units take with their start. That start is a register of its own, loaded
+        from the run control's ``begin`` (so the run control is set up one cycle less): no
+        gate of the layer's control lies in front of the sub-units' start logic, far across
+        the die."""
         return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
 
 
@@ -518,8 +520,10 @@ class MoELayer(wiring.Component):
         m.submodules.combine = comb = CombineGatherUnit(p.combine)
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
+        # The run control begins a cycle before the sub-units start: ``sub_start`` (below) is
+        # its ``begin`` registered.
         ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",),
-                                                setup=p.run_setup)
+                                                setup=p.run_setup - 1)
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
@@ -831,19 +835,24 @@ class MoELayer(wiring.Component):
         wiring.connect(m, request_port.o, wiring.flipped(self.read_request))
 
         # ---- control ----------------------------------------------------------------------------
-        # The sub-units start with the layer (ctl.begin: not too big, S > 0); the combine unit
-        # reads the layer's held sizes when the route (or expert) phase ends.
+        # The sub-units start a cycle after the layer's run control begins (ctl.begin: not
+        # too big, S > 0), from a register: the run control's setup count is then not in
+        # front of their start logic (their idle flags and the clock enables of every
+        # register they load at the start). The sizes they take with it are held registers.
+        # The combine unit reads the layer's held sizes when the route (or expert) phase ends.
+        sub_start = Signal()
+        m.d.sync += sub_start.eq(ctl.begin)
         # P = k*S on a pipelined product of the held sizes, then a fabric register (the
         # product leaves a DSP block, and the sub-units' start logic takes it), ready when the
         # run begins.
         m.d.sync += pairs.eq(pipelined_product(m, tokens, top_k, en=1, dsp=p.dsp,
                                                name="pairs")[:len(pairs)])
         m.d.comb += [
-            loc.start.eq(ctl.begin),
+            loc.start.eq(sub_start),
             loc.pairs.eq(pairs),
             loc.num_experts.eq(num_experts),
             loc.capacity.eq(capacity),
-            disp.start.eq(ctl.begin),
+            disp.start.eq(sub_start),
             disp.pairs.eq(pairs),
             disp.hidden.eq(hidden),
             disp.capacity.eq(capacity),
@@ -891,6 +900,6 @@ class MoELayer(wiring.Component):
                 m.d.sync += [ctl_layers.eq(self.layers), ctl_relu.eq(self.relu)]
             else:
                 m.d.sync += x_offset.eq(0)
-        with m.If(ctl.begin):
+        with m.If(sub_start):
             enter("route_dispatch")
         return m
