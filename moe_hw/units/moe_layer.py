@@ -543,11 +543,17 @@ class MoELayer(wiring.Component):
         in_route = Signal()
         in_experts = Signal()
         in_combine = Signal()
+        # Inverted copies of the last two, for the shared ports' payload choices alone (held
+        # inverted, so that Yosys keeps them apart): the phase flags' nets then do not also
+        # reach every payload bit of the ports.
+        not_experts = Signal(init=1)
+        not_combine = Signal(init=1)
         m.d.comb += self.phase.eq(phase)
 
         def enter(name):
             m.d.sync += [phase.eq(PHASES[name]), in_route.eq(name == "route_dispatch"),
-                         in_experts.eq(name == "experts"), in_combine.eq(name == "combine")]
+                         in_experts.eq(name == "experts"), in_combine.eq(name == "combine"),
+                         not_experts.eq(name != "experts"), not_combine.eq(name != "combine")]
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = BlockMemory(
@@ -804,13 +810,14 @@ class MoELayer(wiring.Component):
         # port's valid and payload are registers (the choice's select would otherwise fan
         # out to every payload bit on the way out of the unit), and its ready reaches only
         # that skid buffer.
-        def shared_port(name, layout, first, first_on, second, second_on):
+        def shared_port(name, layout, first, first_on, second, second_on, second_off):
             # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
-            # while ``second_on`` (never both).
+            # while ``second_on`` (never both); ``second_off`` (a register, ~second_on)
+            # chooses the payload.
             port = m.submodules[name] = SkidBuffer(layout)
             m.d.comb += [
                 port.i.valid.eq(Mux(first_on, first.valid, second_on & second.valid)),
-                port.i.payload.eq(Mux(first_on, first.payload.as_value(),
+                port.i.payload.eq(Mux(second_off, first.payload.as_value(),
                                       second.payload.as_value())),
                 first.ready.eq(first_on & port.i.ready),
                 second.ready.eq(second_on & port.i.ready),
@@ -819,9 +826,10 @@ class MoELayer(wiring.Component):
 
         # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_out, in_experts)
+                                 disp.write, in_route, x_out, in_experts, not_experts)
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
-                                   reader.request, in_experts, comb.read_request, in_combine)
+                                   reader.request, in_experts, comb.read_request, in_combine,
+                                   not_combine)
         m.d.comb += [
             reader.response.valid.eq(in_experts & self.read_response.valid),
             comb.read_response.valid.eq(in_combine & self.read_response.valid),
