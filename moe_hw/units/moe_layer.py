@@ -119,7 +119,7 @@ filled rows::
                      COMBINE_START + combine.cycles(S, H, k, L) = 1 + 2           (H = 0)
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
-with run_setup = 2 + product_latency (the run control's setup: P = k*S on a pipelined product
+with run_setup = 2 + product_latency (the sub-units' start: P = k*S on a pipelined product
 of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, TOTALS_LATENCY = 1
 (the per-expert totals' two registers before the work list, less the cycle the location
 generator's ``done`` already comes after its last total), EXPERT_OVERHEAD = 5,
@@ -237,11 +237,13 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
 
     @property
     def run_setup(self):
-        """The layer's run control's setup cycles: P = k*S on a pipelined product of the held
-        sizes (from the decide cycle on) and a fabric register after it, which the sub-units
-        take at the layer's ``begin``. ``begin`` is then a register too (it reaches every
-        sub-unit's start logic, far across the die). The sub-units start this many cycles
-        after the layer's start cycle (4 at the defaults)."""
+        """Cycles from the layer's start cycle to the cycle its sub-units (location
+        generator, dispatch) are started (4 at the defaults): P = k*S on a pipelined product
+        of the held sizes (from the decide cycle on) and a fabric register after it, which
+        the sub-units take with their start. That start is a register of its own, loaded
+        from the run control's ``begin`` (so the run control is set up one cycle less): no
+        gate of the layer's control lies in front of the sub-units' start logic, far across
+        the die."""
         return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
 
 
@@ -518,8 +520,10 @@ class MoELayer(wiring.Component):
         m.submodules.combine = comb = CombineGatherUnit(p.combine)
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
+        # The run control begins a cycle before the sub-units start: ``sub_start`` (below) is
+        # its ``begin`` registered.
         ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",),
-                                                setup=p.run_setup)
+                                                setup=p.run_setup - 1)
         ctl.connect(m, self)
         running = ctl.running
         tokens = ctl.size("tokens")
@@ -539,11 +543,17 @@ class MoELayer(wiring.Component):
         in_route = Signal()
         in_experts = Signal()
         in_combine = Signal()
+        # Inverted copies of the last two, for the shared ports' payload choices alone (held
+        # inverted, so that Yosys keeps them apart): the phase flags' nets then do not also
+        # reach every payload bit of the ports.
+        not_experts = Signal(init=1)
+        not_combine = Signal(init=1)
         m.d.comb += self.phase.eq(phase)
 
         def enter(name):
             m.d.sync += [phase.eq(PHASES[name]), in_route.eq(name == "route_dispatch"),
-                         in_experts.eq(name == "experts"), in_combine.eq(name == "combine")]
+                         in_experts.eq(name == "experts"), in_combine.eq(name == "combine"),
+                         not_experts.eq(name != "experts"), not_combine.eq(name != "combine")]
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = BlockMemory(
@@ -800,13 +810,14 @@ class MoELayer(wiring.Component):
         # port's valid and payload are registers (the choice's select would otherwise fan
         # out to every payload bit on the way out of the unit), and its ready reaches only
         # that skid buffer.
-        def shared_port(name, layout, first, first_on, second, second_on):
+        def shared_port(name, layout, first, first_on, second, second_on, second_off):
             # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
-            # while ``second_on`` (never both).
+            # while ``second_on`` (never both); ``second_off`` (a register, ~second_on)
+            # chooses the payload.
             port = m.submodules[name] = SkidBuffer(layout)
             m.d.comb += [
                 port.i.valid.eq(Mux(first_on, first.valid, second_on & second.valid)),
-                port.i.payload.eq(Mux(first_on, first.payload.as_value(),
+                port.i.payload.eq(Mux(second_off, first.payload.as_value(),
                                       second.payload.as_value())),
                 first.ready.eq(first_on & port.i.ready),
                 second.ready.eq(second_on & port.i.ready),
@@ -815,9 +826,10 @@ class MoELayer(wiring.Component):
 
         # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_out, in_experts)
+                                 disp.write, in_route, x_out, in_experts, not_experts)
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
-                                   reader.request, in_experts, comb.read_request, in_combine)
+                                   reader.request, in_experts, comb.read_request, in_combine,
+                                   not_combine)
         m.d.comb += [
             reader.response.valid.eq(in_experts & self.read_response.valid),
             comb.read_response.valid.eq(in_combine & self.read_response.valid),
@@ -831,19 +843,24 @@ class MoELayer(wiring.Component):
         wiring.connect(m, request_port.o, wiring.flipped(self.read_request))
 
         # ---- control ----------------------------------------------------------------------------
-        # The sub-units start with the layer (ctl.begin: not too big, S > 0); the combine unit
-        # reads the layer's held sizes when the route (or expert) phase ends.
+        # The sub-units start a cycle after the layer's run control begins (ctl.begin: not
+        # too big, S > 0), from a register: the run control's setup count is then not in
+        # front of their start logic (their idle flags and the clock enables of every
+        # register they load at the start). The sizes they take with it are held registers.
+        # The combine unit reads the layer's held sizes when the route (or expert) phase ends.
+        sub_start = Signal()
+        m.d.sync += sub_start.eq(ctl.begin)
         # P = k*S on a pipelined product of the held sizes, then a fabric register (the
         # product leaves a DSP block, and the sub-units' start logic takes it), ready when the
         # run begins.
         m.d.sync += pairs.eq(pipelined_product(m, tokens, top_k, en=1, dsp=p.dsp,
                                                name="pairs")[:len(pairs)])
         m.d.comb += [
-            loc.start.eq(ctl.begin),
+            loc.start.eq(sub_start),
             loc.pairs.eq(pairs),
             loc.num_experts.eq(num_experts),
             loc.capacity.eq(capacity),
-            disp.start.eq(ctl.begin),
+            disp.start.eq(sub_start),
             disp.pairs.eq(pairs),
             disp.hidden.eq(hidden),
             disp.capacity.eq(capacity),
@@ -891,6 +908,6 @@ class MoELayer(wiring.Component):
                 m.d.sync += [ctl_layers.eq(self.layers), ctl_relu.eq(self.relu)]
             else:
                 m.d.sync += x_offset.eq(0)
-        with m.If(ctl.begin):
+        with m.If(sub_start):
             enter("route_dispatch")
         return m
