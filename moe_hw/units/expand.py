@@ -82,9 +82,12 @@ The other lanes have no loop (:func:`lane_addresses`): lane l's element is lane 
 so its digits are lane 0's plus the digits k^l of l, and its address is lane 0's plus ``A_l
 = sum_d k^l_d t_d`` plus ``w_d = t_{d-1} - s_d t_d`` for every dim d that carries; the
 carries ``c_d = (y_d >= u_d) | ((y_d >= u_d - 1) & c_{d+1})`` compare lane 0's digits with
-the lane's constants ``u_d = k_d - k^l_d`` (its plan beat holds u_d and A_l). A feed-forward
-pipeline per lane: the compares, the carries, the offset's adder tree, the add of lane 0's
-address (:attr:`StrideAddressParams.address_latency` cycles from the take in all).
+the lane's constants ``u_d = k_d - k^l_d`` (its plan beat holds u_d and A_l; the digits of
+numbers below ``lanes``, so |u_d| <= ``lanes``, and lane 0's digits are compared saturated to
+a few bits, :attr:`StrideAddressParams.lane_digit_width`). A feed-forward pipeline per lane:
+the compares, the carries, the offset's adder tree, the add of lane 0's address
+(:attr:`StrideAddressParams.address_latency` cycles from the take in all, the saturation
+included).
 
 The buffer: ``lanes`` copies, one per output lane, each a
 :class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
@@ -210,10 +213,16 @@ class StrideAddressParams:
 
     @property
     def address_latency(self):
-        """Cycles from a beat's take to its lanes' addresses (:func:`lane_addresses`): the
-        lanes' digit compares, their carries, their offset sums and the add of lane 0's
-        address."""
-        return 2 + self.offset_tree_latency + 1
+        """Cycles from a beat's take to its lanes' addresses (:func:`lane_addresses`): lane
+        0's saturated digits, the lanes' digit compares, their carries, their offset sums and
+        the add of lane 0's address."""
+        return 3 + self.offset_tree_latency + 1
+
+    @property
+    def lane_digit_width(self):
+        """Bits of a lane's digit constants (u_d = k_d - k^l_d and u_d - 1, both within
+        -lanes - 1 .. lanes) and of lane 0's digits saturated for the compare with them."""
+        return bits_for(self.lanes) + 2
 
     def plan_layout(self):
         """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each, and
@@ -475,6 +484,21 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, takes):
     # Lane 0's address, delayed to meet the lanes' offsets, a copy per group of lanes.
     base = delay(m, base, p.address_latency - 2 - p.tree_latency, 1, name="lane0_base",
                  reset_less=True)
+    # Lane 0's digits saturated to lane_digit_width bits (a register per copy): a compare
+    # with a lane's constants (far inside that range) gives the same answer, on narrow
+    # operands.
+    width = p.lane_digit_width
+    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    saturated = []
+    for group, digits in enumerate(digit_copies):
+        regs = []
+        for d, y in enumerate(digits):
+            reg = Signal(signed(width), name=f"lane0_y{d}_sat{group}", reset_less=True)
+            above = y[width - 1:]
+            m.d.sync += reg.eq(Mux(~y[-1] & above.any(), high,
+                                   Mux(y[-1] & ~above.all(), low, y[:width])))
+            regs.append(reg)
+        saturated.append(regs)
     bases = replicated(m, base, name="lane0_base_copy", copies=groups)
     # w_d from the step registers: t_d = da[d][2] - da[d][0], -s_d t_d = da[d][1] - da[d][0].
     w = []
@@ -485,24 +509,27 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, takes):
             value = value + (da[d - 1][2] - da[d - 1][0])
         m.d.sync += reg.eq(value)
         w.append(reg)
-    k_minus_1 = []
+    k, k_minus_1 = [], []
     for d in range(rank):
-        reg = Signal(signed(p.digit_width), name=f"dim{d}_k_minus_1", reset_less=True)
+        reg = Signal(signed(width), name=f"dim{d}_k", reset_less=True)
+        m.d.sync += reg.eq(dy[d][0])
+        k.append(reg)
+        reg = Signal(signed(width), name=f"dim{d}_k_minus_1", reset_less=True)
         m.d.sync += reg.eq(dy[d][0] - 1)
         k_minus_1.append(reg)
 
     addrs = []
     for lane in range(lanes):
         group = lane * groups // lanes
-        y = digit_copies[group]
+        y = saturated[group]
         # The lane's constants: u_d and u_d - 1, and A_l (from its plan beat; lane 0's from
         # the dims' steps).
         if lane == 0:
-            u, u_minus_1, start = [dy[d][0] for d in range(rank)], k_minus_1, None
+            u, u_minus_1, start = k, k_minus_1, None
         else:
-            u = [Signal(signed(p.digit_width), name=f"lane{lane}_u{d}", reset_less=True)
+            u = [Signal(signed(width), name=f"lane{lane}_u{d}", reset_less=True)
                  for d in range(rank)]
-            u_minus_1 = [Signal(signed(p.digit_width), name=f"lane{lane}_u{d}_minus_1",
+            u_minus_1 = [Signal(signed(width), name=f"lane{lane}_u{d}_minus_1",
                                 reset_less=True) for d in range(rank)]
             start = Signal(p.addr_width, name=f"lane{lane}_start", reset_less=True)
             with m.If(beat_loads[rank + lane]):
