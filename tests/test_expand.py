@@ -41,7 +41,7 @@ def check(unit, inputs, fmt, *, sim="verilator", stall=0.0, seed=0):
     n_out = outcome.problem["output_elements"]
     if stall == 0.0:
         lanes = params.lanes
-        want = (params.max_rank + lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
+        want = (params.max_rank + 2 * lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
                 + params.address_latency + 10 if n_out else EMPTY_CYCLES)
         assert outcome.cycles == outcome.expected_cycles == want
     return outcome
@@ -121,13 +121,13 @@ def test_expand_cases(sim, name, stall):
 
 def test_expand_one_beat_per_cycle_on_chip():
     """A broadcast of a gate column to many lanes: the output phase runs at one beat per
-    cycle; only the plan beats (6 dims + 16 lanes), the load beats and the fixed overhead
-    come on top."""
+    cycle; only the plan beats (6 dims + 2 x 16 lanes), the load beats and the fixed
+    overhead come on top."""
     params = PARAMS["int8"]
     inputs = expand_case([48, 1], [48, 64], "int8")
     outcome = check(UNIT, inputs, "int8")
     assert outcome.ideal_cycles == 48 * 64 // 16
-    assert outcome.cycles == outcome.ideal_cycles + 22 + 3 + params.overhead
+    assert outcome.cycles == outcome.ideal_cycles + 38 + 3 + params.overhead
 
 
 def test_planner_matches_golden_addresses():
@@ -145,7 +145,7 @@ def test_planner_matches_golden_addresses():
                 continue
             the_plan = plan(shape, sizes, params)
             # Every lane's digit constant fits the hardware's narrow compare.
-            assert all(-lanes - 1 <= v <= lanes for u in the_plan.u for v in u)
+            assert all(-2 * lanes - 1 <= v <= 2 * lanes for u in the_plan.u for v in u)
             addresses = odometer_addresses(the_plan, -(-n // lanes))
             assert (addresses.reshape(-1)[:n] == _addresses(output_shape, out_stride)).all()
             assert ((addresses >= 0) & (addresses < max(1, int(np.prod(shape))))).all()
@@ -155,9 +155,10 @@ def test_planner_seed_strides():
     the_plan = plan([4, 1, 3, 5], [2, 1, 4, 4, 3, 5], ExpandParams())
     assert the_plan.out_stride == [0, 0, 15, 0, 5, 1]
     # The size-1 dim dropped, the contiguous (3, 5) run merged, padded in front to rank 6;
-    # 16 lanes are (1, 1) in the radix of the two inner dims (15, 4).
+    # the odometer's step, a pair of beats of 16 lanes, is (2, 2) in the radix of the two
+    # inner dims (15, 4).
     assert the_plan.dims == [(1, 0), (1, 0), (2, 0), (4, 15), (4, 0), (15, 1)]
-    assert the_plan.digits == [0, 0, 0, 0, 1, 1]
+    assert the_plan.digits == [0, 0, 0, 0, 2, 2]
 
 
 @pytest.mark.parametrize(("shape", "sizes", "message"), [
@@ -224,16 +225,16 @@ def test_expand_bad_params(changes, message):
 
 
 def test_expand_cycle_formula():
-    """The documented formula: plan beats (max_rank + lanes) + load beats + output beats +
-    overhead (17 at rank 6: run control 2, lane addresses 7, buffer read 3, lane select 1,
-    queue 2, busy 1, done 1)."""
+    """The documented formula: plan beats (max_rank + 2 x lanes) + load beats + output
+    beats + overhead (16 at rank 6: run control 2, lane addresses 6, buffer read 3, lane
+    select 1, queue 2, busy 1, done 1)."""
     params = ExpandParams()
-    assert params.address_latency == 7
-    assert params.overhead == 17
-    assert params.cycles(1024, 1024 * 512) == 22 + 64 + 32768 + 17
+    assert params.plan_beats == 38 and params.address_latency == 6
+    assert params.overhead == 16
+    assert params.cycles(1024, 1024 * 512) == 38 + 64 + 32768 + 16
     assert params.cycles(5, 0) == EMPTY_CYCLES
     # No input but some output (only a hostile run): the load still takes its one cycle.
-    assert params.cycles(0, 16) == params.cycles(1, 16) == 22 + 1 + 1 + 17
+    assert params.cycles(0, 16) == params.cycles(1, 16) == 38 + 1 + 1 + 16
 
 
 def test_expand_bench_problems_on_chip_efficiency():
@@ -281,7 +282,7 @@ SPLIT_PARAMS = {
 def part_cycles(params, n_in, n_out):
     """One part's stall-free cycles, the formula written out: plan, load, output, overhead."""
     lanes = params.lanes
-    return (params.max_rank + lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
+    return (params.max_rank + 2 * lanes + max(1, -(-n_in // lanes)) + -(-n_out // lanes)
             + params.address_latency + 10 if n_out else EMPTY_CYCLES)
 
 

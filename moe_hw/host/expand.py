@@ -86,12 +86,13 @@ def check_rank(name, sizes, max_rank):
 class Plan:
     """The address generator's run-time plan for one expand (see :func:`plan`)."""
 
-    def __init__(self, output_shape, out_stride, dims, digits, lanes):
+    def __init__(self, output_shape, out_stride, dims, digits, lanes, *, paired=True):
         self.output_shape = output_shape      # the expand's output shape
         self.out_stride = out_stride          # golden.expand_strides
         self.dims = dims                      # the hardware's (s_d, t_d), max_rank of them
-        self.digits = digits                  # k_d: ``lanes`` in the output's mixed radix
+        self.digits = digits                  # k_d: the step in the output's mixed radix
         self.lanes = lanes
+        self.paired = paired                  # the step is a pair of beats (expand's lanes)
         self.output_elements = math.prod(output_shape)
         self.dy = [[k + cin - wrap * s for cin in (0, 1) for wrap in (0, 1)]
                    for (s, _), k in zip(dims, digits)]
@@ -102,13 +103,14 @@ class Plan:
         self.y0 = [[xd + k - s for xd, k, (s, _) in zip(x, digits, dims)]]
         self.a0 = [[0] * len(dims)]
         self.c0 = [carries(self.y0[0])]
-        # Every lane's offset from lane 0 (lane l is element l, modulo the output): the digit
-        # constants u_d = k_d - k^l_d and the start offset A_l = sum_d k^l_d t_d.
+        # Every lane's constants (lane l of an even beat reads the pair's element plus l, of
+        # an odd beat plus lanes + l, modulo the output): u_d = k_d - k^e_d and the start
+        # offset A_e = sum_d k^e_d t_d, e = l (even) or lanes + l (odd).
         self.u, self.offset = [], []
-        for lane in range(lanes):
-            k_lane = self.digits_of(lane % self.output_elements if self.output_elements else 0)
-            self.u.append([k - kl for k, kl in zip(digits, k_lane)])
-            self.offset.append(sum(kl * t for kl, (_, t) in zip(k_lane, dims)))
+        for element in [*range(lanes), *range(lanes, 2 * lanes)]:
+            k_e = self.digits_of(element % self.output_elements if self.output_elements else 0)
+            self.u.append([k - ke for k, ke in zip(digits, k_e)])
+            self.offset.append(sum(ke * t for ke, (_, t) in zip(k_e, dims)))
         # w_d = t_{d-1} - s_d t_d: what a carry out of dim d adds to an address.
         self.w = [(dims[d - 1][1] if d else 0) - s * t for d, (s, t) in enumerate(dims)]
 
@@ -143,10 +145,12 @@ class Plan:
                 offset += width
             return value
 
+        # Lane 0's odometer start, then the even constants of lanes 1 .. lanes-1 and the odd
+        # constants of every lane (none for the one odometer of expand_backward).
+        constants = range(1, 2 * self.lanes) if self.paired else ()
         return ([word(dy, da) for dy, da in zip(self.dy, self.da)]
                 + [word(self.y0[0], self.a0[0], self.c0[0])]
-                + [word(u, [offset]) for u, offset in
-                   zip(self.u[1:self.lanes], self.offset[1:self.lanes])])
+                + [word(self.u[e], [self.offset[e]]) for e in constants])
 
 
 def plan(input_shape, expand_size, params):
@@ -164,11 +168,13 @@ def plan(input_shape, expand_size, params):
 
 
 def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
-    """The plan from an output shape and its ``out_stride`` (already checked): an odometer
-    that advances ``step`` output elements per beat (default ``params.lanes``), its start
-    (element 0) and the constants of ``odometers`` lanes in all (default ``params.lanes``;
-    lane l reads element l and on; 1: the odometer alone)."""
-    step = params.lanes if step is None else step
+    """The plan from an output shape and its ``out_stride`` (already checked). By default
+    the expand unit's: an odometer that advances a pair of beats (2 * ``params.lanes``
+    elements) per step, its start (element 0) and every lane's even and odd constants. With
+    ``odometers`` = 1 (expand_backward's): the odometer alone, advancing ``step`` elements
+    per step."""
+    paired = odometers is None
+    step = 2 * params.lanes if paired else step
     merged = merged_dims(output_shape, out_stride)
     if len(merged) > params.max_rank:
         raise HostError(f"the expand needs {len(merged)} address dims ({merged}), above the "
@@ -179,7 +185,7 @@ def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
         digits.append((step // inner) % s)
         inner *= s
     return Plan(list(output_shape), list(out_stride), dims, digits[::-1],
-                params.lanes if odometers is None else odometers)
+                params.lanes if paired else odometers, paired=paired)
 
 
 def carries(y):
@@ -194,26 +200,28 @@ def carries(y):
 def odometer_addresses(the_plan, beats):
     """The read address of every lane of ``beats`` output beats, formed exactly as the
     hardware forms them (:func:`moe_hw.units.expand.lane_addresses`): lane 0's odometer
-    stepped beat by beat, and each lane's offset from it by the carries of its digit
-    constants ([beats, lanes]; modulo nothing, as the true values)."""
-    rank = len(the_plan.dims)
-    out = np.zeros((beats, the_plan.lanes), np.int64)
+    stepped a pair of beats at a time, and each lane's offset from it by the carries of its
+    even or odd digit constants ([beats, lanes]; modulo nothing, as the true values)."""
+    rank, lanes = len(the_plan.dims), the_plan.lanes
+    out = np.zeros((beats, lanes), np.int64)
     y = list(the_plan.y0[0])
     a = list(the_plan.a0[0])
     for beat in range(beats):
         base = sum(a)
-        for lane in range(the_plan.lanes):
-            u = the_plan.u[lane]
-            carry, offset = 0, the_plan.offset[lane]
+        for lane in range(lanes):
+            e = (beat % 2) * lanes + lane
+            u = the_plan.u[e]
+            carry, offset = 0, the_plan.offset[e]
             for d in reversed(range(rank)):
                 carry = int(y[d] >= u[d] or (y[d] >= u[d] - 1 and carry))
                 offset += carry * the_plan.w[d]
             out[beat, lane] = base + offset
-        carry = carries(y) + [0]
-        for d in range(rank):
-            step = 2 * carry[d + 1] + carry[d]
-            y[d] += the_plan.dy[d][step]
-            a[d] += the_plan.da[d][step]
+        if beat % 2:
+            carry = carries(y) + [0]
+            for d in range(rank):
+                step = 2 * carry[d + 1] + carry[d]
+                y[d] += the_plan.dy[d][step]
+                a[d] += the_plan.da[d][step]
     return out
 
 

@@ -45,12 +45,13 @@ Streams and ports (payload fields are listed least significant first):
     ``error`` and the run does nothing; ``output_elements == 0`` is an empty run (nothing
     loaded, nothing out).
 ``plan`` (in)
-    The address generator's run-time plan, ``max_rank + lanes`` beats taken first in a run
-    (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
+    The address generator's run-time plan, ``max_rank + 2 * lanes`` beats taken first in a
+    run (:meth:`ExpandParams.plan_layout`: ``digit`` and ``addr``, arrays of
     ``max(max_rank, 4)``, and ``carry``, ``max_rank`` bits): beat d < ``max_rank`` holds dim
     d's four steps of y_d and of a_d (below), beat ``max_rank`` lane 0's odometer start (the
-    start values of every dim and the carries of its first step), beat ``max_rank + l`` (l >=
-    1) lane l's constants (u_d in ``digit``, A_l in ``addr`` entry 0). The host planner
+    start values of every dim and the carries of its first step), beats ``max_rank + l``
+    (1 <= l < lanes) lane l's even constants and beats ``max_rank + lanes + l`` (0 <= l <
+    lanes) its odd constants (u_d in ``digit``, A_e in ``addr`` entry 0). The host planner
     (:func:`moe_hw.host.expand.plan`) computes it from the input shape and the expand sizes.
     (A stream rather than a port sampled with ``start``: the plan of 16 lanes by 6 dims is
     thousands of bits.)
@@ -61,33 +62,34 @@ The address generator. The host planner drops the size-1 output dims, merges nei
 dims that are one run of addresses (a kept dim over a contiguous kept dim; two broadcast
 dims), and pads the result in front with size-1 dims to ``max_rank`` dims of sizes s_d and
 strides t_d. Lane l reads output elements l, l + lanes, l + 2*lanes, ... . One odometer,
-lane 0's, adds K = ``lanes`` per beat in the mixed radix of the output shape, whose digits
-k_d the planner computes. Dim d holds ``y_d = x_d + k_d - s_d`` and ``q_d = y_d + 1`` (two's
-complement: their sign bits are the wrap flags, registers, no compare) and its share of the
-address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out of dim d is ``c_d = (y_d >= 0) |
-((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs), and each register adds one of four
-planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d + c_{d+1} - c_d*s_d`` to y_d and q_d,
-that times t_d to a_d. Counters and adders only, no run-time multiplier. The address ``sum_d
-a_d`` is formed by a registered adder tree outside the loop.
+lane 0's, steps through the pairs of beats: it adds 2K = 2 * ``lanes`` per step in the mixed
+radix of the output shape, whose digits k_d the planner computes. Dim d holds ``y_d = x_d +
+k_d - s_d`` and ``q_d = y_d + 1`` (two's complement: their sign bits are the wrap flags, no
+compare) and its share of the address ``a_d = x_d * t_d``. With ``c_R = 0``, the carry out
+of dim d is ``c_d = (y_d >= 0) | ((q_d >= 0) & c_{d+1})`` (a lookahead over R flag pairs),
+and each register adds one of four planned constants chosen by ``(c_{d+1}, c_d)``: ``k_d +
+c_{d+1} - c_d*s_d`` to y_d and q_d, that times t_d to a_d. Counters and adders only, no
+run-time multiplier. The address ``sum_d a_d`` is formed by a registered adder tree outside
+the loop.
 
-The odometer runs a step ahead (:func:`odometer`), so that no adder and no lookahead share a
-cycle: it holds the carries of the coming step (registers; its start carries come with its
-plan beat) and, per dim, the candidates of the next y_d and q_d, y_d plus each step
-(registers). A step takes the next y_d as the candidate its carries choose, the next carries
-from the lookahead over the chosen candidates' sign bits, and forms the following candidates
-from the chosen one: one step per cycle with every loop a register choice followed by either
-the lookahead or an adder.
+The odometer holds the carries of the coming step and, per dim, the candidates of the next
+y_d and q_d, y_d plus each step (registers; its start carries come with its plan beat). A
+step has two cycles, as it serves two beats (:func:`pair_odometer`): at an even beat's take
+it chooses the next y_d among the candidates by the carries (registers choosing registers)
+and adds the shares' steps; in the next cycle it forms the following carries (the lookahead
+over the chosen digits' sign bits) and candidates (the adders). No cycle holds a choice and
+the lookahead, or the lookahead and an adder.
 
-The other lanes have no loop (:func:`lane_addresses`): lane l's element is lane 0's plus l,
-so its digits are lane 0's plus the digits k^l of l, and its address is lane 0's plus ``A_l
-= sum_d k^l_d t_d`` plus ``w_d = t_{d-1} - s_d t_d`` for every dim d that carries; the
-carries ``c_d = (y_d >= u_d) | ((y_d >= u_d - 1) & c_{d+1})`` compare lane 0's digits with
-the lane's constants ``u_d = k_d - k^l_d`` (its plan beat holds u_d and A_l; the digits of
-numbers below ``lanes``, so |u_d| <= ``lanes``, and lane 0's digits are compared saturated to
-a few bits, :attr:`StrideAddressParams.lane_digit_width`). A feed-forward pipeline per lane:
-the compares, the carries, the offset's adder tree, the add of lane 0's address
-(:attr:`StrideAddressParams.address_latency` cycles from the take in all, the saturation
-included).
+The lanes have no loop (:func:`lane_addresses`): lane l of beat 2j + h (h = 0 even, 1 odd)
+reads the pair's element plus e = hK + l, so its digits are the pair's plus the digits k^e
+of e, and its address is the pair's plus ``A_e = sum_d k^e_d t_d`` plus ``w_d = t_{d-1} -
+s_d t_d`` for every dim d that carries; the carries ``c_d = (y_d >= u_d) | ((y_d >= u_d -
+1) & c_{d+1})`` compare the pair's digits with the lane's constants ``u_d = k_d - k^e_d``
+(its even and odd plan beats hold u_d and A_e; the digits of numbers below 2K, so |u_d| <=
+2K, and the pair's digits are compared saturated to a few bits,
+:attr:`StrideAddressParams.lane_digit_width`). A feed-forward pipeline per lane: the
+compares, the carries, the offset's adder tree, the add of the pair's address
+(:attr:`StrideAddressParams.address_latency` cycles from the take in all).
 
 The buffer: ``lanes`` copies, one per output lane, each a
 :class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
@@ -112,7 +114,7 @@ after every part is done and stays high until the next start; ``error`` is high,
 the unit is the core itself: the names above, no prefix, no extra register.
 
 Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
-:meth:`ExpandParams.cycles` = ``max_rank + lanes + max(1, ceil(n_in / lanes)) + ceil(n_out
+:meth:`ExpandParams.cycles` = ``max_rank + 2*lanes + max(1, ceil(n_in / lanes)) + ceil(n_out
 / lanes) +`` :attr:`ExpandParams.overhead`, the plan beats, the load beats (a cycle with no
 input: the last lane loads its plan beat), the output beats, and a
 fixed overhead (run control, the lane addresses, the memory read, the lane select, the output
@@ -122,7 +124,7 @@ cycles it lasts.
 
 External path, with a memory of latency L (a response L cycles after its request is taken)
 and R reads (the groups of every output beat, the lanes past the end of the last beat
-included: they wrap to the first elements): ``max_rank + lanes + 1 + R + L + W +``
+included: they wrap to the first elements): ``max_rank + 2*lanes + 1 + R + L + W +``
 :meth:`ExpandParams.external_overhead`, where ``W = floor((R - 1) / max_outstanding) *
 max(0, L + 1 - max_outstanding)`` (a read holds its tag for L + 1 cycles: with more latency
 than tags, every ``max_outstanding`` reads wait for the ones before them). The efficiency
@@ -213,16 +215,17 @@ class StrideAddressParams:
 
     @property
     def address_latency(self):
-        """Cycles from a beat's take to its lanes' addresses (:func:`lane_addresses`): lane
-        0's saturated digits, the lanes' digit compares, their carries, their offset sums and
-        the add of lane 0's address."""
-        return 3 + self.offset_tree_latency + 1
+        """Cycles from a beat's take to its lanes' addresses (:func:`lane_addresses`): the
+        lanes' digit compares, their carries, their offset sums and the add of the pair's
+        address."""
+        return 2 + self.offset_tree_latency + 1
 
     @property
     def lane_digit_width(self):
-        """Bits of a lane's digit constants (u_d = k_d - k^l_d and u_d - 1, both within
-        -lanes - 1 .. lanes) and of lane 0's digits saturated for the compare with them."""
-        return bits_for(self.lanes) + 2
+        """Bits of a lane's digit constants (u_d = k_d - k^e_d and u_d - 1, digits of
+        numbers below 2 * lanes: within -2 * lanes .. 2 * lanes) and of the pair's digits
+        saturated for the compare with them."""
+        return bits_for(2 * self.lanes) + 2
 
     def plan_layout(self):
         """A beat of the plan: ``digit`` and ``addr``, ``max(max_rank, 4)`` entries each, and
@@ -275,8 +278,9 @@ class ExpandParams(StrideAddressParams, UnitParams):
 
     @property
     def plan_beats(self):
-        """Beats of the plan stream: one per dim, one per lane."""
-        return self.max_rank + self.lanes
+        """Beats of the plan stream: one per dim, lane 0's odometer start, the even
+        constants of lanes 1 .. lanes-1 and the odd constants of every lane."""
+        return self.max_rank + 2 * self.lanes
 
     def cycles(self, input_elements, output_elements, reads=None, memory_latency=None):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is
@@ -462,43 +466,102 @@ def sum_tree(m, values, *, name):
             return values[0]
 
 
-def lane_addresses(m, p, dy, da, beat, beat_loads, takes):
-    """Every lane's read address, :attr:`StrideAddressParams.address_latency` cycles after
-    a beat's take (registers): one odometer (lane 0's, :func:`odometer`) and, per lane, its
-    offset from lane 0 as a feed-forward pipeline (see the module docstring).
+def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copies):
+    """Lane 0's odometer for :func:`lane_addresses`: it steps by 2K = 2 * ``lanes`` once per
+    pair of beats (its dims' steps are those of 2K), so a step has two cycles: at an even
+    beat's take it chooses the next pair's digits and shares (a register choice, by the
+    registered carries, and the shares' add); in the cycle after it forms the following
+    carries (the lookahead over the chosen digits' sign bits) and candidates (the adders).
+    No cycle holds a choice and the lookahead, or two of the lookahead's levels and an
+    adder. The pair's state, which every lane reads, moves to the next pair at the odd
+    beat's take (at least a cycle after the even one's).
 
-    Lane l's element is lane 0's plus l: its digits are lane 0's plus the digits k^l of l,
-    with carries ``c_d = (x_d + k^l_d + c_{d+1} >= s_d)``. In lane 0's ``y_d = x_d + k_d -
-    s_d`` that is ``c_d = (y_d >= u_d) | ((y_d >= u_d - 1) & c_{d+1})`` with ``u_d = k_d -
-    k^l_d`` (the lane's plan beat), and the address is lane 0's plus ``A_l = sum_d k^l_d
-    t_d`` (the lane's plan beat) plus ``sum_d c_d * w_d``, ``w_d = t_{d-1} - s_d t_d`` (a
-    carry into dim d - 1 less the wrap of dim d; ``t_{-1} = 0``): each ``w_d`` is formed from
-    the dims' step registers. Lane 0 has ``u_d = k_d`` and ``A_0 = 0`` (no carry: its
-    address is its own)."""
+    Returns the pair's address shares ``[a_0, .., a_{R-1}]`` (registers) and ``copies``
+    copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``, saturated to
+    :attr:`StrideAddressParams.lane_digit_width` bits."""
+    rank, width = p.max_rank, p.lane_digit_width
+    carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
+    a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
+    chosen_y = [Signal(signed(p.digit_width), name=f"{name}_next_y{d}", reset_less=True)
+                for d in range(rank)]
+    chosen_q = Signal(rank, name=f"{name}_next_q_sign", reset_less=True)
+    chosen_a = [Signal(p.addr_width, name=f"{name}_next_a{d}", reset_less=True)
+                for d in range(rank)]
+    following = Signal(name=f"{name}_following")    # the cycle after an even take
+    m.d.sync += following.eq(even_take & ~load)
+    next_carry = [Const(0)] * (rank + 1)
+    for d in reversed(range(rank)):
+        innermost = d == rank - 1
+        count = 2 if innermost else 6
+        v = Signal(data.ArrayLayout(signed(p.digit_width), count), name=f"{name}_v{d}")
+        choice = carry[d] if innermost else Cat(carry[d], carry[d + 1])
+        # At the even take: choose.
+        with m.If(even_take):
+            m.d.sync += [chosen_y[d].eq(v[choice]),
+                         chosen_a[d].eq(a[d] + da[d][choice])]
+            if not innermost:
+                q = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
+                m.d.sync += chosen_q[d].eq(q.as_signed()[-1])
+        # The cycle after: the next carries and candidates from the chosen digits.
+        next_carry[d] = ~chosen_y[d][-1]
+        if not innermost:
+            next_carry[d] |= ~chosen_q[d] & next_carry[d + 1]
+        base = Mux(load, start.digit[d], chosen_y[d])
+        with m.If(load | following):
+            m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
+    with m.If(load):
+        m.d.sync += carry.eq(start.carry)
+    with m.Elif(following):
+        m.d.sync += carry.eq(Cat(*next_carry[:rank]))
+    # The pair's state: the start, then each next pair's at the odd take.
+    with m.If(load):
+        m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
+    with m.Elif(odd_take):
+        m.d.sync += [a[d].eq(chosen_a[d]) for d in range(rank)]
+    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    digits = []
+    for d in range(rank):
+        y = Mux(load, start.digit[d], chosen_y[d]).as_signed()
+        above = y[width - 1:]
+        digits.append(Mux(~y[-1] & above.any(), high,
+                          Mux(y[-1] & ~above.all(), low, y[:width]))[:width])
+    saturated = replicated(m, Cat(*digits), name=f"{name}_y", copies=copies,
+                           en=load | odd_take)
+    return a, [[copy[d * width:(d + 1) * width].as_signed() for d in range(rank)]
+               for copy in saturated]
+
+
+def lane_addresses(m, p, dy, da, beat, beat_loads, take):
+    """Every lane's read address, :attr:`StrideAddressParams.address_latency` cycles after
+    a beat's take (registers): lane 0's odometer by pairs of beats (:func:`pair_odometer`)
+    and, per lane, its offset from it as a feed-forward pipeline (see the module
+    docstring).
+
+    Lane l of beat 2j + h (h = 0, 1) reads element 2jK + hK + l, the pair's element plus
+    e = hK + l: its digits are the pair's plus the digits k^e of e, with carries ``c_d =
+    (x_d + k^e_d + c_{d+1} >= s_d)``. In the pair's ``y_d = x_d + k_d - s_d`` (k the digits
+    of the step 2K) that is ``c_d = (y_d >= u_d) | ((y_d >= u_d - 1) & c_{d+1})`` with ``u_d
+    = k_d - k^e_d``, and the address is the pair's plus ``A_e = sum_d k^e_d t_d`` plus
+    ``sum_d c_d * w_d``, ``w_d = t_{d-1} - s_d t_d`` (a carry into dim d - 1 less the wrap of
+    dim d; ``t_{-1} = 0``), each ``w_d`` formed from the dims' step registers. Each lane has
+    an even and an odd set of constants (u_d and A_e, from its plan beats; lane 0's even
+    set is ``u_d = k_d``, ``A_0 = 0``), chosen by the beat's parity."""
     lanes, rank = p.lanes, p.max_rank
-    groups = len(takes)
-    # The odometer's step: its dims' registers spread over the copies of the take.
-    shares, digit_copies = odometer(m, p, dy, da, load=beat_loads[rank], start=beat,
-                                    take=takes, name="lane0", digit_copies=groups)
+    width = p.lane_digit_width
+    groups = min(lanes, 4)
+    # The beat's parity: odd is high while the beat to be taken next is odd; a copy per
+    # group of lanes.
+    odd = Signal(name="odd_beat")
+    odd_next = Mux(beat_loads[rank], 0, Mux(take, ~odd, odd))
+    m.d.sync += odd.eq(odd_next)
+    parities = replicated(m, odd_next, name="odd_beat_copy", copies=groups)
+    shares, digit_copies = pair_odometer(m, p, dy, da, load=beat_loads[rank], start=beat,
+                                         even_take=take & ~odd, odd_take=take & odd,
+                                         name="lane0", copies=groups)
     base = sum_tree(m, shares, name="lane0_addr")    # tree_latency after the take
-    # Lane 0's address, delayed to meet the lanes' offsets, a copy per group of lanes.
+    # The pair's address, delayed to meet the lanes' offsets, a copy per group of lanes.
     base = delay(m, base, p.address_latency - 2 - p.tree_latency, 1, name="lane0_base",
                  reset_less=True)
-    # Lane 0's digits saturated to lane_digit_width bits (a register per copy): a compare
-    # with a lane's constants (far inside that range) gives the same answer, on narrow
-    # operands.
-    width = p.lane_digit_width
-    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    saturated = []
-    for group, digits in enumerate(digit_copies):
-        regs = []
-        for d, y in enumerate(digits):
-            reg = Signal(signed(width), name=f"lane0_y{d}_sat{group}", reset_less=True)
-            above = y[width - 1:]
-            m.d.sync += reg.eq(Mux(~y[-1] & above.any(), high,
-                                   Mux(y[-1] & ~above.all(), low, y[:width])))
-            regs.append(reg)
-        saturated.append(regs)
     bases = replicated(m, base, name="lane0_base_copy", copies=groups)
     # w_d from the step registers: t_d = da[d][2] - da[d][0], -s_d t_d = da[d][1] - da[d][0].
     w = []
@@ -518,29 +581,38 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, takes):
         m.d.sync += reg.eq(dy[d][0] - 1)
         k_minus_1.append(reg)
 
+    def constants(lane, load, name):
+        """A lane's u_d, u_d - 1 and A_e, loaded from its plan beat."""
+        u = [Signal(signed(width), name=f"{name}_u{d}", reset_less=True) for d in range(rank)]
+        u_minus_1 = [Signal(signed(width), name=f"{name}_u{d}_minus_1", reset_less=True)
+                     for d in range(rank)]
+        offset = Signal(p.addr_width, name=f"{name}_start", reset_less=True)
+        with m.If(load):
+            m.d.sync += [u[d].eq(beat.digit[d]) for d in range(rank)]
+            m.d.sync += [u_minus_1[d].eq(beat.digit[d] - 1) for d in range(rank)]
+            m.d.sync += offset.eq(beat.addr[0])
+        return u, u_minus_1, offset
+
     addrs = []
     for lane in range(lanes):
         group = lane * groups // lanes
-        y = saturated[group]
-        # The lane's constants: u_d and u_d - 1, and A_l (from its plan beat; lane 0's from
-        # the dims' steps).
+        y, odd_beat = digit_copies[group], parities[group]
         if lane == 0:
-            u, u_minus_1, start = k, k_minus_1, None
+            even = (k, k_minus_1, Const(0, p.addr_width))
         else:
-            u = [Signal(signed(width), name=f"lane{lane}_u{d}", reset_less=True)
-                 for d in range(rank)]
-            u_minus_1 = [Signal(signed(width), name=f"lane{lane}_u{d}_minus_1",
-                                reset_less=True) for d in range(rank)]
-            start = Signal(p.addr_width, name=f"lane{lane}_start", reset_less=True)
-            with m.If(beat_loads[rank + lane]):
-                m.d.sync += [u[d].eq(beat.digit[d]) for d in range(rank)]
-                m.d.sync += [u_minus_1[d].eq(beat.digit[d] - 1) for d in range(rank)]
-                m.d.sync += start.eq(beat.addr[0])
-        # Stage 1: the digits against the constants.
+            even = constants(lane, beat_loads[rank + lane], f"lane{lane}_even")
+        odd_set = constants(lane, beat_loads[rank + lanes + lane], f"lane{lane}_odd")
+        # Stage 1: the digits against the beat's constants; the beat's start offset.
         generate = Signal(rank, name=f"lane{lane}_generate", reset_less=True)
         propagate = Signal(rank, name=f"lane{lane}_propagate", reset_less=True)
-        m.d.sync += [generate.eq(Cat(*(y[d] >= u[d] for d in range(rank)))),
-                     propagate.eq(Cat(*(y[d] >= u_minus_1[d] for d in range(rank))))]
+        start = Signal(p.addr_width, name=f"lane{lane}_offset0", reset_less=True)
+        m.d.sync += [
+            generate.eq(Cat(*(y[d] >= Mux(odd_beat, odd_set[0][d], even[0][d])
+                              for d in range(rank)))),
+            propagate.eq(Cat(*(y[d] >= Mux(odd_beat, odd_set[1][d], even[1][d])
+                               for d in range(rank)))),
+            start.eq(Mux(odd_beat, odd_set[2], even[2])),
+        ]
         # Stage 2: the carries.
         carry = Signal(rank, name=f"lane{lane}_carry", reset_less=True)
         c = Const(0)
@@ -549,13 +621,10 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, takes):
             c = generate[d] | (propagate[d] & c)
             carries[d] = c
         m.d.sync += carry.eq(Cat(*carries))
-        # Stages 3..: the offset, then lane 0's address added.
-        terms = [Mux(carry[d], w[d], 0) for d in range(rank)]
-        if start is not None:
-            terms.append(start)
+        start = delay(m, start, 1, 1, name=f"lane{lane}_offset1", reset_less=True)
+        # Stages 3..: the offset, then the pair's address added.
+        terms = [Mux(carry[d], w[d], 0) for d in range(rank)] + [start]
         offset = sum_tree(m, terms, name=f"lane{lane}_offset")
-        offset = delay(m, offset, p.offset_tree_latency - max(1, ceil_log2(len(terms))), 1,
-                       name=f"lane{lane}_offset_delay", reset_less=True)
         addr = Signal(p.addr_width, name=f"lane{lane}_addr", reset_less=True)
         m.d.sync += addr.eq(offset + bases[group])
         addrs.append(addr)
@@ -672,11 +741,9 @@ class ExpandUnit(wiring.Component):
         m.d.sync += generating.eq(generating_next)
         # The odometer's step: the take, formed per group of its dims from copies of its two
         # registers, so that no one net reaches every odometer register.
-        groups = min(lanes, 4)
-        takes = [valid & ready for valid, ready in zip(
-            replicated(m, generating_next, name="generating_copy", copies=groups),
-            replicated(m, pipe.ready_next, name="ready_copy", copies=groups))]
-        addrs = lane_addresses(m, p, dy, da, beat, beat_loads, takes)
+        generating_copy, = replicated(m, generating_next, name="generating_copy", copies=1)
+        ready_copy, = replicated(m, pipe.ready_next, name="ready_copy", copies=1)
+        addrs = lane_addresses(m, p, dy, da, beat, beat_loads, generating_copy & ready_copy)
 
         # The beat's lane enables and last flag travel beside it.
         flags = Signal(lanes + 1)
