@@ -466,38 +466,58 @@ def sum_tree(m, values, *, name):
             return values[0]
 
 
+def saturate(value, width):
+    """``value`` (signed) saturated to a signed ``width``-bit value."""
+    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    above = value[width - 1:]
+    return Mux(~value[-1] & above.any(), high,
+               Mux(value[-1] & ~above.all(), low, value[:width]))[:width].as_signed()
+
+
 def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copies):
     """Lane 0's odometer for :func:`lane_addresses`: it steps by 2K = 2 * ``lanes`` once per
     pair of beats (its dims' steps are those of 2K), so a step has two cycles: at an even
     beat's take it chooses the next pair's digits and shares (a register choice, by the
     registered carries, and the shares' add); in the cycle after it forms the following
-    carries (the lookahead over the chosen digits' sign bits) and candidates (the adders).
-    No cycle holds a choice and the lookahead, or two of the lookahead's levels and an
-    adder. The pair's state, which every lane reads, moves to the next pair at the odd
-    beat's take (at least a cycle after the even one's).
+    carries (the lookahead over the chosen digits' sign bits) and candidates (the adders,
+    and each candidate saturated for the lanes). No cycle holds a choice and the lookahead,
+    or two of the lookahead's levels and an adder. The pair's state, which every lane
+    reads, moves to the next pair at the odd beat's take (at least a cycle after the even
+    one's).
 
     Returns the pair's address shares ``[a_0, .., a_{R-1}]`` (registers) and ``copies``
     copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``, saturated to
-    :attr:`StrideAddressParams.lane_digit_width` bits."""
+    :attr:`StrideAddressParams.lane_digit_width` bits. The start's copies load a cycle
+    after ``load`` (the lanes' first take comes later still: the plan's lane beats follow
+    the odometer's)."""
     rank, width = p.max_rank, p.lane_digit_width
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
     chosen_y = [Signal(signed(p.digit_width), name=f"{name}_next_y{d}", reset_less=True)
                 for d in range(rank)]
+    chosen_sat = [Signal(signed(width), name=f"{name}_next_sat{d}", reset_less=True)
+                  for d in range(rank)]
+    start_sat = [Signal(signed(width), name=f"{name}_start_sat{d}", reset_less=True)
+                 for d in range(rank)]
     chosen_q = Signal(rank, name=f"{name}_next_q_sign", reset_less=True)
     chosen_a = [Signal(p.addr_width, name=f"{name}_next_a{d}", reset_less=True)
                 for d in range(rank)]
     following = Signal(name=f"{name}_following")    # the cycle after an even take
     m.d.sync += following.eq(even_take & ~load)
+    loaded = Signal(name=f"{name}_loaded")          # the cycle after load
+    m.d.sync += loaded.eq(load)
     next_carry = [Const(0)] * (rank + 1)
     for d in reversed(range(rank)):
         innermost = d == rank - 1
         count = 2 if innermost else 6
         v = Signal(data.ArrayLayout(signed(p.digit_width), count), name=f"{name}_v{d}")
+        # The candidates of y_d saturated (the first four entries: y_d's, not q_d's).
+        vs = Signal(data.ArrayLayout(signed(width), min(count, 4)), name=f"{name}_vs{d}",
+                    reset_less=True)
         choice = carry[d] if innermost else Cat(carry[d], carry[d + 1])
         # At the even take: choose.
         with m.If(even_take):
-            m.d.sync += [chosen_y[d].eq(v[choice]),
+            m.d.sync += [chosen_y[d].eq(v[choice]), chosen_sat[d].eq(vs[choice]),
                          chosen_a[d].eq(a[d] + da[d][choice])]
             if not innermost:
                 q = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
@@ -509,6 +529,9 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         base = Mux(load, start.digit[d], chosen_y[d])
         with m.If(load | following):
             m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
+            m.d.sync += [vs[i].eq(saturate((base + dy[d][i]).as_signed(), width))
+                         for i in range(min(count, 4))]
+        m.d.sync += start_sat[d].eq(saturate(start.digit[d], width))
     with m.If(load):
         m.d.sync += carry.eq(start.carry)
     with m.Elif(following):
@@ -518,15 +541,8 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
     with m.Elif(odd_take):
         m.d.sync += [a[d].eq(chosen_a[d]) for d in range(rank)]
-    low, high = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    digits = []
-    for d in range(rank):
-        y = Mux(load, start.digit[d], chosen_y[d]).as_signed()
-        above = y[width - 1:]
-        digits.append(Mux(~y[-1] & above.any(), high,
-                          Mux(y[-1] & ~above.all(), low, y[:width]))[:width])
-    saturated = replicated(m, Cat(*digits), name=f"{name}_y", copies=copies,
-                           en=load | odd_take)
+    digits = Cat(*(Mux(loaded, start_sat[d], chosen_sat[d]) for d in range(rank)))
+    saturated = replicated(m, digits, name=f"{name}_y", copies=copies, en=loaded | odd_take)
     return a, [[copy[d * width:(d + 1) * width].as_signed() for d in range(rank)]
                for copy in saturated]
 
