@@ -226,15 +226,15 @@ def test_expand_bad_params(changes, message):
 
 def test_expand_cycle_formula():
     """The documented formula: plan beats (max_rank + 2 x lanes) + load beats + output
-    beats + overhead (16 at rank 6: run control 2, lane addresses 6, buffer read 3, lane
+    beats + overhead (17 at rank 6: run control 2, lane addresses 7, buffer read 3, lane
     select 1, queue 2, busy 1, done 1)."""
     params = ExpandParams()
-    assert params.plan_beats == 38 and params.address_latency == 6
-    assert params.overhead == 16
-    assert params.cycles(1024, 1024 * 512) == 38 + 64 + 32768 + 16
+    assert params.plan_beats == 38 and params.address_latency == 7
+    assert params.overhead == 17
+    assert params.cycles(1024, 1024 * 512) == 38 + 64 + 32768 + 17
     assert params.cycles(5, 0) == EMPTY_CYCLES
     # No input but some output (only a hostile run): the load still takes its one cycle.
-    assert params.cycles(0, 16) == params.cycles(1, 16) == 38 + 1 + 1 + 16
+    assert params.cycles(0, 16) == params.cycles(1, 16) == 38 + 1 + 1 + 17
 
 
 def test_expand_bench_problems_on_chip_efficiency():

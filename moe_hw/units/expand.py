@@ -216,9 +216,9 @@ class StrideAddressParams:
     @property
     def address_latency(self):
         """Cycles from a beat's take to its lanes' addresses (:func:`lane_addresses`): the
-        lanes' digit compares, their carries, their offset sums and the add of the pair's
-        address."""
-        return 2 + self.offset_tree_latency + 1
+        pair's saturated digits, the lanes' digit compares, their carries, their offset sums
+        and the add of the pair's address."""
+        return 3 + self.offset_tree_latency + 1
 
     @property
     def lane_digit_width(self):
@@ -479,26 +479,23 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     pair of beats (its dims' steps are those of 2K), so a step has two cycles: at an even
     beat's take it chooses the next pair's digits and shares (a register choice, by the
     registered carries, and the shares' add); in the cycle after it forms the following
-    carries (the lookahead over the chosen digits' sign bits) and candidates (the adders,
-    and each candidate saturated for the lanes). No cycle holds a choice and the lookahead,
-    or two of the lookahead's levels and an adder. The pair's state, which every lane
+    carries (the lookahead over the chosen digits' sign bits) and candidates (the adders).
+    No cycle holds a choice and the lookahead, or the lookahead and an adder. The pair's state, which every lane
     reads, moves to the next pair at the odd beat's take (at least a cycle after the even
     one's).
 
     Returns the pair's address shares ``[a_0, .., a_{R-1}]`` (registers) and ``copies``
-    copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``, saturated to
-    :attr:`StrideAddressParams.lane_digit_width` bits. The start's copies load a cycle
-    after ``load`` (the lanes' first take comes later still: the plan's lane beats follow
+    copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``. The start's copies
+    load a cycle after ``load`` (from a register of their own, so that the load flag reaches
+    them through one mux) (the lanes' first take comes later still: the plan's lane beats follow
     the odometer's)."""
-    rank, width = p.max_rank, p.lane_digit_width
+    rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
     chosen_y = [Signal(signed(p.digit_width), name=f"{name}_next_y{d}", reset_less=True)
                 for d in range(rank)]
-    chosen_sat = [Signal(signed(width), name=f"{name}_next_sat{d}", reset_less=True)
-                  for d in range(rank)]
-    start_sat = [Signal(signed(width), name=f"{name}_start_sat{d}", reset_less=True)
-                 for d in range(rank)]
+    start_y = [Signal(signed(p.digit_width), name=f"{name}_start_y{d}", reset_less=True)
+               for d in range(rank)]
     chosen_q = Signal(rank, name=f"{name}_next_q_sign", reset_less=True)
     chosen_a = [Signal(p.addr_width, name=f"{name}_next_a{d}", reset_less=True)
                 for d in range(rank)]
@@ -511,14 +508,10 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         innermost = d == rank - 1
         count = 2 if innermost else 6
         v = Signal(data.ArrayLayout(signed(p.digit_width), count), name=f"{name}_v{d}")
-        # The candidates of y_d saturated (the first four entries: y_d's, not q_d's).
-        vs = Signal(data.ArrayLayout(signed(width), min(count, 4)), name=f"{name}_vs{d}",
-                    reset_less=True)
         choice = carry[d] if innermost else Cat(carry[d], carry[d + 1])
         # At the even take: choose.
         with m.If(even_take):
-            m.d.sync += [chosen_y[d].eq(v[choice]), chosen_sat[d].eq(vs[choice]),
-                         chosen_a[d].eq(a[d] + da[d][choice])]
+            m.d.sync += [chosen_y[d].eq(v[choice]), chosen_a[d].eq(a[d] + da[d][choice])]
             if not innermost:
                 q = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
                 m.d.sync += chosen_q[d].eq(q.as_signed()[-1])
@@ -529,9 +522,7 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         base = Mux(load, start.digit[d], chosen_y[d])
         with m.If(load | following):
             m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
-            m.d.sync += [vs[i].eq(saturate((base + dy[d][i]).as_signed(), width))
-                         for i in range(min(count, 4))]
-        m.d.sync += start_sat[d].eq(saturate(start.digit[d], width))
+        m.d.sync += start_y[d].eq(start.digit[d])
     with m.If(load):
         m.d.sync += carry.eq(start.carry)
     with m.Elif(following):
@@ -541,10 +532,11 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
     with m.Elif(odd_take):
         m.d.sync += [a[d].eq(chosen_a[d]) for d in range(rank)]
-    digits = Cat(*(Mux(loaded, start_sat[d], chosen_sat[d]) for d in range(rank)))
-    saturated = replicated(m, digits, name=f"{name}_y", copies=copies, en=loaded | odd_take)
+    digits = Cat(*(Mux(loaded, start_y[d], chosen_y[d]) for d in range(rank)))
+    width = p.digit_width
+    held = replicated(m, digits, name=f"{name}_y", copies=copies, en=loaded | odd_take)
     return a, [[copy[d * width:(d + 1) * width].as_signed() for d in range(rank)]
-               for copy in saturated]
+               for copy in held]
 
 
 def lane_addresses(m, p, dy, da, beat, beat_loads, take):
@@ -565,12 +557,13 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, take):
     lanes, rank = p.lanes, p.max_rank
     width = p.lane_digit_width
     groups = min(lanes, 4)
-    # The beat's parity: odd is high while the beat to be taken next is odd; a copy per
-    # group of lanes.
+    # The beat's parity: odd is high while the beat to be taken next is odd.
     odd = Signal(name="odd_beat")
     odd_next = Mux(beat_loads[rank], 0, Mux(take, ~odd, odd))
     m.d.sync += odd.eq(odd_next)
-    parities = replicated(m, odd_next, name="odd_beat_copy", copies=groups)
+    # (Copies of odd a cycle late: the lanes compare a cycle after the take, on the pair's
+    # saturated digits.)
+    parities = replicated(m, odd, name="odd_beat_copy", copies=groups)
     shares, digit_copies = pair_odometer(m, p, dy, da, load=beat_loads[rank], start=beat,
                                          even_take=take & ~odd, odd_take=take & odd,
                                          name="lane0", copies=groups)
@@ -579,6 +572,15 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, take):
     base = delay(m, base, p.address_latency - 2 - p.tree_latency, 1, name="lane0_base",
                  reset_less=True)
     bases = replicated(m, base, name="lane0_base_copy", copies=groups)
+    # The pair's digits saturated to lane_digit_width bits, a register per copy: a compare
+    # with a lane's constants (far inside that range) gives the same answer on narrow
+    # operands.
+    saturated = []
+    for group, digits in enumerate(digit_copies):
+        regs = [Signal(signed(width), name=f"lane0_y{d}_sat{group}", reset_less=True)
+                for d in range(rank)]
+        m.d.sync += [reg.eq(saturate(y, width)) for reg, y in zip(regs, digits)]
+        saturated.append(regs)
     # w_d from the step registers: t_d = da[d][2] - da[d][0], -s_d t_d = da[d][1] - da[d][0].
     w = []
     for d in range(rank):
@@ -612,7 +614,7 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, take):
     addrs = []
     for lane in range(lanes):
         group = lane * groups // lanes
-        y, odd_beat = digit_copies[group], parities[group]
+        y, odd_beat = saturated[group], parities[group]
         if lane == 0:
             even = (k, k_minus_1, Const(0, p.addr_width))
         else:
