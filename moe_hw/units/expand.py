@@ -718,12 +718,14 @@ class ExpandUnit(wiring.Component):
         planning = running & plan_open
         plan_take = self.plan.valid & planning
         m.d.comb += self.plan.ready.eq(planning)
-        beat = Signal(p.plan_layout(), name="plan_beat")
+        beat = Signal(p.plan_layout(), name="plan_beat", reset_less=True)
         beat_loads = Signal(p.plan_beats, name="plan_loads")
         m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
+        # The beat register loads every cycle (no clock enable: the take reached the enables
+        # of its ~400 bits across the chip); only a cycle with a load flag reads it.
+        m.d.sync += beat.eq(self.plan.payload)
         with m.If(plan_take):
-            m.d.sync += [beat.eq(self.plan.payload),
-                         plan_next.eq(Cat(Const(0), plan_next[:-1]))]
+            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
             with m.If(plan_next[-1]):
                 m.d.sync += plan_open.eq(0)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
