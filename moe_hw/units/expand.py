@@ -181,9 +181,11 @@ class StrideAddressParams:
     """What the expand units' parameter classes share: the address generator's sizes and
     its plan layout (fields ``lanes``, ``max_rank``, ``max_input``, ``max_output``)."""
 
+    #: The input is held on chip (rows of ``lanes`` elements, at most 2**16 of them).
+    on_chip = True
+
     def check(self):
-        if getattr(self, "memory", "onchip") == "onchip" and -(-self.max_input // self.lanes) \
-                > 1 << 16:
+        if self.on_chip and -(-self.max_input // self.lanes) > 1 << 16:
             raise ParameterError(f"max_input must be at most {self.lanes << 16} at lanes "
                                  f"{self.lanes}, not {self.max_input}")
 
@@ -261,6 +263,10 @@ class ExpandParams(StrideAddressParams, UnitParams):
     @property
     def element_width(self):
         return ELEMENT_FORMATS[self.format]
+
+    @property
+    def on_chip(self):
+        return self.memory == "onchip"
 
     @property
     def read_latency(self):
@@ -379,8 +385,9 @@ def dim_steps(m, p, payload, loads):
     return dy, da
 
 
-def odometer(m, p, dy, da, *, load, start, take, name, digit_copies=0):
-    """One lane's odometer (see the module docstring), a step ahead: loads its start values
+def odometer(m, p, dy, da, *, load, start, take, name):
+    """An odometer that steps once per cycle (expand_backward's; expand's own steps a pair of
+    beats in two cycles, :func:`pair_odometer`), a step ahead: loads its start values
     and start carries from the plan beat ``start`` when ``load`` is high, else steps by the
     planned constants when ``take`` is high. Returns the dims' shares of the address,
     ``[a_0, .., a_{R-1}]`` (registers); the address is their sum (:func:`sum_tree`).
@@ -389,11 +396,7 @@ def odometer(m, p, dy, da, *, load, start, take, name, digit_copies=0):
     the next y_d, ``v_i = y_d + dy_i`` (i = 2*carry in + wrap; 4 and 5 the next q_d with a
     carry in). A step takes the next y_d as the candidate its carries choose, and the next
     carries from the chosen candidates' sign bits: registers chosen by registers, then the
-    lookahead; the adders only form the following candidates from the chosen one.
-
-    With ``digit_copies`` = n > 0, also returns n copies (:func:`~moe_hw.stream.replicated`)
-    of the digits ``[y_0, .., y_{R-1}]`` of the step the shares belong to (registers loaded
-    with them): ``(shares, copies)``."""
+    lookahead; the adders only form the following candidates from the chosen one."""
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d, out of dim d, this step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
@@ -412,30 +415,17 @@ def odometer(m, p, dy, da, *, load, start, take, name, digit_copies=0):
             q_next = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
             next_carry[d] |= ~q_next.as_signed()[-1] & next_carry[d + 1]
         steps.append((d, v, choice, y_next, count))
-    # ``take`` may be a list of copies of the step: dim d's registers load on copy
-    # ``d * len(take) // rank`` (the carries and the digit copies on the first).
-    takes = take if isinstance(take, (list, tuple)) else [take]
-    take_of = {d: takes[d * len(takes) // rank] for d in range(rank)}
     with m.If(load):
         m.d.sync += carry.eq(start.carry)
-    with m.Elif(takes[0]):
+        m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
+    with m.Elif(take):
         m.d.sync += carry.eq(Cat(*next_carry[:rank]))
-    bases = {}
-    for d, v, choice, y_next, count in steps:
-        with m.If(load):
-            m.d.sync += a[d].eq(start.addr[d])
-        with m.Elif(take_of[d]):
-            m.d.sync += a[d].eq(a[d] + da[d][choice])
-        base = bases[d] = Mux(load, start.digit[d], y_next)
-        with m.If(load | take_of[d]):
+        m.d.sync += [a[d].eq(a[d] + da[d][choice]) for d, _, choice, _, _ in steps]
+    for d, v, _, y_next, count in steps:
+        base = Mux(load, start.digit[d], y_next)
+        with m.If(load | take):
             m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
-    if not digit_copies:
-        return a
-    digits = Cat(*(bases[d] for d in range(rank)))
-    copies = replicated(m, digits, name=f"{name}_y", copies=digit_copies, en=load | takes[0])
-    width = p.digit_width
-    return a, [[copy[d * width:(d + 1) * width].as_signed() for d in range(rank)]
-               for copy in copies]
+    return a
 
 
 def _select(onehot, values):
@@ -480,9 +470,9 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     beat's take it chooses the next pair's digits and shares (a register choice, by the
     registered carries, and the shares' add); in the cycle after it forms the following
     carries (the lookahead over the chosen digits' sign bits) and candidates (the adders).
-    No cycle holds a choice and the lookahead, or the lookahead and an adder. The pair's state, which every lane
-    reads, moves to the next pair at the odd beat's take (at least a cycle after the even
-    one's).
+    No cycle holds a choice and the lookahead, or the lookahead and an adder. The pair's
+    state, which every lane reads, moves to the next pair at the odd beat's take (at least a
+    cycle after the even one's).
 
     Returns the pair's address shares ``[a_0, .., a_{R-1}]`` (registers) and ``copies``
     copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``. The start's copies
