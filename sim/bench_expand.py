@@ -59,7 +59,9 @@ async def expand(dut):
                      for row in st[part["input"]].astype(np.uint64)]
             sources.append(StreamSource(dut, f"{prefix}{in_name}", beats,
                                         Pauses(stall, part_seed)))
-        sinks.append(StreamSink(dut, f"{prefix}{out_name}", Pauses(stall, part_seed + 1)))
+        # ``sink_stall``: the consumer's own pause probability (a test of a queue's room).
+        sinks.append(StreamSink(dut, f"{prefix}{out_name}",
+                                Pauses(s.get("sink_stall", stall), part_seed + 1)))
     work = sum(part["expected_beats"] + part.get("expected_reads", 0) + len(part["plan"])
                + (s["memory_latency"] if external else len(source.items))
                for part, source in zip(parts, sources))

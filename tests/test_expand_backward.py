@@ -12,11 +12,17 @@ and grad_output beats taken. Stall-free runs must take exactly the documented co
 (items: one per grad_output beat in the reduce and rows modes, one per element in elements
 mode; rows = ceil(input elements / lanes); G = L + 3 banks, drained a pair per pass, W = L + 1
 drain rows in turn,
-F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L), L the adder latency). Integer-valued data,
+F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L), L the adder latency), and in stream mode
+(one bank, each row out at its last item, no drain)::
+
+    (max_rank + 1) + items + F + L + 8
+
+Integer-valued data,
 for which every summation order gives the same bits, is also checked against the plain
 sequential ``golden.expand_backward``. Bad sizes fail on the host with one line naming the
 parameter and the value. Three Verilator builds (fp32 at 4 lanes, bf16 at 8, and fp32 with a
-4-stage adder: G = 7, an odd number of banks) serve every case.
+4-stage adder: G = 7, an odd number of banks, and 64 rows: more than its output queue holds,
+so that stream mode waits for room under stalls) serve every case.
 """
 
 import ml_dtypes
@@ -25,7 +31,7 @@ import pytest
 
 from moe_hw import golden
 from moe_hw.blocks.run_control import EMPTY_CYCLES
-from moe_hw.golden.expand import _plan
+from moe_hw.golden.expand import BACKWARD_MODES, _plan
 from moe_hw.golden.testing import bit_equal, random_floats
 from moe_hw.host.checks import HostError
 from moe_hw.host.expand_backward import UNIT
@@ -40,7 +46,7 @@ PARAMS = {
                                  max_output=4096),
     "bf16": ExpandBackwardParams(format="bf16", lanes=8, max_rank=4, max_input=64,
                                  max_output=4096),
-    "fp32_l4": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
+    "fp32_l4": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=256,
                                     max_output=4096, add_stages=4),
 }
 DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp32_l4": np.float32}
@@ -69,6 +75,8 @@ def expected_cycles(params, n_in, n_out, mode):
     rows = -(-n_in // lanes)
     front = max(max(1, (params.max_rank - 1).bit_length()),
                 1 + (lanes.bit_length() - 1) * lat)
+    if mode == "stream" and items >= rows:
+        return params.max_rank + 1 + items + front + lat + 8
     return (params.max_rank + 1 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
             + front + 3 * lat + 12)
 
@@ -117,6 +125,19 @@ CASES = {
                                                                     "fp32_l4", 9)),
     "odd_banks_elements": ("fp32_l4", "elements", lambda: backward_case([9, 1], [9, 3],
                                                                         "fp32_l4", 10)),
+    # stream mode: whole rows under one broadcast dim, a pass of at least G items (16 rows
+    # >= 14 at L = 11): one bank, each row out at its last add
+    "stream_row_fp32": ("fp32", "stream", lambda: backward_case([1, 64], [3, 64], "fp32", 13)),
+    "stream_repeat_fp32": ("fp32", "stream", lambda: backward_case([2, 32], [3, 2, 32],
+                                                                   "fp32", 14)),
+    "stream_identity_fp32": ("fp32", "stream", lambda: backward_case([16, 4], [16, 4],
+                                                                     "fp32", 15)),
+    # 64 rows, more than the output queue's 23 slots: under stalls items wait for room
+    "stream_long_l4": ("fp32_l4", "stream", lambda: backward_case([1, 256], [3, 256],
+                                                                  "fp32_l4", 16)),
+    # a pass of 8 rows, fewer than G = 14: rows mode and its drain
+    "short_pass_rows_fp32": ("fp32", "rows", lambda: backward_case([1, 32], [3, 32],
+                                                                   "fp32", 17)),
 }
 
 
@@ -130,9 +151,25 @@ def test_expand_backward_cases(sim, name, stall):
     assert list(outcome.outputs["input_grad"].shape) == list(inputs["input_shape"])
 
 
+def test_expand_backward_stream_waits_for_room():
+    """Stream mode with the producer always valid and a consumer ready one cycle in ten: the
+    output queue (23 slots) fills, and the last pass's items wait for room: all 64 rows,
+    bit-exact, in order (without the wait the queue overflows and rows are lost)."""
+    params = PARAMS["fp32_l4"]
+    inputs = backward_case([1, 256], [3, 256], "fp32_l4", 18)
+    problem = UNIT.problem(inputs, {})
+    assert UNIT.mode(problem, params) == "stream" and params.output_depth < 64
+    stimulus, settings = UNIT.pack(problem, params, stall=0.0, seed=3)
+    results = UNIT.simulate(params, stimulus, {**settings, "sink_stall": 0.9})
+    outputs = UNIT.unpack(problem, params, results)
+    assert list(UNIT.score(problem, params, outputs, results)) == []
+    assert int(results["cycles"]) > 5 * 64
+
+
 @pytest.mark.parametrize(("fmt", "shape", "sizes"), [
     ("fp32", [6, 1], [6, 16]),          # reduce
     ("bf16", [1, 16], [7, 16]),         # rows
+    ("fp32", [1, 64], [5, 64]),         # stream
     ("fp32", [3, 1, 2], [4, 3, 5, 2]),  # elements
 ])
 def test_expand_backward_integers_match_sequential(fmt, shape, sizes):
@@ -164,8 +201,14 @@ def test_expand_backward_cycle_formula():
     assert (params.banks, params.pairs, params.ring, params.front_latency) == (14, 7, 12, 45)
     assert params.cycles(1024, 1024 * 512, "reduce") == 7 + 32768 + 496 + 45 + 33 + 12
     assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 248 + 45 + 33 + 12
+    # stream mode: the row backward and the repeat [2, 1] backward, no drain
+    assert params.cycles(512, 1024 * 512, "stream") == 7 + 32768 + 45 + 11 + 8
+    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 7 + 65536 + 45 + 11 + 8
+    # fewer items than rows: no whole last pass, the run drains as rows mode does
+    assert params.cycles(512, 256, "stream") == params.cycles(512, 256, "rows")
     assert params.cycles(3, 0, "elements") == EMPTY_CYCLES
-    for args in ((1024, 1024 * 512, "reduce"), (512, 1024 * 512, "rows"), (7, 63, "elements")):
+    for args in ((1024, 1024 * 512, "reduce"), (512, 1024 * 512, "rows"), (7, 63, "elements"),
+                 (512, 1024 * 512, "stream"), (512, 256, "stream")):
         assert params.cycles(*args) == expected_cycles(params, *args)
 
 
@@ -179,7 +222,7 @@ def test_expand_backward_bench_problems():
         problem = UNIT.problem(inputs, {})
         params = UNIT.params_for(problem, settings)
         modes[variant] = UNIT.mode(problem, params)
-    assert modes == {"gate": "reduce", "row": "rows"}
+    assert modes == {"gate": "reduce", "row": "stream", "repeat": "stream", "rank5": "rows"}
 
 
 @pytest.mark.parametrize(("inputs", "message"), [
@@ -212,16 +255,25 @@ def test_expand_backward_bad_inputs(inputs, message):
 
 
 def test_expand_backward_hostile_mode():
-    """A mode above its maximum driven straight into the hardware: error, done after
-    EMPTY_CYCLES, nothing taken, nothing out."""
+    """Stream mode driven straight into the hardware for problems that are not a stream of
+    passes: the run still ends in the formula's cycles with every input beat taken and one
+    output beat per row (wrong values, but no hang, no row lost or added). A gate problem
+    (3 beats, 1 row: the last beat is the row), and fewer items than rows (8 beats, 16 rows:
+    the run drains as rows mode does)."""
     params = PARAMS["fp32"]
-    problem = UNIT.problem(backward_case([3, 1], [3, 4], "fp32"), {})
-    stimulus, settings = UNIT.pack(problem, params, stall=0.0, seed=0)
-    settings["runtime"]["mode"] = 3
-    results = UNIT.simulate(params, stimulus, settings)
-    assert int(results["error"]) == 1
-    assert int(results["cycles"]) == EMPTY_CYCLES
-    assert len(results["data"]) == 0 and int(results["input_taken"]) == 0
+    for shape, size, elements in (([3, 1], [3, 4], None), ([16, 4], [16, 4], 32)):
+        problem = UNIT.problem(backward_case(shape, size, "fp32"), {})
+        stimulus, settings = UNIT.pack(problem, params, stall=0.0, seed=0)
+        settings["runtime"]["mode"] = BACKWARD_MODES.index("stream")
+        if elements is not None:
+            settings["runtime"]["output_elements"] = elements
+        n_in, n_out = (settings["runtime"][name]
+                       for name in ("input_elements", "output_elements"))
+        results = UNIT.simulate(params, stimulus, settings)
+        assert int(results["error"]) == 0
+        assert int(results["cycles"]) == params.cycles(n_in, n_out, "stream")
+        assert len(results["data"]) == -(-n_in // params.lanes)
+        assert int(results["input_taken"]) == n_out // params.lanes
 
 
 @pytest.mark.parametrize(("changes", "message"), [

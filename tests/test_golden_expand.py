@@ -157,18 +157,19 @@ def test_expand_backward_against_float64_and_signed_zero():
 
 def reference_expand_backward_hw(grad_output, input_shape, expand_size, lanes, latency):
     """The hardware order written out as loops: items by mode, bank k % (latency + 3), then
-    the banks summed in pairs, the pairs in order from +0.0."""
+    the banks summed in pairs, the pairs in order from +0.0; in stream mode one bank, the
+    result."""
     out_stride = expand_strides(input_shape, expand_size)
-    mode = backward_mode(grad_output.shape, out_stride, lanes)
+    mode = backward_mode(grad_output.shape, out_stride, lanes, latency + 3)
     flat = grad_output.reshape(-1)
     address = [sum(a * s for a, s in zip(x, out_stride)) for x in np.ndindex(grad_output.shape)]
     n_in = int(np.prod(input_shape))
-    banks = latency + 3
+    banks = 1 if mode == "stream" else latency + 3
     partial = np.zeros((banks, n_in), grad_output.dtype)
     items = []
     if mode == "elements":
         items = [[(address[e], flat[e])] for e in range(flat.size)]
-    elif mode == "rows":
+    elif mode in ("rows", "stream"):
         items = [[(address[e], flat[e]) for e in range(b, b + lanes)]
                  for b in range(0, flat.size, lanes)]
     else:
@@ -180,6 +181,8 @@ def reference_expand_backward_hw(grad_output, input_shape, expand_size, lanes, l
     for k, item in enumerate(items):
         for a, v in item:
             partial[k % banks, a] = add(partial[k % banks, a], v)
+    if mode == "stream":
+        return partial[0].reshape(input_shape), mode
     result = np.zeros(n_in, grad_output.dtype)
     for s in range(0, banks, 2):
         pair = add(partial[s], partial[s + 1]) if s + 1 < banks else \
@@ -197,6 +200,11 @@ def reference_expand_backward_hw(grad_output, input_shape, expand_size, lanes, l
     ([], [5, 3], 2, "elements"),
     ([1], [6], 1, "reduce"),
     ([0, 1], [3, -1, 4], 4, "elements"),
+    ([1, 64], [3, 64], 4, "stream"),       # a row broadcast, 16 items a pass >= G
+    ([2, 32], [3, 2, 32], 4, "stream"),    # a repeat of whole rows
+    ([4, 16], [4, 16], 2, "stream"),        # no broadcast: every row once
+    ([1, 32], [3, 32], 4, {1: "stream", 4: "stream", 11: "rows"}),   # 8 items a pass
+    ([2, 1, 32], [2, 3, 32], 4, "rows"),   # kept rows outside the broadcast: not a pass
 ])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("latency", [1, 4, 11])
@@ -207,7 +215,7 @@ def test_expand_backward_hw_matches_loop(dtype, latency, input_shape, expand_siz
     got = expand_backward_hw(grad_output, input_shape, expand_size, lanes, latency)
     want, want_mode = reference_expand_backward_hw(grad_output, input_shape, expand_size,
                                                    lanes, latency)
-    assert want_mode == mode
+    assert want_mode == (mode if isinstance(mode, str) else mode[latency])
     assert bit_equal(got, want)
 
 

@@ -154,28 +154,41 @@ def merged_dims(output_shape, out_stride):
 
 
 #: The backward unit's modes, by their code on its ``mode`` port.
-BACKWARD_MODES = ("elements", "reduce", "rows")
+BACKWARD_MODES = ("elements", "reduce", "rows", "stream")
 
 
-def backward_mode(output_shape, out_stride, lanes):
-    """How the backward unit takes the output gradient, from the innermost address dim
-    ``(s0, t0)`` (:func:`merged_dims`):
+def backward_mode(output_shape, out_stride, lanes, banks=None):
+    """How the backward unit takes the output gradient, from the address dims
+    ``[.., (s0, t0)]`` (:func:`merged_dims`):
 
     ``"reduce"``
-        a broadcast dim (t0 = 0) with ``s0 % lanes == 0``: every lane of a beat goes to the
-        same input element, so a beat is one item, the pairwise sum of its lanes;
+        a broadcast innermost dim (t0 = 0) with ``s0 % lanes == 0``: every lane of a beat
+        goes to the same input element, so a beat is one item, the pairwise sum of its lanes;
     ``"rows"``
-        a kept dim (t0 = 1) with ``s0 % lanes == 0``: lane j of a beat goes to input element
-        ``a + j``, a a multiple of ``lanes``, so a beat is one item, a row of ``lanes``
-        elements;
+        a kept innermost dim (t0 = 1) with ``s0 % lanes == 0``: lane j of a beat goes to input
+        element ``a + j``, a a multiple of ``lanes``, so a beat is one item, a row of
+        ``lanes`` elements;
+    ``"stream"``
+        ``"rows"`` where the whole input is one kept run under at most one broadcast dim
+        (dims ``[(s0, 1)]`` or ``[(s1, 0), (s0, 1)]``: a repeat of whole rows, a row
+        broadcast over tokens) and a pass over it is at least ``banks`` items
+        (``s0 / lanes >= banks``; only when ``banks``, the unit's G, is given): a row is
+        added to again only a whole pass later, so one bank holds the sum without a hazard,
+        and the last pass is the last ``s0 / lanes`` items, in row order: each row leaves as
+        soon as its last item is added, with no drain;
     ``"elements"``
         anything else (a beat's lanes go to several, possibly repeated, elements): every
         output element is an item of its own.
     """
     dims = merged_dims(output_shape, out_stride)
-    if dims and dims[-1][0] % lanes == 0:
-        return "reduce" if dims[-1][1] == 0 else "rows"
-    return "elements"
+    if not dims or dims[-1][0] % lanes:
+        return "elements"
+    if dims[-1][1] == 0:
+        return "reduce"
+    # Kept and broadcast dims alternate: two dims ending in a kept one are [broadcast, kept].
+    if banks is not None and len(dims) <= 2 and dims[-1][0] // lanes >= banks:
+        return "stream"
+    return "rows"
 
 
 def expand_backward_banks(adder_latency):
@@ -210,6 +223,10 @@ def expand_backward_hw(grad_output, input_shape, expand_size, lanes, adder_laten
        (bank_0 + bank_1)) + (bank_2 + bank_3)) + ..``, rounding after each addition (when
        G is odd the last pair is ``bank_{G-1} + +0.0``).
 
+    In ``"stream"`` mode (:func:`backward_mode` with G) the items are rows as in ``"rows"``
+    and there is one bank, which is the result: each element sums its contributions in
+    output order from +0.0, the order of :func:`expand_backward`.
+
     Every addition rounds to nearest even in the format of ``grad_output`` (+0.0 + -0.0 =
     +0.0). With integer-valued data small enough to be exact, every order gives the bits of
     :func:`expand_backward`.
@@ -227,7 +244,9 @@ def expand_backward_hw(grad_output, input_shape, expand_size, lanes, adder_laten
     n_in = int(np.prod(input_shape, dtype=np.int64))
     grads = grad_output.reshape(-1)
     addresses = _addresses(output_shape, out_stride)[:grads.size]
-    mode = backward_mode(output_shape, out_stride, lanes)
+    mode = backward_mode(output_shape, out_stride, lanes, banks)
+    if mode == "stream":
+        banks = 1
     if mode == "elements":
         item_addr, item_value = addresses[:, None], grads[:, None]
     elif mode == "reduce":
@@ -242,6 +261,8 @@ def expand_backward_hw(grad_output, input_shape, expand_size, lanes, adder_laten
         addr = item_addr[first:first + banks]
         bank = np.arange(len(addr))[:, None]
         partial[bank, addr] = add(partial[bank, addr], item_value[first:first + banks])
+    if mode == "stream":
+        return partial[0, :n_in].reshape(input_shape)
     if banks % 2:
         partial = np.concatenate([partial, np.zeros_like(partial[:1])])
     input_grad = np.zeros(max(1, n_in), dtype=grad_output.dtype)

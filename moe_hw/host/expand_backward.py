@@ -9,8 +9,8 @@ npz inputs: ``output_grad`` (the expanded shape; float32, float16 or bfloat16),
 (of ``input_shape``).
 
 The plan is the forward's (:func:`moe_hw.host.expand.plan_of`, the same checks and errors),
-with one odometer that advances ``lanes`` elements per beat in the ``reduce`` and ``rows``
-modes and one element per item in ``elements`` mode (:func:`golden.expand.backward_mode
+with one odometer that advances ``lanes`` elements per beat in the ``reduce``, ``rows`` and
+``stream`` modes and one element per item in ``elements`` mode (:func:`golden.expand.backward_mode
 <moe_hw.golden.expand.backward_mode>`).
 """
 
@@ -97,7 +97,8 @@ class ExpandBackward(Unit):
 
     @staticmethod
     def mode(problem, params):
-        return backward_mode(problem["output_shape"], problem["out_stride"], params.lanes)
+        return backward_mode(problem["output_shape"], problem["out_stride"], params.lanes,
+                             params.banks)
 
     def plan(self, problem, params):
         """The problem's plan on ``params``; errors name the parameter and its value."""
@@ -195,15 +196,22 @@ class ExpandBackward(Unit):
                 "expand_size": np.array(sizes["expand_size"], np.int64)}, runtime
 
     def bench_problems(self, shape, seed=0):
+        """The forward bench's shapes backwards: the gate [S, 1] and the row [1, H] broadcast
+        to [S, H], the tokens repeated twice (repeat [2, 1]: [1, S, H] -> [2, S, H]) and the
+        rank-5 expand [4, 1, 8, 1, 16] -> [4, 3S/128, 8, 5H/128, 16]."""
         rng = np.random.default_rng(seed)
         fmt = shape.format if shape.format in ("fp32", "fp16", "bf16") else "fp32"
-        size = np.array([shape.tokens, shape.hidden], np.int64)
-        grad = random_floats(rng, shape.tokens * shape.hidden, ELEMENT_DTYPES[fmt],
-                             specials=0.0).reshape(shape.tokens, shape.hidden)
-        return {"gate": ({"output_grad": grad, "input_shape": np.array([shape.tokens, 1]),
-                          "expand_size": size}, {"lanes": shape.lanes}),
-                "row": ({"output_grad": grad, "input_shape": np.array([1, shape.hidden]),
-                         "expand_size": size}, {"lanes": shape.lanes})}
+        s, h = shape.tokens, shape.hidden
+        rank5 = [4, max(2, s * 3 // 128), 8, max(2, h * 5 // 128), 16]
+        cases = {"gate": ([s, 1], [s, h]), "row": ([1, h], [s, h]),
+                 "repeat": ([1, s, h], [2, s, h]), "rank5": ([4, 1, 8, 1, 16], rank5)}
+        problems = {}
+        for name, (input_shape, size) in cases.items():
+            n = int(np.prod(size))
+            grad = random_floats(rng, n, ELEMENT_DTYPES[fmt], specials=0.0).reshape(size)
+            problems[name] = ({"output_grad": grad, "input_shape": np.array(input_shape),
+                               "expand_size": np.array(size)}, {"lanes": shape.lanes})
+        return problems
 
 
 UNIT = ExpandBackward()

@@ -18,7 +18,10 @@ L + 3 cycles per beat. The unit removes the stall at two levels:
   its size a multiple of ``lanes``): lane j of a beat goes to element ``a + j`` with ``a`` a
   multiple of ``lanes``, so the beat is one item, a row of the accumulator. ``elements``
   (any other stride pattern, where a beat's lanes go to several elements, some perhaps more
-  than once): every element is an item, one per cycle, so such a beat takes ``lanes`` cycles;
+  than once): every element is an item, one per cycle, so such a beat takes ``lanes`` cycles.
+  ``stream``: ``rows`` where the input is one kept run under at most one broadcast dim (a
+  repeat of whole rows, a row broadcast over tokens, no broadcast at all) and a pass over it
+  is at least G items: see below;
 - across items, by latency interleaving: the accumulator is G = L + 3 banks
   (:func:`golden.expand.expand_backward_banks <moe_hw.golden.expand.expand_backward_banks>`)
   of the whole input gradient, item k adding into bank ``k % G``. A bank's read-modify-write
@@ -39,13 +42,23 @@ so the banks are +0.0 again for the next run (a reset in the middle of a run lea
 dirty). The summation order is therefore exactly ``golden.expand_backward_hw(grad_output,
 input_shape, expand_size, lanes, add_latency)``.
 
+In ``stream`` mode a row is added to once per pass, a pass (G items or more) apart, so every
+item adds into bank 0 with no hazard, and the last pass is the last ``rows`` items, in row
+order: each of them is its row's last add, whose sum goes straight to the output queue (and
++0.0 back into the bank); there is no drain. An item of the last pass is taken only when the
+queue has a slot for its row (the queue holds every row from its take to its delivery, so
+stall-free this never waits). The order is then the sequential one of
+``golden.expand_backward``. A run in stream mode with fewer items than rows (a plan that is not
+a stream of passes) drains as ``rows`` mode does; the output's flags go by position, so any
+plan gives exactly ``rows`` beats, the last one last.
+
 Streams and ports (payload fields are listed least significant first):
 
 ``plan`` (in)
     The address generator's plan, ``max_rank + 1`` beats taken first in a run
     (:meth:`~moe_hw.units.expand.StrideAddressParams.plan_layout`): each dim's steps, then
     the start values and carries of the one odometer (element 0), which advances ``lanes``
-    elements per beat in the ``reduce`` and ``rows`` modes and one per element in
+    elements per beat in the ``reduce``, ``rows`` and ``stream`` modes and one per element in
     ``elements`` mode.
 ``grad_output`` (in)
     The output gradient, flat in C order, ``ceil(output_elements / lanes)`` beats: ``data``
@@ -55,16 +68,17 @@ Streams and ports (payload fields are listed least significant first):
     ``enable`` (partial on the last beat) and ``last``.
 ``start``, ``input_elements``, ``output_elements``, ``mode`` (in)
     Run-time sizes (the forward's names: ``input_elements`` is the input gradient's size) and
-    the mode (0 ``elements``, 1 ``reduce``, 2 ``rows``), sampled when ``start`` is high
-    while idle (:class:`~moe_hw.blocks.run_control.RunControl`); a value above its maximum
-    sets ``error`` and the run does nothing; ``output_elements == 0`` is an empty run.
+    the mode (0 ``elements``, 1 ``reduce``, 2 ``rows``, 3 ``stream``), sampled when
+    ``start`` is high while idle (:class:`~moe_hw.blocks.run_control.RunControl`); a size
+    above its maximum sets ``error`` and the run does nothing; ``output_elements == 0`` is an
+    empty run.
 ``busy``, ``done``, ``error`` (out)
     ``done`` rises when the last beat has left and stays high until the next start.
 
-Rate: one item per cycle, so one ``grad_output`` beat per cycle in the ``reduce`` and
-``rows`` modes and ``1 / lanes`` of a beat per cycle in ``elements`` mode; then the drain,
-``ceil(G / 2) * W`` cycles per group of W rows (about G / 2 per row of ``lanes`` input
-elements). Stall-free, a run takes exactly
+Rate: one item per cycle, so one ``grad_output`` beat per cycle in the ``reduce``, ``rows``
+and ``stream`` modes and ``1 / lanes`` of a beat per cycle in ``elements`` mode; then the
+drain (not in stream mode), ``ceil(G / 2) * W`` cycles per group of W rows (about G / 2 per row
+of ``lanes`` input elements). Stall-free, a run takes exactly
 :meth:`ExpandBackwardParams.cycles` cycles from the start cycle to the first cycle ``done``
 is high::
 
@@ -77,7 +91,13 @@ tree or the lane tree, whichever is longer: ``max(ceil(log2(max_rank)), 1 + log2
 the plan beats, one cycle per item, the drain up to its last real row (a last group of fewer
 than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 12 more:
 run control 2, the memory read in the last item's write and in the drain 2 + 2, the flush's
-spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. An empty run takes
+spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. In stream
+mode::
+
+    (max_rank + 1) + items + F + L + 8
+
+(the last item's front, memory read 2 and add, run control 2, the output queue 2, busy 1,
+done 1). An empty run takes
 :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs at most its own cycles plus,
 on the output, up to W per drain pass.
 
@@ -173,6 +193,21 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         """Words of each of the two memories (the even banks, the odd banks)."""
         return self.pairs << self.row_bits
 
+    @property
+    def output_depth(self):
+        """The output queue's depth: a drain pass's W results beyond the drain's round trip
+        (read, pre-add, add), and in stream mode every row from its item's take to its
+        delivery, so that a row a cycle goes without a pause."""
+        read, lat = BlockMemory.latency, self.add_latency
+        return max(2 * self.ring + read + 2 * lat + 3,
+                   self.front_latency + read + lat + CreditPipeline.QUEUE_LATENCY + 2)
+
+    def streams(self, input_elements, output_elements, mode):
+        """Whether a run streams its rows out (``stream`` mode with at least one item per
+        row; otherwise it drains as ``rows`` mode does)."""
+        return (mode == "stream"
+                and self.items(output_elements, mode) >= -(-input_elements // self.lanes))
+
     def items(self, output_elements, mode):
         """Items of a run: one per element in ``elements`` mode, one per beat otherwise."""
         if mode == "elements":
@@ -191,6 +226,11 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         high); see the module docstring."""
         if output_elements == 0:
             return EMPTY_CYCLES
+        if self.streams(input_elements, output_elements, mode):
+            # The last item's front, read and add, the output queue, busy, done.
+            return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
+                    + self.front_latency + BlockMemory.latency + self.add_latency
+                    + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
         return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
                 + self.flush + 1 + self.drain_cycles(input_elements)
                 + BlockMemory.latency + 2 * self.add_latency
@@ -231,10 +271,11 @@ class ExpandBackwardUnit(wiring.Component):
         lanes, rank, width = p.lanes, p.max_rank, p.fmt.width
         lanes_log2 = ceil_log2(lanes)
         lat = p.add_latency
+        read_latency = BlockMemory.latency
         banks, ring = p.banks, p.ring
         all_lanes = (1 << lanes) - 1
-        elements, reduce, rows_mode = (BACKWARD_MODES.index(name)
-                                       for name in ("elements", "reduce", "rows"))
+        elements, reduce, rows_mode, stream_mode = (
+            BACKWARD_MODES.index(name) for name in ("elements", "reduce", "rows", "stream"))
 
         ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("output_elements",))
         ctl.connect(m, self)
@@ -243,6 +284,8 @@ class ExpandBackwardUnit(wiring.Component):
         # ---- run registers, loaded with start ---------------------------------------------
         max_items = p.max_output
         mode = Signal(range(len(BACKWARD_MODES)))
+        rows_like = Signal()                 # rows or stream: an item is a row of lanes
+        stream = Signal()                    # one bank, a row leaves at its last item
         items_left = Signal(range(max_items + 1))
         items_open = Signal()                # an item is still to be taken
         run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
@@ -254,6 +297,8 @@ class ExpandBackwardUnit(wiring.Component):
         with m.If(ctl.accept):
             m.d.sync += [
                 mode.eq(self.mode),
+                rows_like.eq((self.mode == rows_mode) | (self.mode == stream_mode)),
+                stream.eq(self.mode == stream_mode),
                 items_left.eq(Mux(self.mode == elements, self.output_elements,
                                   (self.output_elements + (lanes - 1)) >> lanes_log2)),
                 items_open.eq(1),
@@ -273,7 +318,8 @@ class ExpandBackwardUnit(wiring.Component):
                                                       for d in range(rank)])
 
         # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
-        accumulating = running & ~plan_open & items_open
+        room = Signal()                      # stream: the output queue has a slot
+        accumulating = running & ~plan_open & items_open & (room | ~stream)
         take = self.grad_output.valid & accumulating
         last_of_beat = (mode != elements) | (lane == lanes - 1) | (items_left == 1)
         m.d.comb += self.grad_output.ready.eq(accumulating & last_of_beat)
@@ -281,7 +327,7 @@ class ExpandBackwardUnit(wiring.Component):
         flush_left = Signal(range(p.flush + 1))
         with m.If(take):
             m.d.sync += [items_left.eq(items_left - 1),
-                         bank.eq(Mux(bank == banks - 1, 0, bank + 1)),
+                         bank.eq(Mux(stream | (bank == banks - 1), 0, bank + 1)),
                          lane.eq(Mux(last_of_beat, 0, lane + 1))]
             with m.If(items_left == 1):
                 m.d.sync += [items_open.eq(0), flushing.eq(1), flush_left.eq(p.flush)]
@@ -303,6 +349,13 @@ class ExpandBackwardUnit(wiring.Component):
         element = delay(m, element, front - 1, 1, name="element_front", reset_less=True)
         item_valid = delay(m, take, front, 1, name="item_valid")
         item_bank = delay(m, bank, front, 1, name="item_bank", reset_less=True)
+        # Stream mode: the last pass is the last run_rows items; each is its row's last add.
+        # Its flags by position (the k-th such item is row k): the last flag on the final
+        # item, whatever the plan.
+        touch_last = take & stream & (items_left <= run_rows)
+        item_last = delay(m, touch_last, front, 1, name="item_last")
+        item_final = delay(m, items_left == 1, front + read_latency + lat, 1,
+                           name="item_final", reset_less=True)
 
         # The item at the accumulator: its row, bank, lane values and lane enables.
         row = addr[lanes_log2:]
@@ -310,8 +363,8 @@ class ExpandBackwardUnit(wiring.Component):
         m.d.comb += single.eq(Const(1, lanes) << addr[:lanes_log2] if lanes_log2 else 1)
         enables = Signal(lanes)
         m.d.comb += enables.eq(Mux(item_valid & (row < run_rows),
-                                   Mux(mode == rows_mode, all_lanes, single), 0))
-        values = [Mux(mode == rows_mode, beat[j], Mux(mode == reduce, reduced, element))
+                                   Mux(rows_like, all_lanes, single), 0))
+        values = [Mux(rows_like, beat[j], Mux(mode == reduce, reduced, element))
                   for j in range(lanes)]
 
         # ---- the accumulator: G banks in two memories, even and odd banks -------------------
@@ -370,6 +423,9 @@ class ExpandBackwardUnit(wiring.Component):
         write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
         write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
         clear_en = delay(m, drain_issue, 1, 1, name="clear_en")
+        # Stream mode: a row's last add writes +0.0 back (its sum leaves), so the bank is
+        # clear for the next run.
+        write_zero = clear_en | delay(m, item_last, read + lat, 1, name="write_last")
         clear_addr = delay(m, drain_addr, 1, 1, name="clear_addr", reset_less=True)
         for parity, memory in enumerate(memories):
             mine = write_odd if parity else ~write_odd
@@ -378,23 +434,30 @@ class ExpandBackwardUnit(wiring.Component):
                 memory.write_addr.eq(Mux(clear_en, clear_addr, write_addr)),
             ]
             for j in range(lanes):
-                m.d.comb += memory.write_data[j].eq(Mux(clear_en, 0, sums[j]))
+                m.d.comb += memory.write_data[j].eq(Mux(write_zero, 0, sums[j]))
 
         # ---- flush, then the drain ------------------------------------------------------------
         with m.If(flushing):
             m.d.sync += flush_left.eq(flush_left - 1)
             with m.If(flush_left == 0):
                 m.d.sync += [flushing.eq(0), draining.eq(1)]
-        latency = read + 2 * lat
-        depth = 2 * ring + latency + 3
+        # The output queue takes a result at the accumulator's input (an item's, in stream
+        # mode) or lat cycles after its drain read (the pre-add); either's sum is there read
+        # + lat cycles later.
+        latency = read + lat
+        depth = p.output_depth
         out = m.submodules.output_pipe = CreditPipeline(latency, p.input_grad_layout(),
                                                         depth=depth)
         wiring.connect(m, out.o, wiring.flipped(self.input_grad))
-        # Results not yet taken by the consumer: a last pass starts only when the queue has
-        # room for all W of its results (its takes cannot wait: the rows keep ring slots).
+        # Results not yet taken by the consumer, counted when they are decided (an item's
+        # take, a drain read): a last pass starts only when the queue has room for all W of
+        # its results (its takes cannot wait: the rows keep ring slots), and in stream mode
+        # an item is taken only with a slot for its row (room).
         pending = Signal(range(depth + 1))
         delivered = self.input_grad.valid & self.input_grad.ready
-        m.d.sync += pending.eq(pending + out.take - delivered)
+        drain_out = Signal()
+        pending_next = pending + Mux(stream, touch_last, drain_out) - delivered
+        m.d.sync += [pending.eq(pending_next), room.eq(pending_next < depth - 1)]
         # rho counts every drain cycle modulo W; a pass (one pair of banks over a group of W
         # rows) starts only at rho == 0, so the rows keep their ring slots whatever waits.
         rho = Signal(range(ring))
@@ -414,12 +477,16 @@ class ExpandBackwardUnit(wiring.Component):
             drain_addr.eq(Cat(drain_row[:p.row_bits], drain_pair)[:addr_width]),
             restart.eq(delay(m, drain_issue & (drain_pair == 0), 1 + lat, 1,
                              name="restart_next")),
-            out.i_valid.eq(drain_issue & last_pass & real),
+            drain_out.eq(drain_issue & last_pass & real),
+            out.i_valid.eq(Mux(stream, item_last, delay(m, drain_out, lat, 1, name="drain_out"))),
             out.payload.data.eq(Cat(*sums)),
         ]
-        flags = Cat(Mux(drain_row == run_rows - 1, last_en, all_lanes), drain_row == run_rows - 1)
-        flags = delay(m, flags, latency, 1, name="flags", reset_less=True)
-        m.d.comb += [out.payload.enable.eq(flags[:lanes]), out.payload.last.eq(flags[lanes])]
+
+        drain_final = delay(m, drain_row == run_rows - 1, read + 2 * lat, 1, name="final",
+                            reset_less=True)
+        final = Mux(stream, item_final, drain_final)
+        m.d.comb += [out.payload.enable.eq(Mux(final, last_en, all_lanes)),
+                     out.payload.last.eq(final)]
         with m.If(draining & drain_open):
             m.d.sync += rho.eq(Mux(rho == ring - 1, 0, rho + 1))
             with m.If(rho == 0):
@@ -436,7 +503,11 @@ class ExpandBackwardUnit(wiring.Component):
         m.d.comb += ctl.finished.eq(running & draining & ~drain_open & ~out.busy)
 
         with m.If(ctl.begin):
-            m.d.sync += [draining.eq(0), flushing.eq(0), drain_open.eq(1), rho.eq(0),
+            # Stream mode needs a whole last pass (at least one item per row); with fewer
+            # items (a plan that is not a stream of passes) the run drains as rows mode does.
+            streaming = stream & (items_left >= run_rows)
+            m.d.sync += stream.eq(streaming)
+            m.d.sync += [draining.eq(0), flushing.eq(0), drain_open.eq(~streaming), rho.eq(0),
                          drain_pair.eq(0), group_row.eq(0), pass_on.eq(0), pending.eq(0),
                          last_group.eq(run_rows <= ring)]
         return m
