@@ -25,6 +25,7 @@ tokens of a gate broadcast, the row of a row broadcast). A broadcast ``split_dim
 error naming the dim and its expand size.
 """
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -229,11 +230,14 @@ def lane_addresses(the_plan, beats):
     """What :func:`odometer_addresses` gives, from the golden addresses: lane l of beat b
     reads the address of output element ``(b * lanes + l) mod output_elements`` (the lanes past
     the end of the last beat wrap to the start)."""
-    lanes, n = the_plan.lanes, the_plan.output_elements
-    if n == 0 or beats == 0:
+    return _lane_addresses(the_plan.output_shape, the_plan.out_stride, the_plan.lanes, beats)
+
+
+def _lane_addresses(output_shape, out_stride, lanes, beats):
+    if math.prod(output_shape) == 0 or beats == 0:
         return np.zeros((beats, lanes), np.int64)
-    flat = golden_addresses(the_plan.output_shape, the_plan.out_stride)
-    return flat[np.arange(beats * lanes) % n].reshape(beats, lanes)
+    flat = golden_addresses(list(output_shape), list(out_stride))
+    return flat[np.arange(beats * lanes) % flat.size].reshape(beats, lanes)
 
 
 def external_reads(the_plan, beats, input_elements):
@@ -242,10 +246,18 @@ def external_reads(the_plan, beats, input_elements):
     address is neither the one before it nor that plus one; one read per group at its first
     lane's address, its lane enables the group's extent (its last address minus its first),
     none past ``input_elements``. Returns ``(addr, enable)`` arrays, one entry per read."""
-    lanes = the_plan.lanes
+    key = (tuple(the_plan.output_shape), tuple(the_plan.out_stride), the_plan.lanes,
+           int(beats), int(input_elements))
+    # The stimulus, the cycle formula and the read scoreboard of one run each ask for the same
+    # reads: computed once (about a second at 2**19 elements), returned read-only.
+    return _external_reads(*key)
+
+
+@functools.lru_cache(maxsize=8)
+def _external_reads(output_shape, out_stride, lanes, beats, input_elements):
     if beats == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    addresses = lane_addresses(the_plan, beats)
+        return _read_only(np.zeros(0, np.int64)), _read_only(np.zeros(0, np.int64))
+    addresses = _lane_addresses(output_shape, out_stride, lanes, beats)
     starts = np.ones(addresses.shape, bool)
     step = np.diff(addresses, axis=1)
     starts[:, 1:] = (step != 0) & (step != 1)
@@ -257,7 +269,12 @@ def external_reads(the_plan, beats, input_elements):
     lane = np.arange(lanes)
     on = (lane[None, :] <= extent[:, None]) & (lane[None, :] < (input_elements - base)[:, None])
     enable = (on.astype(np.int64) << lane).sum(axis=1)
-    return base.astype(np.int64), enable.astype(np.int64)
+    return _read_only(base.astype(np.int64)), _read_only(enable.astype(np.int64))
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
 
 
 class Split(NamedTuple):
