@@ -6,6 +6,8 @@ streams and on the RAM's AR and R channels. The rows are compared bit for bit wi
 golden.combine_gather, DROPPED with the invalid pairs, and every read burst is checked (INCR,
 length, no 4 KiB crossing, inside the buffer)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,8 @@ from moe_hw import problems
 from moe_hw.axi import AxiParams
 from moe_hw.host.combine_gather import run_axi
 from moe_hw.units.combine_gather import CombineGatherParams
+
+from conftest import simulator_params
 
 PARAMS = CombineGatherParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
                              max_capacity=32, max_experts=8, max_top_k=2)
@@ -45,3 +49,15 @@ def test_combine_gather_axi(case, stall):
             "no burst was cut at a 4 KiB boundary"
     if case == "zero_tokens":
         assert len(beats) == 0
+
+
+@pytest.mark.parametrize("sim", simulator_params("icarus"))
+def test_combine_gather_axi_icarus(sim):
+    """On Icarus (the four-state check), with pauses, and with the read master's FIFOs in
+    DP16KD blocks (their simulation model), as the synthesis flow builds them on ECP5."""
+    sizes, base = CASES["k2_drops"]
+    prob = problems.gather_problem(sorted(CASES).index("k2_drops"), **sizes)
+    _, results, findings = run_axi(prob, PARAMS, dataclasses.replace(AXI, axi_bram="ecp5"),
+                                   sim=sim, stall=0.3, seed=3, base=base)
+    assert findings == [], "\n".join(findings)
+    assert len(results["burst_beats"]) > 0
