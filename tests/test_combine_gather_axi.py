@@ -4,7 +4,8 @@ the read bursts late, AxiLiteMaster programs and starts the run, AxiStreamSource
 headers and AxiStreamSink takes the combined rows, with and without random pauses on both
 streams and on the RAM's AR and R channels. The rows are compared bit for bit with
 golden.combine_gather, DROPPED with the invalid pairs, and every read burst is checked (INCR,
-length, no 4 KiB crossing, inside the buffer)."""
+length, no 4 KiB crossing, inside the buffer). dispatch_backward_data (the same ports and
+run, its own sum and golden model) runs behind its wrapper on the same bench."""
 
 import dataclasses
 
@@ -13,8 +14,10 @@ import pytest
 
 from moe_hw import problems
 from moe_hw.axi import AxiParams
+from moe_hw.host import dispatch_backward_data
 from moe_hw.host.combine_gather import run_axi
 from moe_hw.units.combine_gather import CombineGatherParams
+from moe_hw.units.dispatch_backward_data import DispatchBackwardDataParams
 
 from conftest import simulator_params
 
@@ -61,3 +64,18 @@ def test_combine_gather_axi_icarus(sim):
                                    sim=sim, stall=0.3, seed=3, base=base)
     assert findings == [], "\n".join(findings)
     assert len(results["burst_beats"]) > 0
+
+
+@pytest.mark.parametrize("case, stall", [("k2_drops", 0.0), ("k2_drops", 0.3),
+                                         ("pages", 0.3)])
+def test_dispatch_backward_data_axi(case, stall):
+    """grad_input behind the wrapper (the m_axi_grad_dispatch read master), bit for bit
+    against golden.dispatch_backward_data, the bursts checked as above."""
+    sizes, base = CASES[case]
+    prob = problems.gather_problem(sorted(CASES).index(case), **sizes)
+    params = DispatchBackwardDataParams(**dataclasses.asdict(PARAMS))
+    outputs, results, findings = dispatch_backward_data.run_axi(prob, params, AXI, stall=stall,
+                                                                seed=5, base=base)
+    assert findings == [], "\n".join(findings)
+    assert list(outputs) == ["grad_input"]
+    assert len(results["burst_beats"]) > 0 and np.all(results["burst_beats"] <= AXI.axi_max_burst)

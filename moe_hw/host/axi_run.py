@@ -19,10 +19,11 @@ def ram_size(*ends):
     return -(-(max(ends) + 4096) // 4096) * 4096
 
 
-def simulate_axi(unit, params, axi, stimulus, settings, *, sim, progress):
+def simulate_axi(unit, params, axi, stimulus, settings, *, sim, progress, bench=None):
     """Simulate ``unit`` at ``params`` behind its AXI wrapper (``axi``) on
-    ``sim/bench_<unit>_axi.py``; ``settings`` gets the register map and the wrapper's
-    ``max_burst``. Returns ``(results, wrapper)``."""
+    ``sim/bench_<unit>_axi.py`` (or the bench named ``bench``: a unit with another's ports);
+    ``settings`` gets the register map and the wrapper's ``max_burst``. Returns ``(results,
+    wrapper)``."""
     from ..flows.simulate import simulate
     axi = axi or AxiParams()
     wrapper = unit.build_axi(params, axi)
@@ -32,8 +33,8 @@ def simulate_axi(unit, params, axi, stimulus, settings, *, sim, progress):
     settings = {**settings, "registers": wrapper.register_map(),
                 "max_burst": axi.axi_max_burst}
     top = f"{unit.name}_axi"
-    results = simulate(wrapper, top, f"bench_{top}", stimulus, sim=sim, settings=settings,
-                       key=(top, params, axi), progress=progress)
+    results = simulate(wrapper, top, bench or f"bench_{top}", stimulus, sim=sim,
+                       settings=settings, key=(top, params, axi), progress=progress)
     return results, wrapper
 
 

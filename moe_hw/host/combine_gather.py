@@ -189,7 +189,7 @@ UNIT = CombineGather()
 
 
 def run_axi(problem, params, axi=None, *, sim="verilator", stall=0.0, seed=0, latency=20,
-            base=0x3000, progress=None):
+            base=0x3000, progress=None, unit=None):
     """Run ``problem`` (a :func:`~moe_hw.problems.gather_problem` dict: ``gates``,
     ``indices``, ``locations``, ``buffer``, ``capacity``) through combine_gather behind its
     AXI wrapper, on the cocotbext-axi bench ``sim/bench_combine_gather_axi.py``: the expert
@@ -197,28 +197,30 @@ def run_axi(problem, params, axi=None, *, sim="verilator", stall=0.0, seed=0, la
     burst's address, the headers and the combined rows on AXI4-Streams. Returns ``(outputs,
     results, findings)``: ``combined`` as read off the stream, the bench's results
     (``cycles`` from the start write to ``irq``, the bursts), and what disagrees with
-    ``golden.combine_gather`` (empty when all is well)."""
+    ``golden.combine_gather`` (empty when all is well). ``unit``: a unit with this one's ports
+    and run (``dispatch_backward_data``; its result and golden model), on the same bench."""
     from ..axi.streams import tdata_width
     from ..flows.emit import describe_shape
     from .axi_run import check_base, ram_size, simulate_axi, status_findings
-    inputs, runtime = UNIT.inputs_of(problem)
-    problem = UNIT.problem(inputs, runtime)
-    UNIT.fits(problem, params)
-    stimulus, settings = UNIT.pack(problem, params, stall=stall, seed=seed)
+    unit = unit or UNIT
+    inputs, runtime = unit.inputs_of(problem)
+    problem = unit.problem(inputs, runtime)
+    unit.fits(problem, params)
+    stimulus, settings = unit.pack(problem, params, stall=stall, seed=seed)
     fmt = params.fmt
     buffer_bytes = problem["buffer"].size * fmt.width // 8
     check_base("base", base, params.lanes * fmt.width // 8)
     settings.update(stall=stall, seed=seed, latency=latency, base=base,
                     buffer_bytes=buffer_bytes, ram_size=ram_size(base + buffer_bytes),
-                    bus=f"m_axi_{UNIT.axi_names['read']}",
+                    bus=f"m_axi_{unit.axi_names['read']}",
                     header_layout=describe_shape(params.header_layout()),
                     header_bytes=tdata_width(params.header_layout()) // 8)
-    results, _ = simulate_axi(UNIT, params, axi, stimulus, settings, sim=sim,
-                              progress=progress)
+    results, _ = simulate_axi(unit, params, axi, stimulus, settings, sim=sim,
+                              progress=progress, bench="bench_combine_gather_axi")
     tokens, hidden = problem["tokens"], problem["hidden"]
-    outputs = {"combined": from_bits(results["combined"].astype(fmt.uint_dtype),
-                                     fmt).reshape(tokens, hidden)}
-    findings = compare_bits("combined", outputs["combined"], UNIT.reference(problem), fmt)
+    outputs = {unit.result: from_bits(results["combined"].astype(fmt.uint_dtype),
+                                      fmt).reshape(tokens, hidden)}
+    findings = compare_bits(unit.result, outputs[unit.result], unit.reference(problem), fmt)
     rows = problem["rows"]
     want_dropped = int(np.count_nonzero(rows < 0)) if hidden and tokens else 0
     if int(results["dropped"]) != want_dropped:

@@ -12,9 +12,10 @@ default 2). Output: ``grad_input`` [S, H].
 from .. import golden
 from ..units.dispatch_backward_data import DispatchBackwardDataParams, DispatchBackwardDataUnit
 from .checks import HostError, runtime_int
+from . import combine_gather
 from .combine_gather import CombineGather
 
-__all__ = ["UNIT", "DispatchBackwardData"]
+__all__ = ["UNIT", "DispatchBackwardData", "run_axi"]
 
 
 class DispatchBackwardData(CombineGather):
@@ -46,3 +47,12 @@ class DispatchBackwardData(CombineGather):
 
 
 UNIT = DispatchBackwardData()
+
+
+def run_axi(problem, params, axi=None, **kwargs):
+    """Run ``problem`` (a :func:`~moe_hw.problems.gather_problem` dict, ``buffer`` the
+    ``grad_dispatch`` rows) through dispatch_backward_data behind its AXI wrapper, on the
+    combine unit's cocotbext-axi bench (the same ports): ``(outputs, results, findings)``,
+    ``grad_input`` against ``golden.dispatch_backward_data``
+    (:func:`moe_hw.host.combine_gather.run_axi`, whose keywords it takes)."""
+    return combine_gather.run_axi(problem, params, axi, unit=UNIT, **kwargs)
