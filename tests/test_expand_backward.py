@@ -12,7 +12,8 @@ and grad_output beats taken. Stall-free runs must take exactly the documented co
 (items: one per grad_output beat in the reduce and rows modes, one per element in elements
 mode; rows = ceil(input elements / lanes); G = L + 3 banks, drained a pair per pass, W = L + 1
 drain rows in turn,
-F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L), L the adder latency), and in stream mode
+F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L) in reduce mode and ceil(log2(max_rank)), at
+least 1, in the others, L the adder latency), and in stream mode
 (one bank, each row out at its last item, no drain)::
 
     (max_rank + 1) + items + F + L + 8
@@ -73,8 +74,8 @@ def expected_cycles(params, n_in, n_out, mode):
     pairs, w = -(-(lat + 3) // 2), lat + 1
     items = n_out if mode == "elements" else n_out // lanes
     rows = -(-n_in // lanes)
-    front = max(max(1, (params.max_rank - 1).bit_length()),
-                1 + (lanes.bit_length() - 1) * lat)
+    tree = max(1, (params.max_rank - 1).bit_length())
+    front = max(tree, 1 + (lanes.bit_length() - 1) * lat) if mode == "reduce" else tree
     if mode == "stream" and items >= rows:
         return params.max_rank + 1 + items + front + lat + 8
     return (params.max_rank + 1 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
@@ -195,15 +196,17 @@ def test_expand_backward_order_is_visible():
 
 def test_expand_backward_cycle_formula():
     """The documented formula at the defaults (fp32, L = 11: G = 14 in 7 pairs, W = 12, lanes
-    16, F = 45) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
+    16, F = 45 in reduce mode, 3 otherwise) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
     rows in 6 groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
     params = ExpandBackwardParams()
     assert (params.banks, params.pairs, params.ring, params.front_latency) == (14, 7, 12, 45)
     assert params.cycles(1024, 1024 * 512, "reduce") == 7 + 32768 + 496 + 45 + 33 + 12
-    assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 248 + 45 + 33 + 12
+    # F = 3 (the address tree) outside reduce mode: no lane tree to wait for
+    assert params.short_front_latency == 3
+    assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 248 + 3 + 33 + 12
     # stream mode: the row backward and the repeat [2, 1] backward, no drain
-    assert params.cycles(512, 1024 * 512, "stream") == 7 + 32768 + 45 + 11 + 8
-    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 7 + 65536 + 45 + 11 + 8
+    assert params.cycles(512, 1024 * 512, "stream") == 7 + 32768 + 3 + 11 + 8
+    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 7 + 65536 + 3 + 11 + 8
     # fewer items than rows: no whole last pass, the run drains as rows mode does
     assert params.cycles(512, 256, "stream") == params.cycles(512, 256, "rows")
     assert params.cycles(3, 0, "elements") == EMPTY_CYCLES

@@ -86,8 +86,10 @@ is high::
                    + F + 3*L + 12
 
 with ``items`` = ``output_elements`` (``elements``) or ``output_elements / lanes``, ``rows =
-ceil(input_elements / lanes)``, F = :attr:`ExpandBackwardParams.front_latency` (the address
-tree or the lane tree, whichever is longer: ``max(ceil(log2(max_rank)), 1 + log2(lanes)*L)``);
+ceil(input_elements / lanes)``, F = :meth:`ExpandBackwardParams.front` (in ``reduce`` mode
+the address tree or the lane tree, whichever is longer: ``max(ceil(log2(max_rank)), 1 +
+log2(lanes)*L)``; in the other modes the address tree, ``ceil(log2(max_rank))``, at least 1:
+an item that does not use the lane tree does not wait for it);
 the plan beats, one cycle per item, the drain up to its last real row (a last group of fewer
 than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 12 more:
 run control 2, the memory read in the last item's write and in the drain 2 + 2, the flush's
@@ -164,15 +166,25 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
 
     @property
     def front_latency(self):
-        """F: cycles from an item's take to its address and value at the accumulator: the
-        address adder tree, or the beat register and the lane tree, whichever is longer."""
+        """F in ``reduce`` mode: cycles from an item's take to its address and value at the
+        accumulator: the address adder tree, or the beat register and the lane tree, whichever
+        is longer."""
         return max(self.tree_latency, 1 + self.lane_levels * self.add_latency)
 
     @property
-    def flush(self):
+    def short_front_latency(self):
+        """F in the other modes (no lane tree): the address adder tree, at least the beat
+        register."""
+        return max(self.tree_latency, 1)
+
+    def front(self, mode):
+        """F of a run in ``mode``."""
+        return self.front_latency if mode == "reduce" else self.short_front_latency
+
+    def flush(self, mode):
         """Cycles the drain waits after the last item's take, so that the item's write (its
         front, the read, the add) has landed before the first drain read."""
-        return self.front_latency + BlockMemory.latency + self.add_latency + 1
+        return self.front(mode) + BlockMemory.latency + self.add_latency + 1
 
     @property
     def plan_beats(self):
@@ -200,7 +212,7 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         delivery, so that a row a cycle goes without a pause."""
         read, lat = BlockMemory.latency, self.add_latency
         return max(2 * self.ring + read + 2 * lat + 3,
-                   self.front_latency + read + lat + CreditPipeline.QUEUE_LATENCY + 2)
+                   self.short_front_latency + read + lat + CreditPipeline.QUEUE_LATENCY + 2)
 
     def streams(self, input_elements, output_elements, mode):
         """Whether a run streams its rows out (``stream`` mode with at least one item per
@@ -229,10 +241,10 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         if self.streams(input_elements, output_elements, mode):
             # The last item's front, read and add, the output queue, busy, done.
             return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
-                    + self.front_latency + BlockMemory.latency + self.add_latency
+                    + self.short_front_latency + BlockMemory.latency + self.add_latency
                     + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
         return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
-                + self.flush + 1 + self.drain_cycles(input_elements)
+                + self.flush(mode) + 1 + self.drain_cycles(input_elements)
                 + BlockMemory.latency + 2 * self.add_latency
                 + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
@@ -286,6 +298,7 @@ class ExpandBackwardUnit(wiring.Component):
         mode = Signal(range(len(BACKWARD_MODES)))
         rows_like = Signal()                 # rows or stream: an item is a row of lanes
         stream = Signal()                    # one bank, a row leaves at its last item
+        long_front = Signal()                # reduce mode: the items wait for the lane tree
         items_left = Signal(range(max_items + 1))
         items_open = Signal()                # an item is still to be taken
         run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
@@ -297,6 +310,7 @@ class ExpandBackwardUnit(wiring.Component):
         with m.If(ctl.accept):
             m.d.sync += [
                 mode.eq(self.mode),
+                long_front.eq(self.mode == reduce),
                 rows_like.eq((self.mode == rows_mode) | (self.mode == stream_mode)),
                 stream.eq(self.mode == stream_mode),
                 items_left.eq(Mux(self.mode == elements, self.output_elements,
@@ -324,19 +338,32 @@ class ExpandBackwardUnit(wiring.Component):
         last_of_beat = (mode != elements) | (lane == lanes - 1) | (items_left == 1)
         m.d.comb += self.grad_output.ready.eq(accumulating & last_of_beat)
         flushing = Signal()
-        flush_left = Signal(range(p.flush + 1))
+        flush_left = Signal(range(p.flush("reduce") + 1))
         with m.If(take):
             m.d.sync += [items_left.eq(items_left - 1),
                          bank.eq(Mux(stream | (bank == banks - 1), 0, bank + 1)),
                          lane.eq(Mux(last_of_beat, 0, lane + 1))]
             with m.If(items_left == 1):
-                m.d.sync += [items_open.eq(0), flushing.eq(1), flush_left.eq(p.flush)]
+                m.d.sync += [items_open.eq(0), flushing.eq(1),
+                             flush_left.eq(Mux(long_front, p.flush("reduce"), p.flush("rows")))]
 
         a = odometer(m, p, dy, da, load=plan_take & plan_next[rank],
                      start=self.plan.payload, take=take, name="odometer")
         addr = sum_tree(m, a, name="addr")           # tree_latency after the take
-        front = p.front_latency
-        addr = delay(m, addr, front - p.tree_latency, 1, name="item_addr", reset_less=True)
+        # An item reaches the accumulator F cycles after its take: in reduce mode after the
+        # lane tree (F long), otherwise after the address tree (F short). The item's address,
+        # valid and bank take either delay (a choice by the run's mode); its values only the
+        # one their mode uses, so the beat's lanes are not held for the lane tree's length.
+        front, short = p.front_latency, p.short_front_latency
+
+        def fronted(value, name, *, extra=0, reset_less=True, at=0):
+            """``value`` (formed ``at`` cycles after the take) at the accumulator (+ extra)."""
+            near = delay(m, value, short - at + extra, 1, name=f"{name}_short",
+                         reset_less=reset_less)
+            far = delay(m, near, front - short, 1, name=f"{name}_long", reset_less=reset_less)
+            return Mux(long_front, far, near)
+
+        addr = fronted(addr, "item_addr", at=p.tree_latency)
         data_in = self.grad_output.payload.data
         beat = [delay(m, data_in[j], 1, 1, name=f"beat{j}", reset_less=True)
                 for j in range(lanes)]
@@ -344,17 +371,17 @@ class ExpandBackwardUnit(wiring.Component):
         reduced = adder_tree(m, beat, p.format, lat, name="lane_tree")
         spare = front - 1 - p.lane_levels * lat
         reduced = delay(m, reduced, spare, 1, name="reduced", reset_less=True)
-        beat = [delay(m, v, front - 1, 1, name=f"beat{j}_front", reset_less=True)
+        beat = [delay(m, v, short - 1, 1, name=f"beat{j}_front", reset_less=True)
                 for j, v in enumerate(beat)]
-        element = delay(m, element, front - 1, 1, name="element_front", reset_less=True)
-        item_valid = delay(m, take, front, 1, name="item_valid")
-        item_bank = delay(m, bank, front, 1, name="item_bank", reset_less=True)
-        # Stream mode: the last pass is the last run_rows items; each is its row's last add.
-        # Its flags by position (the k-th such item is row k): the last flag on the final
-        # item, whatever the plan.
+        element = delay(m, element, short - 1, 1, name="element_front", reset_less=True)
+        item_valid = fronted(take, "item_valid", reset_less=False)
+        item_bank = fronted(bank, "item_bank")
+        # Stream mode (F short): the last pass is the last run_rows items; each is its row's
+        # last add. Its flags by position (the k-th such item is row k): the last flag on the
+        # final item, whatever the plan.
         touch_last = take & stream & (items_left <= run_rows)
-        item_last = delay(m, touch_last, front, 1, name="item_last")
-        item_final = delay(m, items_left == 1, front + read_latency + lat, 1,
+        item_last = delay(m, touch_last, short, 1, name="item_last")
+        item_final = delay(m, items_left == 1, short + read_latency + lat, 1,
                            name="item_final", reset_less=True)
 
         # The item at the accumulator: its row, bank, lane values and lane enables.
