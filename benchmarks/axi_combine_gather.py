@@ -3,7 +3,7 @@ cycle, with the expert buffer in a cocotbext-axi ``AxiRam`` whose read data come
 ``latency`` cycles after each burst's address (README, "AXI wrappers").
 
     python benchmarks/axi_combine_gather.py [--tokens 256] [--hidden 512] [--lanes 8]
-        [--experts 8] [--top-k 1] [--latency 20 100] [--outstanding 4]
+        [--experts 8] [--top-k 1] [--latency 20 100] [--outstanding 8]
         [--unit-outstanding 16] [--sim verilator]
 
 Each run is bit-exact against ``golden.combine_gather`` (the same checks as

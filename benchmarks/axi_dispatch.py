@@ -3,7 +3,7 @@ the expert buffer in a cocotbext-axi ``AxiRam`` whose write responses come ``lat
 after each burst (README, "AXI wrappers").
 
     python benchmarks/axi_dispatch.py [--tokens 256] [--hidden 512] [--lanes 8]
-        [--experts 8] [--top-k 1] [--latency 20 100] [--outstanding 4] [--sim verilator]
+        [--experts 8] [--top-k 1] [--latency 20 100] [--outstanding 8] [--sim verilator]
 
 Each run is bit-exact against ``golden.dispatch_forward`` (the same checks as
 tests/test_dispatch_axi.py) before its figures are printed. ``cycles`` counts from the
@@ -32,7 +32,8 @@ def arguments(doc, argv, **defaults):
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=1)
     parser.add_argument("--latency", type=int, nargs="+", default=[20])
-    parser.add_argument("--outstanding", type=int, default=4)
+    parser.add_argument("--outstanding", type=int, default=AxiParams().axi_outstanding,
+                        help="the wrapper's axi_outstanding (default: its default)")
     parser.add_argument("--sim", default="verilator")
     for name, (default, help) in defaults.get("extra", {}).items():
         parser.add_argument(f"--{name}", type=int, default=default, help=help)
