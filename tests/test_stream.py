@@ -1,9 +1,13 @@
-"""Stream plumbing: the skid buffer, the ring queue, the credit pipeline and the registered
-FIFO in Amaranth's simulator and, as emitted Verilog, under cocotb in Verilator and Icarus;
-with and without random valid/ready stalls."""
+"""Stream plumbing: the skid buffer, the ring queue, the credit pipeline, the registered
+FIFO and the register copies in Amaranth's simulator and, as emitted Verilog, under cocotb in
+Verilator and Icarus; with and without random valid/ready stalls."""
+
+import re
 
 import numpy as np
 import pytest
+from amaranth._toolchain.yosys import find_yosys
+from amaranth.back import rtlil
 from amaranth.hdl import ClockDomain, Module, Signal, Value
 from amaranth.lib import data
 from amaranth.lib.fifo import SyncFIFO
@@ -11,6 +15,7 @@ from amaranth.sim import Simulator
 
 from moe_hw.flows.simulate import simulate
 from moe_hw.stream import CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay
+from moe_hw.stream.pipeline import replicated
 from moe_hw.stream.credit import ring_groups
 
 from conftest import STALLS, run_pysim, simulator_params
@@ -68,6 +73,51 @@ def test_skid_buffer_alternate_fields(p):
                                dut=SkidBuffer(layout, alternate=("wide", "high")))
     assert plain[0] == items
     assert alternate == plain
+
+
+def _replicated_design(apart):
+    """A counter register and one copy of its next value."""
+    m = Module()
+    count = Signal(4)
+    following = count + 1
+    m.d.sync += count.eq(following)
+    copy, = replicated(m, following[:4], name="copy", copies=1, apart=apart)
+    out = Signal(4)
+    m.d.comb += out.eq(copy)
+    return m, count, out
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_replicated_copy_follows(apart):
+    """A copy reads the register's value: 0 from reset, then the value a cycle late."""
+    m, count, out = _replicated_design(apart)
+    m.domains.sync = ClockDomain()
+    seen = []
+
+    async def bench(ctx):
+        for _ in range(6):
+            seen.append((ctx.get(count), ctx.get(out)))
+            await ctx.tick()
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen == [(c, c) for c in range(6)]
+
+
+def test_replicated_apart_is_not_merged():
+    """``apart``: Yosys keeps the copy apart from the register that loads the same value
+    (copy 0 merges with it: opt_merge), so the copy's fan-out stays its own."""
+    yosys = find_yosys(lambda version: True)
+    counts = {}
+    for apart in (False, True):
+        m, count, out = _replicated_design(apart)
+        text = rtlil.convert(m, ports=[out, count])
+        script = f"read_rtlil <<rtlil\n{text}\nrtlil\nproc\nopt\nopt_clean\nwrite_rtlil"
+        netlist = yosys.run(["-q", "-"], script, ignore_warnings=True)
+        counts[apart] = len(re.findall(r"^\s*cell \$\w*dff\w* ", netlist, re.MULTILINE))
+    assert counts == {False: 1, True: 2}, counts
 
 
 def test_skid_buffer_reset_held():

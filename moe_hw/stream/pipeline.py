@@ -31,7 +31,7 @@ def delay(m, value, latency, en, *, name="delayed", reset_less=False):
     return value
 
 
-def replicated(m, value, *, name, copies=2, en=None):
+def replicated(m, value, *, name, copies=2, en=None, apart=False):
     """``copies`` (1 to 4) registers that each load ``value`` every cycle (or in the cycles
     of ``en``, when given): one copy of a
     broadcast value (a gate every lane multiplies by) for each group of lanes of a wide
@@ -43,12 +43,17 @@ def replicated(m, value, *, name, copies=2, en=None):
     every bit: copy k has the reset value all ones when k is odd (all zeros when even), and
     copies 2 and 3 hold the inverted value (read back through an inverter that folds into the
     LUTs after them). A bit has two values and two reset values: four copies at most. The
-    reset value is never used: a copy is read only after a load."""
-    if not 1 <= copies <= 4:
-        raise ValueError(f"copies must be 1 to 4, not {copies!r}")
+    reset value is never used: a copy is read only after a load.
+
+    ``apart``: the copies are also kept apart from the register that ``value`` is the next
+    value of (a register with reset value 0 loading ``value`` every cycle, which copy 0 would
+    merge with): they are made from the last kinds (copy 3 first: the inverted value, reset
+    all ones, so that it reads 0 from reset like that register), at most three."""
+    if not 1 <= copies <= (3 if apart else 4):
+        raise ValueError(f"copies must be 1 to {3 if apart else 4}, not {copies!r}")
     width = len(value)
     out = []
-    for copy in range(copies):
+    for copy in (range(3, 3 - copies, -1) if apart else range(copies)):
         invert = Const((1 << width) - 1 if copy >= 2 else 0, width)   # unsigned: no extension
         reg = Signal(width, name=f"{name}_{copy}", init=-(copy % 2) % (1 << width))
         with m.If(1 if en is None else en):

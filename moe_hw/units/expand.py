@@ -751,8 +751,12 @@ class ExpandUnit(wiring.Component):
         m.d.sync += generating.eq(generating_next)
         # The odometer's step: the take, formed per group of its dims from copies of its two
         # registers, so that no one net reaches every odometer register.
-        generating_copy, = replicated(m, generating_next, name="generating_copy", copies=1)
-        ready_copy, = replicated(m, pipe.ready_next, name="ready_copy", copies=1)
+        # (Kept apart from generating and the pipeline's i_ready, which load the same values:
+        # merged with them, the take reached the odometer from the pipeline's control across
+        # the chip, 142.8 MHz at 16 lanes, 89 % routing.)
+        generating_copy, = replicated(m, generating_next, name="generating_copy", copies=1,
+                                      apart=True)
+        ready_copy, = replicated(m, pipe.ready_next, name="ready_copy", copies=1, apart=True)
         addrs = lane_addresses(m, p, dy, da, beat, beat_loads, generating_copy & ready_copy)
 
         # The beat's lane enables and last flag travel beside it.
