@@ -123,7 +123,7 @@ from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..golden.expand import BACKWARD_MODES, expand_backward_banks
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay
+from ..stream import CreditPipeline, delay, replicated
 from .expand import StrideAddressParams, dim_steps, odometer, sum_tree
 
 __all__ = ["ExpandBackwardParams", "ExpandBackwardUnit"]
@@ -427,7 +427,13 @@ class ExpandBackwardUnit(wiring.Component):
         values_read = [delay(m, v, read, 1, name=f"value{j}_read", reset_less=True)
                        for j, v in enumerate(values)]
         sums = []
+        # The accumulators' operand choice by a copy of draining per group of lanes, a cycle
+        # late (the last item's add is over L + 1 cycles before draining rises, and the first
+        # drain pair arrives read + L cycles after it), so that no one net reaches every lane.
+        groups = min(lanes, 4)
+        drain_copies = replicated(m, draining, name="draining_copy", copies=groups)
         for j in range(lanes):
+            drain_here = drain_copies[j * groups // lanes]
             pre = FloatAdderCore(p.format, lat)
             m.submodules[f"pair{j}"] = pre
             m.d.comb += [pre.a.eq(Mux(pair_on, even.read_data[j], 0)),
@@ -438,8 +444,8 @@ class ExpandBackwardUnit(wiring.Component):
             m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
             old = Mux(parity_read, odd.read_data[j], even.read_data[j])
             m.d.comb += [
-                acc.a.eq(Mux(draining, partial, old)),
-                acc.b.eq(Mux(draining, Mux(ring_on, pre.sum, 0), values_read[j])),
+                acc.a.eq(Mux(drain_here, partial, old)),
+                acc.b.eq(Mux(drain_here, Mux(ring_on, pre.sum, 0), values_read[j])),
                 acc.en.eq(1),
             ]
             sums.append(acc.sum)
