@@ -356,9 +356,9 @@ class ExpandBackwardUnit(wiring.Component):
         # one their mode uses, so the beat's lanes are not held for the lane tree's length.
         front, short = p.front_latency, p.short_front_latency
 
-        def fronted(value, name, *, extra=0, reset_less=True, at=0):
-            """``value`` (formed ``at`` cycles after the take) at the accumulator (+ extra)."""
-            near = delay(m, value, short - at + extra, 1, name=f"{name}_short",
+        def fronted(value, name, *, reset_less=True, at=0):
+            """``value`` (formed ``at`` cycles after the take) at the accumulator."""
+            near = delay(m, value, short - at, 1, name=f"{name}_short",
                          reset_less=reset_less)
             far = delay(m, near, front - short, 1, name=f"{name}_long", reset_less=reset_less)
             return Mux(long_front, far, near)
