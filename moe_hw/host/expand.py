@@ -511,11 +511,8 @@ class Expand(Unit):
         gate = random_elements(rng, (shape.tokens, 1), fmt)
         row = random_elements(rng, (1, shape.hidden), fmt)
         size = np.array([shape.tokens, shape.hidden], np.int64)
-        # A rank-5 expand (two dims broadcast) scaled with S and H: [4, 1, 8, 1, 16] ->
-        # [4, 24, 8, 20, 16] at S = 1024, H = 512.
-        rank5 = random_elements(rng, (4, 1, 8, 1, 16), fmt)
-        rank5_size = np.array([4, max(2, shape.tokens * 3 // 128), 8,
-                               max(2, shape.hidden * 5 // 128), 16], np.int64)
+        rank5 = random_elements(rng, RANK5_INPUT, fmt)
+        rank5_size = np.array(rank5_size_of(shape), np.int64)
         onchip = {"lanes": shape.lanes}
         external = {"lanes": shape.lanes, "memory": "external"}
         cases = {"gate": {"input": gate, "expand_size": size},
@@ -523,6 +520,17 @@ class Expand(Unit):
                  "rank5": {"input": rank5, "expand_size": rank5_size}}
         return {**{name: (inputs, onchip) for name, inputs in cases.items()},
                 **{f"{name}_external": (inputs, external) for name, inputs in cases.items()}}
+
+
+#: The benches' rank-5 expand (two dims broadcast), its input shape and expand size
+#: (:func:`rank5_size_of`).
+RANK5_INPUT = (4, 1, 8, 1, 16)
+
+
+def rank5_size_of(shape):
+    """The rank-5 expand's size scaled with a bench shape's S and H: [4, 1, 8, 1, 16] ->
+    [4, 24, 8, 20, 16] at S = 1024, H = 512."""
+    return [4, max(2, shape.tokens * 3 // 128), 8, max(2, shape.hidden * 5 // 128), 16]
 
 
 def split_dim_of(inputs, runtime):

@@ -25,8 +25,8 @@ from ..golden.testing import random_floats
 from ..params import check_choice
 from ..units.expand_backward import ExpandBackwardParams, ExpandBackwardUnit
 from .checks import HostError, compare_bits, compare_log, compare_values, need
-from .expand import (ELEMENT_DTYPES, beat_log, check_rank, element_array, expected_beats,
-                     fast_bench, plan_of, size_list)
+from .expand import (ELEMENT_DTYPES, RANK5_INPUT, beat_log, check_rank, element_array,
+                     expected_beats, fast_bench, plan_of, rank5_size_of, size_list)
 from .unit import Unit
 
 __all__ = ["UNIT", "ExpandBackward"]
@@ -202,9 +202,9 @@ class ExpandBackward(Unit):
         rng = np.random.default_rng(seed)
         fmt = shape.format if shape.format in ("fp32", "fp16", "bf16") else "fp32"
         s, h = shape.tokens, shape.hidden
-        rank5 = [4, max(2, s * 3 // 128), 8, max(2, h * 5 // 128), 16]
         cases = {"gate": ([s, 1], [s, h]), "row": ([1, h], [s, h]),
-                 "repeat": ([1, s, h], [2, s, h]), "rank5": ([4, 1, 8, 1, 16], rank5)}
+                 "repeat": ([1, s, h], [2, s, h]),
+                 "rank5": (list(RANK5_INPUT), rank5_size_of(shape))}
         problems = {}
         for name, (input_shape, size) in cases.items():
             n = int(np.prod(size))

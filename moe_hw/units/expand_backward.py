@@ -296,9 +296,7 @@ class ExpandBackwardUnit(wiring.Component):
         # ---- run registers, loaded with start ---------------------------------------------
         max_items = p.max_output
         mode = Signal(range(len(BACKWARD_MODES)))
-        rows_like = Signal()                 # rows or stream: an item is a row of lanes
         stream = Signal()                    # one bank, a row leaves at its last item
-        long_front = Signal()                # reduce mode: the items wait for the lane tree
         items_left = Signal(range(max_items + 1))
         items_open = Signal()                # an item is still to be taken
         run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
@@ -307,11 +305,11 @@ class ExpandBackwardUnit(wiring.Component):
         plan_open = Signal()
         lane = Signal(range(lanes))          # elements mode: the element's lane in its beat
         bank = Signal(range(banks))          # the next item's bank, k % G
+        rows_like = (mode == rows_mode) | (mode == stream_mode)   # an item is a row of lanes
+        long_front = mode == reduce          # the items wait for the lane tree
         with m.If(ctl.accept):
             m.d.sync += [
                 mode.eq(self.mode),
-                long_front.eq(self.mode == reduce),
-                rows_like.eq((self.mode == rows_mode) | (self.mode == stream_mode)),
                 stream.eq(self.mode == stream_mode),
                 items_left.eq(Mux(self.mode == elements, self.output_elements,
                                   (self.output_elements + (lanes - 1)) >> lanes_log2)),
