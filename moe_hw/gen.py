@@ -60,7 +60,8 @@ def emit(name, out_dir, settings=None):
     standard bus interfaces (:mod:`moe_hw.axi`)."""
     unit, point = unit_or_point(name)
     settings, interface, axi = split_interface(settings)
-    params = unit.make_params(settings, base=point.params if point else None)
+    params = unit.make_params(settings, base=point.params if point else None,
+                              interface=interface)
     component = unit.build(params) if axi is None else unit.build_axi(params, axi)
     return write_unit(component, unit.name, Path(out_dir), unit=unit.name, params=params,
                       runtime=point.problem if point else None, interface=axi)

@@ -3,9 +3,11 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
 
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--freq MHZ] [--json FILE] [--timeout S] [--work DIR] [--check]
+    python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--json FILE]
 
 ``--set interface=axi`` (and ``axi_*``) synthesizes the unit behind its AXI wrapper, as
-``python -m moe_hw.gen emit`` does.
+``python -m moe_hw.gen emit`` does. ``--resources`` stops after nextpnr's packer: the
+resources in seconds to a minute, no placement, no Fmax.
 
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
 ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
@@ -26,12 +28,12 @@ import time
 from pathlib import Path
 
 from .cli import fail, parse_sets, run_main
-from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, TARGETS, SynthError, format_table,
-                          synthesize, target as find_target)
+from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, RESOURCES, TARGETS, SynthError,
+                          format_table, pack_design, synthesize, target as find_target)
 from .gen import split_interface
 from .registry import unit_or_point
 
-__all__ = ["main", "synth", "synth_params", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
+__all__ = ["main", "synth", "synth_params", "pack", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
 
 PROG = "python -m moe_hw.synth"
 
@@ -62,7 +64,7 @@ def synth_params(name, target, settings=None):
     unit, point = unit_or_point(name)
     settings = dict(settings or {})
     base = dict(point.params if point else {})
-    unit_settings, _, _ = split_interface(settings)
+    unit_settings, interface, _ = split_interface(settings)
     # The multipliers and block memories are built for the device: registered MULT18X18D
     # and DP16KD blocks on ECP5 (the inferred `*` leaves the DSP registers unused, an
     # inferred block RAM has no output register), unless --set dsp=... / bram=... says
@@ -72,17 +74,15 @@ def synth_params(name, target, settings=None):
         for field in ("dsp", "bram"):
             if field in fields:
                 base.setdefault(field, "ecp5")
-    params = unit.make_params(unit_settings, base=base)
+    params = unit.make_params(unit_settings, base=base, interface=interface)
     shown = {**base, **settings}
     description = " ".join([name, *(f"{key}={value}" for key, value in shown.items())])
     return unit, params, description
 
 
-def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
-          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
-    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
-    of the design point's) on ``target``; return the
-    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+def _design(name, target, settings):
+    """``(unit name, build, description, params)`` of unit or design point ``name`` with
+    ``settings`` on ``target``, behind its AXI wrapper when they say so."""
     unit, params, description = synth_params(name, target, settings)
     _, _, axi = split_interface(settings)
     if axi is not None and "axi_bram" not in (settings or {}) and \
@@ -93,9 +93,38 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
         return unit.build(params) if axi is None else unit.build_axi(params, axi,
                                                                      own_clock=False)
 
-    return synthesize(unit.name, build, target, description=description,
-                      params=dataclasses.asdict(params), seeds=seeds, freq=freq,
-                      timeout=timeout, work_dir=work_dir, progress=progress)
+    return unit.name, build, description, dataclasses.asdict(params)
+
+
+def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+    """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
+    of the design point's) on ``target``; return the
+    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+    unit, build, description, params = _design(name, target, settings)
+    return synthesize(unit, build, target, description=description, params=params,
+                      seeds=seeds, freq=freq, timeout=timeout, work_dir=work_dir,
+                      progress=progress)
+
+
+def pack(name, target, settings=None, *, timeout=DEFAULT_TIMEOUT, work_dir=None,
+         progress=None):
+    """``name`` with ``settings`` on ``target`` as :func:`synth` builds it, synthesized and
+    packed only: its :class:`~moe_hw.flows.synth.PackResult` (the resources, no Fmax)."""
+    unit, build, description, params = _design(name, target, settings)
+    return pack_design(unit, build, target, description=description, params=params,
+                       timeout=timeout, work_dir=work_dir, progress=progress)
+
+
+def format_resources(result, target):
+    """A :class:`~moe_hw.flows.synth.PackResult` as two lines of a table."""
+    head = [f"{heading:>7}" for heading in RESOURCES.values()]
+    used = [f"{result.resources[column]['used']:>7}" for column in RESOURCES]
+    return "\n".join([
+        f"{result.description} on {find_target(target).device} ({target}), packed, "
+        "not placed (no Fmax)",
+        " ".join(head), " ".join(used),
+        f"FF includes the out-of-context wrapper's {result.wrapper_registers} registers."])
 
 
 def main(argv=None):
@@ -125,9 +154,28 @@ def main(argv=None):
                              f"reference adder")
     parser.add_argument("--work", type=Path, default=None, metavar="DIR",
                         help="keep the RTLIL, netlists, logs and nextpnr reports in DIR")
+    parser.add_argument("--resources", action="store_true",
+                        help="synthesize and pack only: the resources, no placement and no "
+                             "Fmax (seconds to a minute)")
     args = parser.parse_args(argv)
 
+    def resources():
+        if args.check:
+            raise ValueError("--check needs an Fmax: leave out --resources")
+        start = time.perf_counter()
+        result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
+                      work_dir=args.work, progress=_progress)
+        print(format_resources(result, args.target))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+            _progress(f"wrote {args.json}")
+        _progress(f"done in {time.perf_counter() - start:.0f} s")
+        return 0
+
     def body():
+        if args.resources:
+            return resources()
         if find_target(args.target).bitstream and args.work is None:
             raise ValueError(f"target {args.target} writes a bitstream: name --work DIR to "
                              "keep it")

@@ -341,3 +341,29 @@ def test_read_master_bus_error():
     with pytest.raises(ValueError, match=r"fifo_depth \(4\) must hold a whole burst"):
         AxiReadMaster("m_axi_t", request_layout(4, 12), response_layout(4, 8), max_burst=8,
                       fifo_depth=4)
+
+
+def test_every_unit_with_run_control_wraps():
+    """Every unit with run control goes behind the wrapper: each run-time size is an rw
+    register, a memory read or write port an AXI4 master with its base address register;
+    a unit without run control (the float blocks) gets one line saying so."""
+    from moe_hw.registry import units
+    wrapped = []
+    for name, unit in units().items():
+        params = unit.make_params({}, interface="axi")
+        if name in ("fmul", "fadd"):
+            with pytest.raises(ValueError, match=f"unit {name} has no 'start' port"):
+                unit.build_axi(params)
+            continue
+        wrapper = unit.build_axi(params)
+        wrapper._MustUse__silence = wrapper.unit._MustUse__silence = True
+        fields = {f["name"]: f["access"] for r in wrapper.register_map() for f in r["fields"]}
+        for size in wrapper.unit.sizes:
+            assert fields.get(size) == "rw", (name, size)
+        masters = [bus["port"] for bus in wrapper.buses() if bus["kind"] == "axi4"]
+        assert sorted(masters) == sorted(wrapper.reads + wrapper.writes), name
+        for port in masters:
+            assert fields.get(f"{wrapper.names.get(port, port)}_base") == "rw", (name, port)
+        wrapped.append(name)
+    assert {"dispatch", "locations", "sparse_index", "combine_gather", "moe_re_routing",
+            "moe_layer", "expand_backward", "scan_layers"} <= set(wrapped)

@@ -79,3 +79,27 @@ def test_dispatch_backward_data_axi(case, stall):
     assert findings == [], "\n".join(findings)
     assert list(outputs) == ["grad_input"]
     assert len(results["burst_beats"]) > 0 and np.all(results["burst_beats"] <= AXI.axi_max_burst)
+
+
+@pytest.mark.parametrize("settings, want", [
+    ({"interface": "axi"}, 256),
+    ({"interface": "axi", "max_outstanding": 32}, 32),
+    ({}, 16),
+])
+def test_reads_in_flight_behind_axi(tmp_path, settings, want):
+    """Behind the AXI wrapper a read unit keeps 256 beats in flight unless told otherwise
+    (the bus's round trip; 16 cover an on-chip memory): the unit's ``max_outstanding`` in
+    the emitted manifest, and in the synthesis flow's parameters of every unit with a read
+    port."""
+    import json
+
+    from moe_hw.gen import emit
+    from moe_hw.synth import synth_params
+    _, manifest = emit("combine_gather", tmp_path,
+                       {"lanes": 1, "max_tokens": 16, "max_hidden": 16, **settings})
+    assert json.loads(manifest.read_text())["parameters"]["max_outstanding"] == want
+    for unit in ("combine_gather", "dispatch_backward_data", "sparse_gather",
+                 "moe_re_routing", "moe_layer", "expand"):
+        _, params, _ = synth_params(unit, "ecp5-85k", settings)
+        assert params.max_outstanding == (want if settings else
+                                          type(params)().max_outstanding), unit

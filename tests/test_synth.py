@@ -96,6 +96,18 @@ def test_synth_runs_and_its_report_parses(one_synthesis_at_a_time, tmp_path, cap
     # --work keeps what the tools wrote, for reading the critical path in full
     assert (tmp_path / "work" / unit / "seed1.log").exists()
 
+    # --resources: synthesis and packing only, the same counts as the placed design's
+    packed_path = tmp_path / "packed.json"
+    assert synth.main([*argv[:argv.index("--seeds")], "--resources", "--json",
+                       str(packed_path), *argv[argv.index("--work") + 2:]]) == 0
+    table = capsys.readouterr().out
+    packed = json.loads(packed_path.read_text())
+    assert packed["name"] == unit and packed["params"]["format"] == "bf16"
+    assert packed["resources"] == report["design"]["resources"]
+    assert packed["wrapper_registers"] == report["design"]["wrapper_registers"]
+    assert "no Fmax" in table and "LUT4" in table
+    assert str(packed["resources"]["lut4"]["used"]) in table.splitlines()[2]
+
 
 def test_board_target_writes_a_bitstream(one_synthesis_at_a_time, tmp_path, capsys):
     report_path = tmp_path / "report.json"
@@ -209,6 +221,11 @@ def test_bad_target_is_one_line(capsys):
 def test_bad_set_is_one_line(capsys, setting, message):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--set", setting], 2)
     assert lines == [f"{PROG}: error: {message}"]
+
+
+def test_resources_with_check_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--check"], 2)
+    assert lines == [f"{PROG}: error: --check needs an Fmax: leave out --resources"]
 
 
 def test_bad_seeds_is_one_line(capsys):

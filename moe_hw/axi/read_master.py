@@ -25,8 +25,9 @@ consecutive words become INCR bursts of at most ``max_burst`` beats that never c
 boundary; their commands wait in a queue.
 
 **AR**: a burst is issued when fewer than ``outstanding`` bursts are in flight (issued and
-not finished by ``rlast``) and the response FIFO (``fifo_depth`` words, a block RAM) has room
-reserved for all its beats, so ``rready`` is always 1 and R never waits. The response FIFO
+not finished by ``rlast``) and the response FIFO (``fifo_depth`` words, a block RAM) has
+``max_burst`` words not yet reserved (so room for all its beats: they are reserved at the
+issue), so ``rready`` is always 1 and R never waits. Both are registers. The response FIFO
 and the plan queue (``fifo_depth`` entries) are the write master's
 :func:`~moe_hw.axi.write_master.block_fifo`: a
 :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for DP16KD blocks with
@@ -58,7 +59,7 @@ from ..stream import RegisteredFIFO, SkidBuffer
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
 from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, block_fifo,
-                           check_bus, form_bursts, rotate, rotation_stages)
+                           check_bus, count_level, form_bursts, rotate, rotation_stages)
 
 __all__ = ["AxiReadMaster", "axi_read_members"]
 
@@ -185,8 +186,14 @@ class AxiReadMaster(wiring.Component):
         # ---- AR: issued while bursts and the FIFO's room allow -----------------------------
         in_flight = Signal(range(self.outstanding + 1))
         free = Signal(range(self.fifo_depth + 1), init=self.fifo_depth)   # unreserved words
+        # Both conditions are registers, decided a cycle ahead from the counts' next values:
+        # a slot for one more burst, and room for a burst of ``max_burst`` beats (whatever
+        # the next command's length: the head command's length then reaches no compare on
+        # the way to the issue; the FIFO holds at least two such bursts by default).
+        slot = Signal(init=1)                    # in_flight < outstanding
+        fits = Signal(init=1)                    # free >= max_burst
         ar = m.submodules.ar = SkidBuffer(command)
-        can_issue = cmd.r_rdy & (in_flight != self.outstanding) & (free > cmd.r_data.len)
+        can_issue = cmd.r_rdy & slot & fits
         issue = can_issue & ar.i.ready
         m.d.comb += [
             ar.i.valid.eq(can_issue), ar.i.payload.eq(cmd.r_data), cmd.r_en.eq(issue),
@@ -202,11 +209,13 @@ class AxiReadMaster(wiring.Component):
                                       target=self.bram, write=p("rvalid"), data=p("rdata"))
         m.d.sync += self.bus_error.eq(p("rvalid") & (p("rresp") != 0))
         finished = p("rvalid") & p("rlast")
-        m.d.sync += in_flight.eq(in_flight + issue - finished)
+        count_level(m, in_flight, issue, finished, [(slot, False, self.outstanding)])
 
         # ---- assemble, stage 1: the request's words merged per lane (registered) -----------
         merged_layout = data.StructLayout({"data": bits, "offset": max(1, shift)})
-        merge = m.submodules.merge = SkidBuffer(merged_layout)
+        # The bus-wide data of the assembly's stages in two registers written in turn (as
+        # in the realigner): their loads are registers, not a stage's ready fanned out.
+        merge = m.submodules.merge = SkidBuffer(merged_layout, alternate=("data",))
         head = Signal(plan_layout)
         m.d.comb += head.eq(plans.o.payload)
         word_in = fifo.o.payload
@@ -227,8 +236,17 @@ class AxiReadMaster(wiring.Component):
             fifo.o.ready.eq(step & need_word),
             plans.o.ready.eq(step & ~store_only),
         ]
-        popped = step & need_word
+        # A word taken off the FIFO is counted free a cycle later (``popped``, a register):
+        # the count's adders and the room's compares then start from registers alone.
+        popped = Signal()
+        m.d.sync += popped.eq(step & need_word)
         m.d.sync += free.eq(free - Mux(issue, cmd.r_data.len + 1, 0) + popped)
+        # ``fits`` of the next count: the compares from registers, the handshakes choose.
+        left = free - cmd.r_data.len             # after the head burst's issue, plus one
+        m.d.sync += fits.eq(Mux(issue, Mux(popped, left >= self.max_burst,
+                                           left > self.max_burst),
+                                Mux(popped, free + 1 >= self.max_burst,
+                                    free >= self.max_burst)))
         with m.If(step):
             m.d.sync += got_first.eq(store_only)
             with m.If(need_word):
@@ -240,7 +258,7 @@ class AxiReadMaster(wiring.Component):
         valid, ready, source = merge.o.valid, merge.o.ready, merge.o.payload
         stages = []
         for stage in range(rotation_stages(shift)):
-            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(turning)
+            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(turning, alternate=("data",))
             stages.append(rot)
             low_bit = stage * WriteRealign.STAGE_BITS
             turn = source.offset[low_bit:min(shift, low_bit + WriteRealign.STAGE_BITS)]

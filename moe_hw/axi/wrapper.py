@@ -10,7 +10,8 @@
   ``m_axi_<name>_*`` (:class:`~moe_hw.axi.write_master.WriteRealign` then
   :class:`~moe_hw.axi.write_master.AxiWriteMaster`), its base address a register;
 * each memory read port (a request stream ``<name>_request`` of ``addr``, ``enable`` and
-  its response stream ``<name>_response`` of ``data``) behind an AXI4 master
+  its response stream ``<name>_response`` of ``data``, or a pair the unit's declaration
+  names in ``axi_reads``) behind an AXI4 master
   ``m_axi_<name>_*`` with AR and R channels (:class:`~moe_hw.axi.read_master.AxiReadMaster`),
   its base address a register;
 * the run control (``start``, the sizes, ``busy``, ``done``, ``error``) and the unit's other
@@ -33,7 +34,9 @@ A unit's streams and ports are named in its declaration (``moe_hw/host/U.py``): 
 output stream whose payload has a ``data`` array beside other fields, such as a row's lane
 enables and last flag, ``tdata`` is the ``data`` alone, the rest said by ``tkeep`` and
 ``tlast``) and
-``axi_names`` (``{port: bus name}``, a port's name otherwise).
+``axi_names`` (``{port: bus name}``, a port's name otherwise) and ``axi_reads`` (``{read
+port: (request stream, response stream)}``, for a read port whose streams are not named
+``X_request`` and ``X_response``).
 """
 
 from dataclasses import dataclass
@@ -79,24 +82,32 @@ def _is_write_port(member):
         {"addr", "data", "enable"} <= set(shape.members)
 
 
-def _read_port(members, port):
-    """The read port's name when ``port`` is the request stream of a read port (``X_request``:
-    ``addr`` and ``enable``, beside ``X_response``: ``data``), else None."""
-    if not port.endswith("_request"):
-        return None
-    name = port[:-len("_request")]
-    response = members.get(f"{name}_response")
+def _is_read_pair(members, request, response):
+    """Whether ports ``request`` (out: ``addr``, ``enable``) and ``response`` (in: ``data``)
+    are a memory read port."""
     shapes = []
-    for member in (members[port], response):
-        if member is None or not member.is_signature or \
+    for port, flow in ((request, Out), (response, In)):
+        member = members.get(port)
+        if member is None or not member.is_signature or member.flow != flow or \
                 not isinstance(member.signature, stream.Signature):
-            return None
+            return False
         shapes.append(member.signature.members["payload"].shape)
-    if not all(isinstance(shape, data.StructLayout) for shape in shapes):
-        return None
-    if set(shapes[0].members) != {"addr", "enable"} or set(shapes[1].members) != {"data"}:
-        return None
-    return name
+    return all(isinstance(shape, data.StructLayout) for shape in shapes) and \
+        set(shapes[0].members) == {"addr", "enable"} and set(shapes[1].members) == {"data"}
+
+
+def _read_ports(members, declared, name):
+    """``{read port name: (request port, response port)}``: every ``X_request`` /
+    ``X_response`` pair, and the pairs a unit declares with other names (``axi_reads``)."""
+    reads = {port[:-len("_request")]: (port, port[:-len("_request")] + "_response")
+             for port in members if port.endswith("_request")}
+    reads = {read: pair for read, pair in reads.items() if _is_read_pair(members, *pair)}
+    for read, pair in declared.items():
+        if not _is_read_pair(members, *pair):
+            raise ValueError(f"axi_reads: {pair!r} of {name} is not a read port (a request "
+                             f"stream of addr and enable out, a response stream of data in)")
+        reads[read] = tuple(pair)
+    return reads
 
 
 def _lanes_of(shape):
@@ -109,7 +120,8 @@ class AxiWrapper(wiring.Component):
     """``unit`` (a component with :func:`~moe_hw.blocks.run_control.run_ports` and a
     ``sizes`` property) behind AXI interfaces; see the module docstring."""
 
-    def __init__(self, unit, *, name, axi=None, rows=None, names=None, own_clock=True):
+    def __init__(self, unit, *, name, axi=None, rows=None, names=None, reads=None,
+                 own_clock=True):
         self.unit, self.name = unit, name
         # ``own_clock=False``: no ``aclk``/``aresetn``, the ambient ``sync`` domain (for a
         # harness that clocks the wrapper itself: the synthesis flow's out-of-context one).
@@ -117,16 +129,15 @@ class AxiWrapper(wiring.Component):
         self.axi = axi = axi or AxiParams()
         self.rows, self.names = dict(rows or {}), dict(names or {})
         members = unit.signature.members
-        sizes = dict(unit.sizes)
         for port in RUN_PORTS:
             if port not in members:
                 raise ValueError(f"unit {name} has no {port!r} port; the AXI wrapper needs "
                                  f"the run-control ports")
+        sizes = dict(unit.sizes)
         self.inputs, self.outputs, self.writes, self.counters, self.settings = [], [], [], [], []
-        self.reads = [read for read in map(lambda port: _read_port(members, port), members)
-                      if read is not None]
-        read_streams = {f"{read}_{end}" for read in self.reads for end in ("request",
-                                                                          "response")}
+        self.read_ports = _read_ports(members, dict(reads or {}), name)
+        self.reads = list(self.read_ports)
+        read_streams = {port for pair in self.read_ports.values() for port in pair}
         for port, member in members.items():
             if port in read_streams:
                 continue
@@ -189,7 +200,7 @@ class AxiWrapper(wiring.Component):
         return shape
 
     def _read_lanes(self, port):
-        return _lanes_of(self.unit.signature.members[f"{port}_response"].signature
+        return _lanes_of(self.unit.signature.members[self.read_ports[port][1]].signature
                          .members["payload"].shape)
 
     def _width(self, port):
@@ -204,7 +215,8 @@ class AxiWrapper(wiring.Component):
         lane_ports = [port for port in self.writes + self.inputs + self.outputs
                       if isinstance(self._shape(port), data.StructLayout) and
                       isinstance(self._shape(port).members.get("data"), data.ArrayLayout)]
-        lanes, width = _lanes_of(self._shape(lane_ports[0])) if lane_ports else (1, 0)
+        lanes, width = (_lanes_of(self._shape(lane_ports[0])) if lane_ports else
+                        self._read_lanes(self.reads[0]) if self.reads else (1, 0))
         regs = [
             Register("CTRL", (Field("start", access="w1p", doc="write 1: start a run"),
                               Field("irq_enable", bit=1, doc="irq follows IRQ.done")),
@@ -380,7 +392,7 @@ class AxiWrapper(wiring.Component):
             lanes, width = self._read_lanes(port)
             bus = self.names.get(port, port)
             prefix = f"m_axi_{bus}"
-            request, response = getattr(unit, f"{port}_request"), getattr(unit, f"{port}_response")
+            request, response = (getattr(unit, name) for name in self.read_ports[port])
             master = m.submodules[f"axi_{port}"] = AxiReadMaster(
                 prefix, request.payload.shape(), response.payload.shape(),
                 addr_width=self.axi.axi_addr_width, max_burst=self.axi.axi_max_burst,

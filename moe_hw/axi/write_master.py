@@ -60,7 +60,8 @@ from ..params import check_choice
 from ..stream import CreditPipeline, RegisteredFIFO, SkidBuffer, delay
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
-           "block_fifo", "check_bus", "form_bursts", "rotate", "rotation_stages", "word_layout"]
+           "block_fifo", "check_bus", "count_level", "form_bursts", "rotate", "rotation_stages",
+           "word_layout"]
 
 #: AXI4 constants of every burst: INCR, normal access, bufferable and modifiable.
 AWBURST_INCR = 0b01
@@ -220,7 +221,10 @@ class WriteRealign(wiring.Component):
         skids = []
 
         # ---- the input register: the rotation starts from flip-flops ----------------------
-        inp = m.submodules.input = SkidBuffer(self.write_layout)
+        # Every bus-wide field of the realigner's stages is held in two registers written in
+        # turn (SkidBuffer's ``alternate``): their loads are registers, not a decision
+        # fanned out to a bus-wide clock enable (the merge's flush, a stage's ready).
+        inp = m.submodules.input = SkidBuffer(self.write_layout, alternate=("data",))
         wiring.connect(m, wiring.flipped(self.i), inp.i)
         skids.append(inp)
         beat = inp.o.payload
@@ -239,7 +243,7 @@ class WriteRealign(wiring.Component):
                   "strb": beat.enable, "low": low, "follows": follows, "rest": offset}
         valid, ready = inp.o.valid, inp.o.ready
         for stage in range(self.rotation_stages):
-            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(rotation)
+            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(rotation, alternate=("data",))
             skids.append(rot)
             low_bit = stage * self.STAGE_BITS
             bits = source["rest"][low_bit:min(shift, low_bit + self.STAGE_BITS)]
@@ -256,7 +260,7 @@ class WriteRealign(wiring.Component):
             valid, ready = rot.o.valid, rot.o.ready
 
         # ---- merge with the carry, or let the carry out alone ------------------------------
-        skid = m.submodules.skid = SkidBuffer(self.o.payload.shape())
+        skid = m.submodules.skid = SkidBuffer(self.o.payload.shape(), alternate=("data",))
         wiring.connect(m, skid.o, wiring.flipped(self.o))
         skids.append(skid)
         r = source
@@ -276,7 +280,7 @@ class WriteRealign(wiring.Component):
                         (r["low"] & carry_en & continues.replicate(lanes)) |
                         (~r["low"] & r["strb"]))
         m.d.comb += [
-            skid.i.valid.eq(flush | valid),
+            skid.i.valid.eq(carry_valid | valid),          # flush | valid, as two registers
             ready.eq(skid.i.ready & ~flush),
             skid.i.payload.word.eq(Mux(carry_valid, carry_word, r["word"])),
             skid.i.payload.data.eq(merged),
@@ -290,8 +294,12 @@ class WriteRealign(wiring.Component):
             with m.Elif(valid):
                 m.d.sync += [carry_valid.eq(spill.any()),
                              carry_low.eq(Mux(spill.any(), r["low"], 0)),
-                             carry_data.eq(r["data"]), carry_en.eq(spill),
-                             carry_word.eq(r["word"] + 1)]
+                             carry_en.eq(spill), carry_word.eq(r["word"] + 1)]
+        # The carry's data loads without the flush decision: a flushed carry is not read
+        # again (its lanes are cleared), and the beat that waits behind the flush loads it
+        # again when it is taken.
+        with m.If(skid.i.ready & valid):
+            m.d.sync += carry_data.eq(r["data"])
         return m
 
 
@@ -362,9 +370,10 @@ class AxiWriteMaster(wiring.Component):
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
+        slot = Signal(init=1)                       # in_flight != outstanding (a register)
         lengths = m.submodules.lengths = RegisteredFIFO(8, self.outstanding + 2)
         aw = m.submodules.aw = SkidBuffer(command)
-        can_issue = cmd.r_rdy & (in_flight != self.outstanding) & lengths.w_rdy
+        can_issue = cmd.r_rdy & slot & lengths.w_rdy
         issue = can_issue & aw.i.ready
         m.d.comb += [
             aw.i.valid.eq(can_issue), aw.i.payload.eq(cmd.r_data), cmd.r_en.eq(issue),
@@ -407,7 +416,7 @@ class AxiWriteMaster(wiring.Component):
         answered = p("bvalid")
         m.d.comb += p("bready").eq(1)
         m.d.sync += self.bus_error.eq(answered & (p("bresp") != 0))
-        m.d.sync += in_flight.eq(in_flight + issue - answered)
+        count_level(m, in_flight, issue, answered, [(slot, False, self.outstanding)])
         m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
                                  (cmd.level == 0) & (in_flight == 0))
         return m
@@ -445,11 +454,11 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None):
         m.d.sync += w_ptr.eq(_next(w_ptr, depth))
     with m.If(read):
         m.d.sync += r_ptr.eq(_next(r_ptr, depth))
-    flags = [(empty, lambda level: level == 0)]
+    flags = [(empty, True, 0)]
     if room is not None:
-        flags.insert(0, (room, lambda level: level != depth))
-    _count(m, used, write, read, flags)
-    _count(m, readable, written, read, [(nonempty, lambda level: level != 0)])
+        flags.insert(0, (room, False, depth))
+    count_level(m, used, write, read, flags)
+    count_level(m, readable, written, read, [(nonempty, False, 0)])
     return ahead, empty
 
 
@@ -460,15 +469,18 @@ def _next(ptr, depth):
     return (ptr + 1)[:len(ptr)]
 
 
-def _count(m, level, grows_by, shrinks_by, flags):
+def count_level(m, level, grows_by, shrinks_by, flags):
     """``level`` (a register) counts ``grows_by`` up and ``shrinks_by`` down; each of
-    ``flags`` (``(register, function of a level)`` pairs) is its function of the next level, a
-    choice by the two among three compares (no carry chain between the handshakes and the
-    flag)."""
+    ``flags`` (``(register, equal, constant)``) is whether the next level equals ``constant``
+    (differs from it, when not ``equal``): a choice by the two among three compares of the
+    level with constants (``constant`` - 1, + 1 and itself), so that no carry chain lies
+    between the level and the flag."""
     grows = grows_by & ~shrinks_by
     shrinks = shrinks_by & ~grows_by
     m.d.sync += level.eq(Mux(grows, level + 1, Mux(shrinks, level - 1, level)))
-    for flag, flag_of in flags:
-        m.d.sync += flag.eq(Mux(grows, flag_of(level + 1), Mux(shrinks, flag_of(level - 1),
-                                                                 flag_of(level))))
-
+    for flag, equal, constant in flags:
+        def at(value):
+            hit = (level == value) if 0 <= value < 1 << len(level) else Const(0, 1)
+            return hit if equal else ~hit
+        m.d.sync += flag.eq(Mux(grows, at(constant - 1),
+                                Mux(shrinks, at(constant + 1), at(constant))))

@@ -37,7 +37,8 @@ from ..params import check_choice
 from .out_of_context import OutOfContext, ReferenceAdder
 
 __all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
-           "DesignResult", "SynthReport", "synthesize_design", "synthesize", "format_table",
+           "DesignResult", "SynthReport", "PackResult", "synthesize_design", "synthesize",
+           "pack_design", "format_table",
            "report_clocks", "report_resources", "tool_versions",
            "REFERENCE", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "RESOURCES"]
 
@@ -476,19 +477,14 @@ def _yosys_synth(work, target, timeout, where):
                          f"{_tool_error(log if log.exists() else work / 'yosys.out')}")
 
 
-def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
-                   progress):
-    def say(text):
-        progress(f"{name}: {text}")
-
-    started = time.perf_counter()
+def _netlist(work, build, target, where, timeout, say):
+    """The component ``build()`` returns, out of context, through Yosys into
+    ``work/netlist.json``; returns ``(wrapper, Yosys's cell counts by type)``."""
     wrapper = OutOfContext(build())
     (work / "top.il").write_text(rtlil.convert(wrapper, name="top"))
-
     say(f"yosys {' '.join(target.synth)} ({wrapper.input_bits} input and "
         f"{wrapper.output_bits} output bits) ...")
     step = time.perf_counter()
-    where = f"{description} on {target.name}"
     _yosys_synth(work, target, timeout, where)
     if target.patch is not None:
         netlist = json.loads((work / "netlist.json").read_text())
@@ -498,6 +494,17 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
     cell_counts = stat.get("design", {}).get("num_cells_by_type", {})
     say(f"yosys done in {time.perf_counter() - step:.0f} s, "
         f"{sum(cell_counts.values())} cells")
+    return wrapper, cell_counts
+
+
+def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
+                   progress):
+    def say(text):
+        progress(f"{name}: {text}")
+
+    started = time.perf_counter()
+    where = f"{description} on {target.name}"
+    wrapper, cell_counts = _netlist(work, build, target, where, timeout, say)
 
     pins = ()
     if target.pins:
@@ -567,6 +574,64 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         wrapper_registers=wrapper.wrapper_registers,
         seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished),
         bitstream=bitstream)
+
+
+@dataclass
+class PackResult:
+    """A design synthesized and packed, not placed: its resources (as
+    :attr:`DesignResult.resources`) in seconds, where place and route takes minutes."""
+
+    name: str
+    description: str
+    params: dict
+    resources: dict
+    input_bits: int
+    output_bits: int
+    wrapper_registers: int    # registers the out-of-context wrapper adds (counted in FF)
+    seconds: float
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+
+def pack_design(name, build, target, *, description=None, params=None,
+                timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+    """The component ``build()`` returns through Yosys and nextpnr's packer only (no
+    placement, no routing): its :class:`PackResult`. The counts are the ones the full flow
+    reports (nextpnr's utilisation after packing: logic cells, flip-flops, DSP, block and
+    distributed RAM), without an Fmax. Raises :class:`SynthError` as the full flow does."""
+    target = _target(target)
+    timeout = _check_positive("timeout", timeout)
+    say = (lambda text: progress(f"{name}: {text}")) if progress else (lambda text: None)
+    where = f"{description or name} on {target.name}"
+    started = time.perf_counter()
+    with _work_dir(work_dir) as folder:
+        work = Path(folder)
+        wrapper, cell_counts = _netlist(work, build, target, where, timeout, say)
+        say(f"{target.nextpnr_tool}: packing ...")
+        log = work / "pack.log"
+        code = _run_tool(target.nextpnr_tool,
+                         [*target.nextpnr_args, "--json", "netlist.json", "--no-place",
+                          "--no-route"], work, log, timeout)
+        if code != 0:
+            overfull = _overfull(log) if code is not None else []
+            fit = f"does not fit ({', '.join(overfull)}); " if overfull else ""
+            raise SynthError(f"{where}: {fit}{target.nextpnr_tool} (packing) "
+                             f"{'failed: ' + _tool_error(log) if code else 'passed the time limit'}")
+        # Without placement nextpnr writes no --report; its log lists the utilisation.
+        utilization = {bel: {"used": int(used), "available": int(available)} for
+                       bel, used, available in re.findall(
+                           r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", log.read_text(),
+                           re.MULTILINE)}
+        if not utilization:
+            raise SynthError(f"{where}: {target.nextpnr_tool} (packing) printed no "
+                             f"utilisation; see {log}")
+        resources = report_resources(target, {"utilization": utilization}, cell_counts)
+    return PackResult(name=name, description=description or name, params=dict(params or {}),
+                      resources=resources, input_bits=wrapper.input_bits,
+                      output_bits=wrapper.output_bits,
+                      wrapper_registers=wrapper.wrapper_registers,
+                      seconds=round(time.perf_counter() - started, 1))
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,

@@ -21,10 +21,10 @@ from ..units.dispatch_backward_gate import (DispatchBackwardGateParams,
 from .checks import (HostError, check_dtype, check_fits_field, check_maxima, compare_bits,
                      compare_log, compare_values, format_of, need, memory_latency, runtime_int)
 from ..problems import backward_gate_problem
-from .unit import Unit
+from .unit import AXI_READ_PARAMS, Unit
 
 __all__ = ["UNIT", "DispatchBackwardGate", "expected_reads",
-           "float64_error"]
+           "float64_error", "run_axi"]
 
 def expected_reads(indices, locations, *, tokens, hidden, num_experts, capacity, lanes,
                    interleave):
@@ -93,6 +93,9 @@ class DispatchBackwardGate(Unit):
     outputs = ("grad_gates", "dropped")
     runtime = ("num_experts", "capacity", "memory_latency")
     ideal = "one beat per cycle: k*S*ceil(H/lanes)"
+    # Behind AXI: two read masters, m_axi_input and m_axi_grad.
+    axi_reads = {"input": ("input_read", "input_data"), "grad": ("grad_read", "grad_data")}
+    axi_params = AXI_READ_PARAMS
 
     def build(self, params):
         return DispatchBackwardGateUnit(params)
@@ -265,3 +268,56 @@ class DispatchBackwardGate(Unit):
 
 
 UNIT = DispatchBackwardGate()
+
+
+def run_axi(inputs, runtime, params, axi=None, *, sim="verilator", stall=0.0, seed=0,
+            latency=20, bases=(0x3000, 0x3000), progress=None):
+    """Run the npz ``inputs`` (``input``, ``indices``, ``locations``, ``grad_dispatch``) with
+    ``runtime`` (``num_experts``, ``capacity``; as
+    :func:`~moe_hw.problems.backward_gate_problem` gives them) through
+    dispatch_backward_gate behind its AXI wrapper, on the cocotbext-axi bench
+    ``sim/bench_dispatch_backward_gate_axi.py``: ``input`` in one ``AxiRam`` at ``bases[0]``
+    (read through ``m_axi_input``), ``grad_dispatch`` in another at ``bases[1]`` (through
+    ``m_axi_grad``), each burst's data ``latency`` cycles after its address; the headers in
+    and the gate gradients out on AXI4-Streams. Returns ``(outputs, results, findings)``: the
+    golden model's outputs, the bench's results (``cycles`` from the start write to ``irq``,
+    the bursts) and what disagrees with ``golden.dispatch_backward_gate`` (empty when all is
+    well)."""
+    from ..axi.streams import tdata_width
+    from ..flows.emit import describe_shape
+    from .axi_run import check_base, ram_size, simulate_axi, status_findings
+    problem = UNIT.problem(inputs, runtime)
+    UNIT.fits(problem, params)
+    stimulus, settings = UNIT.pack(problem, params, stall=stall, seed=seed)
+    bus_bytes = params.lanes * params.fmt.width // 8
+    sizes = [problem[name].size * params.fmt.width // 8 for name in ("input", "grad_dispatch")]
+    for name, base in zip(("bases[0]", "bases[1]"), bases):
+        check_base(name, base, bus_bytes)
+    settings.update(stall=stall, seed=seed, latency=latency, bases=list(bases),
+                    buffer_bytes=sizes,
+                    ram_sizes=[ram_size(base + size) for base, size in zip(bases, sizes)],
+                    header_layout=describe_shape(params.header_layout()),
+                    header_bytes=tdata_width(params.header_layout()) // 8,
+                    result_layout=describe_shape(params.result_layout()))
+    results, _ = simulate_axi(UNIT, params, axi, stimulus, settings, sim=sim,
+                              progress=progress)
+    outputs = UNIT.unpack(problem, params, results)
+    findings = []
+    pairs = UNIT._pairs(problem)
+    if len(results["grad_gate"]) != pairs:
+        findings.append(f"{len(results['grad_gate'])} gate gradients on m_axis_grad_gate, "
+                        f"not {pairs}")
+    sizes_of = {"num_experts": problem["num_experts"], "capacity": problem["capacity"]}
+    want = golden.dispatch_backward_gate(*(problem[name] for name in UNIT.inputs),
+                                         **sizes_of, lanes=params.lanes)
+    findings += compare_bits("grad_gates", outputs["grad_gates"],
+                             want.reshape(problem["shape"]), params.fmt)
+    findings += compare_values("DROPPED", outputs["dropped"],
+                               golden.dispatch_dropped(problem["indices"],
+                                                       problem["locations"], **sizes_of))
+    if not int(results["reads_inside"]):
+        findings.append("a read burst reaches outside its buffer")
+    if not int(results["headers_taken"]):
+        findings.append("the header stream was not read to its end")
+    findings += status_findings(results)
+    return outputs, results, findings

@@ -40,7 +40,7 @@ from ..params import check_choice
 from ..units.expand import ELEMENT_FORMATS, PARTS, ExpandParams, ExpandUnit
 from .checks import (MEMORY_LATENCY, HostError, compare_log, compare_values, memory_latency,
                      need, runtime_int)
-from .unit import Unit
+from .unit import AXI_READ_PARAMS, Unit
 
 __all__ = ["UNIT", "Expand", "Plan", "Split", "plan", "split", "odometer_addresses",
            "ELEMENT_DTYPES", "format_of_elements", "element_array", "fast_bench"]
@@ -333,6 +333,7 @@ class Expand(Unit):
                "pattern (SPEC 1.6)")
     golden = "golden.expand"
     params = ExpandParams
+    axi_params = AXI_READ_PARAMS
     inputs = ("input", "expand_size")
     outputs = ("output",)
     runtime = ("split_dim", "memory_latency")

@@ -31,7 +31,7 @@ from .checks import (MEMORY_LATENCY, HostError, check_dtype, check_maxima, compa
                      compare_values, format_of, need, memory_latency, runtime_int)
 from .dispatch import expected_writes
 from ..problems import layer_gates
-from .unit import Unit
+from .unit import AXI_READ_PARAMS, Unit
 
 __all__ = ["UNIT", "MoELayer", "MoELayerProblem", "DEFAULT_CAPACITY_FACTOR",
            "PHASE_NAMES", "layer_problem", "phase_durations"]
@@ -269,6 +269,7 @@ class MoELayer(Unit):
                "combine over one external expert buffer (SPEC 1.8)")
     golden = "golden.moe_layer"
     params = MoELayerParams
+    axi_params = AXI_READ_PARAMS
     inputs = ("gates", "input", "expert_scale", "expert_bias")
     outputs = ("output", "dropped")
     runtime = ("capacity", "memory_latency", "relu")

@@ -20,7 +20,7 @@ from ..golden.rerouting import check_re_routing_inputs
 from ..units.moe_re_routing import COUNT_TYPES, MoeReRoutingParams, MoeReRoutingUnit
 from .checks import (HostError, check_maxima, compare_log, compare_values, memory_latency,
                      need, runtime_int)
-from .unit import Unit
+from .unit import AXI_READ_PARAMS, Unit
 
 __all__ = ["UNIT", "MoeReRouting", "TOKEN_DTYPES", "stimulus", "simulate_raw",
            "random_counts"]
@@ -56,6 +56,7 @@ class MoeReRouting(Unit):
     runtime = ("expert_token_num_type", "idx_type", "memory_latency")
     ideal = "one beat per cycle: A*ceil(H/lanes)"
     axi_names = {"read": "tokens", "write": "permute_tokens"}
+    axi_params = AXI_READ_PARAMS
 
     def build(self, params):
         return MoeReRoutingUnit(params)

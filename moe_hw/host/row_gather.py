@@ -12,7 +12,7 @@ import numpy as np
 from ..blocks.row_reader import last_enable, row_beats
 from ..flows.fastsim import FastBench, MemoryReader, Sink, Source, lane_beats
 from .checks import compare_log, compare_values
-from .unit import Unit
+from .unit import AXI_READ_PARAMS, Unit
 
 __all__ = ["RowGather"]
 
@@ -22,6 +22,7 @@ class RowGather(Unit):
     beat log, and the beat and read scoreboards."""
 
     bench = "bench_row_gather"
+    axi_params = AXI_READ_PARAMS
 
     def bench_settings(self, params, sizes, *, feed, memory_latency, rows, reads):
         """The bench's settings: the run-time size ports ``sizes`` (port -> value), whether

@@ -141,6 +141,11 @@ class LocationsUnit(wiring.Component):
         })
 
     @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order (the AXI wrapper's registers)."""
+        return self.params.sizes
+
+    @property
     def overhead(self):
         return self.params.overhead
 

@@ -229,6 +229,11 @@ class SparseIndexUnit(wiring.Component):
             "nonzeros": Out(p.slot_width),
         })
 
+    @property
+    def sizes(self):
+        """The run-time sizes and their maxima, in port order (the AXI wrapper's registers)."""
+        return self.params.sizes
+
     def elaborate(self, platform):
         m = Module()
         p = self.params
