@@ -16,10 +16,10 @@ from cocotbext.axi import (AxiRamRead, AxiReadBus, AxiStreamBus, AxiStreamFrame,
                            AxiStreamSource)
 from axi_harness import (BusMonitor, ItemBus, begin, check_bursts, delay_reads, pauses, program,
                          release, reset_of, run_to_irq, take_items)
+from bench_dispatch_backward_gate import SIZES
 from harness import Layout, Run
 
 BUSES = ("m_axi_input", "m_axi_grad")
-SIZES = ("tokens", "top_k", "hidden", "capacity", "num_experts")
 
 
 @cocotb.test()

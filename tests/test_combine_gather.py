@@ -6,6 +6,8 @@ must be exactly the valid pairs' rows, in the unit's window order, none out of b
 stall-free runs must take exactly the documented cycle count. Plus a mid-run reset in
 Amaranth's simulator, and parameter and host errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from amaranth.hdl import ClockDomain, Module
@@ -97,6 +99,16 @@ def variant(prob, **changes):
     CASES, icarus=["duet_toy", "out_of_range", "zero_tokens"]))
 def test_combine_gather_cases(sim, name, stall):
     check(problem(name), sim, stall)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("name", ["k2_drops", "one_beat_rows"])
+def test_combine_gather_deep_inflight_queue(name, stall):
+    """64 reads in flight (behind an AXI master 256: the row reader's tags then wait in a
+    RegisteredFIFO, not a plain LUT-RAM ring) at a memory latency of 40: bit-exact, clean
+    scoreboards and, stall-free, exactly the formula's cycles (full rate: L < 64)."""
+    check(problem(name), "verilator", stall,
+          params=dataclasses.replace(PARAMS, max_outstanding=64), latency=40)
 
 
 def test_combine_gather_cycle_formula():

@@ -206,7 +206,8 @@ class AxiReadMaster(wiring.Component):
         # ---- R: always taken into the reserved room ----------------------------------------
         m.d.comb += p("rready").eq(1)
         fifo, fifo_empty = block_fifo(m, "responses", width=bits, depth=self.fifo_depth,
-                                      target=self.bram, write=p("rvalid"), data=p("rdata"))
+                                      target=self.bram, write=p("rvalid"), data=p("rdata"),
+                                      wide=True)
         m.d.sync += self.bus_error.eq(p("rvalid") & (p("rresp") != 0))
         finished = p("rvalid") & p("rlast")
         count_level(m, in_flight, issue, finished, [(slot, False, self.outstanding)])
@@ -218,7 +219,7 @@ class AxiReadMaster(wiring.Component):
         merge = m.submodules.merge = SkidBuffer(merged_layout, alternate=("data",))
         head = Signal(plan_layout)
         m.d.comb += head.eq(plans.o.payload)
-        word_in = fifo.o.payload
+        word_in = fifo.o.payload.data
         kept = Signal(bits, reset_less=True)     # the last word taken off the FIFO
         got_first = Signal()                     # the head's first word is in ``kept``
         first_ready = head.carry | got_first

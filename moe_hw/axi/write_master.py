@@ -52,6 +52,7 @@ former) and :func:`block_fifo` (the block RAM FIFO read ahead).
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
@@ -366,7 +367,7 @@ class AxiWriteMaster(wiring.Component):
         # a credit-counted queue; every flag is a register -----------------------------------
         ahead, empty = block_fifo(m, "", width=entry_width, depth=self.fifo_depth,
                                   target=self.bram, write=take, data=word.entry,
-                                  room=fifo_room)
+                                  room=fifo_room, wide=True)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -393,10 +394,11 @@ class AxiWriteMaster(wiring.Component):
         sending = active & ahead.o.valid & w.i.ready
         load = lengths.r_rdy & (~active | (sending & last))
         lane_bytes = width // 8
-        strb = ahead.o.payload[lanes * width:]
+        entry = ahead.o.payload.data
+        strb = entry[lanes * width:]
         m.d.comb += [
             w.i.valid.eq(active & ahead.o.valid), ahead.o.ready.eq(active & w.i.ready),
-            w.i.payload.data.eq(ahead.o.payload[:lanes * width]),
+            w.i.payload.data.eq(entry[:lanes * width]),
             w.i.payload.strb.eq(Cat(strb[n].replicate(lane_bytes) for n in range(lanes))),
             w.i.payload.last.eq(last),
             lengths.r_en.eq(load),
@@ -422,7 +424,7 @@ class AxiWriteMaster(wiring.Component):
         return m
 
 
-def block_fifo(m, name, *, width, depth, target, write, data, room=None):
+def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=False):
     """A FIFO of ``depth`` entries of ``width`` bits in a
     :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
     register, read in two cycles) read ahead into a
@@ -430,13 +432,19 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None):
     is combinational logic's input. ``write``, ``data``: an entry goes in (the caller makes
     sure there is room); ``room`` (optional, a register the caller made with init 1): set
     to whether the next entry fits. Its submodules are ``<name>_store`` and
-    ``<name>_ahead`` (``store`` and ``ahead`` without a name). Returns ``(ahead, empty)``:
-    the pipeline (its ``o`` the FIFO's output stream, ``busy`` an entry in its queue) and a
-    register that is high while the block RAM holds no entry."""
+    ``<name>_ahead`` (``store`` and ``ahead`` without a name). ``wide``: the output is a bus
+    word whose consumer registers it: the output skid buffer holds it in two registers
+    written in turn (its ``alternate``), so that the consumer's take reaches no bus-wide
+    clock enable; ``o.payload`` is then a layout of one field, ``data``. Returns
+    ``(ahead, empty)``: the pipeline (its ``o`` the FIFO's output stream, ``busy`` an entry
+    in its queue) and a register that is high while the block RAM holds no entry."""
     prefix = f"{name}_" if name else ""
     store = m.submodules[f"{prefix}store"] = BlockMemory(width, depth, target=target,
                                                           registered_write=True)
-    ahead = m.submodules[f"{prefix}ahead"] = CreditPipeline(BlockMemory.latency, width)
+    ahead = m.submodules[f"{prefix}ahead"] = (
+        CreditPipeline(BlockMemory.latency, StructLayout({"data": width}),
+                       alternate=("data",)) if wide
+        else CreditPipeline(BlockMemory.latency, width))
     w_ptr = Signal(range(depth), name=f"{prefix}w_ptr")
     r_ptr = Signal(range(depth), name=f"{prefix}r_ptr")
     used = Signal(range(depth + 1), name=f"{prefix}used")     # written and not yet read

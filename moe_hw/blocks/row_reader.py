@@ -118,6 +118,10 @@ class RowReader(wiring.Component):
             "busy": Out(1),
         })
 
+    #: The deepest in-flight queue whose tags wait in a plain :class:`Ring` (one LUT-RAM
+    #: cell of 16 entries per bit group); deeper ones use a :class:`RegisteredFIFO`.
+    SHALLOW = 16
+
     @property
     def latency(self):
         """Cycles from a response being taken to its beat leaving (the output skid buffer)."""
@@ -146,10 +150,16 @@ class RowReader(wiring.Component):
         # enable of the head's few flag and enable bits and the tag ring's pointer copies,
         # not a head register as wide as the tag (in moe_layer's expert reader, a gate, a
         # bias and an address: 84 bits, a net that took 2.8 ns to route).
+        # A deep queue (behind an AXI master: 256) is another matter: its LUT-RAM read is a
+        # 16:1 choice and more, so there the tags wait in a RegisteredFIFO, whose read of
+        # the ring ends in its head register (the same cycles: an entry written in cycle c
+        # is the head from cycle c + 1).
         entry_layout = data.StructLayout({"read": 1, "enable": lanes, "last": 1})
         inflight = m.submodules.inflight = RegisteredFIFO(entry_layout, self.outstanding)
         if self.tag_layout is not None:
-            tags = m.submodules.tags = Ring(self.tag_layout, self.outstanding)
+            tags = m.submodules.tags = (
+                Ring(self.tag_layout, self.outstanding) if self.outstanding <= self.SHALLOW
+                else RegisteredFIFO(self.tag_layout, self.outstanding))
 
         issue = cur_loaded & inflight.w_rdy & (cur_skip | self.request.ready)
         enable = Mux(cur_last & cur_tail, self.last_enable, all_lanes)
