@@ -44,13 +44,20 @@ def row_position(m, row_beats, take, restart):
     count back to a row's first beat."""
     beat = Signal.like(row_beats, name="row_beat")      # the beat in hand, within its row
     final = Signal.like(row_beats, name="row_final")    # row_beats - 1, a register
+    one_beat = Signal(name="row_one_beat")              # row_beats == 1, a register
+    at_first = Signal(init=1, name="row_at_first")      # beat == 0
+    next_last = Signal(name="row_next_last")            # beat == final, once past the first
     is_last = Signal()
-    m.d.sync += final.eq(row_beats - 1)
-    m.d.comb += is_last.eq(beat == final)
+    m.d.sync += [final.eq(row_beats - 1), one_beat.eq(row_beats == 1)]
+    # The beat's being the last is one choice between registers: the row's first beat is
+    # its last when the row has one beat; a later beat's flag was worked out when the beat
+    # before it was taken (the compare of two registers, not in the take's path).
+    m.d.comb += is_last.eq(Mux(at_first, one_beat, next_last))
     with m.If(take):
-        m.d.sync += beat.eq(Mux(is_last, 0, beat + 1))
+        m.d.sync += [beat.eq(Mux(is_last, 0, beat + 1)), at_first.eq(is_last),
+                     next_last.eq(beat + 1 == final)]
     with m.If(restart):
-        m.d.sync += beat.eq(0)
+        m.d.sync += [beat.eq(0), at_first.eq(1)]
     return is_last
 
 
