@@ -43,19 +43,20 @@ def row_position(m, row_beats, take, restart):
     cycle before the first beat), counting the taken beats; ``restart`` (a new run) puts the
     count back to a row's first beat."""
     beat = Signal.like(row_beats, name="row_beat")      # the beat in hand, within its row
-    final = Signal.like(row_beats, name="row_final")    # row_beats - 1, a register
+    penult = Signal.like(row_beats, name="row_penult")  # row_beats - 2, a register
     one_beat = Signal(name="row_one_beat")              # row_beats == 1, a register
     at_first = Signal(init=1, name="row_at_first")      # beat == 0
-    next_last = Signal(name="row_next_last")            # beat == final, once past the first
+    next_last = Signal(name="row_next_last")            # beat is the row's last, past its first
     is_last = Signal()
-    m.d.sync += [final.eq(row_beats - 1), one_beat.eq(row_beats == 1)]
+    m.d.sync += [penult.eq(row_beats - 2), one_beat.eq(row_beats == 1)]
     # The beat's being the last is one choice between registers: the row's first beat is
     # its last when the row has one beat; a later beat's flag was worked out when the beat
-    # before it was taken (the compare of two registers, not in the take's path).
+    # before it was taken, as an equality of two registers (that beat was the row's last
+    # but one), not in the take's path and with no adder before it.
     m.d.comb += is_last.eq(Mux(at_first, one_beat, next_last))
     with m.If(take):
         m.d.sync += [beat.eq(Mux(is_last, 0, beat + 1)), at_first.eq(is_last),
-                     next_last.eq(beat + 1 == final)]
+                     next_last.eq(beat == penult)]
     with m.If(restart):
         m.d.sync += [beat.eq(0), at_first.eq(1)]
     return is_last
