@@ -2,6 +2,7 @@
 read without a unit beside them (README, "AXI wrappers"):
 
     python benchmarks/axi_masters.py [--lanes 8] [--seeds 1] [--freq 250] [--only write]
+                                     [--work DIR]
 
 ``write``: :class:`~moe_hw.axi.WriteRealign` into :class:`~moe_hw.axi.AxiWriteMaster`, the
 write port of dispatch at ``lanes`` fp32 lanes; ``read``: :class:`~moe_hw.axi.AxiReadMaster`
@@ -60,6 +61,8 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--freq", type=float, default=250.0)
     parser.add_argument("--only", choices=("write", "read"), default=None)
+    parser.add_argument("--work", default=None,
+                        help="keep the netlists, logs and nextpnr reports in WORK/write, WORK/read")
     args = parser.parse_args(argv)
     axi = AxiParams()
     builds = {
@@ -74,7 +77,8 @@ def main(argv=None):
         if args.only and name != args.only:
             continue
         report = synthesize(f"{name} master", build, "ecp5-85k", seeds=args.seeds,
-                            freq=args.freq, description=f"AXI {name} master, lanes "
+                            freq=args.freq, work_dir=args.work and f"{args.work}/{name}",
+                            description=f"AXI {name} master, lanes "
                             f"{args.lanes} fp32",
                             progress=lambda text: print(f"[axi masters] {text}",
                                                         file=sys.stderr, flush=True))

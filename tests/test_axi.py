@@ -215,6 +215,38 @@ def test_write_realign(lanes):
     assert got == want
 
 
+@pytest.mark.parametrize("lanes", [4, 16])
+def test_write_realign_latency_and_rate(lanes):
+    """Stall-free, aligned consecutive beats leave one word per cycle, the first
+    ``latency`` cycles after its beat was taken."""
+    layout = data.StructLayout({"addr": 12, "data": data.ArrayLayout(8, lanes),
+                                "enable": lanes})
+    dut = WriteRealign(layout)
+    count = 40
+    taken, out = [], []
+
+    async def bench(ctx):
+        ctx.set(dut.i.payload.enable, (1 << lanes) - 1)
+        ctx.set(dut.o.ready, 1)
+        n = 0
+        for cycle in range(count + 20):
+            ctx.set(dut.i.payload.addr, lanes * n)
+            ctx.set(dut.i.valid, n < count)
+            _, _, take, valid, word = await ctx.tick().sample(
+                dut.i.valid & dut.i.ready, dut.o.valid, dut.o.payload.word)
+            if take:
+                taken.append(cycle)
+                n += 1
+            if valid:
+                out.append((cycle, word))
+
+    run_pysim(dut, bench)
+    assert len(taken) == count and taken == list(range(taken[0], taken[0] + count))
+    assert [word for _, word in out] == list(range(count))
+    # the beat taken at the end of cycle c is a word on o from cycle c + latency
+    assert [cycle for cycle, _ in out] == [taken[0] + dut.latency + n for n in range(count)]
+
+
 def read_master_bench(dut, requests, memory, *, stall, seed, latency, error_burst=None):
     """Drive ``requests`` (element address, lane enables) into an AxiReadMaster of 8-bit
     elements, answer its AR/R channels from ``memory`` (one byte per element) after

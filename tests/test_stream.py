@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 
 from moe_hw.flows.simulate import simulate
 from moe_hw.stream import CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay
+from moe_hw.stream.skid import alternate_groups
 from moe_hw.stream.pipeline import replicated
 from moe_hw.stream.credit import ring_groups
 
@@ -73,6 +74,36 @@ def test_skid_buffer_alternate_fields(p):
                                dut=SkidBuffer(layout, alternate=("wide", "high")))
     assert plain[0] == items
     assert alternate == plain
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_skid_buffer_alternate_groups(p):
+    """A wide alternate field is held in groups, each with its own pointer copies: the same
+    items in the same cycles as the plain skid buffer."""
+    layout = data.StructLayout({"low": 3, "wide": 150})
+    assert len(alternate_groups(150)) == 3
+    items = [(k * 0x9E3779B97F4A7C15_C2B2AE3D27D4EB4F) % (1 << 153) for k in range(1, 201)]
+    plain = run_skid_pysim(items, p, p, seed=7, dut=SkidBuffer(layout))
+    grouped = run_skid_pysim(items, p, p, seed=7,
+                             dut=SkidBuffer(layout, alternate=("wide",), group_bits=64))
+    assert plain[0] == items
+    assert grouped == plain
+
+
+def test_skid_buffer_alternate_copies_are_kept():
+    """Yosys keeps each group's copies of the pointers (opt_merge would undo copies whose
+    next-state logic were the same)."""
+    yosys = find_yosys(lambda version: True)
+    dut = SkidBuffer(data.StructLayout({"wide": 150}), alternate=("wide",), group_bits=64)
+    text = rtlil.convert(dut, name="top")
+    script = f"read_rtlil <<rtlil\n{text}\nrtlil\nproc\nopt\nopt_clean\nwrite_rtlil"
+    netlist = yosys.run(["-q", "-"], script, ignore_warnings=True)
+    # the registers' outputs: the Q connection of every flip-flop cell
+    cells = re.findall(r"^\s*cell \$\w*dff\w* .*?^\s*end$", netlist, re.MULTILINE | re.DOTALL)
+    outputs = [re.search(r"connect \\Q (\S+)", cell).group(1) for cell in cells]
+    # 3 groups x (written, read)
+    copies = [name for name in outputs if re.fullmatch(r"\\(written|read)(_\d)?", name)]
+    assert len(copies) == 6, outputs
 
 
 def _replicated_design(apart):

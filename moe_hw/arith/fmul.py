@@ -114,13 +114,21 @@ class FloatMultiplierCore(FloatCore):
                 m, Cat(op.significand[:mant_bits], Const(0, 1)), name=f"{key}_zeros",
                 group=_ZERO_GROUP)
             operands.update({f"{key}_{name}": getattr(op, name) for name in (
-                "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
+                "sign", "exponent", "significand", "exp_zero", "exp_ones")})
             operands.update({f"{key}_zeros_any": any_, f"{key}_zeros_counts": counts})
+            # Whether the fraction is zero, in two steps: an OR per group of bits here, the
+            # groups' OR after the register (the fraction's whole OR was three LUT levels
+            # from the operand register, the longest logic of this stage).
+            frac = bits[:mant_bits]
+            operands[f"{key}_frac_parts"] = Cat(frac[start:start + _ZERO_GROUP].any()
+                                                for start in range(0, mant_bits, _ZERO_GROUP))
         cls = regs.boundary("classified", **operands)
         a = SimpleNamespace(**{name: getattr(cls, f"a_{name}") for name in (
-            "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
+            "sign", "exponent", "significand", "exp_zero", "exp_ones")},
+            frac_zero=~cls.a_frac_parts.any())
         b = SimpleNamespace(**{name: getattr(cls, f"b_{name}") for name in (
-            "sign", "exponent", "significand", "exp_zero", "exp_ones", "frac_zero")})
+            "sign", "exponent", "significand", "exp_zero", "exp_ones")},
+            frac_zero=~cls.b_frac_parts.any())
         groups_a = (cls.a_zeros_any, cls.a_zeros_counts)
         groups_b = (cls.b_zeros_any, cls.b_zeros_counts)
         swap = b.exp_zero

@@ -46,7 +46,8 @@ leaves from the last stage's skid buffer.
 
 ``idle``: nothing is held (no request, word, burst, plan or response inside). ``base_word``
 (the buffer's base address in bus words) is added to every word address; it must hold while
-the master is not idle. Every AXI output is a register (a skid buffer on AR, constants
+the master is not idle, and from the cycle before the first request (its page position is
+registered). Every AXI output is a register (a skid buffer on AR, constants
 elsewhere).
 """
 
@@ -56,6 +57,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..stream import RegisteredFIFO, SkidBuffer
+from ..stream.skid import ALTERNATE_GROUP_BITS
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
 from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, block_fifo,
@@ -123,12 +125,23 @@ class AxiReadMaster(wiring.Component):
         word = Signal(word_width)
         m.d.comb += word.eq(self.base_word + req.addr[shift:])
         page_bits = 12 - self.size
+        # The word starts a 4 KiB page, or is a page's last (its next starts one), when its
+        # low bits before the base's add are those of -base or of -base - 1 (= ~base):
+        # equalities with registers, not compares after the add.
+        if page_bits > 0:
+            low_word = req.addr[shift:shift + page_bits]
+            page_base = Signal(page_bits)        # -base_word mod 2 ** page_bits
+            page_end = Signal(page_bits)         # ~base_word mod 2 ** page_bits
+            m.d.sync += [page_base.eq(-self.base_word[:page_bits]),
+                         page_end.eq(~self.base_word[:page_bits])]
+            page_first, page_last = low_word == page_base, low_word == page_end
+        else:
+            page_first = page_last = Const(1, 1)
         m.d.comb += [
             pre.i.valid.eq(self.request.valid), self.request.ready.eq(pre.i.ready),
             pre.i.payload.word.eq(word),
-            # The word starts a 4 KiB page; it is a page's last (its next starts one).
-            pre.i.payload.page_first.eq((word[:page_bits] == 0) if page_bits > 0 else 1),
-            pre.i.payload.page_last.eq(word[:page_bits].all() if page_bits > 0 else 1),
+            pre.i.payload.page_first.eq(page_first),
+            pre.i.payload.page_last.eq(page_last),
             pre.i.payload.offset.eq(offset), pre.i.payload.low.eq(low),
             # An enabled lane lands below the offset once rotated (element l does when
             # l + offset >= lanes: lane lanes - 1 - l is below the offset): the next word.
@@ -185,13 +198,16 @@ class AxiReadMaster(wiring.Component):
 
         # ---- AR: issued while bursts and the FIFO's room allow -----------------------------
         in_flight = Signal(range(self.outstanding + 1))
-        free = Signal(range(self.fifo_depth + 1), init=self.fifo_depth)   # unreserved words
+        # The unreserved words of the response FIFO, less ``max_burst`` (so that the room
+        # compares are of this register with the head command's length, or with 0).
+        spare = Signal(range(-self.max_burst, self.fifo_depth - self.max_burst + 1),
+                       init=self.fifo_depth - self.max_burst)
         # Both conditions are registers, decided a cycle ahead from the counts' next values:
         # a slot for one more burst, and room for a burst of ``max_burst`` beats (whatever
         # the next command's length: the head command's length then reaches no compare on
         # the way to the issue; the FIFO holds at least two such bursts by default).
         slot = Signal(init=1)                    # in_flight < outstanding
-        fits = Signal(init=1)                    # free >= max_burst
+        fits = Signal(init=1)                    # spare >= 0: room for max_burst words
         ar = m.submodules.ar = SkidBuffer(command)
         can_issue = cmd.r_rdy & slot & fits
         issue = can_issue & ar.i.ready
@@ -207,7 +223,7 @@ class AxiReadMaster(wiring.Component):
         m.d.comb += p("rready").eq(1)
         fifo, fifo_empty = block_fifo(m, "responses", width=bits, depth=self.fifo_depth,
                                       target=self.bram, write=p("rvalid"), data=p("rdata"),
-                                      wide=True)
+                                      wide=True, group_bits=ALTERNATE_GROUP_BITS)
         m.d.sync += self.bus_error.eq(p("rvalid") & (p("rresp") != 0))
         finished = p("rvalid") & p("rlast")
         count_level(m, in_flight, issue, finished, [(slot, False, self.outstanding)])
@@ -216,7 +232,8 @@ class AxiReadMaster(wiring.Component):
         merged_layout = data.StructLayout({"data": bits, "offset": max(1, shift)})
         # The bus-wide data of the assembly's stages in two registers written in turn (as
         # in the realigner): their loads are registers, not a stage's ready fanned out.
-        merge = m.submodules.merge = SkidBuffer(merged_layout, alternate=("data",))
+        merge = m.submodules.merge = SkidBuffer(merged_layout, alternate=("data",),
+                                                group_bits=ALTERNATE_GROUP_BITS)
         head = Signal(plan_layout)
         m.d.comb += head.eq(plans.o.payload)
         word_in = fifo.o.payload.data
@@ -241,13 +258,16 @@ class AxiReadMaster(wiring.Component):
         # the count's adders and the room's compares then start from registers alone.
         popped = Signal()
         m.d.sync += popped.eq(step & need_word)
-        m.d.sync += free.eq(free - Mux(issue, cmd.r_data.len + 1, 0) + popped)
-        # ``fits`` of the next count: the compares from registers, the handshakes choose.
-        left = free - cmd.r_data.len             # after the head burst's issue, plus one
-        m.d.sync += fits.eq(Mux(issue, Mux(popped, left >= self.max_burst,
-                                           left > self.max_burst),
-                                Mux(popped, free + 1 >= self.max_burst,
-                                    free >= self.max_burst)))
+        # An issued burst of len + 1 beats reserves its words: -(len + 1) is ~len with a
+        # sign bit of 1 (no adder of its own).
+        length = cmd.r_data.len
+        m.d.sync += spare.eq(spare + Mux(issue, Cat(~length, Const(1, 1)).as_signed(), 0) +
+                             popped)
+        # ``fits`` of the next count, spare' >= 0: each case a compare of registers (after
+        # an issue, spare - (len + 1) + popped >= 0 is spare > len, or spare >= len when a
+        # word was popped), the handshakes choose.
+        m.d.sync += fits.eq(Mux(issue, Mux(popped, spare >= length, spare > length),
+                                Mux(popped, spare >= -1, spare >= 0)))
         with m.If(step):
             m.d.sync += got_first.eq(store_only)
             with m.If(need_word):
@@ -259,7 +279,8 @@ class AxiReadMaster(wiring.Component):
         valid, ready, source = merge.o.valid, merge.o.ready, merge.o.payload
         stages = []
         for stage in range(rotation_stages(shift)):
-            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(turning, alternate=("data",))
+            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(
+                turning, alternate=("data",), group_bits=ALTERNATE_GROUP_BITS)
             stages.append(rot)
             low_bit = stage * WriteRealign.STAGE_BITS
             turn = source.offset[low_bit:min(shift, low_bit + WriteRealign.STAGE_BITS)]

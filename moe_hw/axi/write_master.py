@@ -11,7 +11,8 @@ that spilled over, when this beat continues it at the next address), and the par
 spills into the next word waits in a carry register. The carry leaves on its own (one word)
 when the next beat does not continue it or when no beat is waiting. Aligned beats pass one
 per cycle; an unaligned run of consecutive beats costs one word more than its beats. Every
-step starts from registers (skid buffers between them): the beat is registered as it comes
+step starts from registers (skid buffers between them, their bus-wide data in alternate
+registers with a copy of the pointers per 64 bits): the beat is registered as it comes
 in, the rotation is a 4:1 choice per bit for each two bits of the lane offset, one
 registered stage each (one stage up to 4 lanes, two up to 16), and the merge with the carry
 decides from the last stage's registers. Latency (:attr:`WriteRealign.latency`): 3 cycles
@@ -40,7 +41,8 @@ up to 4 lanes, 4 up to 16.
 
 ``idle`` is high when nothing is held: no open burst, the FIFO and the command queue empty,
 and every issued burst answered. ``base_word`` (the buffer's base address in bus words) is
-added to every word address; it must hold while the master is not idle.
+added to every word address; it must hold while the master is not idle, and from the cycle
+before the first word (its page position is registered).
 
 Every AXI output is a register (skid buffers on AW and W, constants elsewhere).
 
@@ -59,6 +61,7 @@ from amaranth.utils import exact_log2
 from ..blocks.block_memory import MEMORY_TARGETS, BlockMemory
 from ..params import check_choice
 from ..stream import CreditPipeline, RegisteredFIFO, SkidBuffer, delay
+from ..stream.skid import ALTERNATE_GROUP_BITS
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
            "block_fifo", "check_bus", "count_level", "form_bursts", "rotate", "rotation_stages",
@@ -225,7 +228,8 @@ class WriteRealign(wiring.Component):
         # Every bus-wide field of the realigner's stages is held in two registers written in
         # turn (SkidBuffer's ``alternate``): their loads are registers, not a decision
         # fanned out to a bus-wide clock enable (the merge's flush, a stage's ready).
-        inp = m.submodules.input = SkidBuffer(self.write_layout, alternate=("data",))
+        inp = m.submodules.input = SkidBuffer(self.write_layout, alternate=("data",),
+                                              group_bits=ALTERNATE_GROUP_BITS)
         wiring.connect(m, wiring.flipped(self.i), inp.i)
         skids.append(inp)
         beat = inp.o.payload
@@ -244,7 +248,8 @@ class WriteRealign(wiring.Component):
                   "strb": beat.enable, "low": low, "follows": follows, "rest": offset}
         valid, ready = inp.o.valid, inp.o.ready
         for stage in range(self.rotation_stages):
-            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(rotation, alternate=("data",))
+            rot = m.submodules[f"rotate{stage}"] = SkidBuffer(
+                rotation, alternate=("data",), group_bits=ALTERNATE_GROUP_BITS)
             skids.append(rot)
             low_bit = stage * self.STAGE_BITS
             bits = source["rest"][low_bit:min(shift, low_bit + self.STAGE_BITS)]
@@ -261,7 +266,8 @@ class WriteRealign(wiring.Component):
             valid, ready = rot.o.valid, rot.o.ready
 
         # ---- merge with the carry, or let the carry out alone ------------------------------
-        skid = m.submodules.skid = SkidBuffer(self.o.payload.shape(), alternate=("data",))
+        skid = m.submodules.skid = SkidBuffer(self.o.payload.shape(), alternate=("data",),
+                                              group_bits=ALTERNATE_GROUP_BITS)
         wiring.connect(m, skid.o, wiring.flipped(self.o))
         skids.append(skid)
         r = source
@@ -337,18 +343,25 @@ class AxiWriteMaster(wiring.Component):
         page_bits = 12 - self.size
         arrival = data.StructLayout({"word": self.bus_word_width, "follows": 1, "page": 1,
                                      "entry": entry_width})
-        inp = m.submodules.input = SkidBuffer(arrival, alternate=("entry",))
+        inp = m.submodules.input = SkidBuffer(arrival, alternate=("entry",),
+                                              group_bits=ALTERNATE_GROUP_BITS)
         beat = self.i.payload
         after = Signal(self.word_width + 1)        # the last word in, + 1 (no wrap)
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += after.eq(beat.word + 1)
-        page_low = (self.base_word[:page_bits] + beat.word[:page_bits])[:page_bits] \
-            if page_bits > 0 else Const(0, 1)
+        # The word starts a 4 KiB page when its low bits are those of -base: an equality
+        # with a register, not a compare after the base's add.
+        if page_bits > 0:
+            page_base = Signal(page_bits)           # -base_word mod 2 ** page_bits
+            m.d.sync += page_base.eq(-self.base_word[:page_bits])
+            page = beat.word[:page_bits] == page_base
+        else:
+            page = Const(1, 1)
         m.d.comb += [
             inp.i.valid.eq(self.i.valid), self.i.ready.eq(inp.i.ready),
             inp.i.payload.word.eq(self.base_word + beat.word),
             inp.i.payload.follows.eq(beat.word == after),
-            inp.i.payload.page.eq(page_low == 0),      # the word starts a 4 KiB page
+            inp.i.payload.page.eq(page),               # the word starts a 4 KiB page
             inp.i.payload.entry.eq(Cat(beat.data, beat.strb)),
         ]
         word = inp.o.payload
@@ -367,7 +380,7 @@ class AxiWriteMaster(wiring.Component):
         # a credit-counted queue; every flag is a register -----------------------------------
         ahead, empty = block_fifo(m, "", width=entry_width, depth=self.fifo_depth,
                                   target=self.bram, write=take, data=word.entry,
-                                  room=fifo_room, wide=True)
+                                  room=fifo_room, wide=True, group_bits=ALTERNATE_GROUP_BITS)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -424,7 +437,8 @@ class AxiWriteMaster(wiring.Component):
         return m
 
 
-def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=False):
+def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=False,
+               group_bits=None):
     """A FIFO of ``depth`` entries of ``width`` bits in a
     :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
     register, read in two cycles) read ahead into a
@@ -435,7 +449,8 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=Fa
     ``<name>_ahead`` (``store`` and ``ahead`` without a name). ``wide``: the output is a bus
     word whose consumer registers it: the output skid buffer holds it in two registers
     written in turn (its ``alternate``), so that the consumer's take reaches no bus-wide
-    clock enable; ``o.payload`` is then a layout of one field, ``data``. Returns
+    clock enable; ``o.payload`` is then a layout of one field, ``data``; ``group_bits``:
+    the skid buffer's, for an early ``o.ready`` (see :class:`~moe_hw.stream.SkidBuffer`). Returns
     ``(ahead, empty)``: the pipeline (its ``o`` the FIFO's output stream, ``busy`` an entry
     in its queue) and a register that is high while the block RAM holds no entry."""
     prefix = f"{name}_" if name else ""
@@ -443,7 +458,7 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=Fa
                                                           registered_write=True)
     ahead = m.submodules[f"{prefix}ahead"] = (
         CreditPipeline(BlockMemory.latency, StructLayout({"data": width}),
-                       alternate=("data",)) if wide
+                       alternate=("data",), group_bits=group_bits) if wide
         else CreditPipeline(BlockMemory.latency, width))
     w_ptr = Signal(range(depth), name=f"{prefix}w_ptr")
     r_ptr = Signal(range(depth), name=f"{prefix}r_ptr")
