@@ -56,8 +56,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..stream import RegisteredFIFO, SkidBuffer
-from ..stream.skid import ALTERNATE_GROUP_BITS
+from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
 from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, block_fifo,

@@ -60,8 +60,8 @@ from amaranth.utils import exact_log2
 
 from ..blocks.block_memory import MEMORY_TARGETS, BlockMemory
 from ..params import check_choice
-from ..stream import CreditPipeline, RegisteredFIFO, SkidBuffer, delay
-from ..stream.skid import ALTERNATE_GROUP_BITS
+from ..stream import (ALTERNATE_GROUP_BITS, CreditPipeline, RegisteredFIFO, SkidBuffer,
+                      delay)
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
            "block_fifo", "check_bus", "count_level", "form_bursts", "rotate", "rotation_stages",

@@ -4,7 +4,7 @@ pipeline, written once and reused."""
 from .credit import CreditPipeline, RingQueue
 from .fifo import RegisteredFIFO
 from .pipeline import PipelineControl, delay, replicated
-from .skid import SkidBuffer
+from .skid import ALTERNATE_GROUP_BITS, SkidBuffer
 
-__all__ = ["CreditPipeline", "PipelineControl", "RegisteredFIFO", "RingQueue", "delay",
+__all__ = ["ALTERNATE_GROUP_BITS", "CreditPipeline", "PipelineControl", "RegisteredFIFO", "RingQueue", "delay",
            "replicated", "SkidBuffer"]

@@ -63,7 +63,7 @@ from ..blocks.row_beats import row_beats
 from ..blocks.run_control import START_LATENCY, RunControl, run_ports
 from ..blocks.slot_address import header_slot_queue, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay, replicated
+from ..stream import ALTERNATE_GROUP_BITS, CreditPipeline, delay, replicated
 
 __all__ = ["DispatchParams", "DispatchUnit"]
 
@@ -201,6 +201,7 @@ class DispatchUnit(wiring.Component):
         mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.late_operands + p.stages,
                                                          out_layout,
                                                          keep="write", alternate=("beat",),
+                                                         group_bits=ALTERNATE_GROUP_BITS,
                                                          ready_ahead=True)
         pair = h_out.payload
         # The data beats enter through a one-register credit pipeline whose ring drives its
