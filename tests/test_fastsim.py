@@ -140,6 +140,18 @@ def test_units_without_a_fast_path_fall_back_to_cocotb():
         assert unit.simulator("fast") == expected
 
 
+def _fake_compiler(tmp_path, writes):
+    """``(calls, script)``: a stand-in compiler that logs each command line to ``calls`` and
+    runs ``writes`` (Python, with ``out`` the ``-o`` file) to make its output."""
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "cxx.py"
+    compiler.write_text(
+        "import sys\n"
+        f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "out = sys.argv[sys.argv.index('-o') + 1]\n" + writes)
+    return calls, compiler
+
+
 def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
     """The compiler wrapper behind Verilator's makefiles (moe_hw/flows/objcache.py): a runtime
     object (verilated.o) is compiled once per command line and copied afterwards, with its
@@ -150,12 +162,8 @@ def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
 
     from moe_hw.flows import objcache
 
-    calls = tmp_path / "calls"
-    compiler = tmp_path / "cxx.py"
-    compiler.write_text(
-        "import sys\n"
-        f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
-        "out = sys.argv[sys.argv.index('-o') + 1]\n"
+    calls, compiler = _fake_compiler(
+        tmp_path,
         "open(out, 'w').write('object of ' + sys.argv[-1])\n"
         "extra = ' Vtop.h' if 'vpi' in sys.argv[-1] else ''\n"
         "open(out[:-2] + '.d', 'w').write(out + ': ' + sys.argv[-1] + extra)\n")
@@ -198,12 +206,8 @@ def test_precompiled_header_is_built_once_when_its_two_compiles_are_alike(tmp_pa
 
     from moe_hw.flows import objcache
 
-    calls = tmp_path / "calls"
-    compiler = tmp_path / "cxx.py"
-    compiler.write_text(
-        "import sys\n"
-        f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
-        "out = sys.argv[sys.argv.index('-o') + 1]\n"
+    calls, compiler = _fake_compiler(
+        tmp_path,
         "open(out, 'w').write('header with ' + ' '.join(a for a in sys.argv if a[:2] == '-O'))\n")
 
     def pch(half, *levels):
