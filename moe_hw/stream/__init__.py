@@ -6,5 +6,5 @@ from .fifo import RegisteredFIFO
 from .pipeline import PipelineControl, delay, replicated
 from .skid import ALTERNATE_GROUP_BITS, SkidBuffer
 
-__all__ = ["ALTERNATE_GROUP_BITS", "CreditPipeline", "PipelineControl", "RegisteredFIFO", "RingQueue", "delay",
-           "replicated", "SkidBuffer"]
+__all__ = ["ALTERNATE_GROUP_BITS", "CreditPipeline", "PipelineControl", "RegisteredFIFO",
+           "RingQueue", "delay", "replicated", "SkidBuffer"]

@@ -4,7 +4,7 @@ from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer", "alternate_groups"]
+__all__ = ["ALTERNATE_GROUP_BITS", "SkidBuffer", "alternate_groups"]
 
 #: Bits of an alternate field per copy of its pointers and load flags.
 ALTERNATE_GROUP_BITS = 64
