@@ -82,9 +82,7 @@ def emission_seconds(build, *, repeats=3):
 def verilator_seconds(build, *, timeout=3600):
     """Seconds for Verilator to build a model of ``build()`` (translation and C++ compile at
     the project's settings), in a fresh directory."""
-    from cocotb_tools.runner import get_runner
-
-    from .simulate import _verilator_opt, simulator_available
+    from .simulate import _runner, _verilator_args, simulator_available
     reason = simulator_available("verilator")
     if reason:
         raise SynthError(f"verilator: {reason}")
@@ -92,11 +90,8 @@ def verilator_seconds(build, *, timeout=3600):
     with tempfile.TemporaryDirectory(prefix="moe_hw_verilator_") as work:
         work = Path(work)
         (work / "top.v").write_text(text)
-        args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"]
-        if _verilator_opt():
-            args += ["-CFLAGS", _verilator_opt()]
         started = time.perf_counter()
-        get_runner("verilator").build(sources=[work / "top.v"], hdl_toplevel="top",
-                                      build_dir=work / "build", build_args=args,
-                                      timescale=("1ns", "1ps"), log_file=work / "build.log")
+        _runner("verilator", "top").build(sources=[work / "top.v"], hdl_toplevel="top",
+                                          build_dir=work / "build", build_args=_verilator_args(),
+                                          timescale=("1ns", "1ps"), log_file=work / "build.log")
         return time.perf_counter() - started

@@ -115,14 +115,47 @@ def _verilator_opt():
     return opt
 
 
-def _build(sim, verilog_text, top, progress):
-    from cocotb_tools.runner import get_runner
+def _verilator_args():
+    """The Verilator model's build arguments."""
+    args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"]
+    if _verilator_opt():
+        # -CFLAGS comes after Verilator's OPT_FAST/OPT_SLOW/OPT_GLOBAL on the compile line,
+        # so it sets the level of the model and of the Verilator runtime alike.
+        args += ["-CFLAGS", _verilator_opt()]
+    return args
 
+
+def _runner(sim, top):
+    """cocotb's runner for ``sim``. On Verilator only the top module's signals are public:
+    cocotb's runner makes every signal of the design public (``--public-flat-rw``), and the
+    benches reach the top's ports alone. With every signal public Verilator keeps each one
+    and writes a symbol-table entry for it: moe_layer's model was 13.9 MB of C++ and built in
+    26.3 s, with the top's alone 3.5 MB and 14.5 s."""
+    from cocotb_tools.runner import Verilator, get_runner
+
+    if sim != "verilator":
+        return get_runner(sim)
+
+    class PortsPublic(Verilator):
+        def _build_command(self):
+            commands = super()._build_command()
+            control = Path(self.build_dir) / "public.vlt"
+            control.write_text(f'`verilator_config\npublic_flat_rw -module "{top}" -var "*"\n')
+            commands[0] = [arg for arg in commands[0] if arg != "--public-flat-rw"] + \
+                [str(control)]
+            return commands
+
+    return PortsPublic()
+
+
+def _build(sim, verilog_text, top, progress):
     digest = hashlib.sha1(verilog_text.encode()).hexdigest()[:16]
     opt = _verilator_opt() if sim == "verilator" else ""
-    build_dir = build_root() / f"{top}-{sim}-{digest}{opt}"
+    # ("-top": the model's public signals are the top module's; see _runner.)
+    flavour = "-top" if sim == "verilator" else ""
+    build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{flavour}"
     marker = build_dir / "built.ok"
-    runner = get_runner(sim)
+    runner = _runner(sim, top)
     build_dir.parent.mkdir(parents=True, exist_ok=True)
     # One build per design even when several processes ask for it at once.
     with open(build_dir.parent / f"{build_dir.name}.lock", "w") as lock:
@@ -140,12 +173,7 @@ def _build_model(runner, sim, verilog_text, top, build_dir, progress):
     build_dir.mkdir(parents=True, exist_ok=True)
     v_path = build_dir / f"{top}.v"
     v_path.write_text(verilog_text)
-    build_args = ["-O1", "-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"] \
-        if sim == "verilator" else []
-    if sim == "verilator" and _verilator_opt():
-        # -CFLAGS comes after Verilator's OPT_FAST/OPT_SLOW/OPT_GLOBAL on the compile line,
-        # so it sets the level of the model and of the Verilator runtime alike.
-        build_args += ["-CFLAGS", _verilator_opt()]
+    build_args = _verilator_args() if sim == "verilator" else []
     runner.build(sources=[v_path], hdl_toplevel=top, build_dir=build_dir,
                  build_args=build_args, timescale=("1ns", "1ps"),
                  log_file=build_dir / "build.log")
