@@ -60,7 +60,8 @@ from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
 from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, block_fifo,
-                           check_bus, count_level, form_bursts, rotate, rotation_stages)
+                           check_bus, count_level, form_bursts, page_marks, rotate,
+                           rotation_stages)
 
 __all__ = ["AxiReadMaster", "axi_read_members"]
 
@@ -124,18 +125,8 @@ class AxiReadMaster(wiring.Component):
         word = Signal(word_width)
         m.d.comb += word.eq(self.base_word + req.addr[shift:])
         page_bits = 12 - self.size
-        # The word starts a 4 KiB page, or is a page's last (its next starts one), when its
-        # low bits before the base's add are those of -base or of -base - 1 (= ~base):
-        # equalities with registers, not compares after the add.
-        if page_bits > 0:
-            low_word = req.addr[shift:shift + page_bits]
-            page_base = Signal(page_bits)        # -base_word mod 2 ** page_bits
-            page_end = Signal(page_bits)         # ~base_word mod 2 ** page_bits
-            m.d.sync += [page_base.eq(-self.base_word[:page_bits]),
-                         page_end.eq(~self.base_word[:page_bits])]
-            page_first, page_last = low_word == page_base, low_word == page_end
-        else:
-            page_first = page_last = Const(1, 1)
+        # The word starts a 4 KiB page; it is a page's last (its next starts one).
+        page_first, page_last = page_marks(m, req.addr[shift:], self.base_word, page_bits)
         m.d.comb += [
             pre.i.valid.eq(self.request.valid), self.request.ready.eq(pre.i.ready),
             pre.i.payload.word.eq(word),
