@@ -288,9 +288,10 @@ def test_verilator_model_makes_only_the_top_public():
     # made moe_layer's model four times the C++); the bench still reaches every port.
     items = (np.arange(200, dtype=np.uint64) * 31) % 4096
     result = simulate(_TwoSkidBuffers(), "two_skids", "bench_passthrough", {"items": items},
-                      sim="verilator", settings={"stall": 0.3, "seed": 5})
+                      sim="verilator", settings={"stall": 0.3, "seed": 5},
+                      key="two skid buffers")
     assert list(result["items"]) == list(items)
-    text, _, _ = _design(_TwoSkidBuffers(), None, "two_skids")
+    text, _, _ = _design(_TwoSkidBuffers(), "two skid buffers", "two_skids")    # emitted above
     _, build_dir = _build("verilator", text, "two_skids", None)
     symbols = "".join(path.read_text() for path in build_dir.glob("Vtop__Syms*.cpp"))
     assert 'varInsert("i__valid"' in symbols and 'varInsert("o__payload"' in symbols

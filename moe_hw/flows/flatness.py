@@ -91,7 +91,7 @@ def verilator_seconds(build, *, timeout=3600):
         work = Path(work)
         (work / "top.v").write_text(text)
         started = time.perf_counter()
-        _runner("verilator", "top").build(sources=[work / "top.v"], hdl_toplevel="top",
-                                          build_dir=work / "build", build_args=_verilator_args(),
-                                          timescale=("1ns", "1ps"), log_file=work / "build.log")
+        _runner("verilator").build(sources=[work / "top.v"], hdl_toplevel="top",
+                                   build_dir=work / "build", build_args=_verilator_args(),
+                                   timescale=("1ns", "1ps"), log_file=work / "build.log")
         return time.perf_counter() - started

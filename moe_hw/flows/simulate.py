@@ -125,7 +125,7 @@ def _verilator_args():
     return args
 
 
-def _runner(sim, top):
+def _runner(sim):
     """cocotb's runner for ``sim``. On Verilator only the top module's signals are public:
     cocotb's runner makes every signal of the design public (``--public-flat-rw``), and the
     benches reach the top's ports alone. With every signal public Verilator keeps each one
@@ -140,7 +140,8 @@ def _runner(sim, top):
         def _build_command(self):
             commands = super()._build_command()
             control = Path(self.build_dir) / "public.vlt"
-            control.write_text(f'`verilator_config\npublic_flat_rw -module "{top}" -var "*"\n')
+            control.write_text(f'`verilator_config\npublic_flat_rw -module '
+                               f'"{self.hdl_toplevel}" -var "*"\n')
             commands[0] = [arg for arg in commands[0] if arg != "--public-flat-rw"] + \
                 [str(control)]
             return commands
@@ -150,12 +151,11 @@ def _runner(sim, top):
 
 def _build(sim, verilog_text, top, progress):
     digest = hashlib.sha1(verilog_text.encode()).hexdigest()[:16]
-    opt = _verilator_opt() if sim == "verilator" else ""
     # ("-top": the model's public signals are the top module's; see _runner.)
-    flavour = "-top" if sim == "verilator" else ""
-    build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{flavour}"
+    flavour = f"{_verilator_opt()}-top" if sim == "verilator" else ""
+    build_dir = build_root() / f"{top}-{sim}-{digest}{flavour}"
     marker = build_dir / "built.ok"
-    runner = _runner(sim, top)
+    runner = _runner(sim)
     build_dir.parent.mkdir(parents=True, exist_ok=True)
     # One build per design even when several processes ask for it at once.
     with open(build_dir.parent / f"{build_dir.name}.lock", "w") as lock:
