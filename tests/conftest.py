@@ -12,6 +12,8 @@ from amaranth.sim import Simulator
 from hypothesis import settings as hypothesis_settings
 
 from moe_hw.flows.simulate import build_root, simulator_available
+from moe_hw.host.unit import BenchShape
+from moe_hw.registry import units
 
 # The tests' problems are small: a Verilator model compiled at -O0 builds in less than half
 # the time it takes at Verilator's own levels and simulates them about as fast
@@ -56,6 +58,23 @@ def simulator_cases(cases, *, icarus):
 
 
 STALLS = [pytest.param(0.0, id="no-stall"), pytest.param(0.3, id="stall")]
+
+# The tiny shape of the tests that run every unit (tests/test_fastsim.py, test_reset.py and
+# test_bench.py's command line): one shape, so that they run the same designs and each is
+# emitted once (an emission takes 1 to 12 s).
+TINY = BenchShape(tokens=6, hidden=8, experts=3, top_k=2, lanes=2)
+
+
+def bench_runs(name, shape=TINY):
+    """``(unit, inputs, settings)`` for each variant of the unit's benchmark problem."""
+    unit = units()[name]
+    if name == "scan_layers_backward":    # its benchmark is fixed at 256 tokens, 32 layers
+        inputs = unit.random_inputs(tokens=3, hidden=shape.hidden, layers=3,
+                                    format=shape.format, seed=3)
+        return [(unit, inputs, {"lanes": shape.lanes, "relu": 1, "checkpoint": checkpoint})
+                for checkpoint in (0, 2)]
+    return [(unit, inputs, settings) for inputs, settings in
+            unit.bench_problems(shape, seed=3).values()]
 
 # The fast path for tests whose subject is not the simulator (the run command's files, a
 # design point's run): Icarus, which compiles a design in well under a second, where a

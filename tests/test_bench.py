@@ -12,9 +12,13 @@ from moe_hw.host.unit import BenchShape
 from moe_hw.registry import units
 from moe_hw.units.dispatch import DispatchParams
 
-# tests/test_fastsim.py's TINY shape: 20 of the 23 designs are the ones its tests emit, which
-# the build root keeps, so the command reads them rather than emit them again.
-TINY = ["--tokens", "6", "--hidden", "8", "--experts", "3", "--top-k", "2", "--lanes", "2"]
+from conftest import TINY
+
+# The tests' TINY shape (conftest.py): 20 of the 23 designs are the ones test_fastsim.py and
+# test_reset.py emit, which the build root keeps, so the command reads them rather than emit
+# them again.
+TINY_ARGS = ["--tokens", str(TINY.tokens), "--hidden", str(TINY.hidden), "--experts",
+             str(TINY.experts), "--top-k", str(TINY.top_k), "--lanes", str(TINY.lanes)]
 
 
 def test_bench_units_prints_a_row_for_every_unit():
@@ -23,7 +27,7 @@ def test_bench_units_prints_a_row_for_every_unit():
         pytest.skip(f"icarus: {reason}")
     # The fast path in Icarus: the command's table for every unit in about a minute (the
     # cocotb benches took four; every unit's cocotb path has tests of its own).
-    result = subprocess.run([sys.executable, "-m", "moe_hw.bench", "units", *TINY,
+    result = subprocess.run([sys.executable, "-m", "moe_hw.bench", "units", *TINY_ARGS,
                              "--sim", "fast-icarus"], capture_output=True, text=True,
                             timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]

@@ -13,25 +13,12 @@ import pytest
 
 from moe_hw.flows.simulate import SimulationError
 from moe_hw.host.dispatch import UNIT as DISPATCH
-from moe_hw.host.unit import BenchShape, run
+from moe_hw.host.unit import run
 from moe_hw.registry import units
 
-from conftest import simulator_params
+from conftest import TINY, bench_runs, simulator_params
 
-TINY = BenchShape(tokens=6, hidden=8, experts=3, top_k=2, lanes=2)
 FAST_UNITS = [name for name, unit in units().items() if unit.has_fast]
-
-
-def bench_runs(name, shape=TINY):
-    """``(unit, inputs, settings)`` for each variant of the unit's benchmark problem."""
-    unit = units()[name]
-    if name == "scan_layers_backward":    # its benchmark is fixed at 256 tokens, 32 layers
-        inputs = unit.random_inputs(tokens=3, hidden=shape.hidden, layers=3,
-                                    format=shape.format, seed=3)
-        return [(unit, inputs, {"lanes": shape.lanes, "relu": 1, "checkpoint": checkpoint})
-                for checkpoint in (0, 2)]
-    return [(unit, inputs, settings) for inputs, settings in
-            unit.bench_problems(shape, seed=3).values()]
 
 
 def same_results(fast, cocotb):
@@ -195,52 +182,6 @@ def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
     # As make runs it: a script, not an import of moe_hw.
     done = subprocess.run([sys.executable, objcache.__file__, sys.executable, "-c", "pass"])
     assert done.returncode == 0
-
-
-def test_precompiled_header_is_built_once_when_its_two_compiles_are_alike(tmp_path,
-                                                                          monkeypatch):
-    """A model's two precompiled headers (fast with OPT_FAST, slow with OPT_SLOW) are one
-    compile when the last -O level makes the command lines alike (the tests' -CFLAGS -O0):
-    the second is a link to the first. Unlike levels, or a changed header, compile again."""
-    import sys
-
-    from moe_hw.flows import objcache
-
-    calls, compiler = _fake_compiler(
-        tmp_path,
-        "open(out, 'w').write('header with ' + ' '.join(a for a in sys.argv if a[:2] == '-O'))\n")
-
-    def pch(half, *levels):
-        args = [sys.executable, str(compiler), *levels, "-I.", "-x", "c++-header",
-                "Vtop__pch.h", "-o", f"Vtop__pch.h.{half}.gch"]
-        assert objcache.main(args) == 0
-        return (Path(f"Vtop__pch.h.{half}.gch")).read_text()
-
-    def compiles():
-        return len(calls.read_text().splitlines())
-
-    for name, levels in (("alike", ("-O0",)), ("unlike", ())):
-        (tmp_path / name).mkdir()
-        monkeypatch.chdir(tmp_path / name)
-        Path("Vtop__pch.h").write_text("#include <verilated.h>\n")
-        Path("Vtop__Syms.h").write_text("struct Vtop__Syms;\n")
-        fast, slow = pch("fast", "-Os", *levels), pch("slow", *levels)
-        assert (slow == fast) == (name == "alike")
-    # -Os -O0 and -O0: one compile; -Os and no level: two.
-    assert compiles() == 3
-    assert os.path.samefile(tmp_path / "alike" / "Vtop__pch.h.fast.gch",
-                            tmp_path / "alike" / "Vtop__pch.h.slow.gch")
-    assert (tmp_path / "unlike" / "Vtop__pch.h.slow.gch").read_text() == "header with "
-    # A header of the model changed: both compiled again, and the old link left alone.
-    monkeypatch.chdir(tmp_path / "alike")
-    Path("Vtop__Syms.h").write_text("struct Vtop__Syms { int changed; };\n")
-    os.utime("Vtop__Syms.h", ns=(1, 1))
-    pch("fast", "-Os", "-O0")
-    assert compiles() == 4
-    assert not os.path.samefile("Vtop__pch.h.fast.gch", "Vtop__pch.h.slow.gch")
-    pch("slow", "-O0")
-    assert compiles() == 4
-    assert os.path.samefile("Vtop__pch.h.fast.gch", "Vtop__pch.h.slow.gch")
 
 
 def _valid_pairs(stimulus, settings):

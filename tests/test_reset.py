@@ -4,33 +4,29 @@ output beat, read or write, busy and done low) until the next start, and then ru
 problem bit-exact against the golden model, its scoreboard seeing that problem's beats and
 writes and nothing else (``sim/harness.py``, ``reset_mid_problem``).
 
-The problems are each unit's benchmark problem at a tiny shape, one seed per unit. They run
-in Icarus: it builds a model in seconds where Verilator takes most of a minute per unit, and
-its four-state values show a register that reset leaves unknown."""
+The problems are each unit's first benchmark problem at the tests' tiny shape (conftest.py:
+the designs test_fastsim.py and the bench command's test run, emitted once for all three),
+one seed per unit. They run in Icarus: it builds a model in seconds where Verilator takes
+most of a minute per unit, and its four-state values show a register that reset leaves
+unknown."""
 
 import zlib
 
 import numpy as np
 import pytest
 
-from moe_hw.host.unit import BenchShape, run
+from moe_hw.host.unit import run
 from moe_hw.registry import units
 
-from conftest import simulator_params
+from conftest import bench_runs, simulator_params
 
-SHAPE = BenchShape(tokens=5, hidden=6, experts=3, top_k=2, lanes=4)
 STALL = 0.3
 SEED = 9
-LAYERS = 2          # the scan units' benchmark stacks 8 or 32 layers; two show the loop
 
 
 def tiny_problem(unit):
-    """``(inputs, settings)``: the unit's first benchmark variant at SHAPE (LAYERS layers for
-    the scan units)."""
-    _, (inputs, settings) = next(iter(unit.bench_problems(SHAPE).items()))
-    if hasattr(unit, "random_inputs"):
-        inputs = unit.random_inputs(tokens=SHAPE.tokens, hidden=SHAPE.hidden, layers=LAYERS,
-                                    seed=SEED)
+    """``(inputs, settings)``: the unit's first benchmark variant at the tiny shape."""
+    (_, inputs, settings), *_ = bench_runs(unit.name)
     return inputs, settings
 
 

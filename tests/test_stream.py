@@ -14,7 +14,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.sim import Simulator
 
-from moe_hw.flows.simulate import _build, _design, simulate
+from moe_hw.flows.simulate import _build, _design, _verilator_opt, simulate
 from moe_hw.stream import CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay
 from moe_hw.stream.skid import alternate_groups
 from moe_hw.stream.pipeline import replicated
@@ -296,6 +296,10 @@ def test_verilator_model_makes_only_the_top_public():
     symbols = "".join(path.read_text() for path in build_dir.glob("Vtop__Syms*.cpp"))
     assert 'varInsert("i__valid"' in symbols and 'varInsert("o__payload"' in symbols
     assert "two_skids.first" not in symbols and "two_skids.second" not in symbols
+    # At one C++ level (the suite's -O0) the model is one compile, with no precompiled header.
+    one = bool(_verilator_opt())
+    assert (build_dir / "Vtop__ALL.o").is_file() == one
+    assert bool(list(build_dir.glob("*.gch"))) == (not one)
 
 
 def test_ring_groups_cover_the_payload():

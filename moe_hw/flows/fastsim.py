@@ -547,14 +547,15 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     """The executable (Verilator) or compiled ``.vvp`` (Icarus) of the testbench, built once
     per distinct text under the build root; returns the command that runs it. ``trace``:
     None, "fst" or "vcd", the waveform the build can write."""
-    from .simulate import _setup_verilator, _verilator_opt, build_root
+    from .simulate import _one_compile, _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
     opt = _verilator_opt() if sim == "fast" else ""
     # The per-cycle code at -O2 (Verilator's own -Os runs slower; -O3 is no faster), and
     # Verilator's runtime (the $fread, $fwrite and start-up code, compiled once: objcache.py)
     # at -O2; the set-up code stays unoptimised (see flows/simulate.py), unless one level is
-    # asked for.
-    levels = ["-CFLAGS", opt] if opt else ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
+    # asked for (then the model is one compile).
+    levels = ["-CFLAGS", opt, "-MAKEFLAGS", *_one_compile()] if opt else \
+        ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
     digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
                                      str(trace)]).encode()).hexdigest()[:16]
     build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{f'-{trace}' if trace else ''}"

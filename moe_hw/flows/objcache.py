@@ -13,18 +13,10 @@ compiles and keeps them, unless the dependency file names a header of the build 
 (a relative path: the object would then depend on the model). Every other compile (the
 model's own files) runs as it is.
 
-A model's precompiled header is built once for both of its uses. Verilator's makefiles build
-it twice, as ``Vtop__pch.h.fast.gch`` with ``OPT_FAST`` and ``.slow.gch`` with ``OPT_SLOW``;
-when a level given after both (the test suite's ``-CFLAGS -O0``) makes the two compiles
-alike (the last ``-O`` flag is the one the compiler takes), the second waits for the first
-and links its file: about 4 s of every test model's build (82 MB headers for moe_layer).
-
 Run as a script (``python objcache.py CXX ARGS...``): it imports nothing of moe_hw, so it
 starts in tens of milliseconds.
 """
 
-import fcntl
-import glob
 import hashlib
 import os
 import shutil
@@ -78,49 +70,7 @@ def _cached_compile(args, cache):
     return code
 
 
-#: The precompiled headers of a model, one per half of its code.
-PCH_SUFFIXES = (".fast.gch", ".slow.gch")
-
-
-def _shared_header(args):
-    """Build the precompiled header ``args`` makes, or link the one an alike compile made
-    in the same directory; the compiler's exit code, or ``None`` for any other compile."""
-    out = args[args.index("-o") + 1]
-    if not out.endswith(PCH_SUFFIXES) or "-x" not in args:
-        return None
-    stem = out[:-len(".fast.gch")]
-    levels = [arg for arg in args if arg.startswith("-O")]
-    alike = [stem if arg == out else arg for arg in args if not arg.startswith("-O")]
-    directory = os.path.dirname(out) or "."
-    headers = sorted((name, os.stat(name).st_size, os.stat(name).st_mtime_ns)
-                     for name in glob.glob(os.path.join(directory, "*.h")))
-    key = hashlib.sha1(repr((alike, levels[-1:], headers)).encode()).hexdigest()[:20]
-    kept = os.path.join(directory, f".pch-{key}.gch")
-    with open(os.path.join(directory, f".pch-{key}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(out):
-            os.unlink(out)                    # never write through a link to the other
-        if os.path.isfile(kept):
-            _link(kept, out)
-            return 0
-        code = subprocess.call(args)
-        if code == 0:
-            _link(out, kept)
-        return code
-
-
-def _link(source, target):
-    try:
-        os.link(source, target)
-    except OSError:                           # a file system without hard links
-        shutil.copyfile(source, target)
-
-
 def main(args):
-    if "-o" in args[:-1]:
-        code = _shared_header(args)
-        if code is not None:
-            return code
     cache = os.environ.get("MOE_HW_OBJCACHE_DIR")
     if cache and "-c" in args and "-o" in args[:-1]:
         code = _cached_compile(args, cache)
