@@ -1,11 +1,7 @@
 """Shared pytest fixtures: the simulators (Icarus skipped, with the reason, when absent), and
-the synthesis tests' turns."""
+the tiny problem of the tests that run every unit."""
 
-import contextlib
-import fcntl
 import os
-import tempfile
-from pathlib import Path
 
 import pytest
 from amaranth.sim import Simulator
@@ -90,28 +86,3 @@ def run_pysim(top, *benches):
     for bench in benches:
         sim.add_testbench(bench)
     sim.run()
-
-
-@contextlib.contextmanager
-def _synthesis_turn():
-    """Place-and-route keeps a core busy for tens of seconds and pytest runs two workers:
-    the synthesis tests take turns, so that neither slows the other down."""
-    with open(Path(tempfile.gettempdir()) / "moe_hw_synth_tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@pytest.fixture
-def one_synthesis_at_a_time():
-    with _synthesis_turn():
-        yield
-
-
-@pytest.fixture(scope="module")
-def synthesis_turn_for_module():
-    """The turn held for a whole module whose tests share synthesis runs."""
-    with _synthesis_turn():
-        yield

@@ -103,7 +103,7 @@ def test_figures_of_a_point_keep_swept_parameters_apart_from_resources():
 # ---- the sweep on real tools ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def local_sweep(synthesis_turn_for_module, tmp_path_factory):
+def local_sweep(tmp_path_factory):
     """The two-point sweep on the local process pool, into a fresh cache."""
     root = tmp_path_factory.mktemp("dse")
     rows, meta = explore("fmul", WORKLOAD, SWEEPS, ["ice40-up5k"], out_dir=root / "out",

@@ -46,7 +46,7 @@ SMALL_DESIGNS = [
 
 
 @pytest.mark.parametrize("target, unit, sets", SMALL_DESIGNS)
-def test_synth_runs_and_its_report_parses(one_synthesis_at_a_time, tmp_path, capsys, target,
+def test_synth_runs_and_its_report_parses(tmp_path, capsys, target,
                                           unit, sets):
     report_path = tmp_path / "report.json"
     argv = [unit, "--target", target, "--seeds", "1", "--json", str(report_path),
@@ -109,7 +109,7 @@ def test_synth_runs_and_its_report_parses(one_synthesis_at_a_time, tmp_path, cap
     assert str(packed["resources"]["lut4"]["used"]) in table.splitlines()[2]
 
 
-def test_board_target_writes_a_bitstream(one_synthesis_at_a_time, tmp_path, capsys):
+def test_board_target_writes_a_bitstream(tmp_path, capsys):
     report_path = tmp_path / "report.json"
     argv = ["fmul", "--target", "ulx3s-85f", "--seeds", "1", "--set", "format=bf16", "--set",
             "mul_stages=2", "--json", str(report_path), "--work", str(tmp_path / "work")]
@@ -152,14 +152,14 @@ def _yosys_cells(tmp_path, component):
     return json.loads((tmp_path / "stat.json").read_text())["design"]["num_cells_by_type"]
 
 
-def test_yosys_keeps_nets_whose_names_meet(one_synthesis_at_a_time, tmp_path):
+def test_yosys_keeps_nets_whose_names_meet(tmp_path):
     """Yosys 0.70's ABC9 step maps nets back by name (``flow.YOSYS_PREPARE``): without the
     flow's renaming this design stops Yosys on a failed assertion, or (named otherwise) loses
     a flip-flop. With it, all four flip-flops are there."""
     assert _yosys_cells(tmp_path, _ElementNamed())["TRELLIS_FF"] == 4
 
 
-def test_scan_layers_synthesises_at_small_maxima(one_synthesis_at_a_time, tmp_path):
+def test_scan_layers_synthesises_at_small_maxima(tmp_path):
     """scan_layers at the smallest maxima whose ABC9 step failed (its array-layout fields'
     names met), through Yosys only."""
     unit, params, _ = synth.synth_params("scan_layers", "ecp5-85k", {
@@ -180,7 +180,7 @@ def test_a_tool_that_does_not_finish_is_one_line(capsys):
                      "in 0.2 s"]
 
 
-def test_a_seed_that_does_not_finish_is_skipped(one_synthesis_at_a_time, monkeypatch):
+def test_a_seed_that_does_not_finish_is_skipped(monkeypatch):
     """A seed whose place and route passes the time limit is left out of the best-of; only
     when no seed finishes is it the run's error."""
     real = flow._run_tool
