@@ -72,6 +72,7 @@ def bench_runs(name, shape=TINY):
     return [(unit, inputs, settings) for inputs, settings in
             unit.bench_problems(shape, seed=3).values()]
 
+
 # The fast path for tests whose subject is not the simulator (the run command's files, a
 # design point's run): Icarus, which compiles a design in well under a second, where a
 # Verilator model takes 5 to 20 s to build; the fast path itself is tested in Icarus too,

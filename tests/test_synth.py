@@ -46,8 +46,7 @@ SMALL_DESIGNS = [
 
 
 @pytest.mark.parametrize("target, unit, sets", SMALL_DESIGNS)
-def test_synth_runs_and_its_report_parses(tmp_path, capsys, target,
-                                          unit, sets):
+def test_synth_runs_and_its_report_parses(tmp_path, capsys, target, unit, sets):
     report_path = tmp_path / "report.json"
     argv = [unit, "--target", target, "--seeds", "1", "--json", str(report_path),
             "--work", str(tmp_path / "work")]
