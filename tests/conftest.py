@@ -37,16 +37,24 @@ def simulator_params(*sims):
     return params
 
 
-def simulator_cases(cases, *, icarus):
-    """pytest params ``(sim, case)``: every case on Verilator, and the cases named in
-    ``icarus`` on Icarus too. Icarus is the four-state check (an X or a Z where a value should
-    be); its runs are many times slower than Verilator's, so each unit runs there on a few
-    cases that reach its normal, masked and empty paths rather than on all of them."""
-    unknown = [name for name in icarus if name not in cases]
+# The tests' runs of a unit: Verilator's fast path (moe_hw/flows/fastsim.py: the problem
+# inside the simulator, seeded stalls from LFSRs, the scoreboard's checks as counters and
+# flags): one build per design serves all of a file's problems, and a run takes milliseconds.
+# The cocotb benches (the per-beat scoreboards in Python: order, loss, duplication, bounds;
+# about 0.5 s a run to start the simulator and cocotb) run a few cases of each unit, in
+# Verilator and in Icarus (the four-state check).
+SIM = "fast"
+
+
+def simulator_cases(cases, *, cocotb):
+    """pytest params ``(sim, case)``: every case on the fast path (``SIM``), and the cases
+    named in ``cocotb`` (ones that reach the unit's normal, masked and empty paths) through
+    the cocotb bench in Verilator and in Icarus."""
+    unknown = [name for name in cocotb if name not in cases]
     if unknown:
-        raise ValueError(f"icarus cases must be among the cases, not {unknown}")
+        raise ValueError(f"cocotb cases must be among the cases, not {unknown}")
     params = []
-    for sim, names in (("verilator", list(cases)), ("icarus", list(icarus))):
+    for sim, names in ((SIM, list(cases)), ("verilator", list(cocotb)), ("icarus", list(cocotb))):
         reason = simulator_available(sim)
         marks = [pytest.mark.skip(reason=f"{sim}: {reason}")] if reason else []
         params += [pytest.param(sim, name, marks=marks, id=f"{sim}-{name}") for name in names]

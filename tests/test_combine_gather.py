@@ -28,7 +28,7 @@ from moe_hw.params import ParameterError
 from moe_hw.units.combine_gather import CombineGatherParams, CombineGatherUnit, gather_schedule
 from moe_hw.units.dispatch_backward_data import DispatchBackwardDataUnit
 
-from conftest import STALLS, simulator_cases
+from conftest import SIM, STALLS, simulator_cases
 
 # One generous build serves every stream case (window = add_stages + 2 = 13 items for fp32).
 PARAMS = CombineGatherParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
@@ -96,7 +96,7 @@ def variant(prob, **changes):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, name", simulator_cases(
-    CASES, icarus=["duet_toy", "out_of_range", "zero_tokens"]))
+    CASES, cocotb=["duet_toy", "out_of_range", "zero_tokens"]))
 def test_combine_gather_cases(sim, name, stall):
     check(problem(name), sim, stall)
 
@@ -107,7 +107,7 @@ def test_combine_gather_deep_inflight_queue(name, stall):
     """64 reads in flight (behind an AXI master 256: the row reader's tags then wait in a
     RegisteredFIFO, not a plain LUT-RAM ring) at a memory latency of 40: bit-exact, clean
     scoreboards and, stall-free, exactly the formula's cycles (full rate: L < 64)."""
-    check(problem(name), "verilator", stall,
+    check(problem(name), SIM, stall,
           params=dataclasses.replace(PARAMS, max_outstanding=64), latency=40)
 
 
@@ -151,22 +151,22 @@ def test_combine_gather_edge_sizes():
     gates, indices, locations, expert_out = (prob[name] for name in
                                              ("gates", "indices", "locations", "buffer"))
     outcome = check(variant(prob, gates=gates[:0], indices=indices[:0],
-                            locations=locations[:0]), "verilator", 0.0)
+                            locations=locations[:0]), SIM, 0.0)
     assert not outcome.outputs["combined"].view(np.uint32).any()
     assert outcome.results["dropped"] == 0
     outcome = check(variant(prob, buffer=expert_out[:0], capacity=0, num_experts=0),
-                    "verilator", 0.0)
+                    SIM, 0.0)
     assert not outcome.outputs["combined"].view(np.uint32).any()
     assert outcome.results["dropped"] == gates.size
-    outcome = check(variant(prob, buffer=expert_out[:, :0]), "verilator", 0.0)
+    outcome = check(variant(prob, buffer=expert_out[:, :0]), SIM, 0.0)
     assert outcome.cycles == EMPTY_CYCLES and outcome.outputs["combined"].shape == (37, 0)
     for tokens in (1, 2, 3):     # a single, short window
         check(variant(prob, gates=gates[:, :tokens], indices=indices[:, :tokens],
                       locations=locations[:, :tokens], buffer=expert_out[:, :3]),
-              "verilator", 0.0)
+              SIM, 0.0)
     for latency in (1, PARAMS.max_outstanding - 1):
-        check(problem("one_beat_rows"), "verilator", 0.0, latency=latency)
-    outcome = check(problem("one_beat_rows"), "verilator", 0.3,
+        check(problem("one_beat_rows"), SIM, 0.0, latency=latency)
+    outcome = check(problem("one_beat_rows"), SIM, 0.3,
                     latency=3 * PARAMS.max_outstanding)
     assert outcome.cycles > outcome.expected_cycles
 

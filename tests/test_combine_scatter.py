@@ -23,7 +23,7 @@ from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.combine_scatter import CombineScatterParams, CombineScatterUnit
 
-from conftest import STALLS, simulator_cases
+from conftest import SIM, STALLS, simulator_cases
 
 # One design for every case (one Verilator and one Icarus build), the hazard test's too: its
 # rows reach lanes * hazard window (4 * 32) elements.
@@ -118,7 +118,7 @@ def case(name):
     return {"gates": gates, "expert_out": expert_out}, {}
 
 
-def check(inputs, settings, *, params=PARAMS, sim="verilator", stall=0.0, seed=5):
+def check(inputs, settings, *, params=PARAMS, sim=SIM, stall=0.0, seed=5):
     """One run, scored: bit-exact against golden.sparse_combine (or the golden loop for a
     hand-made order), read/write scoreboard, and (stall-free) the exact cycle count."""
     outcome = run(UNIT, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
@@ -130,7 +130,7 @@ def check(inputs, settings, *, params=PARAMS, sim="verilator", stall=0.0, seed=5
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, name", simulator_cases(
-    [*GATE_CASES, *SLOT_CASES], icarus=["seed_example", "same_token_one_beat", "out_of_range_tokens", "zero_tokens"]))
+    [*GATE_CASES, *SLOT_CASES], cocotb=["seed_example", "same_token_one_beat", "out_of_range_tokens", "zero_tokens"]))
 def test_combine_scatter_cases(sim, name, stall):
     """Every gate-matrix case and every hand-made slot order, bit-exact, scoreboarded, with
     exact stall-free cycle counts."""

@@ -19,7 +19,7 @@ from moe_hw.params import ParameterError
 from moe_hw.run import from_npz
 from moe_hw.units.dispatch import DispatchParams
 
-from conftest import FAST_SIM, STALLS, simulator_cases
+from conftest import FAST_SIM, SIM, STALLS, simulator_cases
 
 MAXIMA = dict(max_pairs=256, max_hidden=64, max_capacity=32, max_experts=8)
 FP32_L4 = DispatchParams(format="fp32", lanes=4, **MAXIMA)
@@ -40,7 +40,7 @@ def problem(seed, *, tokens, hidden, experts, capacity, k=1, dtype=np.float32, s
                 num_experts=experts, capacity=capacity)
 
 
-def dispatch(prob, params=None, sim="verilator", stall=0.0, seed=0):
+def dispatch(prob, params=None, sim=SIM, stall=0.0, seed=0):
     """Run a problem dict (the golden model's arguments) through the emitted Verilog."""
     inputs = {name: prob[name] for name in UNIT.inputs}
     sizes = {name: prob[name] for name in UNIT.runtime}
@@ -83,7 +83,7 @@ CASES = {
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    CASES, icarus=["duet_toy", "out_of_range", "zero_tokens"]))
+    CASES, cocotb=["duet_toy", "out_of_range", "zero_tokens"]))
 def test_dispatch_cases(sim, case, stall):
     check(problem(sorted(CASES).index(case), **CASES[case]), FP32_L4, sim, stall, seed=7)
 
@@ -92,7 +92,7 @@ def test_dispatch_field_extremes():
     prob = problem(3, tokens=10, hidden=6, experts=4, capacity=10)
     prob["indices"][0, :4] = [-(1 << 31), (1 << 31) - 1, 4, -1]
     prob["locations"][0, 4:8] = [(1 << 31) - 1, -(1 << 31), 10, -1]
-    outcome = check(prob, FP32_L4, "verilator", 0.0)
+    outcome = check(prob, FP32_L4, SIM, 0.0)
     assert outcome.outputs["dropped"] == 8
 
 
@@ -102,7 +102,7 @@ def test_dispatch_lanes(lanes, stall):
     params = DispatchParams(format="fp32", lanes=lanes, **MAXIMA)
     for seed, hidden in enumerate((1, 17, 64)):
         prob = problem(seed, tokens=19, hidden=hidden, experts=3, capacity=7, k=2)
-        check(prob, params, "verilator", stall, seed=seed)
+        check(prob, params, SIM, stall, seed=seed)
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -112,7 +112,7 @@ def test_dispatch_formats(fmt, dtype, lanes, stall):
     params = DispatchParams(format=fmt, lanes=lanes, **MAXIMA)
     prob = problem(11, tokens=30, hidden=21, experts=4, capacity=6, k=2, dtype=dtype,
                    specials=0.3)
-    check(prob, params, "verilator", stall, seed=3)
+    check(prob, params, SIM, stall, seed=3)
 
 
 def test_dispatch_runtime_errors():

@@ -20,7 +20,7 @@ from moe_hw.host.unit import run
 from moe_hw.units.dispatch_backward_data import (DispatchBackwardDataParams,
                                                  DispatchBackwardDataUnit)
 
-from conftest import STALLS, simulator_cases
+from conftest import SIM, STALLS, simulator_cases
 from test_combine_gather import check as combine_check, gather_problem, variant
 
 PARAMS = DispatchBackwardDataParams(format="fp32", lanes=4, max_tokens=64, max_hidden=64,
@@ -67,7 +67,7 @@ def manual(gates, indices, locations, grad, num_experts, capacity):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, name", simulator_cases(
-    CASES, icarus=["duet_toy", "out_of_range", "zero_tokens"]))
+    CASES, cocotb=["duet_toy", "out_of_range", "zero_tokens"]))
 def test_dispatch_backward_data_cases(sim, name, stall):
     check(problem(name), sim, stall)
 
@@ -84,11 +84,11 @@ def test_dispatch_backward_data_sum_start():
     gates = np.array([[minus, minus, plus], [minus, plus, minus]], dtype=np.float32)
     indices = np.array([[0, 0, 0], [0, 5, 0]])
     locations = np.array([[0, 0, 1], [1, 0, 0]])
-    outcome = check(manual(gates, indices, locations, grad, 1, 2), "verilator", 0.0)
+    outcome = check(manual(gates, indices, locations, grad, 1, 2), SIM, 0.0)
     bits = to_bits(outcome.outputs["grad_input"], "fp32")
     assert bits[0, 0] == 0x80000000                          # -0.0 + -0.0 = -0.0
     assert bits[1, 0] == bits[1, 3] == 0                     # -0.0 + +0.0 = +0.0
-    one = check(manual(gates[0], indices[0], locations[0], grad, 1, 2), "verilator", 0.0)
+    one = check(manual(gates[0], indices[0], locations[0], grad, 1, 2), SIM, 0.0)
     assert to_bits(one.outputs["grad_input"], "fp32")[0, 0] == 0x80000000  # k = 1: -1 * +0.0
     combined = run(combine_gather.UNIT, {"gates": gates, "indices": indices,
                                          "locations": locations, "expert_out": grad},
@@ -105,16 +105,16 @@ def test_dispatch_backward_data_edge_sizes():
     gates, indices, locations, grad = (prob[name] for name in
                                        ("gates", "indices", "locations", "buffer"))
     outcome = check(variant(prob, gates=gates[:0], indices=indices[:0],
-                            locations=locations[:0]), "verilator", 0.0)
+                            locations=locations[:0]), SIM, 0.0)
     assert not outcome.outputs["grad_input"].view(np.uint32).any()
     for sizes in (dict(capacity=0), dict(num_experts=0)):
-        outcome = check(variant(prob, buffer=grad[:0], **sizes), "verilator", 0.0)
+        outcome = check(variant(prob, buffer=grad[:0], **sizes), SIM, 0.0)
         assert not outcome.outputs["grad_input"].view(np.uint32).any()
         assert outcome.results["dropped"] == gates.size
-    outcome = check(variant(prob, buffer=grad[:, :0]), "verilator", 0.0)
+    outcome = check(variant(prob, buffer=grad[:, :0]), SIM, 0.0)
     assert outcome.cycles == EMPTY_CYCLES and outcome.outputs["grad_input"].shape == (37, 0)
     check(variant(prob, gates=gates[:, :2], indices=indices[:, :2], locations=locations[:, :2],
-                  buffer=grad[:, :3]), "verilator", 0.0)
+                  buffer=grad[:, :3]), SIM, 0.0)
     assert DispatchBackwardDataUnit.SUM_START == "first"
     # start and setup, ring write, ring read, the pass's pair register and slot address,
     # command queue, reader command, memory, reader skid buffer, operand registers,

@@ -23,7 +23,7 @@ from moe_hw.params import ParameterError
 from moe_hw.units.dispatch_backward_gate import (DispatchBackwardGateParams,
                                                  DispatchBackwardGateUnit)
 
-from conftest import STALLS, simulator_cases
+from conftest import SIM, STALLS, simulator_cases
 
 # One design for every case (one Verilator and one Icarus build).
 PARAMS = DispatchBackwardGateParams(format="fp32", lanes=4, max_tokens=64, max_top_k=2,
@@ -81,7 +81,7 @@ def case_problem(name):
     return prob
 
 
-def check(prob, *, params=PARAMS, sim="verilator", stall=0.0, seed=5, memory_latency=LATENCY):
+def check(prob, *, params=PARAMS, sim=SIM, stall=0.0, seed=5, memory_latency=LATENCY):
     """One run, scored: bit-exact results, one per pair in order, read scoreboards, the
     dropped count, and (stall-free) the exact cycle count."""
     inputs = {name: prob[name] for name in UNIT.inputs}
@@ -96,7 +96,7 @@ def check(prob, *, params=PARAMS, sim="verilator", stall=0.0, seed=5, memory_lat
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, name", simulator_cases(
-    CASES, icarus=["duet_toy", "out_of_range", "zero_tokens"]))
+    CASES, cocotb=["duet_toy", "out_of_range", "zero_tokens"]))
 def test_backward_gate_cases(sim, name, stall):
     outcome = check(case_problem(name), sim=sim, stall=stall)
     if name == "zero_tokens" and stall == 0.0:

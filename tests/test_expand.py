@@ -21,7 +21,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand import ExpandParams, ExpandUnit
 
-from conftest import FAST_SIM, STALLS, simulator_cases
+from conftest import FAST_SIM, SIM, STALLS, simulator_cases
 
 PARAMS = {
     "fp32": ExpandParams(format="fp32", lanes=4, max_rank=6, max_input=64, max_output=4096),
@@ -31,7 +31,7 @@ PARAMS = {
 DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "int8": np.int8}
 
 
-def check(unit, inputs, fmt, *, sim="verilator", stall=0.0, seed=0):
+def check(unit, inputs, fmt, *, sim=SIM, stall=0.0, seed=0):
     """Run, require bit-exact with a clean scoreboard, and the exact stall-free count:
     ceil(n_in / lanes) load beats + ceil(n_out / lanes) output beats + the overhead."""
     params = PARAMS[fmt]
@@ -107,7 +107,7 @@ CASES = {
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize(("sim", "name"), simulator_cases(
-    CASES, icarus=["seed_fp32", "zero_kept_fp32"]))
+    CASES, cocotb=["seed_fp32", "zero_kept_fp32"]))
 def test_expand_cases(sim, name, stall):
     fmt, make = CASES[name]
     inputs = make()
@@ -286,7 +286,7 @@ def part_cycles(params, n_in, n_out):
             + params.address_latency + 10 if n_out else EMPTY_CYCLES)
 
 
-def check_split(unit, inputs, parts, *, split_dim=None, sim="verilator", stall=0.0, seed=0):
+def check_split(unit, inputs, parts, *, split_dim=None, sim=SIM, stall=0.0, seed=0):
     """Run on a split unit: bit-exact logical output, every part's scoreboard clean, and
     stall-free exactly the slowest part's cycles plus the registered done."""
     params = SPLIT_PARAMS[parts]
@@ -318,7 +318,7 @@ SPLIT_CASES = {
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize(("sim", "name"), simulator_cases(SPLIT_CASES,
-                                                          icarus=["seed_split3_p2"]))
+                                                          cocotb=["seed_split3_p2"]))
 def test_expand_split_cases(sim, name, stall):
     parts, split_dim, make = SPLIT_CASES[name]
     inputs = make()

@@ -40,7 +40,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand_backward import ExpandBackwardParams
 
-from conftest import FAST_SIM, STALLS, simulator_cases
+from conftest import FAST_SIM, SIM, STALLS, simulator_cases
 
 PARAMS = {
     "fp32": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
@@ -82,7 +82,7 @@ def expected_cycles(params, n_in, n_out, mode):
             + front + 3 * lat + 12)
 
 
-def check(inputs, fmt, *, sim="verilator", stall=0.0, seed=0, mode=None):
+def check(inputs, fmt, *, sim=SIM, stall=0.0, seed=0, mode=None):
     """Run, require bit-exact with a clean scoreboard, the mode, and the exact stall-free
     count."""
     params = PARAMS[fmt]
@@ -143,7 +143,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("stall", STALLS)
-@pytest.mark.parametrize(("sim", "name"), simulator_cases(CASES, icarus=["gate_fp32"]))
+@pytest.mark.parametrize(("sim", "name"), simulator_cases(CASES, cocotb=["gate_fp32"]))
 def test_expand_backward_cases(sim, name, stall):
     fmt, mode, make = CASES[name]
     inputs = make()

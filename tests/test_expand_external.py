@@ -21,7 +21,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand import ExpandParams
 
-from conftest import FAST_SIM, STALLS, simulator_cases
+from conftest import FAST_SIM, SIM, STALLS, simulator_cases
 from test_expand import CASES, expand_case, random_expand
 
 PARAMS = {
@@ -48,7 +48,7 @@ def formula(params, problem, latency):
     return params.max_rank + 2 * params.lanes + 1 + reads + latency + waits + 24
 
 
-def check(inputs, fmt, *, sim="verilator", stall=0.0, seed=0, latency=2):
+def check(inputs, fmt, *, sim=SIM, stall=0.0, seed=0, latency=2):
     params = PARAMS[fmt]
     outcome = run(UNIT, inputs, {"memory_latency": latency}, params=params, sim=sim,
                   stall=stall, seed=seed)
@@ -64,7 +64,7 @@ EXTERNAL_CASES = [name for name in CASES if not name.endswith("bf16")]
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize(("sim", "name"), simulator_cases(
-    {name: CASES[name] for name in EXTERNAL_CASES}, icarus=["seed_fp32"]))
+    {name: CASES[name] for name in EXTERNAL_CASES}, cocotb=["seed_fp32"]))
 def test_external_cases(sim, name, stall):
     fmt, make = CASES[name]
     inputs = make()

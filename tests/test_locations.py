@@ -19,14 +19,14 @@ from moe_hw.params import ParameterError
 from moe_hw.problems import routed_problem
 from moe_hw.units.locations import LocationsParams, LocationsUnit
 
-from conftest import STALLS, simulator_cases
+from conftest import SIM, STALLS, simulator_cases
 
 # One generous parameter set for every simulated case: one Verilator and one Icarus build.
 PARAMS = LocationsParams(max_pairs=512, max_experts=16, max_capacity=512, index_width=32)
 INDEX_MIN, INDEX_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def check(indices, num_experts, capacity, sim="verilator", stall=0.0, seed=0, params=PARAMS):
+def check(indices, num_experts, capacity, sim=SIM, stall=0.0, seed=0, params=PARAMS):
     outcome = run(UNIT, {"indices": indices}, {"num_experts": num_experts, "capacity": capacity},
                   params=params, sim=sim, stall=stall, seed=seed)
     assert outcome.passed, outcome.problems
@@ -66,7 +66,7 @@ CASES = ["worked_example", "duet_toy", "random_k2", "empty_experts", "out_of_ran
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    CASES, icarus=["worked_example", "out_of_range", "zero_tokens"]))
+    CASES, cocotb=["worked_example", "out_of_range", "zero_tokens"]))
 def test_locations_cases(sim, case, stall):
     indices, num_experts, capacity = case_indices(case)
     outcome = check(indices, num_experts, capacity, sim, stall, seed=5)

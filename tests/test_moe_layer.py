@@ -23,7 +23,7 @@ from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.moe_layer import MoELayer, MoELayerParams
 
-from conftest import STALLS, simulator_cases, simulator_params
+from conftest import SIM, STALLS, simulator_cases, simulator_params
 
 # One generous build per format serves every case (a Verilator build of the composite takes
 # minutes on a small machine).
@@ -73,7 +73,7 @@ def problem(seed, *, tokens, experts, k, hidden, capacity=None, dtype=np.float32
     return inputs, ({} if capacity is None else {"capacity": capacity})
 
 
-def check(inputs, settings, params, sim="verilator", stall=0.0, seed=0):
+def check(inputs, settings, params, sim=SIM, stall=0.0, seed=0):
     """One run, scored against the chained golden with every scoreboard; stall-free it must
     take exactly the documented count, phase by phase."""
     outcome = run(UNIT, inputs, settings, params=params, sim=sim, stall=stall, seed=seed)
@@ -91,7 +91,7 @@ def check(inputs, settings, params, sim="verilator", stall=0.0, seed=0):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    CASES, icarus=["duet_toy", "drops_empty_experts", "zero_tokens"]))
+    CASES, cocotb=["duet_toy", "drops_empty_experts", "zero_tokens"]))
 def test_moe_layer_cases(sim, case, stall):
     outcome = check(*problem(sorted(CASES).index(case), **CASES[case]), FP32, sim, stall,
                     seed=5)
@@ -127,7 +127,7 @@ ECP5_BRAM = MoELayerParams(format="fp32", lanes=1, max_tokens=1100, max_hidden=2
 def test_moe_layer_ecp5_block_ram(stall):
     """The same results and the same cycle count with the pair memory in DP16KD blocks."""
     inputs, settings = problem(23, tokens=1100, experts=4, k=2, hidden=2, specials=0.1)
-    outcome = check(inputs, {**settings, "capacity": 500}, ECP5_BRAM, "verilator", stall,
+    outcome = check(inputs, {**settings, "capacity": 500}, ECP5_BRAM, SIM, stall,
                     seed=7)
     assert outcome.outputs["dropped"] > 0
 
@@ -171,7 +171,7 @@ def stack_problem(seed, *, tokens, experts, k, hidden, layers, relu=0, capacity=
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    STACK_CASES, icarus=["drops_empty_experts", "zero_capacity"]))
+    STACK_CASES, cocotb=["drops_empty_experts", "zero_capacity"]))
 def test_moe_layer_expert_stacks(sim, case, stall):
     """Bit-exact against golden.moe_layer with per-expert scan_layers stacks; every expert's
     L*B parameter beats taken (the empty experts' dropped); the exact phase cycles."""
@@ -193,7 +193,7 @@ def test_moe_layer_affine_experts_on_a_stack_unit(stall):
     """Affine experts ([E] scale and bias) run on a stack unit as one-layer stacks: the same
     two roundings, bit for bit."""
     inputs, settings = problem(31, tokens=18, experts=4, k=2, hidden=9, specials=0.2)
-    check(inputs, settings, STACK, "verilator", stall, seed=4)
+    check(inputs, settings, STACK, SIM, stall, seed=4)
 
 
 @pytest.mark.parametrize("sim", simulator_params("icarus"))

@@ -21,7 +21,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.moe_re_routing import MoeReRoutingParams
 
-from conftest import STALLS, simulator_params
+from conftest import SIM, STALLS, simulator_params
 
 # 16-bit tokens (fp16 and bf16 give the same Verilog), no scales, int32 counts, 4 lanes.
 WIDE = MoeReRoutingParams(format="bf16", lanes=4, max_tokens=96, max_hidden=24, max_ranks=6,
@@ -39,7 +39,7 @@ def params_of(fmt, scales):
     return NARROW if fmt == "int8" else WIDE.replace(format=fmt)
 
 
-def check(inputs, settings=None, *, sim="verilator", stall=0.0, seed=0, params=None):
+def check(inputs, settings=None, *, sim=SIM, stall=0.0, seed=0, params=None):
     """Run, require bit-exact with a clean scoreboard, and the exact stall-free count."""
     tokens = inputs["tokens"]
     fmt = {np.dtype(np.int8): "int8", np.dtype(np.float16): "fp16"}.get(tokens.dtype, "bf16")

@@ -44,7 +44,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("stall", STALLS)
-@pytest.mark.parametrize(("sim", "name"), simulator_cases(CASES, icarus=["seed_fp32"]))
+@pytest.mark.parametrize(("sim", "name"), simulator_cases(CASES, cocotb=["seed_fp32"]))
 def test_repeat_cases(sim, name, stall):
     fmt, make = CASES[name]
     inputs = make()

@@ -18,7 +18,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.scan_layers import AffineLayerStep, ScanLayersParams
 
-from conftest import STALLS, simulator_cases
+from conftest import SIM, STALLS, simulator_cases
 
 # Short float pipelines (loop latency D = 1 + 6, interleave 8) keep the builds quick; one
 # build per format. int8 at its default depths (D = 1 + 4, interleave 6), its product on the ECP5 DSP model (the
@@ -74,7 +74,7 @@ def assert_saturates(output, relu):
     assert ((output > low) & (output < 127)).any(), output
 
 
-def check(inputs, relu, format, sim="verilator", stall=0.0, seed=0):
+def check(inputs, relu, format, sim=SIM, stall=0.0, seed=0):
     params = PARAMS[format]
     outcome = run(UNIT, inputs, {"relu": relu}, params=params, sim=sim, stall=stall, seed=seed)
     assert outcome.passed, outcome.problems
@@ -86,7 +86,7 @@ def check(inputs, relu, format, sim="verilator", stall=0.0, seed=0):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    CASES, icarus=["partial_beat", "bf16_relu", "no_tokens", "int8_relu"]))
+    CASES, cocotb=["partial_beat", "bf16_relu", "no_tokens", "int8_relu"]))
 def test_scan_layers_cases(sim, case, stall):
     inputs, relu, format = case_inputs(case)
     outcome = check(inputs, relu, format, sim, stall, seed=11)

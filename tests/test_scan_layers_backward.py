@@ -122,7 +122,7 @@ from moe_hw.host.unit import run  # noqa: E402
 from moe_hw.params import ParameterError  # noqa: E402
 from moe_hw.units.scan_layers_backward import ScanLayersBackwardParams, sweep_plan  # noqa: E402
 
-from conftest import FAST_SIM, STALLS, simulator_cases  # noqa: E402
+from conftest import FAST_SIM, SIM, STALLS, simulator_cases  # noqa: E402
 
 # Short float pipelines (A = 3: a token takes max(B, 4) cycles) keep the builds quick. Three
 # Verilator builds: fp32 storing every layer, fp32 with checkpoints, bf16 with checkpoints
@@ -133,7 +133,7 @@ PARAMS = {(fmt, checkpoint): ScanLayersBackwardParams(
           for fmt in ("fp32", "bf16") for checkpoint in (0, 2)}
 
 
-def check(inputs, relu, format, checkpoint=0, sim="verilator", stall=0.0, seed=0):
+def check(inputs, relu, format, checkpoint=0, sim=SIM, stall=0.0, seed=0):
     """Run the unit; bit-exact and scoreboard clean; stall-free: the exact cycle count."""
     params = PARAMS[format, checkpoint]
     outcome = run(UNIT, inputs, {"relu": relu}, params=params, sim=sim, stall=stall, seed=seed)
@@ -166,7 +166,7 @@ def case_inputs(name):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    list(CASES), icarus=["partial_beat", "checkpoint", "no_tokens"]))
+    list(CASES), cocotb=["partial_beat", "checkpoint", "no_tokens"]))
 def test_scan_layers_backward_cases(sim, case, stall):
     inputs, relu, format, checkpoint = case_inputs(case)
     outcome = check(inputs, relu, format, checkpoint, sim, stall, seed=5)

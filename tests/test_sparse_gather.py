@@ -21,7 +21,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError, resolve_params
 from moe_hw.units.sparse_gather import SparseGatherParams, SparseGatherUnit
 
-from conftest import STALLS, simulator_cases, simulator_params
+from conftest import SIM, STALLS, simulator_cases, simulator_params
 
 # One generous build serves every stream case.
 PARAMS = SparseGatherParams(format="fp32", lanes=4, max_slots=128, max_tokens=64, max_hidden=64)
@@ -97,7 +97,7 @@ def check(prob, sim, stall, *, params=PARAMS, seed=7, strict=True, latency=MEMOR
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, name", simulator_cases(
-    CASES, icarus=["worked_example", "k2_empty_experts", "zero_tokens"]))
+    CASES, cocotb=["worked_example", "k2_empty_experts", "zero_tokens"]))
 def test_sparse_gather_cases(sim, name, stall):
     check(case(name), sim, stall)
 
@@ -120,8 +120,8 @@ def test_sparse_gather_memory_latency():
     past it."""
     prob = case("one_beat_rows")
     for latency in (1, PARAMS.max_outstanding - 1):
-        check(prob, "verilator", 0.0, latency=latency)
-    outcome = check(prob, "verilator", 0.3, latency=3 * PARAMS.max_outstanding)
+        check(prob, SIM, 0.0, latency=latency)
+    outcome = check(prob, SIM, 0.3, latency=3 * PARAMS.max_outstanding)
     assert outcome.cycles > outcome.expected_cycles
 
 

@@ -21,7 +21,7 @@ from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.sparse_index import SparseIndexParams, SparseIndexUnit, gate_class
 
-from conftest import STALLS, simulator_cases, simulator_params
+from conftest import SIM, STALLS, simulator_cases, simulator_params
 
 # One generous parameter set for the simulated cases: one Verilator and one Icarus build.
 # lanes=4 with E up to 9 gives rows of 1 to 3 beats and padded lanes.
@@ -32,7 +32,7 @@ SEED_GATES = np.float32([[0, 0, .7],
                          [0, .8, 0]])
 
 
-def check(gates, sim="verilator", stall=0.0, seed=0, params=PARAMS, settings=None):
+def check(gates, sim=SIM, stall=0.0, seed=0, params=PARAMS, settings=None):
     outcome = run(UNIT, {"gates": gates}, settings, params=params, sim=sim, stall=stall,
                   seed=seed)
     assert outcome.passed, outcome.problems
@@ -80,7 +80,7 @@ CASES = ["seed_example", "duet_toy", "random_k2", "empty_experts", "dense",
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    CASES, icarus=["seed_example", "nan_and_signed_zero", "zero_tokens"]))
+    CASES, cocotb=["seed_example", "nan_and_signed_zero", "zero_tokens"]))
 def test_sparse_index_cases(sim, case, stall):
     gates = case_gates(case)
     out = check(gates, sim, stall, seed=11).outputs

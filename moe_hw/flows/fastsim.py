@@ -280,9 +280,16 @@ def unpack_field(words, desc, name, port):
 
 
 # ---- the testbench -----------------------------------------------------------------------
+# The least room a memory, log or queue of the testbench gets: the small problems of the tests
+# and of design checks then all run on one build of a design (a Verilator build takes 3 to
+# 15 s; a run of a small problem takes milliseconds).
+MIN_DEPTH = 1 << 12
+
+
 def _depth(n):
-    """Room for ``n`` words: the next power of two (so one build serves many sizes)."""
-    return 1 << max(0, int(n) - 1).bit_length()
+    """Room for ``n`` words: the next power of two, at least ``MIN_DEPTH`` (so that one build
+    serves many sizes)."""
+    return max(MIN_DEPTH, 1 << max(0, int(n) - 1).bit_length())
 
 
 def _width(desc):

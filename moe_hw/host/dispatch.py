@@ -135,14 +135,21 @@ class Dispatch(Unit):
         pairs = len(stimulus["gate"]) if settings["feed"] else 0
         beats = lane_beats(stimulus["input"][stimulus["row"][:pairs]], settings["lanes"])
         sizes = ("pairs", "hidden", "capacity", "num_experts")
+        # Each (expert, slot) row is written by every pair that names it, the last one winning
+        # (SPEC 1.1): once, unless pairs share a slot.
+        experts, capacity = settings["num_experts"], settings["capacity"]
+        index, location = (np.asarray(stimulus[name][:pairs], dtype=np.int64)
+                           for name in ("index", "location"))
+        valid = (index >= 0) & (index < experts) & (location >= 0) & (location < capacity)
+        slots = index[valid] * capacity + location[valid]
+        most = int(np.bincount(slots).max()) if len(slots) else 1
         return FastBench(
             streams={"header": Source({name: stimulus[name][:pairs]
                                        for name in ("gate", "index", "location")},
                                       all_taken=True),
                      "data": Source({"data": beats}, all_taken=True),
-                     # Each (expert, slot) row is one pair's: every element written once.
-                     "write": MemoryWriter(size=settings["num_experts"] * settings["capacity"]
-                                           * settings["hidden"], depth=len(beats))},
+                     "write": MemoryWriter(size=experts * capacity * settings["hidden"],
+                                           depth=len(beats), max_writes=most)},
             sizes={name: settings[name] for name in sizes},
             results={"addr": "write.addr", "enable": "write.enable", "data": "write.data",
                      "dropped": "dropped", "error": "error", "busy_after": "busy"},
