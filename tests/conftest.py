@@ -46,15 +46,17 @@ def simulator_params(*sims):
 SIM = "fast"
 
 
-def simulator_cases(cases, *, cocotb):
-    """pytest params ``(sim, case)``: every case on the fast path (``SIM``), and the cases
-    named in ``cocotb`` (ones that reach the unit's normal, masked and empty paths) through
-    the cocotb bench in Verilator and in Icarus."""
-    unknown = [name for name in cocotb if name not in cases]
+def simulator_cases(cases, *, cocotb, icarus=()):
+    """pytest params ``(sim, case)``: every case on the fast path (``SIM``), the cases named
+    in ``cocotb`` (ones that reach the unit's normal, masked and empty paths, on one design:
+    one Verilator model) through the cocotb bench in Verilator and in Icarus, and those named
+    in ``icarus`` (the other designs' cases; Icarus builds no model) in Icarus."""
+    unknown = [name for name in [*cocotb, *icarus] if name not in cases]
     if unknown:
-        raise ValueError(f"cocotb cases must be among the cases, not {unknown}")
+        raise ValueError(f"cocotb and icarus cases must be among the cases, not {unknown}")
     params = []
-    for sim, names in ((SIM, list(cases)), ("verilator", list(cocotb)), ("icarus", list(cocotb))):
+    for sim, names in ((SIM, list(cases)), ("verilator", list(cocotb)),
+                       ("icarus", [*cocotb, *icarus])):
         reason = simulator_available(sim)
         marks = [pytest.mark.skip(reason=f"{sim}: {reason}")] if reason else []
         params += [pytest.param(sim, name, marks=marks, id=f"{sim}-{name}") for name in names]

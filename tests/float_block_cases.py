@@ -22,7 +22,7 @@ from moe_hw.formats import FORMATS, from_bits, to_bits
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 
-from conftest import STALLS, simulator_params
+from conftest import SIM, STALLS, simulator_params
 
 FORMAT_NAMES = list(FORMATS)
 DEEP = 8                        # a depth beyond the named register boundaries
@@ -72,7 +72,7 @@ class FloatBlockCases:
         assert len(got) == len(want)
         assert bits_equal(got, want, FORMATS[fmt]).all(), self.describe(a, b, got, want, fmt)
 
-    def check_verilog(self, fmt, a, b, *, stages=None, sim="verilator", stall=0.0, seed=0):
+    def check_verilog(self, fmt, a, b, *, stages=None, sim=SIM, stall=0.0, seed=0):
         """The pairs (bit patterns) through the emitted Verilog: bit for bit, and exactly
         ``count + latency`` cycles stall-free (no fewer with stalls)."""
         inputs = {"a": from_bits(a, fmt), "b": from_bits(b, fmt)}

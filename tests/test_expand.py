@@ -318,7 +318,7 @@ SPLIT_CASES = {
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize(("sim", "name"), simulator_cases(SPLIT_CASES,
-                                                          cocotb=["seed_split3_p2"]))
+                                                          cocotb=[], icarus=["seed_split3_p2"]))
 def test_expand_split_cases(sim, name, stall):
     parts, split_dim, make = SPLIT_CASES[name]
     inputs = make()

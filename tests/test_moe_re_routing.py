@@ -155,7 +155,7 @@ def raw(inputs, counts=None, sizes=None, *, stall=0.0, params=None):
     """Run the hardware on ``counts`` as given (no host checks)."""
     problem = UNIT.problem(inputs, {})
     params = params or WIDE
-    return simulate_raw(problem, params, counts=counts, sizes=sizes, stall=stall)
+    return simulate_raw(problem, params, counts=counts, sizes=sizes, sim=SIM, stall=stall)
 
 
 def assert_refused(res, params, ranks, experts, *, stall=0.0):
@@ -185,7 +185,7 @@ def test_moe_re_routing_bad_counts_raise_error(stall):
     # More non-empty blocks than max_blocks (64): 6 x 16 blocks of one token each.
     inputs = {"tokens": np.zeros((96, 2), ml_dtypes.bfloat16),
               "expert_token_num_per_rank": np.ones((6, 16), np.int32)}
-    res = simulate_raw(UNIT.problem(inputs, {}), WIDE, stall=stall)
+    res = simulate_raw(UNIT.problem(inputs, {}), WIDE, sim=SIM, stall=stall)
     assert_refused(res, WIDE, 6, 16, stall=stall)
     # int64 counts on the int8 build: a negative in the upper half of the word.
     rng = np.random.default_rng(2)

@@ -29,7 +29,7 @@ CASES = {"partial_beat": (5, 7, 1, "fp32"), "full": (12, 16, 0, "fp32"),
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, case", simulator_cases(
-    list(CASES), cocotb=["partial_beat", "no_tokens", "int8_partial_relu"]))
+    list(CASES), cocotb=["partial_beat", "no_tokens"], icarus=["int8_partial_relu"]))
 def test_unrolled_cases(sim, case, stall):
     tokens, hidden, relu, format = CASES[case]
     params = PARAMS_INT8 if format == "int8" else PARAMS
