@@ -92,7 +92,7 @@ def test_dispatch_backward_data_sum_start():
     assert to_bits(one.outputs["grad_input"], "fp32")[0, 0] == 0x80000000  # k = 1: -1 * +0.0
     combined = run(combine_gather.UNIT, {"gates": gates, "indices": indices,
                                          "locations": locations, "expert_out": grad},
-                   {"capacity": 2}, params=PARAMS)
+                   {"capacity": 2}, params=PARAMS, sim=SIM)
     assert to_bits(combined.outputs["combined"], "fp32")[0, 0] == 0   # +0.0 + -0.0 + -0.0
     assert np.array_equal(bits, to_bits(golden.dispatch_backward_data(
         gates, indices, locations, grad, num_experts=1, capacity=2), "fp32"))

@@ -1,7 +1,7 @@
 """The expert-parallel path (SPEC 1.8, "across devices"): ``golden.ep_dispatch`` against a
 plain-loop reference written here and against a worked example, its bad inputs, and the
 ``ep_layer`` composition on the emitted Verilog of locations, dispatch and moe_re_routing
-(Verilator, with and without random valid/ready stalls), bit for bit against
+(Verilator's fast path, with and without random valid/ready stalls), bit for bit against
 ``golden.ep_dispatch``. One set of unit parameters serves both hardware runs (three model
 builds)."""
 
@@ -21,7 +21,7 @@ from moe_hw.units.dispatch import DispatchParams
 from moe_hw.units.locations import LocationsParams
 from moe_hw.units.moe_re_routing import MoeReRoutingParams
 
-from conftest import simulator_params
+from conftest import SIM, simulator_params
 
 BF16 = ml_dtypes.bfloat16
 KEYS = ("locations", "dispatch", "dropped", "expert_token_num_per_rank", "received_per_rank",
@@ -347,7 +347,7 @@ def hardware_run(inputs, settings, *, sim, stall=0.0, seed=0):
     return outcome
 
 
-@pytest.mark.parametrize("sim", simulator_params("verilator"))
+@pytest.mark.parametrize("sim", simulator_params(SIM))
 def test_ep_layer_stall_free(sim):
     """N = 4, E = 8, k = 2 (the issue's shape, small): capacity drops, H not a multiple of
     the lanes, NaN / Inf / subnormal values; rank 3 sends nothing to ranks 0 and 1. Every
@@ -369,7 +369,7 @@ def test_ep_layer_stall_free(sim):
                 out["phase_cycles"][r, PHASES.index(unit)]
 
 
-@pytest.mark.parametrize("sim", simulator_params("verilator"))
+@pytest.mark.parametrize("sim", simulator_params(SIM))
 def test_ep_layer_with_stalls(sim):
     """Random valid/ready pauses on every stream of every unit; scatter indices and cumsum
     counts; N = 2 with every pair routed to rank 0's experts (rank 1 receives A = 0)."""
