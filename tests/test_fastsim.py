@@ -191,6 +191,19 @@ def _valid_pairs(stimulus, settings):
                           (location >= 0) & (location < settings["capacity"]))
 
 
+def hold_writes_to_one(monkeypatch, unit):
+    """Patch ``unit``'s fast description so that its write port allows one write an element."""
+    original = type(unit).fast
+
+    def write_once(self, stimulus, settings):
+        bench = original(self, stimulus, settings)
+        streams = {**bench.streams,
+                   "write": dataclasses.replace(bench.streams["write"], max_writes=1)}
+        return dataclasses.replace(bench, streams=streams)
+
+    monkeypatch.setattr(type(unit), "fast", write_once)
+
+
 @pytest.mark.parametrize("sim", simulator_params("icarus"))
 def test_fast_path_counts_writes_per_element(sim, monkeypatch):
     """The writer's counters: a clean dispatch writes every element of its valid pairs' rows
@@ -217,15 +230,7 @@ def test_fast_path_counts_writes_per_element(sim, monkeypatch):
     assert outcome.passed, outcome.problems
     assert (outcome.harness["write.most_writes"], outcome.harness["write.max_writes"],
             outcome.harness["write.rewrites"]) == (2, 2, 0)
-    original = type(DISPATCH).fast
-
-    def write_once(self, stimulus, settings):
-        bench = original(self, stimulus, settings)
-        streams = {**bench.streams,
-                   "write": dataclasses.replace(bench.streams["write"], max_writes=1)}
-        return dataclasses.replace(bench, streams=streams)
-
-    monkeypatch.setattr(type(DISPATCH), "fast", write_once)
+    hold_writes_to_one(monkeypatch, DISPATCH)
     element = (stimulus["index"][first] * bench["capacity"] + stimulus["location"][first]) \
         * bench["hidden"]
     with pytest.raises(SimulationError, match=f"dispatch wrote element {element} of the write "
@@ -242,15 +247,7 @@ def test_fast_path_write_limit_bites_and_keeps_a_waveform(sim, monkeypatch):
     clean = run(unit, inputs, settings, sim="fast-icarus")
     assert clean.passed and clean.harness["write.most_writes"] == \
         clean.harness["write.max_writes"] > 1, clean.harness
-    original = type(unit).fast
-
-    def write_once(self, stimulus, settings):
-        bench = original(self, stimulus, settings)
-        streams = {**bench.streams,
-                   "write": dataclasses.replace(bench.streams["write"], max_writes=1)}
-        return dataclasses.replace(bench, streams=streams)
-
-    monkeypatch.setattr(type(unit), "fast", write_once)
+    hold_writes_to_one(monkeypatch, unit)
     with pytest.raises(SimulationError, match="more than 1 time") as failure:
         run(unit, inputs, settings, sim="fast-icarus")
     waveform = str(failure.value).split("waveform of the failing run: ")[1]
