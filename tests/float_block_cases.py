@@ -3,9 +3,10 @@
 reference and their own extra cases.
 
 Amaranth-simulator tests of the pipeline core and the stream unit (a few thousand pairs per
-format), and cocotb tests of the emitted Verilog (Verilator and Icarus): 100k random pairs
-plus every special pair per format with the exact cycle count ``count + latency``, hand-written
-subnormal results (no flush to zero), random valid/ready stalls, and depths 0 and 1.
+format), and tests of the emitted Verilog: on Verilator's fast path 100k random pairs plus
+every special pair per format with the exact cycle count ``count + latency``, hand-written
+subnormal results (no flush to zero) and depths 0 and 1; through the cocotb bench in Verilator
+and Icarus, random valid/ready stalls.
 Results are compared bit for bit (any NaN equals any NaN, +0 != -0).
 """
 

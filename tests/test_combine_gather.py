@@ -1,5 +1,6 @@
-"""The combine-gather unit (SPEC 1.4, tutel decode) on its emitted Verilog (cocotb, Verilator
-and Icarus), every case with and without random valid/ready stalls on the header stream, the
+"""The combine-gather unit (SPEC 1.4, tutel decode) on its emitted Verilog (every case on
+Verilator's fast path; a few also through the cocotb bench in Verilator and Icarus), with and
+without random valid/ready stalls on the header stream, the
 read port's request and response streams and the output, scored bit for bit against
 ``golden.combine_gather`` with scoreboards over every output beat and every read (the reads
 must be exactly the valid pairs' rows, in the unit's window order, none out of bounds);

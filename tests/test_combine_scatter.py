@@ -1,6 +1,6 @@
 # amaranth: UnusedElaboratable=no
-"""The combine_scatter unit on its emitted Verilog (cocotb, Verilator and Icarus), every case
-with and without random valid/ready stalls on every stream and memory port, scored bit for bit
+"""The combine_scatter unit on its emitted Verilog (every case on Verilator's fast path; a few
+also through the cocotb bench in Verilator and Icarus), with and without random valid/ready stalls on every stream and memory port, scored bit for bit
 against golden.sparse_combine with a scoreboard over the read and write logs; adversarial slot
 orders for the read-modify-write hazard with exact cycle counts; parameter and input errors;
 a reset in the middle of a run (Amaranth simulator)."""
@@ -25,7 +25,7 @@ from moe_hw.units.combine_scatter import CombineScatterParams, CombineScatterUni
 
 from conftest import SIM, STALLS, simulator_cases
 
-# One design for every case (one Verilator and one Icarus build), the hazard test's too: its
+# One design for every case (one fast-path and one cocotb Verilator build), the hazard test's too: its
 # rows reach lanes * hazard window (4 * 32) elements.
 PARAMS = CombineScatterParams(format="fp32", lanes=4, max_tokens=64, max_slots=256,
                               max_hidden=128)

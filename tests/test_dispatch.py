@@ -1,5 +1,6 @@
-"""The dispatch unit on its emitted Verilog (cocotb, Verilator and Icarus), every case with and
-without random valid/ready stalls, scored bit for bit against golden.dispatch_forward with a
+"""The dispatch unit on its emitted Verilog (every case on Verilator's fast path; a few
+also through the cocotb bench in Verilator and Icarus), with and without random valid/ready
+stalls, scored bit for bit against golden.dispatch_forward with a
 scoreboard over the whole write log; plus generation-time parameter errors."""
 
 import subprocess

@@ -1,5 +1,6 @@
-"""The dispatch backward-data unit (SPEC 1.1 backward) on its emitted Verilog (cocotb,
-Verilator and Icarus), every case with and without random valid/ready stalls on the header
+"""The dispatch backward-data unit (SPEC 1.1 backward) on its emitted Verilog (every case
+on Verilator's fast path; a few also through the cocotb bench in Verilator and Icarus), with
+and without random valid/ready stalls on the header
 stream, the read port's request and response streams and the output, scored bit for bit
 against ``golden.dispatch_backward_data`` (``term_0 + term_1 + ...``, no leading +0.0) with
 scoreboards over every output beat and every read; stall-free runs must take exactly the

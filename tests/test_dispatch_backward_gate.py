@@ -1,6 +1,6 @@
 # amaranth: UnusedElaboratable=no
-"""The dispatch_backward_gate unit on its emitted Verilog (cocotb, Verilator and Icarus),
-every case with and without random valid/ready stalls on every stream and read port, scored
+"""The dispatch_backward_gate unit on its emitted Verilog (every case on Verilator's fast
+path; a few also through the cocotb bench in Verilator and Icarus), with and without random valid/ready stalls on every stream and read port, scored
 bit for bit against golden.dispatch_backward_gate (the lane/tree order) with a scoreboard
 over both read logs and the result stream, exact stall-free cycle counts; the float64 error
 of the hardware's sums; parameter and input errors; a reset in the middle of a run (Amaranth
@@ -25,7 +25,7 @@ from moe_hw.units.dispatch_backward_gate import (DispatchBackwardGateParams,
 
 from conftest import SIM, STALLS, simulator_cases
 
-# One design for every case (one Verilator and one Icarus build).
+# One design for every case (one fast-path and one cocotb Verilator build).
 PARAMS = DispatchBackwardGateParams(format="fp32", lanes=4, max_tokens=64, max_top_k=2,
                                     max_hidden=64, max_capacity=32, max_experts=8)
 LATENCY = 2

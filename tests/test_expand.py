@@ -1,12 +1,13 @@
-"""The expand unit (OneFlow ``expand``, SPEC 1.6) on its emitted Verilog (cocotb,
-Verilator, and Icarus on a few cases), every case with and without random valid/ready stalls
+"""The expand unit (OneFlow ``expand``, SPEC 1.6) on its emitted Verilog (every case
+on Verilator's fast path; a few also through the cocotb bench in Verilator and Icarus), with
+and without random valid/ready stalls
 on both streams, scored bit for bit against ``golden.expand`` / ``golden.repeat`` with a
 scoreboard over every output beat (nothing lost, duplicated or reordered; lane enables and
 the last flag) and the input beats taken; stall-free runs must take exactly the documented
 cycle count. The planner's odometers are checked against the golden addresses in Python;
 bad sizes fail on the host naming the dim and its value; hostile sizes driven straight into
 the bench raise the error flag and move nothing; bad parameters fail at generation time.
-Three Verilator builds (fp32 at 4 lanes, bf16 at 8, int8 at 16) serve every simulated case."""
+Three designs (fp32 at 4 lanes, bf16 at 8, int8 at 16) serve every simulated case."""
 
 import ml_dtypes
 import numpy as np
@@ -272,7 +273,7 @@ def test_expand_run_command(tmp_path):
 
 # ---- the split across P parallel units (SBP split(d), SPEC 1.6) -----------------------------
 
-#: One Verilator build per part count serves every simulated split case (and repeat's).
+#: One design per part count serves every simulated split case (and repeat's).
 SPLIT_PARAMS = {
     2: ExpandParams(format="fp32", lanes=4, max_rank=6, max_input=32, max_output=1024, parts=2),
     4: ExpandParams(format="fp32", lanes=2, max_rank=6, max_input=16, max_output=256, parts=4),

@@ -1,6 +1,6 @@
 """The expand_backward unit (SPEC 1.6 backward: ``input_grad[addr(x)] += grad_output[x]``) on
-its emitted Verilog (cocotb, Verilator, and Icarus on a small case), every case with and
-without random valid/ready stalls on every stream, scored bit for bit against
+its emitted Verilog (every case on Verilator's fast path; a small one also through the cocotb
+bench in Verilator and Icarus), with and without random valid/ready stalls on every stream, scored bit for bit against
 ``golden.expand_backward_hw`` (the hardware's summation order) with a scoreboard over every
 output beat (nothing lost, duplicated or reordered; lane enables and the last flag), the plan
 and grad_output beats taken. Stall-free runs must take exactly the documented count
@@ -21,7 +21,7 @@ least 1, in the others, L the adder latency), and in stream mode
 Integer-valued data,
 for which every summation order gives the same bits, is also checked against the plain
 sequential ``golden.expand_backward``. Bad sizes fail on the host with one line naming the
-parameter and the value. Three Verilator builds (fp32 at 4 lanes, bf16 at 8, and fp32 with a
+parameter and the value. Three designs (fp32 at 4 lanes, bf16 at 8, and fp32 with a
 4-stage adder: G = 7, an odd number of banks, and 64 rows: more than its output queue holds,
 so that stream mode waits for room under stalls) serve every case.
 """

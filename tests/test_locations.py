@@ -1,5 +1,5 @@
-"""The location generator (SPEC 1.2) on its emitted Verilog (cocotb, Verilator and Icarus), every
-case with and without random valid/ready stalls, scored exactly against
+"""The location generator (SPEC 1.2) on its emitted Verilog (every case on Verilator's fast
+path; a few also through the cocotb bench in Verilator and Icarus), with and without random valid/ready stalls, scored exactly against
 golden.compute_locations / golden.expert_counts with the stall-free cycle count asserted; the
 counter bank it is built on, in Amaranth's simulator; reset in the middle of a run; bad input
 and bad parameters."""
@@ -21,7 +21,7 @@ from moe_hw.units.locations import LocationsParams, LocationsUnit
 
 from conftest import SIM, STALLS, simulator_cases
 
-# One generous parameter set for every simulated case: one Verilator and one Icarus build.
+# One generous parameter set for every simulated case: one fast-path and one cocotb build each.
 PARAMS = LocationsParams(max_pairs=512, max_experts=16, max_capacity=512, index_width=32)
 INDEX_MIN, INDEX_MAX = -(1 << 31), (1 << 31) - 1
 

@@ -1,6 +1,6 @@
 """The whole MoE layer (SPEC 1.8: locations -> dispatch -> affine experts -> combine, tutel's
-postscore form) on its emitted Verilog (cocotb, Verilator and Icarus), ONE cocotb run per case,
-every case with and without random valid/ready pauses on all seven streams (pairs, data, expert
+postscore form) on its emitted Verilog (every case on Verilator's fast path; a few also through the
+cocotb bench in Verilator and Icarus, ONE cocotb run per case), with and without random valid/ready pauses on all seven streams (pairs, data, expert
 parameters, read request, read response, write, output), scored bit for bit against the
 chained golden ``golden.moe_layer`` with scoreboards over every output beat, every write and
 every read of the expert buffer; stall-free runs must take exactly the documented cycle count,
@@ -25,8 +25,8 @@ from moe_hw.units.moe_layer import MoELayer, MoELayerParams
 
 from conftest import SIM, STALLS, simulator_cases, simulator_params
 
-# One generous build per format serves every case (a Verilator build of the composite takes
-# minutes on a small machine).
+# One generous design per format serves every case (a Verilator build of the composite takes
+# 10 to 20 s).
 MAXIMA = dict(lanes=4, max_tokens=64, max_hidden=32, max_experts=16, max_capacity=64,
               max_top_k=2)
 FP32 = MoELayerParams(format="fp32", **MAXIMA)

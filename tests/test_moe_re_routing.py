@@ -1,10 +1,11 @@
-"""The re-routing unit (Ascend ``MoeReRouting``, SPEC 1.5) on its emitted Verilog (cocotb,
-Verilator, and Icarus once), every case with and without random valid/ready stalls on every
+"""The re-routing unit (Ascend ``MoeReRouting``, SPEC 1.5) on its emitted Verilog (every
+case on Verilator's fast path; the worked example also through the cocotb bench in Verilator
+and Icarus), with and without random valid/ready stalls on every
 stream, scored bit for bit against ``golden.moe_re_routing`` with scoreboards over every token
 write, every read and every per-token write; stall-free runs must take exactly the documented
 cycle count. Hostile counts and sizes driven straight into the bench raise the error flag and
 write nothing; the host API names the rank and the expert; bad parameters fail at generation
-time. Two Verilator builds (16-bit tokens without scales, int32 counts; int8 tokens with
+time. Two designs (16-bit tokens without scales, int32 counts; int8 tokens with
 scales, int64 counts) serve every simulated case."""
 
 import ml_dtypes

@@ -1,5 +1,6 @@
-"""The scan_layers units (SPEC 1.7, seed 003) on their emitted Verilog (cocotb, Verilator and
-Icarus), every case with and without random valid/ready stalls, bit for bit against
+"""The scan_layers units (SPEC 1.7, seed 003) on their emitted Verilog (every case on
+Verilator's fast path; a few also through the cocotb bench in Verilator and Icarus), with and
+without random valid/ready stalls, bit for bit against
 golden.scan_layers(golden.affine_layer), with the stall-free cycle count asserted, in fp32,
 bf16 and int8 (saturating); the golden layer; the int8 layer step in Amaranth's simulator;
 the host's and the parameters' errors."""

@@ -1,5 +1,6 @@
 """The scan_layers_unrolled unit (SPEC 1.7: L copies of the layer, for comparison) on its
-emitted Verilog (cocotb, Verilator and Icarus), with and without random valid/ready stalls,
+emitted Verilog (every case on Verilator's fast path; a few also through the cocotb bench in
+Verilator and Icarus), with and without random valid/ready stalls,
 bit for bit against the same golden model as scan_layers, with the stall-free cycle count
 asserted, in fp32 and int8 (saturating); its own host errors."""
 

@@ -1,5 +1,6 @@
-"""The sparse gather unit (DUET ``SparseDispatcher.dispatch()``) on its emitted Verilog (cocotb,
-Verilator and Icarus), every case with and without random valid/ready stalls on the header
+"""The sparse gather unit (DUET ``SparseDispatcher.dispatch()``) on its emitted Verilog (every
+case on Verilator's fast path; a few also through the cocotb bench in Verilator and Icarus),
+with and without random valid/ready stalls on the header
 stream, the read port's request and response streams and the output, scored bit for bit
 against ``input[batch_index]`` (and ``golden.sparse_dispatch``) with scoreboards over every
 output beat and every read; stall-free runs must take exactly the documented cycle count."""

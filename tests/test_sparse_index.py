@@ -1,5 +1,6 @@
-"""The sparse dispatcher's index unit (SPEC 1.3) on its emitted Verilog (cocotb, Verilator and
-Icarus), every case with and without random valid/ready stalls, scored bit for bit against
+"""The sparse dispatcher's index unit (SPEC 1.3) on its emitted Verilog (every case on
+Verilator's fast path; a few also through the cocotb bench in Verilator and Icarus), with and
+without random valid/ready stalls, scored bit for bit against
 golden.sparse_dispatch_indices with a scoreboard over the whole write log and the stall-free
 cycle count asserted; the error flag for negative gates driven straight into the bench; the
 prefix sum and the gate classifier in Amaranth's simulator; reset in the middle of a run; bad
@@ -23,7 +24,7 @@ from moe_hw.units.sparse_index import SparseIndexParams, SparseIndexUnit, gate_c
 
 from conftest import SIM, STALLS, simulator_cases, simulator_params
 
-# One generous parameter set for the simulated cases: one Verilator and one Icarus build.
+# One generous parameter set for the simulated cases: one fast-path and one cocotb build each.
 # lanes=4 with E up to 9 gives rows of 1 to 3 beats and padded lanes.
 PARAMS = SparseIndexParams(format="fp32", lanes=4, max_tokens=128, max_experts=16)
 SEED_GATES = np.float32([[0, 0, .7],
