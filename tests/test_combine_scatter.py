@@ -1,9 +1,10 @@
 # amaranth: UnusedElaboratable=no
 """The combine_scatter unit on its emitted Verilog (every case on Verilator's fast path; a few
-also through the cocotb bench in Verilator and Icarus), with and without random valid/ready stalls on every stream and memory port, scored bit for bit
-against golden.sparse_combine with a scoreboard over the read and write logs; adversarial slot
-orders for the read-modify-write hazard with exact cycle counts; parameter and input errors;
-a reset in the middle of a run (Amaranth simulator)."""
+also through the cocotb bench in Verilator and Icarus), with and without random valid/ready
+stalls on every stream and memory port, scored bit for bit against golden.sparse_combine with a
+scoreboard over the read and write logs; adversarial slot orders for the read-modify-write
+hazard with exact cycle counts; parameter and input errors; a reset in the middle of a run
+(Amaranth simulator)."""
 
 import dataclasses
 
@@ -25,8 +26,8 @@ from moe_hw.units.combine_scatter import CombineScatterParams, CombineScatterUni
 
 from conftest import SIM, STALLS, simulator_cases
 
-# One design for every case (one fast-path and one cocotb Verilator build), the hazard test's too: its
-# rows reach lanes * hazard window (4 * 32) elements.
+# One design for every case (one fast-path and one cocotb Verilator build), the hazard test's
+# too: its rows reach lanes * hazard window (4 * 32) elements.
 PARAMS = CombineScatterParams(format="fp32", lanes=4, max_tokens=64, max_slots=256,
                               max_hidden=128)
 LATENCY = 2
@@ -130,7 +131,8 @@ def check(inputs, settings, *, params=PARAMS, sim=SIM, stall=0.0, seed=5):
 
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("sim, name", simulator_cases(
-    [*GATE_CASES, *SLOT_CASES], cocotb=["seed_example", "same_token_one_beat", "out_of_range_tokens", "zero_tokens"]))
+    [*GATE_CASES, *SLOT_CASES],
+    cocotb=["seed_example", "same_token_one_beat", "out_of_range_tokens", "zero_tokens"]))
 def test_combine_scatter_cases(sim, name, stall):
     """Every gate-matrix case and every hand-made slot order, bit-exact, scoreboarded, with
     exact stall-free cycle counts."""

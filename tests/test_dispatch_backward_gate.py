@@ -1,10 +1,10 @@
 # amaranth: UnusedElaboratable=no
-"""The dispatch_backward_gate unit on its emitted Verilog (every case on Verilator's fast
-path; a few also through the cocotb bench in Verilator and Icarus), with and without random valid/ready stalls on every stream and read port, scored
-bit for bit against golden.dispatch_backward_gate (the lane/tree order) with a scoreboard
-over both read logs and the result stream, exact stall-free cycle counts; the float64 error
-of the hardware's sums; parameter and input errors; a reset in the middle of a run (Amaranth
-simulator)."""
+"""The dispatch_backward_gate unit on its emitted Verilog (every case on Verilator's fast path;
+a few also through the cocotb bench in Verilator and Icarus), with and without random
+valid/ready stalls on every stream and read port, scored bit for bit against
+golden.dispatch_backward_gate (the lane/tree order) with a scoreboard over both read logs and
+the result stream, exact stall-free cycle counts; the float64 error of the hardware's sums;
+parameter and input errors; a reset in the middle of a run (Amaranth simulator)."""
 
 import ml_dtypes
 import numpy as np

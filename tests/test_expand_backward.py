@@ -1,10 +1,10 @@
 """The expand_backward unit (SPEC 1.6 backward: ``input_grad[addr(x)] += grad_output[x]``) on
 its emitted Verilog (every case on Verilator's fast path; a small one also through the cocotb
-bench in Verilator and Icarus), with and without random valid/ready stalls on every stream, scored bit for bit against
-``golden.expand_backward_hw`` (the hardware's summation order) with a scoreboard over every
-output beat (nothing lost, duplicated or reordered; lane enables and the last flag), the plan
-and grad_output beats taken. Stall-free runs must take exactly the documented count
-(:meth:`ExpandBackwardParams.cycles`)::
+bench in Verilator and Icarus), with and without random valid/ready stalls on every stream,
+scored bit for bit against ``golden.expand_backward_hw`` (the hardware's summation order) with a
+scoreboard over every output beat (nothing lost, duplicated or reordered; lane enables and the
+last flag), the plan and grad_output beats taken. Stall-free runs must take exactly the
+documented count (:meth:`ExpandBackwardParams.cycles`)::
 
     (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
                    + F + 3*L + 12

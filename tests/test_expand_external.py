@@ -1,12 +1,13 @@
 """The expand unit's external path (``memory`` = external, SPEC 1.6): the input stays in a
 memory model behind the unit's read port, and each output beat is one read per group of
-neighbouring lanes. Every case runs on the emitted Verilog (Verilator's fast path; one case also through the
-cocotb bench in Verilator and Icarus) with and without random pauses on every stream, the memory's request and response
-included, and is scored bit for bit against ``golden.expand`` with two scoreboards: every
-output beat (nothing lost, duplicated or reordered) and every memory read (address and lane
-enables in order, none out of bounds, no response left untaken). Stall-free runs take exactly
-the documented cycles, written out here from the read count. Two designs (fp32 at 4
-lanes with 8 reads in flight, int8 at 16 lanes) serve the cases."""
+neighbouring lanes. Every case runs on the emitted Verilog (Verilator's fast path; one case also
+through the cocotb bench in Verilator and Icarus) with and without random pauses on every
+stream, the memory's request and response included, and is scored bit for bit against
+``golden.expand`` with two scoreboards: every output beat (nothing lost, duplicated or
+reordered) and every memory read (address and lane enables in order, none out of bounds, no
+response left untaken). Stall-free runs take exactly the documented cycles, written out here
+from the read count. Two designs (fp32 at 4 lanes with 8 reads in flight, int8 at 16 lanes)
+serve the cases."""
 
 import numpy as np
 import pytest

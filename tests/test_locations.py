@@ -1,8 +1,8 @@
 """The location generator (SPEC 1.2) on its emitted Verilog (every case on Verilator's fast
-path; a few also through the cocotb bench in Verilator and Icarus), with and without random valid/ready stalls, scored exactly against
-golden.compute_locations / golden.expert_counts with the stall-free cycle count asserted; the
-counter bank it is built on, in Amaranth's simulator; reset in the middle of a run; bad input
-and bad parameters."""
+path; a few also through the cocotb bench in Verilator and Icarus), with and without random
+valid/ready stalls, scored exactly against golden.compute_locations / golden.expert_counts with
+the stall-free cycle count asserted; the counter bank it is built on, in Amaranth's simulator;
+reset in the middle of a run; bad input and bad parameters."""
 
 import numpy as np
 import pytest

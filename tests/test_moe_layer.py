@@ -1,12 +1,12 @@
 """The whole MoE layer (SPEC 1.8: locations -> dispatch -> affine experts -> combine, tutel's
-postscore form) on its emitted Verilog (every case on Verilator's fast path; a few also through the
-cocotb bench in Verilator and Icarus, ONE cocotb run per case), with and without random valid/ready pauses on all seven streams (pairs, data, expert
-parameters, read request, read response, write, output), scored bit for bit against the
-chained golden ``golden.moe_layer`` with scoreboards over every output beat, every write and
-every read of the expert buffer; stall-free runs must take exactly the documented cycle count,
-phase by phase; the whole run's cycles are the phases' sum. Plus parameters sized from
-settings, the benchmark problem, Amaranth-simulator checks of the status outputs, and parameter
-and host errors."""
+postscore form) on its emitted Verilog (every case on Verilator's fast path; a few also through
+the cocotb bench in Verilator and Icarus, ONE cocotb run per case), with and without random
+valid/ready pauses on all seven streams (pairs, data, expert parameters, read request, read
+response, write, output), scored bit for bit against the chained golden ``golden.moe_layer``
+with scoreboards over every output beat, every write and every read of the expert buffer;
+stall-free runs must take exactly the documented cycle count, phase by phase; the whole run's
+cycles are the phases' sum. Plus parameters sized from settings, the benchmark problem,
+Amaranth-simulator checks of the status outputs, and parameter and host errors."""
 
 import ml_dtypes
 import numpy as np

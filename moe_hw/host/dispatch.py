@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import golden
 from ..blocks.run_control import EMPTY_CYCLES
+from ..golden._common import slot_rows
 from ..problems import routed_problem
 from ..flows.fastsim import FastBench, MemoryWriter, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
@@ -138,11 +139,10 @@ class Dispatch(Unit):
         # Each (expert, slot) row is written by every pair that names it, the last one winning
         # (SPEC 1.1): once, unless pairs share a slot.
         experts, capacity = settings["num_experts"], settings["capacity"]
-        index, location = (np.asarray(stimulus[name][:pairs], dtype=np.int64)
-                           for name in ("index", "location"))
-        valid = (index >= 0) & (index < experts) & (location >= 0) & (location < capacity)
-        slots = index[valid] * capacity + location[valid]
-        most = int(np.bincount(slots).max()) if len(slots) else 1
+        rows = slot_rows(stimulus["index"][:pairs], stimulus["location"][:pairs], experts,
+                         capacity)
+        rows = rows[rows >= 0]
+        most = int(np.bincount(rows).max()) if len(rows) else 1
         return FastBench(
             streams={"header": Source({name: stimulus[name][:pairs]
                                        for name in ("gate", "index", "location")},
