@@ -5,8 +5,8 @@ reference and their own extra cases.
 Amaranth-simulator tests of the pipeline core and the stream unit (a few thousand pairs per
 format), and tests of the emitted Verilog: on Verilator's fast path 100k random pairs plus
 every special pair per format with the exact cycle count ``count + latency``, hand-written
-subnormal results (no flush to zero) and depths 0 and 1; through the cocotb bench in Verilator
-and Icarus, random valid/ready stalls.
+subnormal results (no flush to zero) and depths 0 and 1; random valid/ready stalls on the fast
+path and through the cocotb bench (Icarus every format, Verilator fp32).
 Results are compared bit for bit (any NaN equals any NaN, +0 != -0).
 """
 
@@ -30,6 +30,13 @@ DEEP = 8                        # a depth beyond the named register boundaries
 RANDOM_PAIRS = 2000             # Amaranth simulator
 LONG_PAIRS = 100_000            # emitted Verilog, per format, on top of the special pairs
 STALL_PAIRS = 3_000
+# The stalled runs: every format on the fast path (the models test_random_100k builds), in
+# Icarus through the cocotb bench; the cocotb bench in Verilator on one format (one model).
+STALL_RUNS = [pytest.param(SIM, fmt, id=f"{SIM}-{fmt}") for fmt in FORMAT_NAMES] + \
+    [pytest.param(*param.values, "fp32", marks=param.marks, id=f"{param.id}-fp32")
+     for param in simulator_params("verilator")] + \
+    [pytest.param(*param.values, fmt, marks=param.marks, id=f"{param.id}-{fmt}")
+     for param in simulator_params("icarus") for fmt in FORMAT_NAMES]
 
 
 def random_pairs(fmt, count, seed):
@@ -209,14 +216,14 @@ class FloatBlockCases:
         assert (got == want).all(), self.describe(a, b, got, want, fmt)
 
     @pytest.mark.parametrize("stall", STALLS)
-    @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-    @pytest.mark.parametrize("sim", simulator_params("verilator", "icarus"))
+    @pytest.mark.parametrize("sim, fmt", STALL_RUNS)
     def test_stalls(self, sim, fmt, stall):
-        if sim == "verilator":          # special pairs and 3k random ones
-            a, b = float_test_vectors(fmt, STALL_PAIRS, self.seed(fmt, sim))
+        if sim != "icarus":             # special pairs and 3k random ones
+            a, b = float_test_vectors(fmt, STALL_PAIRS, self.seed(fmt, "verilator"))
         else:                           # Icarus is slow: the special pairs only
             a, b = special_pairs(fmt)
-        self.check_verilog(fmt, a, b, sim=sim, stall=stall, seed=self.seed(sim, fmt))
+        self.check_verilog(fmt, a, b, sim=sim, stall=stall,
+                           seed=self.seed("verilator" if sim == SIM else sim, fmt))
 
     @pytest.mark.parametrize("stall", STALLS)
     @pytest.mark.parametrize("case", [0, 1], ids=["first-depth", "second-depth"])

@@ -174,7 +174,7 @@ def test_small_tracker_with_stalls(name):
     tracker's depth and the token history holds 3 slots; repeats at every distance stay
     bit-exact under random stalls (the scoreboard checks every read and write)."""
     params = dataclasses.replace(PARAMS, max_outstanding=4)
-    outcome = run(UNIT, *case(name), params=params, stall=0.3, seed=11)
+    outcome = run(UNIT, *case(name), params=params, sim=SIM, stall=0.3, seed=11)
     assert outcome.passed, outcome.problems
 
 

@@ -428,7 +428,7 @@ def test_split_hostile_part_size():
     problem = UNIT.problem(expand_case([6, 1], [6, 9], "fp32"), {})
     stim, settings = UNIT.pack(problem, params, stall=0.0, seed=0)
     settings["runtime"]["part1_input_elements"] = params.max_input + 1
-    results = UNIT.simulate(params, stim, settings)
+    results = UNIT.simulate(params, stim, settings, sim=SIM)
     assert int(results["error"]) == 1
     assert int(results["cycles"]) == part_cycles(params, 3, 27) + 1
     assert len(results["data0"]) == -(-27 // params.lanes) and int(results["input_taken0"]) == 1

@@ -40,7 +40,7 @@ from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
 from moe_hw.units.expand_backward import ExpandBackwardParams
 
-from conftest import FAST_SIM, SIM, STALLS, simulator_cases
+from conftest import BENCH_SIM, FAST_SIM, SIM, STALLS, simulator_cases
 
 PARAMS = {
     "fp32": ExpandBackwardParams(format="fp32", lanes=4, max_rank=4, max_input=64,
@@ -161,7 +161,8 @@ def test_expand_backward_stream_waits_for_room():
     problem = UNIT.problem(inputs, {})
     assert UNIT.mode(problem, params) == "stream" and params.output_depth < 64
     stimulus, settings = UNIT.pack(problem, params, stall=0.0, seed=3)
-    results = UNIT.simulate(params, stimulus, {**settings, "sink_stall": 0.9})
+    results = UNIT.simulate(params, stimulus, {**settings, "sink_stall": 0.9},
+                            sim=BENCH_SIM)
     outputs = UNIT.unpack(problem, params, results)
     assert list(UNIT.score(problem, params, outputs, results)) == []
     assert int(results["cycles"]) > 5 * 64

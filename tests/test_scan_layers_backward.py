@@ -248,7 +248,7 @@ def test_runtime_size_error_flag():
     inputs = UNIT.random_inputs(tokens=2, hidden=4, layers=6, seed=1)
     problem = UNIT.problem(inputs, {"relu": 0})
     stimulus, settings = UNIT.pack(problem, params.replace(max_layers=6), stall=0.0, seed=0)
-    results = UNIT.simulate(params, stimulus, settings)
+    results = UNIT.simulate(params, stimulus, settings, sim=SIM)
     assert results["error"] == 1 and results["cycles"] == EMPTY_CYCLES
     assert results["params_taken"] == 0 and results["input_taken"] == 0
     assert results["grad_taken"] == 0 and len(results["grad"]) == 0

@@ -137,7 +137,7 @@ def test_sparse_gather_narrow_elements(stall):
         data = random_floats(rng, (20, hidden), ml_dtypes.bfloat16, specials=0.4)
         batch_index = rng.integers(0, 20, 45)
         outcome = run(UNIT, {"input": data, "batch_index": batch_index}, params=params,
-                      stall=stall, seed=hidden)
+                      sim=SIM, stall=stall, seed=hidden)
         assert outcome.passed, outcome.problems
         assert np.array_equal(outcome.outputs["expert_input"].view(np.uint16),
                               data[batch_index].view(np.uint16))

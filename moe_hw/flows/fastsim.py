@@ -561,8 +561,9 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     # Verilator's runtime (the $fread, $fwrite and start-up code, compiled once: objcache.py)
     # at -O2; the set-up code stays unoptimised (see flows/simulate.py), unless one level is
     # asked for (then the model is one compile).
-    levels = ["-CFLAGS", opt, "-MAKEFLAGS", *_one_compile()] if opt else \
-        ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
+    make_args, make_env = _one_compile("../main")    # (make runs in obj/, main.cpp beside it)
+    levels = ["-CFLAGS", opt, *[flag for arg in make_args for flag in ("-MAKEFLAGS", arg)]] \
+        if opt else ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
     digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
                                      str(trace)]).encode()).hexdigest()[:16]
     build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{f'-{trace}' if trace else ''}"
@@ -600,7 +601,8 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
             else:
                 args = ["iverilog", "-g2012", "-s", "fast_tb_icarus", "-o", str(binary),
                         *define, *[str(path) for path in sources]]
-            done = subprocess.run(args, cwd=build_dir, capture_output=True, text=True)
+            done = subprocess.run(args, cwd=build_dir, capture_output=True, text=True,
+                                  env={**os.environ, **make_env})
             (build_dir / "build.log").write_text(done.stdout + done.stderr)
             if done.returncode:
                 raise SimulationError(f"building the fast testbench of {top} failed "
