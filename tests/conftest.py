@@ -70,6 +70,10 @@ STALLS = [pytest.param(0.0, id="no-stall"), pytest.param(0.3, id="stall")]
 # emitted once (an emission takes 1 to 12 s).
 TINY = BenchShape(tokens=6, hidden=8, experts=3, top_k=2, lanes=2)
 
+# dispatch's maxima in tests/test_dispatch.py, also those of the fast path's Verilator test of
+# dispatch (tests/test_fastsim.py): one design for both.
+DISPATCH_MAXIMA = dict(max_pairs=256, max_hidden=64, max_capacity=32, max_experts=8)
+
 
 def bench_runs(name, shape=TINY):
     """``(unit, inputs, settings)`` for each variant of the unit's benchmark problem."""

@@ -20,10 +20,9 @@ from moe_hw.params import ParameterError
 from moe_hw.run import from_npz
 from moe_hw.units.dispatch import DispatchParams
 
-from conftest import FAST_SIM, SIM, STALLS, simulator_cases
+from conftest import DISPATCH_MAXIMA, FAST_SIM, SIM, STALLS, simulator_cases
 
-MAXIMA = dict(max_pairs=256, max_hidden=64, max_capacity=32, max_experts=8)
-FP32_L4 = DispatchParams(format="fp32", lanes=4, **MAXIMA)
+FP32_L4 = DispatchParams(format="fp32", lanes=4, **DISPATCH_MAXIMA)
 
 
 def problem(seed, *, tokens, hidden, experts, capacity, k=1, dtype=np.float32, specials=0.0,
@@ -100,7 +99,7 @@ def test_dispatch_field_extremes():
 @pytest.mark.parametrize("stall", STALLS)
 @pytest.mark.parametrize("lanes", [1, 16])
 def test_dispatch_lanes(lanes, stall):
-    params = DispatchParams(format="fp32", lanes=lanes, **MAXIMA)
+    params = DispatchParams(format="fp32", lanes=lanes, **DISPATCH_MAXIMA)
     for seed, hidden in enumerate((1, 17, 64)):
         prob = problem(seed, tokens=19, hidden=hidden, experts=3, capacity=7, k=2)
         check(prob, params, SIM, stall, seed=seed)
@@ -110,7 +109,7 @@ def test_dispatch_lanes(lanes, stall):
 @pytest.mark.parametrize("fmt,dtype,lanes", [("fp16", np.float16, 4),
                                              ("bf16", ml_dtypes.bfloat16, 8)])
 def test_dispatch_formats(fmt, dtype, lanes, stall):
-    params = DispatchParams(format=fmt, lanes=lanes, **MAXIMA)
+    params = DispatchParams(format=fmt, lanes=lanes, **DISPATCH_MAXIMA)
     prob = problem(11, tokens=30, hidden=21, experts=4, capacity=6, k=2, dtype=dtype,
                    specials=0.3)
     check(prob, params, SIM, stall, seed=3)
