@@ -135,8 +135,9 @@ def _one_compile(main):
     15.8 s. The model's ``main`` (``main``: its .cpp file's path without the suffix) goes
     into that compile too (``VM_FAST``, which verilated.mk extends, names it among the files
     the single compile includes; no ``VM_USER_CLASSES``, so it is not compiled again apart):
-    it includes the model's header and Verilator's, about 1.2 s of CPU of its own, and
-    dispatch's fast model took 5.3 s of CPU to build with it apart, 3.9 s with it inside.
+    it includes the model's header and Verilator's, about 1.2 s of CPU of its own: dispatch's
+    fast model took 5.8 s of CPU to build with it apart, 4.0 s with it inside, its cocotb
+    model 6.9 s and 5.0 s.
     At Verilator's own levels the model's set-up code is compiled apart, unoptimised (see
     :func:`_verilator_opt`), so the files stay apart there."""
     if not _verilator_opt():
