@@ -152,7 +152,11 @@ class RunControl(wiring.Component):
                 m.d.sync += left.eq(left - 1)
                 with m.If(left == 0):
                     m.d.sync += preparing.eq(0)
-            m.d.comb += self.begin.eq(preparing & (left == 0))
+            # begin (preparing & left == 0) as a register, decided a cycle ahead (from go when
+            # the setup is 2 cycles, else from left == 1), so that the units' start logic
+            # starts at a flop (the setup count's compare in front of it was the critical
+            # path of dispatch_backward_gate: setup_left -> round_beat's reset, 216.1 MHz).
+            m.d.sync += self.begin.eq((go if self.setup == 2 else 0) | (preparing & (left == 1)))
             preparing_next = go | (preparing & (left != 0))
         with m.If(self.begin):
             m.d.sync += running.eq(1)
