@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from moe_hw.flows.simulate import SimulationError
+from moe_hw.golden._common import slot_rows
 from moe_hw.host.dispatch import UNIT as DISPATCH
 from moe_hw.host.unit import run
 from moe_hw.registry import units
@@ -185,13 +186,6 @@ def test_verilator_runtime_objects_are_compiled_once(tmp_path, monkeypatch):
     assert done.returncode == 0
 
 
-def _valid_pairs(stimulus, settings):
-    """The pairs of a dispatch stimulus that write a row (expert and slot in range)."""
-    index, location = stimulus["index"], stimulus["location"]
-    return np.flatnonzero((index >= 0) & (index < settings["num_experts"]) &
-                          (location >= 0) & (location < settings["capacity"]))
-
-
 def hold_writes_to_one(monkeypatch, unit):
     """Patch ``unit``'s fast description so that its write port allows one write an element."""
     original = type(unit).fast
@@ -216,7 +210,9 @@ def test_fast_path_counts_writes_per_element(sim, monkeypatch):
     assert outcome.passed, outcome.problems
     counters = outcome.harness
     stimulus, bench = DISPATCH.pack(outcome.problem, outcome.params, stall=0.0, seed=0)
-    pairs = _valid_pairs(stimulus, bench)
+    rows = slot_rows(stimulus["index"], stimulus["location"], bench["num_experts"],
+                     bench["capacity"])          # -1: the pair writes no row
+    pairs = np.flatnonzero(rows >= 0)
     assert counters["write.written"] == len(pairs) * bench["hidden"] > 0
     assert (counters["write.most_writes"], counters["write.max_writes"],
             counters["write.rewrites"]) == (1, 1, 0)
@@ -232,8 +228,7 @@ def test_fast_path_counts_writes_per_element(sim, monkeypatch):
     assert (outcome.harness["write.most_writes"], outcome.harness["write.max_writes"],
             outcome.harness["write.rewrites"]) == (2, 2, 0)
     hold_writes_to_one(monkeypatch, DISPATCH)
-    element = (stimulus["index"][first] * bench["capacity"] + stimulus["location"][first]) \
-        * bench["hidden"]
+    element = rows[first] * bench["hidden"]
     with pytest.raises(SimulationError, match=f"dispatch wrote element {element} of the write "
                        "memory more than 1 time, the most its semantics allow"):
         run(DISPATCH, {**inputs, **shared}, settings, sim="fast-icarus")
