@@ -222,9 +222,10 @@ def synthesize_point(task):
     (does not fit, a tool's error), not the run's (past the time limit, a worker that died).
     Never raises for a failed design."""
     try:
+        # (one seed at a time: the sweep's workers already fill the cores, a point each)
         report = synth(task["unit"], task["target"], task["settings"], seeds=task["seeds"],
                        freq=task["freq"], timeout=task["timeout"],
-                       work_dir=task.get("work_dir"))
+                       work_dir=task.get("work_dir"), jobs=1)
     except SynthError as error:
         reason = str(error)
         return {"ok": False, "reason": reason, "cacheable": "did not finish" not in reason}

@@ -2,7 +2,8 @@
 path and resources, and its Fmax as a ratio to a reference adder in the same run.
 
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
-                           [--freq MHZ] [--json FILE] [--timeout S] [--work DIR] [--check]
+                           [--jobs J] [--freq MHZ] [--json FILE] [--timeout S] [--work DIR]
+                           [--check]
     python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--json FILE]
 
 ``--set interface=axi`` (and ``axi_*``) synthesizes the unit behind its AXI wrapper, as
@@ -97,14 +98,14 @@ def _design(name, target, settings):
 
 
 def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
-          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None):
     """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
     of the design point's) on ``target``; return the
     :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
     unit, build, description, params = _design(name, target, settings)
     return synthesize(unit, build, target, description=description, params=params,
                       seeds=seeds, freq=freq, timeout=timeout, work_dir=work_dir,
-                      progress=progress)
+                      progress=progress, jobs=jobs)
 
 
 def pack(name, target, settings=None, *, timeout=DEFAULT_TIMEOUT, work_dir=None,
@@ -139,6 +140,9 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
                         help=f"placement seeds per design; the best is reported "
                              f"(default {DEFAULT_SEEDS})")
+    parser.add_argument("--jobs", type=int, default=None, metavar="J",
+                        help="seeds placed and routed at once (default: one per CPU core, "
+                             "at most --seeds; each seed's figures are the same either way)")
     parser.add_argument("--freq", type=float, default=None, metavar="MHZ",
                         help="the frequency nextpnr aims at (default: 250 MHz on ecp5-85k "
                              "and nexus-40k, 100 MHz on ice40-up5k)")
@@ -182,7 +186,7 @@ def main(argv=None):
         start = time.perf_counter()
         report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
                        freq=args.freq, timeout=args.timeout, work_dir=args.work,
-                       progress=_progress)
+                       progress=_progress, jobs=args.jobs)
         print(format_table(report))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

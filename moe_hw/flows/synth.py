@@ -19,9 +19,11 @@ and a tool that fails cannot take the caller down with it.
   :class:`SynthError` with one line naming the design and the tool's own error.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -412,9 +414,11 @@ def _check_positive(name, value, kind=float):
 
 def synthesize_design(name, build, target, *, description=None, params=None,
                       seeds=DEFAULT_SEEDS, freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None,
-                      progress=None):
+                      progress=None, jobs=None):
     """Put the component ``build()`` returns through the flow on ``target`` (a name or a
     :class:`Target`); return its :class:`DesignResult` for the best of ``seeds`` seeds.
+    ``jobs``: seeds placed and routed at once (default: one per CPU core, at most ``seeds``;
+    each seed's result is the same either way, only the wall time changes).
 
     ``build`` is called only once every argument is checked, so that a bad argument leaves no
     component unelaborated. ``work_dir`` keeps the files (RTLIL, netlist, logs, reports);
@@ -425,9 +429,17 @@ def synthesize_design(name, build, target, *, description=None, params=None,
     seeds = _check_positive("seeds", seeds, int)
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
+    jobs = _jobs(jobs, seeds)
     with _work_dir(work_dir) as work:
         return _synthesize_in(Path(work), name, build, target, description or name,
-                              params, seeds, freq, timeout, progress or (lambda text: None))
+                              params, seeds, freq, timeout, progress or (lambda text: None),
+                              jobs)
+
+
+def _jobs(jobs, seeds):
+    """Seeds placed at once: ``jobs`` (checked), else one per CPU core; at most ``seeds``."""
+    jobs = (os.cpu_count() or 1) if jobs is None else _check_positive("jobs", jobs, int)
+    return min(jobs, seeds)
 
 
 @contextlib.contextmanager
@@ -498,7 +510,7 @@ def _netlist(work, build, target, where, timeout, say):
 
 
 def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
-                   progress):
+                   progress, jobs=1):
     def say(text):
         progress(f"{name}: {text}")
 
@@ -515,19 +527,43 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
     def config(seed):
         return ("--textcfg", f"seed{seed}.config") if target.bitstream else ()
 
-    runs = {}
-    unfinished = []
-    for seed in range(1, seeds + 1):
+    def place(seed):
+        """One seed's place and route: ``(exit code or None, seconds)``."""
         say(f"{target.nextpnr_tool} seed {seed}/{seeds} at {freq:g} MHz "
             f"(limit {timeout:g} s) ...")
         step = time.perf_counter()
-        log, report_path = work / f"seed{seed}.log", work / f"seed{seed}.json"
+        report_path = work / f"seed{seed}.json"
         report_path.unlink(missing_ok=True)   # never read a report left by an earlier run
         code = _run_tool(target.nextpnr_tool,
                          [*target.nextpnr_args, *pins, *config(seed), "--json", "netlist.json",
                           "--report", report_path.name, "--timing-allow-fail", "--seed",
                           str(seed), "--freq", f"{freq:g}"],
-                         work, log, timeout)
+                         work, work / f"seed{seed}.log", timeout)
+        return code, time.perf_counter() - step
+
+    def placed():
+        """``(seed, place(seed))`` in seed order, ``jobs`` seeds running at once. Seeds not
+        yet started when the caller stops (a failure) are not run."""
+        if jobs == 1:
+            for seed in range(1, seeds + 1):
+                yield seed, place(seed)
+            return
+        # The tool once on its own first: its first run compiles it into YoWASP's cache,
+        # which runs started together would each write.
+        _run_tool(target.nextpnr_tool, ["--version"], work, work / "version.log", timeout)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {seed: pool.submit(place, seed) for seed in range(1, seeds + 1)}
+            try:
+                for seed, future in futures.items():
+                    yield seed, future.result()
+            finally:
+                for future in futures.values():
+                    future.cancel()
+
+    runs = {}
+    unfinished = []
+    for seed, (code, seconds) in placed():
+        log, report_path = work / f"seed{seed}.log", work / f"seed{seed}.json"
         # A seed that passes the time limit is skipped: the router's timing-driven rip-up
         # can go on for long on one placement and finish in a minute on another. Only when
         # no seed finishes is that the design's result.
@@ -551,7 +587,7 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
                              f"clock; see {log}")
         runs[seed] = (clocks, report)
         worst = min(clock.fmax_mhz for clock in clocks.values())
-        say(f"seed {seed}: {worst:.1f} MHz, {time.perf_counter() - step:.0f} s")
+        say(f"seed {seed}: {worst:.1f} MHz, {seconds:.0f} s")
 
     if not runs:
         raise SynthError(message)
@@ -635,7 +671,7 @@ def pack_design(name, build, target, *, description=None, params=None,
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
-               freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+               freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None):
     """The reference adder, then the design ``build()`` returns, through the same flow on
     ``target`` with the same seeds; returns a :class:`SynthReport`. The arguments are those
     of :func:`synthesize_design`; ``work_dir`` gets one folder per design."""
@@ -643,7 +679,8 @@ def synthesize(name, build, target, *, description=None, params=None, seeds=DEFA
     seeds = _check_positive("seeds", seeds, int)
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
-    common = dict(seeds=seeds, freq=freq, timeout=timeout, progress=progress)
+    common = dict(seeds=seeds, freq=freq, timeout=timeout, progress=progress,
+                  jobs=_jobs(jobs, seeds))
     with _work_dir(work_dir) as folder:
         work = Path(folder)
         reference = synthesize_design(REFERENCE, ReferenceAdder, target,
@@ -688,10 +725,17 @@ def format_table(report):
     unfinished = [f"{result.name}: seed {', '.join(map(str, result.unfinished_seeds))} did "
                   "not finish place and route in the time limit (skipped)"
                   for result in (report.reference, report.design) if result.unfinished_seeds]
+    # Every seed's figure, so that the spread placement alone gives is in sight.
+    spread = [f"{result.name}: " + ", ".join(
+        f"{mhz:.1f}" + ("*" if seed == result.best_seed else "")
+        for seed, mhz in sorted(result.seed_fmax_mhz.items()))
+        for result in (report.reference, report.design)] if report.seeds > 1 else []
     return "\n".join([
         f"{report.design.description} on {report.device} ({report.target})",
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
         line(head), line(["-" * width for width in widths]), *(line(row) for row in rows),
+        *([f"Fmax by seed (MHz; * the best, reported above): {'; '.join(spread)}"]
+          if spread else []),
         "ratio: Fmax over the reference adder's in this run. FF includes the wrapper's "
         f"{report.design.wrapper_registers} registers ({report.reference.wrapper_registers} "
         "for the reference). Critical path: from the register driving its first net to the "
