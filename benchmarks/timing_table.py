@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from moe_hw.flows.synth import SynthError
+from moe_hw.flows.synth import SynthError, format_seeds
 from moe_hw.registry import units
 from moe_hw.synth import BAR_MHZ, BAR_RATIO, synth
 
@@ -62,7 +62,7 @@ def main(argv=None):
         rows.append(f"| {label} | {design.fmax_mhz:.1f}{extra} | {ratio:.2f} | "
                     f"{'yes' if ok else 'no'} | {used['lut4']} | {used['ff']} | {used['dsp']} | "
                     f"{used['dram']} | `{path.start}` -> `{path.end}` | "
-                    f"{', '.join(f'{mhz:.1f}' for _, mhz in sorted(design.seed_fmax_mhz.items()))} |")
+                    f"{format_seeds(design)} |")
         records.append(report.to_json())
         print(rows[-1], flush=True)
     print(f"\n{args.target}, best of {args.seeds} seeds; the bar: {BAR_MHZ:g} MHz and "

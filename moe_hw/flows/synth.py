@@ -40,7 +40,7 @@ from .out_of_context import OutOfContext, ReferenceAdder
 
 __all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
            "DesignResult", "SynthReport", "PackResult", "synthesize_design", "synthesize",
-           "pack_design", "format_table",
+           "pack_design", "format_table", "format_seeds",
            "report_clocks", "report_resources", "tool_versions",
            "REFERENCE", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "RESOURCES"]
 
@@ -510,7 +510,7 @@ def _netlist(work, build, target, where, timeout, say):
 
 
 def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
-                   progress, jobs=1):
+                   progress, jobs):
     def say(text):
         progress(f"{name}: {text}")
 
@@ -698,6 +698,13 @@ def _file_name(name):
 
 # ---- the table -----------------------------------------------------------------------------
 
+def format_seeds(result, *, best=""):
+    """A :class:`DesignResult`'s Fmax at every seed that finished, in seed order
+    (``"217.0, 227.7"``), the best seed's marked with ``best``."""
+    return ", ".join(f"{mhz:.1f}" + (best if seed == result.best_seed else "")
+                     for seed, mhz in sorted(result.seed_fmax_mhz.items()))
+
+
 def format_table(report):
     """The report as a plain-text table: one row per design and clock."""
     head = ["design", "clock", "Fmax MHz", "ratio", *RESOURCES.values(), "levels",
@@ -726,10 +733,8 @@ def format_table(report):
                   "not finish place and route in the time limit (skipped)"
                   for result in (report.reference, report.design) if result.unfinished_seeds]
     # Every seed's figure, so that the spread placement alone gives is in sight.
-    spread = [f"{result.name}: " + ", ".join(
-        f"{mhz:.1f}" + ("*" if seed == result.best_seed else "")
-        for seed, mhz in sorted(result.seed_fmax_mhz.items()))
-        for result in (report.reference, report.design)] if report.seeds > 1 else []
+    spread = [f"{result.name}: {format_seeds(result, best='*')}"
+              for result in (report.reference, report.design)] if report.seeds > 1 else []
     return "\n".join([
         f"{report.design.description} on {report.device} ({report.target})",
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
