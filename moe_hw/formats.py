@@ -99,9 +99,14 @@ def bits_equal(x, y, fmt):
     """Element-wise equality of raw bit patterns where any NaN equals any NaN (+0 != -0):
     the comparison every hardware-against-golden check uses."""
     fmt = float_format(fmt)
-    x = np.asarray(x).astype(np.uint64)
-    y = np.asarray(y).astype(np.uint64)
-    return (x == y) | (is_nan_bits(x, fmt) & is_nan_bits(y, fmt))
+    x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
+    if x.dtype != y.dtype:
+        x, y = x.astype(np.uint64), y.astype(np.uint64)
+    same = np.array(x == y)
+    differ = ~same                       # only these can still be two NaNs
+    if differ.any():
+        same[differ] = is_nan_bits(x[differ], fmt) & is_nan_bits(y[differ], fmt)
+    return same
 
 
 def format_of_dtype(dtype):

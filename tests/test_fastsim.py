@@ -278,3 +278,64 @@ def test_a_mismatch_names_the_element_and_keeps_a_waveform(sim, monkeypatch):
     assert got != want and got == int(outcome.results["data"][beat][index])
     waveform = outcome.problems[-1].split("waveform of the failing run: ")[1]
     assert waveform.endswith(".fst") and Path(waveform).stat().st_size > 0
+
+
+def test_payload_words_move_whole_byte_fields_as_the_bit_by_bit_path_does():
+    """Fields of 8, 16, 32 or 64-bit elements move between values and words as shifted byte
+    views (pack_words, unpack_field): every offset in the byte, scalar and array fields, zero
+    words, give exactly the words and values of the bit-by-bit path (_put_bits, _get_bits)."""
+    from moe_hw.flows import fastsim
+
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        width = int(rng.choice([8, 16, 32, 64]))
+        count = int(rng.integers(1, 5)) if rng.random() < 0.7 else None
+        offset = int(rng.integers(0, 40))
+        field = {"offset": offset, **({"array": {"count": count, "element": {"width": width}}}
+                                      if count else {"width": width})}
+        desc = {"width": offset + width * (count or 1) + int(rng.integers(0, 20)),
+                "fields": {"a": field}}
+        n = int(rng.integers(0, 7))
+        values = rng.integers(0, 1 << 63, size=(n, count or 1), dtype=np.uint64) * 2 + 1
+        words = fastsim.pack_words(desc, {"a": values if count else values[:, 0]}, "p")
+        want = np.zeros_like(words)
+        for e, (bit, w) in enumerate(fastsim._columns(offset, width, count)):
+            fastsim._put_bits(want, bit, w, values[:, e])
+        assert np.array_equal(words, want), (width, count, offset)
+        padded = np.concatenate([words, np.zeros((n, -words.shape[1] % 4), np.uint8)], axis=1)
+        got = fastsim.unpack_field(padded, desc, "a", "p")
+        expected = np.stack([fastsim._get_bits(padded, bit, w) for bit, w in
+                             fastsim._columns(offset, width, count)], axis=1) if n else \
+            np.zeros((0, count or 1), np.uint64)
+        expected = expected if count else expected[:, 0].astype(np.int64)
+        assert got.dtype == expected.dtype and np.array_equal(got, expected), \
+            (width, count, offset)
+
+
+def test_memory_image_keeps_the_last_write_and_counts_lanes_outside():
+    """The write log replayed into memory: an element written twice keeps the later write,
+    disabled lanes write nothing, lanes past the memory are counted, not written."""
+    from moe_hw.formats import FORMATS
+    from moe_hw.host.dispatch import memory_image
+
+    log = {"addr": np.array([0, 4, 2, 6]), "enable": np.array([0b1111, 0b0101, 0b0011, 0b1111]),
+           "data": np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])}
+    memory, outside = memory_image(log, 8, 4, FORMATS["fp32"])
+    assert memory.tolist() == [1, 2, 9, 10, 5, 0, 13, 14] and outside == 2
+    memory, outside = memory_image({key: value[:2] for key, value in log.items()}, 8, 4,
+                                   FORMATS["fp32"])
+    assert memory.tolist() == [1, 2, 3, 4, 5, 0, 7, 0] and outside == 0
+
+
+def test_bits_equal_takes_any_nan_for_any_nan_and_tells_the_zeros_apart():
+    """The comparison of every check: equal bits, or two NaNs of any payload; +0 != -0; mixed
+    integer widths and shapes broadcast; a scalar gives a scalar answer."""
+    from moe_hw.formats import FORMATS, bits_equal
+
+    fp32, bf16 = FORMATS["fp32"], FORMATS["bf16"]
+    got = np.array([[0x7fc00000, 0x7f800001, 0x00000000, 0x3f800000, 0x7f800000]], np.uint32)
+    want = np.array([0xffc00001, 0x7fc00000, 0x80000000, 0x3f800000, 0x7f800001], np.uint64)
+    assert bits_equal(got, want, fp32).tolist() == [[True, True, False, True, False]]
+    assert bits_equal(np.uint16(0x7fc1), np.uint16(0xff81), bf16)
+    assert not bits_equal(np.uint16(0x7f80), np.uint16(0xff80), bf16)
+    assert bits_equal(np.int64(-1), np.uint64((1 << 64) - 1), fp32)

@@ -190,6 +190,37 @@ def _columns(offset, width, count):
     return [(offset + e * width, width) for e in range(count or 1)]
 
 
+def _whole_bytes(width):
+    """The little-endian NumPy dtype of a field element of 8, 16, 32 or 64 bits, else None.
+    Such a field (the lanes of every data beat) moves between values and words as one view
+    of its bytes, shifted once by its offset's bit in the byte, not element by element."""
+    return np.dtype(f"<u{width // 8}") if width in (8, 16, 32, 64) else None
+
+
+def _put_bytes(words, offset, raw):
+    """OR ``raw`` (``[n, k]`` uint8, little-endian) into ``[n, bytes]`` words at bit
+    ``offset``."""
+    first, shift = offset // 8, offset % 8
+    if not shift:
+        words[:, first:first + raw.shape[1]] |= raw
+        return
+    wide = raw.astype(np.uint16) << shift                # each byte and its carry-out
+    words[:, first:first + raw.shape[1]] |= wide.astype(np.uint8)
+    words[:, first + 1:first + 1 + raw.shape[1]] |= (wide >> 8).astype(np.uint8)
+
+
+def _get_bytes(words, offset, count):
+    """``count`` bytes of ``[n, bytes]`` words from bit ``offset`` (``[n, count]`` uint8)."""
+    first, shift = offset // 8, offset % 8
+    if not shift:
+        return np.ascontiguousarray(words[:, first:first + count])
+    low = words[:, first:first + count].astype(np.uint16) >> shift
+    high = np.zeros_like(low)
+    tail = words[:, first + 1:first + 1 + count]     # the byte after the last may not exist
+    high[:, :tail.shape[1]] = tail.astype(np.uint16) << (8 - shift)
+    return (low | high).astype(np.uint8)
+
+
 def _byte_span(bit, width):
     """The first byte, the shift in it and the bytes a field of ``width`` bits at ``bit``
     touches (at most 9: a 64-bit field off a byte boundary)."""
@@ -248,7 +279,13 @@ def pack_words(desc, values, port):
         values = array.astype(np.int64).view(np.uint64) if array.dtype.kind == "i" \
             else array.astype(np.uint64)
         values = values.reshape(n, count or 1)
-        for e, (bit, w) in enumerate(_columns(offset, width, count)):
+        columns = _columns(offset, width, count)
+        dtype = _whole_bytes(width)
+        if dtype is not None:
+            _put_bytes(words, offset, values.astype(dtype).view(np.uint8).reshape(
+                n, len(columns) * dtype.itemsize))
+            continue
+        for e, (bit, w) in enumerate(columns):
             _put_bits(words, bit, w, values[:, e])
     return words
 
@@ -274,8 +311,15 @@ def unpack_field(words, desc, name, port):
     """One field of payload words: int64 ``[n]`` for a scalar field, uint64 ``[n, count]``
     for an array field (both unsigned, as the cocotb benches unpack them)."""
     offset, width, count = _fields(desc, port)[name]
-    out = np.stack([_get_bits(words, bit, w) for bit, w in _columns(offset, width, count)],
-                   axis=1) if len(words) else np.zeros((0, count or 1), dtype=np.uint64)
+    columns = _columns(offset, width, count)
+    dtype = _whole_bytes(width)
+    if not len(words):
+        out = np.zeros((0, count or 1), dtype=np.uint64)
+    elif dtype is not None:
+        out = _get_bytes(words, offset, len(columns) * dtype.itemsize).view(dtype) \
+            .astype(np.uint64)
+    else:
+        out = np.stack([_get_bits(words, bit, w) for bit, w in columns], axis=1)
     return out if count is not None else out[:, 0].astype(np.int64)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import golden
 from ..blocks.run_control import EMPTY_CYCLES
-from ..golden._common import slot_rows
+from ..golden._common import mul, slot_rows
 from ..problems import routed_problem
 from ..flows.fastsim import FastBench, MemoryWriter, Source, lane_beats
 from ..formats import FORMATS, from_bits, to_bits
@@ -29,14 +29,23 @@ def memory_image(results, size, lanes, fmt):
     addr = np.asarray(results["addr"], dtype=np.int64).reshape(-1)
     enable = np.asarray(results["enable"], dtype=np.int64).reshape(-1)
     on = (enable[:, None] >> lane) & 1 == 1
-    where = (addr[:, None] + lane)[on]                 # in write order
-    data = np.asarray(results["data"]).reshape(len(addr), lanes)[on]
+    where = addr[:, None] + lane                       # in write order
+    data = np.asarray(results["data"]).reshape(len(addr), lanes)
+    where, data = (where.reshape(-1), data.reshape(-1)) if on.all() else (where[on], data[on])
     inside = where < size
-    where, data = where[inside], data[inside]
-    # A later write to an element wins: keep each element's last write.
-    elements, last = np.unique(where[::-1], return_index=True)
-    memory[elements] = data[::-1][last]
-    return memory, int(np.count_nonzero(~inside))
+    outside = len(where) - int(np.count_nonzero(inside))
+    if outside:
+        where, data = where[inside], data[inside]
+    written = np.zeros(size, dtype=bool)
+    written[where] = True
+    if np.count_nonzero(written) < len(where):        # some element written twice
+        # A later write to an element wins: keep each element's last write.
+        last = np.full(size, -1, dtype=np.int64)
+        np.maximum.at(last, where, np.arange(len(where)))
+        where = np.flatnonzero(last >= 0)
+        data = data[last[where]]
+    memory[where] = data                               # each element written once
+    return memory, outside
 
 
 def expected_writes(gates, indices, locations, input, *, num_experts, capacity, lanes):
@@ -45,25 +54,17 @@ def expected_writes(gates, indices, locations, input, *, num_experts, capacity, 
     fmt = FORMATS[format_of(input)]
     hidden = input.shape[1]
     beats = -(-hidden // lanes)
-    addrs, enables, datas = [], [], []
-    if hidden > 0 and capacity > 0:
-        for k, i in np.ndindex(*gates.shape):
-            e, loc = int(indices[k, i]), int(locations[k, i])
-            if not (0 <= e < num_experts and 0 <= loc < capacity):
-                continue
-            row = np.zeros(beats * lanes, dtype=input.dtype)
-            row[:hidden] = golden.dispatch_forward(
-                gates[k, i:i + 1], np.zeros(1, np.int64), np.zeros(1, np.int64),
-                input[i:i + 1], num_experts=1, capacity=1)[0]
-            bits = to_bits(row, fmt).astype(np.uint64).reshape(beats, lanes)
-            base = (e * capacity + loc) * hidden
-            for b in range(beats):
-                valid = min(lanes, hidden - b * lanes)
-                addrs.append(base + b * lanes)
-                enables.append((1 << valid) - 1)
-                datas.append(np.where(np.arange(lanes) < valid, bits[b], 0))
-    return {"addr": np.array(addrs, np.int64), "enable": np.array(enables, np.int64),
-            "data": np.array(datas, np.uint64).reshape(len(addrs), lanes)}
+    rows = slot_rows(indices, locations, num_experts, capacity)
+    k, i = np.nonzero(rows >= 0) if hidden > 0 else (np.zeros(0, int), np.zeros(0, int))
+    # Each valid pair's row of products, as golden.dispatch_forward forms it, padded with
+    # +0.0 (bits 0) to whole beats.
+    products = np.zeros((len(k), beats * lanes), dtype=input.dtype)
+    products[:, :hidden] = mul(gates[k, i][:, None], input[i])
+    offsets = np.arange(beats) * lanes
+    valid = np.minimum(lanes, hidden - offsets)
+    return {"addr": (rows[k, i][:, None] * hidden + offsets).reshape(-1),
+            "enable": np.tile(np.array([(1 << int(v)) - 1 for v in valid], np.int64), len(k)),
+            "data": to_bits(products, fmt).astype(np.uint64).reshape(len(k) * beats, lanes)}
 
 
 class Dispatch(Unit):
