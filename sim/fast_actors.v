@@ -26,10 +26,17 @@
 // source's words, a memory reader's elements). Both stop the run with a ``FASTSIM error``
 // line naming the actor (NAME, WHAT: "source" or "memory"; NOUN: what its words are).
 // ROOM: the array's depth; LOAD: COUNT words of BYTES bytes into ARRAY from +NAME=FILE
-// ($fread: each word big-endian, in whole bytes). DUMP: the first COUNT words of ARRAY into
-// +NAME<KEY>=FILE, raw ($fwrite "%u", the same bytes in Verilator and Icarus: each word in
-// 32-bit pieces, least significant first, each little-endian; several times faster to write
-// and to read back than $writememh's hex). The module declares ``file``, ``fd``, ``dump``.
+// ($fread: each word big-endian, in whole bytes). DUMP: the first COUNT words (W bits each) of
+// ARRAY into +NAME<KEY>=FILE, raw ($fwrite "%u", the same bytes in Verilator and Icarus: each
+// word in 32-bit pieces, least significant first, each little-endian; several times faster
+// to write and to read back than $writememh's hex). A $fwrite costs the same for one word as
+// for many (a format parsed, a buffer built): DUMP writes whole CHUNKs of words (CHUNK a
+// register of FAST_CHUNK(W) bits, each word in whole 32-bit pieces, so the file's bytes are
+// those of one $fwrite per word) and then the last words one by one. The module declares
+// ``file``, ``fd``, ``dump``, ``piece`` and the CHUNK registers.
+`define FAST_PIECES(W) (32 * (((W) + 31) / 32))
+`define FAST_PER_CHUNK(W) (`FAST_PIECES(W) >= 2048 ? 1 : 2048 / `FAST_PIECES(W))
+`define FAST_CHUNK(W) (`FAST_PER_CHUNK(W) * `FAST_PIECES(W))
 `define FAST_ROOM(WHAT, NOUN, COUNT, ROOM) \
     if ((COUNT) > (ROOM)) begin \
         $display("FASTSIM error: %0s %0s has %0d %0s, room for %0d", WHAT, NAME, COUNT, \
@@ -51,10 +58,21 @@
         $fclose(fd); \
     end
 
-`define FAST_DUMP(KEY, ARRAY, COUNT) \
+`define FAST_DUMP(KEY, ARRAY, COUNT, W, CHUNK) \
     if ((COUNT) > 0 && $value$plusargs({NAME, KEY, "=%s"}, file)) begin \
         fd = $fopen(file, "wb"); \
-        for (dump = 0; dump < (COUNT); dump = dump + 1) $fwrite(fd, "%u", ARRAY[dump]); \
+        dump = 0; \
+        while (dump + `FAST_PER_CHUNK(W) <= (COUNT)) begin \
+            CHUNK = 0; \
+            for (piece = 0; piece < `FAST_PER_CHUNK(W); piece = piece + 1) \
+                CHUNK[piece * `FAST_PIECES(W) +: W] = ARRAY[dump + piece]; \
+            $fwrite(fd, "%u", CHUNK); \
+            dump = dump + `FAST_PER_CHUNK(W); \
+        end \
+        while (dump < (COUNT)) begin \
+            $fwrite(fd, "%u", ARRAY[dump]); \
+            dump = dump + 1; \
+        end \
         $fclose(fd); \
     end
 
@@ -126,8 +144,9 @@ module fast_sink #(
     output reg [63:0] count = 64'd0
 );
     reg [W-1:0] log [0:DEPTH-1];
+    reg [`FAST_CHUNK(W)-1:0] log_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump;
+    reg [63:0] dump, piece;
     integer fd;
     wire pause;
     fast_pauses #(SALT) pauses(clk, rst, step, seed, threshold, pause);
@@ -144,7 +163,7 @@ module fast_sink #(
         end
     final begin
         $display("FASTSIM %0s.count=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
-        if (count <= DEPTH) `FAST_DUMP("_out", log, count)
+        if (count <= DEPTH) `FAST_DUMP("_out", log, count, W, log_chunk)
     end
 endmodule
 
@@ -169,8 +188,9 @@ module fast_memory_writer #(
     reg [63:0] max_writes = 64'd0, rewrites = 64'd0, first_rewrite = 64'd0;
     reg [63:0] first_rewrite_time = 64'd0, written = 64'd0, most = 64'd0;
     reg [7:0] taken;
+    reg [`FAST_CHUNK(ELEM_W)-1:0] memory_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump;
+    reg [63:0] dump, piece;
     integer lane, fd;
     fast_sink #(.NAME(NAME), .W(W), .DEPTH(DEPTH), .SALT(SALT)) log(
         clk, rst, step, seed, threshold, valid, ready, payload, count);
@@ -212,7 +232,7 @@ module fast_memory_writer #(
                  NAME, out_of_bounds, NAME, written, NAME, most);
         $display("FASTSIM %0s.max_writes=%0d %0s.rewrites=%0d %0s.first_rewrite=%0d %0s.first_rewrite_time=%0d",
                  NAME, max_writes, NAME, rewrites, NAME, first_rewrite, NAME, first_rewrite_time);
-        if (IMAGE) `FAST_DUMP("_memory", memory, size)
+        if (IMAGE) `FAST_DUMP("_memory", memory, size, ELEM_W, memory_chunk)
     end
 endmodule
 
@@ -245,8 +265,10 @@ module fast_memory_reader #(
     reg [LANES-1:0] enable;
     reg [LANES*ELEM_W-1:0] word;
     reg [RESP_W-1:0] response;
+    reg [`FAST_CHUNK(64)-1:0] addr_chunk;
+    reg [`FAST_CHUNK(LANES)-1:0] enable_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump;
+    reg [63:0] dump, piece;
     reg v;
     integer lane, fd;
     wire request_pause, response_pause;
@@ -308,8 +330,8 @@ module fast_memory_reader #(
         $display("FASTSIM %0s.requests=%0d %0s.log_depth=%0d %0s.out_of_bounds=%0d %0s.queue_overflow=%0d %0s.pending=%0d",
                  NAME, n, NAME, LOG_DEPTH, NAME, out_of_bounds, NAME, overflow, NAME, tail - head);
         if (n <= LOG_DEPTH) begin
-            `FAST_DUMP("_addr", log_addr, n)
-            `FAST_DUMP("_enable", log_enable, n)
+            `FAST_DUMP("_addr", log_addr, n, 64, addr_chunk)
+            `FAST_DUMP("_enable", log_enable, n, LANES, enable_chunk)
         end
     end
 endmodule
@@ -323,8 +345,9 @@ module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEP
     reg [63:0] count = 64'd0;
     reg [63:0] log_cycle [0:DEPTH-1];
     reg [63:0] log_value [0:DEPTH-1];
+    reg [`FAST_CHUNK(64)-1:0] log_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump;
+    reg [63:0] dump, piece;
     integer fd;
     always @(posedge clk)
         if (rst) begin
@@ -341,8 +364,8 @@ module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEP
     final begin
         $display("FASTSIM %0s.changes=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
         if (count <= DEPTH) begin
-            `FAST_DUMP("_cycle", log_cycle, count)
-            `FAST_DUMP("_value", log_value, count)
+            `FAST_DUMP("_cycle", log_cycle, count, 64, log_chunk)
+            `FAST_DUMP("_value", log_value, count, 64, log_chunk)
         end
     end
 endmodule

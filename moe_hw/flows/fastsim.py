@@ -316,11 +316,10 @@ def unpack_field(words, desc, name, port):
     if not len(words):
         out = np.zeros((0, count or 1), dtype=np.uint64)
     elif dtype is not None:
-        out = _get_bytes(words, offset, len(columns) * dtype.itemsize).view(dtype) \
-            .astype(np.uint64)
+        out = _get_bytes(words, offset, len(columns) * dtype.itemsize).view(dtype)
     else:
         out = np.stack([_get_bits(words, bit, w) for bit, w in columns], axis=1)
-    return out if count is not None else out[:, 0].astype(np.int64)
+    return out.astype(np.uint64) if count is not None else out[:, 0].astype(np.int64)
 
 
 # ---- the testbench -----------------------------------------------------------------------
@@ -921,7 +920,7 @@ def _results(bench, ports, values, run_dir, top, sim):
         if isinstance(actor, MemoryWriter) and key == "memory":
             elem_w = _fields(ports[f"{name}__payload"], name)["data"][1]
             words = read_words(run_dir / f"{name}.memory", int(actor.size))
-            return unpack_field(words, {"width": elem_w}, None, name).astype(np.uint64)
+            return unpack_field(words, {"width": elem_w}, None, name).view(np.uint64)
         if isinstance(actor, MemoryReader) and key in ("addr", "enable"):
             count = int(values[f"{name}.requests"])
             words = read_words(run_dir / f"{name}.{key}", count)
