@@ -26,17 +26,23 @@
 // source's words, a memory reader's elements). Both stop the run with a ``FASTSIM error``
 // line naming the actor (NAME, WHAT: "source" or "memory"; NOUN: what its words are).
 // ROOM: the array's depth; LOAD: COUNT words of BYTES bytes into ARRAY from +NAME=FILE
-// ($fread: each word big-endian, in whole bytes). DUMP: the first COUNT words (W bits each) of
-// ARRAY into +NAME<KEY>=FILE, raw ($fwrite "%u", the same bytes in Verilator and Icarus: each
-// word in 32-bit pieces, least significant first, each little-endian; several times faster
-// to write and to read back than $writememh's hex). A $fwrite costs the same for one word as
-// for many (a format parsed, a buffer built): DUMP writes whole CHUNKs of words (CHUNK a
-// register of FAST_CHUNK(W) bits, each word in whole 32-bit pieces, so the file's bytes are
-// those of one $fwrite per word) and then the last words one by one. The module declares
-// ``file``, ``fd``, ``dump``, ``piece`` and the CHUNK registers.
-`define FAST_PIECES(W) (32 * (((W) + 31) / 32))
-`define FAST_PER_CHUNK(W) (`FAST_PIECES(W) >= 2048 ? 1 : 2048 / `FAST_PIECES(W))
-`define FAST_CHUNK(W) (`FAST_PER_CHUNK(W) * `FAST_PIECES(W))
+// (each word big-endian, in whole bytes, as $fread reads them). DUMP: the first COUNT words (W
+// bits each) of ARRAY into +NAME<KEY>=FILE, raw (as $fwrite "%u" writes them: each word in
+// 32-bit pieces, least significant first, each little-endian; several times faster to write
+// and to read back than $writememh's hex). Icarus Verilog runs $fread and $fwrite; the C++
+// model (whose $fread takes a locked fgetc per byte and whose $fwrite builds a string a byte
+// at a time) calls sim/fast_io.h instead, which moves the same bytes with one fread or a
+// buffered fwrite per array (FAST_READ, FAST_WRITE). (No comment line may start with that
+// simulator's name: it reads such a line as a pragma.) The module declares ``file``, ``fd``,
+// ``dump``.
+`ifdef VERILATOR
+`define FAST_READ(ARRAY, COUNT, BYTES) $c64("fast_load(", fd, ", ", ARRAY, ", ", COUNT, ", ", BYTES, ")")
+`define FAST_WRITE(ARRAY, COUNT, W) $c("fast_dump(", fd, ", ", ARRAY, ", ", COUNT, ", ", W, ");");
+`else
+`define FAST_READ(ARRAY, COUNT, BYTES) $fread(ARRAY, fd, 0, COUNT)
+`define FAST_WRITE(ARRAY, COUNT, W) \
+    for (dump = 0; dump < (COUNT); dump = dump + 1) $fwrite(fd, "%u", ARRAY[dump]);
+`endif
 `define FAST_ROOM(WHAT, NOUN, COUNT, ROOM) \
     if ((COUNT) > (ROOM)) begin \
         $display("FASTSIM error: %0s %0s has %0d %0s, room for %0d", WHAT, NAME, COUNT, \
@@ -50,7 +56,7 @@
             $finish; \
         end \
         fd = $fopen(file, "rb"); \
-        if (fd == 0 || $fread(ARRAY, fd, 0, COUNT) != (COUNT) * (BYTES)) begin \
+        if (fd == 0 || `FAST_READ(ARRAY, COUNT, BYTES) != (COUNT) * (BYTES)) begin \
             $display("FASTSIM error: %0s %0s cannot read %0d %0s from %0s", WHAT, NAME, \
                      COUNT, NOUN, file); \
             $finish; \
@@ -58,25 +64,13 @@
         $fclose(fd); \
     end
 
-`define FAST_DUMP(KEY, ARRAY, COUNT, W, CHUNK) \
+`define FAST_DUMP(KEY, ARRAY, COUNT, W) \
     if ((COUNT) > 0 && $value$plusargs({NAME, KEY, "=%s"}, file)) begin \
         fd = $fopen(file, "wb"); \
-        dump = 0; \
-        while (dump + `FAST_PER_CHUNK(W) <= (COUNT)) begin \
-            CHUNK = 0; \
-            for (piece = 0; piece < `FAST_PER_CHUNK(W); piece = piece + 1) \
-                CHUNK[piece * `FAST_PIECES(W) +: W] = ARRAY[dump + piece]; \
-            $fwrite(fd, "%u", CHUNK); \
-            dump = dump + `FAST_PER_CHUNK(W); \
-        end \
-        while (dump < (COUNT)) begin \
-            $fwrite(fd, "%u", ARRAY[dump]); \
-            dump = dump + 1; \
-        end \
+        `FAST_WRITE(ARRAY, COUNT, W) \
         $fclose(fd); \
     end
 
-// Seeded random pauses: ``pause`` is high with probability threshold / 65536 per step.
 module fast_pauses #(parameter [31:0] SALT = 0) (
     input clk, input rst, input step, input [31:0] seed, input [15:0] threshold,
     output pause
@@ -144,9 +138,8 @@ module fast_sink #(
     output reg [63:0] count = 64'd0
 );
     reg [W-1:0] log [0:DEPTH-1];
-    reg [`FAST_CHUNK(W)-1:0] log_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump, piece;
+    reg [63:0] dump;
     integer fd;
     wire pause;
     fast_pauses #(SALT) pauses(clk, rst, step, seed, threshold, pause);
@@ -163,7 +156,7 @@ module fast_sink #(
         end
     final begin
         $display("FASTSIM %0s.count=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
-        if (count <= DEPTH) `FAST_DUMP("_out", log, count, W, log_chunk)
+        if (count <= DEPTH) `FAST_DUMP("_out", log, count, W)
     end
 endmodule
 
@@ -188,9 +181,8 @@ module fast_memory_writer #(
     reg [63:0] max_writes = 64'd0, rewrites = 64'd0, first_rewrite = 64'd0;
     reg [63:0] first_rewrite_time = 64'd0, written = 64'd0, most = 64'd0;
     reg [7:0] taken;
-    reg [`FAST_CHUNK(ELEM_W)-1:0] memory_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump, piece;
+    reg [63:0] dump;
     integer lane, fd;
     fast_sink #(.NAME(NAME), .W(W), .DEPTH(DEPTH), .SALT(SALT)) log(
         clk, rst, step, seed, threshold, valid, ready, payload, count);
@@ -232,7 +224,7 @@ module fast_memory_writer #(
                  NAME, out_of_bounds, NAME, written, NAME, most);
         $display("FASTSIM %0s.max_writes=%0d %0s.rewrites=%0d %0s.first_rewrite=%0d %0s.first_rewrite_time=%0d",
                  NAME, max_writes, NAME, rewrites, NAME, first_rewrite, NAME, first_rewrite_time);
-        if (IMAGE) `FAST_DUMP("_memory", memory, size, ELEM_W, memory_chunk)
+        if (IMAGE) `FAST_DUMP("_memory", memory, size, ELEM_W)
     end
 endmodule
 
@@ -265,10 +257,8 @@ module fast_memory_reader #(
     reg [LANES-1:0] enable;
     reg [LANES*ELEM_W-1:0] word;
     reg [RESP_W-1:0] response;
-    reg [`FAST_CHUNK(64)-1:0] addr_chunk;
-    reg [`FAST_CHUNK(LANES)-1:0] enable_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump, piece;
+    reg [63:0] dump;
     reg v;
     integer lane, fd;
     wire request_pause, response_pause;
@@ -330,8 +320,8 @@ module fast_memory_reader #(
         $display("FASTSIM %0s.requests=%0d %0s.log_depth=%0d %0s.out_of_bounds=%0d %0s.queue_overflow=%0d %0s.pending=%0d",
                  NAME, n, NAME, LOG_DEPTH, NAME, out_of_bounds, NAME, overflow, NAME, tail - head);
         if (n <= LOG_DEPTH) begin
-            `FAST_DUMP("_addr", log_addr, n, 64, addr_chunk)
-            `FAST_DUMP("_enable", log_enable, n, LANES, enable_chunk)
+            `FAST_DUMP("_addr", log_addr, n, 64)
+            `FAST_DUMP("_enable", log_enable, n, LANES)
         end
     end
 endmodule
@@ -345,9 +335,8 @@ module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEP
     reg [63:0] count = 64'd0;
     reg [63:0] log_cycle [0:DEPTH-1];
     reg [63:0] log_value [0:DEPTH-1];
-    reg [`FAST_CHUNK(64)-1:0] log_chunk;
     reg [8*1024-1:0] file;
-    reg [63:0] dump, piece;
+    reg [63:0] dump;
     integer fd;
     always @(posedge clk)
         if (rst) begin
@@ -364,8 +353,8 @@ module fast_monitor #(parameter NAME = "monitor", parameter W = 1, parameter DEP
     final begin
         $display("FASTSIM %0s.changes=%0d %0s.depth=%0d", NAME, count, NAME, DEPTH);
         if (count <= DEPTH) begin
-            `FAST_DUMP("_cycle", log_cycle, count, 64, log_chunk)
-            `FAST_DUMP("_value", log_value, count, 64, log_chunk)
+            `FAST_DUMP("_cycle", log_cycle, count, 64)
+            `FAST_DUMP("_value", log_value, count, 64)
         end
     end
 endmodule

@@ -210,15 +210,20 @@ def _put_bytes(words, offset, raw):
 
 
 def _get_bytes(words, offset, count):
-    """``count`` bytes of ``[n, bytes]`` words from bit ``offset`` (``[n, count]`` uint8)."""
+    """``count`` bytes of ``[n, bytes]`` words from bit ``offset`` (``[n, count]`` uint8).
+    Off a byte boundary, each byte is the low byte of the 16 bits from its first byte on
+    shifted down (a strided 16-bit view: the field's bits end in the byte after the last, which
+    is in the word)."""
     first, shift = offset // 8, offset % 8
     if not shift:
         return np.ascontiguousarray(words[:, first:first + count])
-    low = words[:, first:first + count].astype(np.uint16) >> shift
-    high = np.zeros_like(low)
-    tail = words[:, first + 1:first + 1 + count]     # the byte after the last may not exist
-    high[:, :tail.shape[1]] = tail.astype(np.uint16) << (8 - shift)
-    return (low | high).astype(np.uint8)
+    if first + count >= words.shape[1]:
+        raise ValueError(f"a field of {count} bytes at bit {offset} is past a word of "
+                         f"{words.shape[1]} bytes")
+    words = np.ascontiguousarray(words)
+    pairs = np.ndarray((len(words), count), dtype="<u2", buffer=words, offset=first,
+                       strides=(words.strides[0], 1))
+    return (pairs >> shift).astype(np.uint8)
 
 
 def _byte_span(bit, width):
@@ -586,6 +591,14 @@ def _actors_path():
     return _sim_dir() / "fast_actors.v"
 
 
+def _io_header():
+    """sim/fast_io.h, the Verilator model's bulk loads and dumps (the actors call it with
+    $c), included into every compile of the model by its absolute path: one path per
+    installation, so Verilator's runtime objects stay cached across designs."""
+    from .simulate import _sim_dir
+    return _sim_dir() / "fast_io.h"
+
+
 def _trace_kind(trace):
     """``None``, "fst" or "vcd", from the waveform file's name (FST unless it ends in .vcd)."""
     if trace is None:
@@ -599,6 +612,7 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     None, "fst" or "vcd", the waveform the build can write."""
     from .simulate import _one_compile, _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
+    header = _io_header()
     opt = _verilator_opt() if sim == "fast" else ""
     # The per-cycle code at -O2 (Verilator's own -Os runs slower; -O3 is no faster), and
     # Verilator's runtime (the $fread, $fwrite and start-up code, compiled once: objcache.py)
@@ -607,8 +621,8 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     make_args, make_env = _one_compile("../main")    # (make runs in obj/, main.cpp beside it)
     levels = ["-CFLAGS", opt, *[flag for arg in make_args for flag in ("-MAKEFLAGS", arg)]] \
         if opt else ["-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2"]
-    digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, _MAIN_CPP, *levels,
-                                     str(trace)]).encode()).hexdigest()[:16]
+    digest = hashlib.sha1("\0".join([verilog_text, tb_text, actors, header.read_text(),
+                                     _MAIN_CPP, *levels, str(trace)]).encode()).hexdigest()[:16]
     build_dir = build_root() / f"{top}-{sim}-{digest}{opt}{f'-{trace}' if trace else ''}"
     build_dir.parent.mkdir(parents=True, exist_ok=True)
     if sim == "fast":
@@ -640,6 +654,7 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
                         "-o", "fast_tb", *define,
                         *({"fst": ["--trace-fst"], "vcd": ["--trace"]}.get(trace, [])),
                         *levels, *(["-CFLAGS", "-DFAST_TRACE"] if trace else []),
+                        "-CFLAGS", f"-include {header}",
                         *[str(path) for path in sources], "main.cpp"]
             else:
                 args = ["iverilog", "-g2012", "-s", "fast_tb_icarus", "-o", str(binary),
