@@ -1,5 +1,5 @@
 // The fast path's bulk file transfers under Verilator, called from sim/fast_actors.v with $c
-// (included into every compile of the model: -CFLAGS -include, moe_hw/flows/fastsim.py).
+// (included into the model's header by the testbench moe_hw/flows/fastsim.py generates).
 //
 // $fread and $fwrite "%u" move a word at a time: Verilator's $fread takes one locked fgetc
 // per byte, its $fwrite builds a string a byte at a time for every call. At the seed scales
