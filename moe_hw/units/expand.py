@@ -91,12 +91,15 @@ s_d t_d`` for every dim d that carries; the carries ``c_d = (y_d >= u_d) | ((y_d
 compares, the carries, the offset's adder tree, the add of the pair's address
 (:attr:`StrideAddressParams.address_latency` cycles from the take in all).
 
-The buffer: ``lanes`` copies, one per output lane, each a
-:class:`~moe_hw.blocks.banked_memory.BankedMemory` of ``ceil(max_input / lanes)`` rows of
-``lanes`` elements. A load beat writes one row of every copy (so the load takes one cycle per
-input beat); lane l reads the row of its address from its own copy and keeps the element at
-the address's low bits. Memory: ``lanes * ceil(max_input / lanes) * lanes`` elements, that
-is ``lanes`` times the input (lanes 16, fp32, max_input 256: 128 Kbit of LUT RAM).
+The buffer: ``lanes`` copies, one per output lane, each ``ceil(max_input / lanes)`` rows of
+``lanes`` elements in LUT RAM (two memories of half a row). A load beat writes one row of
+every copy (so the load takes one cycle per input beat; the write's row and enable reach the
+copies through a tree of register copies, one per lane at its end); lane l reads the row of
+its address from its own copy into registers and keeps the element at the address's low bits,
+in two registered steps (the element of each group of four, then the group's). Memory:
+``lanes * ceil(max_input / lanes) * lanes`` elements, that is ``lanes`` times the input (lanes
+16, fp32, max_input 256: 128 Kbit of LUT RAM). (Past 16 rows, a LUT RAM cell's depth, the
+row's read is also Yosys's multiplexer of the cells' outputs.)
 
 A run takes the plan, then the input, then streams the output.
 
@@ -117,8 +120,8 @@ Cycles (stall-free, from the start cycle to the first cycle ``done`` is high):
 :meth:`ExpandParams.cycles` = ``max_rank + 2*lanes + max(1, ceil(n_in / lanes)) + ceil(n_out
 / lanes) +`` :attr:`ExpandParams.overhead`, the plan beats, the load beats (a cycle with no
 input: the last lane loads its plan beat), the output beats, and a
-fixed overhead (run control, the lane addresses, the memory read, the lane select, the output
-queue, done);
+fixed overhead (run control, the lane addresses, the buffer's read and the lane's choice of
+its element, the output queue, done);
 an empty run takes :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs only the
 cycles it lasts.
 
@@ -139,12 +142,11 @@ With ``parts`` = P > 1 the parts run at once, each on its own streams:
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
-from amaranth.lib import data, stream, wiring
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..blocks.banked_memory import BankedMemory
 from ..blocks.row_reader import last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
@@ -162,6 +164,13 @@ PARTS = (1, 2, 4, 8)
 
 #: Where the input is read from (:attr:`ExpandParams.memory`).
 MEMORIES = ("onchip", "external")
+
+#: On-chip path: the memories of a lane's copy of the buffer, each half of a row (a copy of
+#: the lane's read address per memory, so that no address flop reaches a whole row's cells).
+ONCHIP_HALVES = 2
+#: On-chip path: cycles from a lane's address to its element (:meth:`ExpandUnit.read_copies`):
+#: the address copies, the row's register, the group's element, the lane's element.
+ONCHIP_READ_LATENCY = 4
 
 #: External path: registered levels after the address tree that find a beat's groups (the
 #: lanes' address differences, then the group-start flags).
@@ -271,8 +280,8 @@ class ExpandParams(StrideAddressParams, UnitParams):
     @property
     def read_latency(self):
         """Cycles from a beat's take to its elements at the queue: the lane addresses, the
-        buffer read, the lane select."""
-        return self.address_latency + BankedMemory.read_latency(self.rows) + 1
+        buffer's read and the lane's choice of its element (:data:`ONCHIP_READ_LATENCY`)."""
+        return self.address_latency + ONCHIP_READ_LATENCY
 
     @property
     def overhead(self):
@@ -778,7 +787,7 @@ class ExpandUnit(wiring.Component):
 
     def load(self, m, ctl, running, plan_open, beat_loads):
         """The on-chip path's load: every input beat is one row of every lane's copy of the
-        buffer (:attr:`copies`). Returns ``(ready_to_generate, load_open)``: the flag that
+        buffer (:meth:`buffer`). Returns ``(ready_to_generate, load_open)``: the flag that
         starts the output (the last input beat, or a cycle after the last plan beat when there
         is no input) and the register that is high while an input beat is still to come."""
         p = self.params
@@ -793,41 +802,94 @@ class ExpandUnit(wiring.Component):
                 load_left.eq((self.input_elements + (lanes - 1)) >> ceil_log2(lanes)),
                 load_open.eq(self.input_elements != 0),
             ]
-        self.copies = []
-        for lane in range(lanes):
-            copy = BankedMemory(data.ArrayLayout(p.element_width, lanes), p.rows)
-            m.submodules[f"copy{lane}"] = copy
-            self.copies.append(copy)
         loading = running & ~plan_open & load_open
         load_take = self.input_data.valid & loading
         m.d.comb += self.input_data.ready.eq(loading)
-        for copy in self.copies:
-            m.d.comb += [copy.write_addr.eq(load_row),
-                         copy.write_data.eq(self.input_data.payload.data),
-                         copy.write_en.eq(load_take)]
+        self.buffer(m, load_row, load_take, self.input_data.payload.data)
         with m.If(load_take):
             m.d.sync += [load_row.eq(load_row + 1), load_left.eq(load_left - 1)]
             with m.If(load_left == 1):
                 m.d.sync += load_open.eq(0)
         return (load_take & (load_left == 1)) | (beat_loads[-1] & ~load_open), load_open
 
-    def read_copies(self, m, pipe, addrs):
-        """The on-chip path's read: lane l reads the row of its address from its own copy and
-        keeps the element at the address's low bits."""
+    def buffer(self, m, row, write, row_data):
+        """The on-chip buffer: per lane, :data:`ONCHIP_HALVES` LUT-RAM memories of ``rows``
+        words, each word half a row. In a cycle ``write`` is high, ``row_data`` goes into row
+        ``row`` of every lane's copy through two registers (the row and the enable a copy per
+        group of up to four lanes, then one per lane, so that no flop reaches the cells of
+        more than one lane; the data one register, then a copy per half of the lanes) and is
+        written at the edge after them. Sets ``self.halves``, ``halves[lane]`` the lane's
+        memories."""
         p = self.params
-        lanes_log2 = ceil_log2(p.lanes)
-        for lane, (addr, copy) in enumerate(zip(addrs, self.copies)):
-            m.d.comb += [copy.read_addr.eq(addr >> lanes_log2), copy.read_en.eq(1)]
+        lanes = p.lanes
+        halves = min(lanes, ONCHIP_HALVES)
+        # The write's row and enable: a copy per group of up to four lanes, then one per lane
+        # (replicated: kept apart, where Yosys would merge copies loading the same value and
+        # leave one flop driving the write port of every cell of every copy).
+        groups = min(lanes, 4)
+        group_writes = replicated(m, Cat(row, write), name="buffer_write_group", copies=groups)
+        lane_writes = []
+        for group, value in enumerate(group_writes):
+            members = sum(1 for lane in range(lanes) if lane * groups // lanes == group)
+            lane_writes += replicated(m, value, name=f"buffer_write{group}", copies=members)
+        # The row's data: a register, then a copy per half of the lanes.
+        held = Signal(len(Value.cast(row_data)), name="buffer_data", reset_less=True)
+        m.d.sync += held.eq(row_data)
+        data_copies = replicated(m, held, name="buffer_data_copy", copies=halves)
+        half_width = p.element_width * (lanes // halves)
+        self.halves = []
+        for lane, value in enumerate(lane_writes):
+            lane_data = data_copies[lane * halves // lanes]
+            memories = []
+            for half in range(halves):
+                mem = memory.Memory(shape=data.ArrayLayout(p.element_width, lanes // halves),
+                                    depth=p.rows, init=[], attrs={"ram_style": "distributed"})
+                m.submodules[f"lane{lane}_buffer{half}"] = mem
+                port = mem.write_port()
+                m.d.comb += [port.addr.eq(value[:len(row)]), port.en.eq(value[len(row)]),
+                             port.data.eq(lane_data[half * half_width:(half + 1) * half_width])]
+                memories.append(mem)
+            self.halves.append(memories)
+
+    def read_copies(self, m, pipe, addrs):
+        """The on-chip path's read (:data:`ONCHIP_READ_LATENCY` registered stages): lane l
+        copies its address (a copy per half of its row), reads the row of it from its own
+        copy of the buffer into registers, keeps the element at the address's low bits of
+        each group of up to four (the column's low bits), then the group's (its high
+        bits). Each stage is a LUT level or two: the row's register sits in the LUT RAM's
+        slices, and the 16-to-1 choice of a 16-lane row is two registered 4-to-1 steps."""
+        p = self.params
+        lanes = p.lanes
+        lanes_log2 = ceil_log2(lanes)
+        low_bits = (lanes_log2 + 1) // 2         # the column bits of stage 3, the rest in 4
+        group_size = 1 << low_bits
+        for lane, (addr, memories) in enumerate(zip(addrs, self.halves)):
+            # Stage 1: the address, a copy per half (each reaches half the row's cells).
+            copies = replicated(m, addr, name=f"lane{lane}_addr_copy", copies=len(memories))
+            # The group's place in the row, for stage 4.
+            group_col = delay(m, addr[low_bits:lanes_log2], 3, 1, name=f"lane{lane}_group_col",
+                              reset_less=True)
+            # Stage 2: the row (the read ports' registers), and beside each half the column's
+            # low bits (from the half's own address copy: each flop selects in half the row).
+            row, low_cols = [], []
+            for half, (copy, mem) in enumerate(zip(copies, memories)):
+                port = mem.read_port(domain="sync")
+                m.d.comb += port.addr.eq(copy >> lanes_log2)
+                row += [port.data[i] for i in range(len(port.data))]
+                low_cols.append(delay(m, copy[:low_bits], 1, 1, name=f"lane{lane}_col{half}",
+                                      reset_less=True))
+            # Stage 3: each group's element at the column's low bits.
+            picks = []
+            for first in range(0, lanes, group_size):
+                pick = Signal(p.element_width, name=f"lane{lane}_pick{first // group_size}",
+                              reset_less=True)
+                group = Cat(*row[first:first + group_size])
+                col = low_cols[first * len(memories) // lanes]
+                m.d.sync += pick.eq(group.word_select(col, p.element_width))
+                picks.append(pick)
+            # Stage 4: the group's element.
             element = Signal(p.element_width, name=f"lane{lane}_element", reset_less=True)
-            if lanes_log2:
-                col = addr[:lanes_log2]
-                for stage in range(copy.latency):
-                    reg = Signal(lanes_log2, name=f"lane{lane}_col{stage}", reset_less=True)
-                    m.d.sync += reg.eq(col)
-                    col = reg
-                m.d.sync += element.eq(copy.read_data[col])
-            else:
-                m.d.sync += element.eq(copy.read_data[0])
+            m.d.sync += element.eq(Cat(*picks).word_select(group_col, p.element_width))
             m.d.comb += pipe.payload.data[lane].eq(element)
 
     def external_reads(self, m, beats, addrs):
