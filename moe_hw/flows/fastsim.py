@@ -223,7 +223,7 @@ def _get_bytes(words, offset, count):
     words = np.ascontiguousarray(words)
     pairs = np.ndarray((len(words), count), dtype="<u2", buffer=words, offset=first,
                        strides=(words.strides[0], 1))
-    return (pairs >> shift).astype(np.uint8)
+    return np.ascontiguousarray(pairs >> shift, dtype=np.uint8)
 
 
 def _byte_span(bit, width):
@@ -287,8 +287,8 @@ def pack_words(desc, values, port):
         columns = _columns(offset, width, count)
         dtype = _whole_bytes(width)
         if dtype is not None:
-            _put_bytes(words, offset, values.astype(dtype).view(np.uint8).reshape(
-                n, len(columns) * dtype.itemsize))
+            _put_bytes(words, offset, np.ascontiguousarray(values, dtype=dtype)
+                       .view(np.uint8).reshape(n, len(columns) * dtype.itemsize))
             continue
         for e, (bit, w) in enumerate(columns):
             _put_bits(words, bit, w, values[:, e])
