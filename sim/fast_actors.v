@@ -9,8 +9,8 @@
 // one xorshift32 per port (seed and threshold are run-time inputs), not from Python's
 // generator, so stalled runs differ from the cocotb path's stalled runs in timing only.
 //
-// Inputs are read with $fread (binary words: several times faster to load than hex text);
-// logs are written raw ($fwrite "%u", FAST_DUMP). Run-time files and counts come from plusargs named after
+// Inputs are read as binary words (FAST_LOAD: several times faster to load than hex text);
+// logs are written raw (FAST_DUMP). Run-time files and counts come from plusargs named after
 // the actor (NAME):
 //   +NAME=FILE +NAME_count=N     a source's words ($fread: each word big-endian, in whole
 //                                bytes)

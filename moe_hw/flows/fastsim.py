@@ -10,8 +10,11 @@ generated around the unit's emitted Verilog runs the problem to ``done`` on its 
   ``sim/harness.py``, so that a stall-free run takes exactly the cocotb path's cycle count;
   their seeded random pauses come from one xorshift32 per port (seed and probability are
   plusargs);
-* they load their words with ``$fread`` (binary) before the clock starts and dump their logs
-  raw (``$fwrite "%u"``) at the end, so the host reads the results back in bulk;
+* they load their words from binary files before the clock starts and dump their logs raw at
+  the end, so the host reads the results back in bulk: with ``$fread`` and ``$fwrite "%u"``
+  in Icarus, and in the Verilator model with one ``fread`` and a buffered ``fwrite`` per
+  array (``sim/fast_io.h``, called with ``$c``: the same bytes, without Verilator's byte at a
+  time ``$fread`` and per-call string building, most of a seed-scale run before);
 * the scoreboard's checks the cocotb benches make per beat become counters and flags (beats
   offered and taken, beats after ``done``, lanes out of bounds, writes per element past the
   unit's limit, a response queue overflow, a cycle limit that reports a hang), and the unit's
