@@ -71,6 +71,7 @@
         $fclose(fd); \
     end
 
+// Seeded random pauses: ``pause`` is high with probability threshold / 65536 per step.
 module fast_pauses #(parameter [31:0] SALT = 0) (
     input clk, input rst, input step, input [31:0] seed, input [15:0] threshold,
     output pause

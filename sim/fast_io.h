@@ -16,7 +16,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <type_traits>
 #include <vector>
 
 #include "verilated.h"

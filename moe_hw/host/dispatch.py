@@ -55,7 +55,7 @@ def expected_writes(gates, indices, locations, input, *, num_experts, capacity, 
     hidden = input.shape[1]
     beats = -(-hidden // lanes)
     rows = slot_rows(indices, locations, num_experts, capacity)
-    k, i = np.nonzero(rows >= 0) if hidden > 0 else (np.zeros(0, int), np.zeros(0, int))
+    k, i = np.nonzero(rows >= 0)
     # Each valid pair's row of products, as golden.dispatch_forward forms it, padded with
     # +0.0 (bits 0) to whole beats.
     products = np.zeros((len(k), beats * lanes), dtype=input.dtype)
