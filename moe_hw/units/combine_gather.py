@@ -314,8 +314,10 @@ class CombineGatherUnit(wiring.Component):
                                                  init=[])
         ring_w = ring.write_port()
         ring_r = ring.read_port()
-        headers_in = Signal.like(self.tokens)    # headers taken so far
-        win_tok = Signal.like(self.tokens)       # token of the current window's first item
+        # The tokens' counters are read only as ring addresses, so they count modulo the
+        # ring's depth (its address's width): short carry chains.
+        headers_in = Signal(ring_bits)           # headers taken so far
+        win_tok = Signal(ring_bits)              # token of the current window's first item
         # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
         # token on (headers_in - cur_tok) are counters of their own, and the header stream's
         # ready is a register: the run is on, headers are still to come, and the ring has
@@ -337,7 +339,7 @@ class CombineGatherUnit(wiring.Component):
         m.d.sync += all_in.eq(all_in_next)
         m.d.comb += [
             self.header.ready.eq(header_open),
-            ring_w.addr.eq(headers_in[:ring_bits]),
+            ring_w.addr.eq(headers_in),
             ring_w.data.eq(self.header.payload),
             ring_w.en.eq(header_take),
         ]
@@ -367,6 +369,9 @@ class CombineGatherUnit(wiring.Component):
         next_len = Signal(range(window + 1))     # the next window's items, min(after, window)
 
         follow_len = Signal(range(window + 1))   # the length of the window after the next
+        # its copy for the ``over_less`` sums (reset value all ones, so that Yosys keeps it
+        # apart: no one net reaches all four of a switch's carry chains)
+        follow_len_less = Signal(len(follow_len), init=-1 % (1 << len(follow_len)))
 
         def window_follows(less, less2, less3, over2, over3, over4):
             """The sizes kept for the window after the current one, from ``less``, ``less2``
@@ -380,6 +385,7 @@ class CombineGatherUnit(wiring.Component):
             (and less one) is chosen among registers too, as the next ``len_over`` (and
             ``len_over_less``)."""
             short = less[-1]                     # the window after the current is the last
+            follow_len_next = Mux(less2[-1], 0, Mux(less3[-1], less2[:len(follow_len)], window))
             new_after = Mux(short, 0, less)
             # (the ``over`` pairs are read only while the window they size is not past the
             # last, so they need not follow ``short``)
@@ -388,8 +394,7 @@ class CombineGatherUnit(wiring.Component):
                     after_less3.eq(Mux(short, -3 * window, less3 - window)),
                     last_window.eq(short | (less == 0)),
                     next_len.eq(Mux(short | less2[-1], new_after[:len(next_len)], window)),
-                    follow_len.eq(Mux(less2[-1], 0,
-                                      Mux(less3[-1], less2[:len(follow_len)], window))),
+                    follow_len.eq(follow_len_next), follow_len_less.eq(follow_len_next),
                     follow_over.eq(Mux(less2[-1], no_len_over,
                                        Mux(less3[-1], over2[0], full_len_over))),
                     follow_over_less.eq(Mux(less2[-1], no_len_over_less,
@@ -400,7 +405,7 @@ class CombineGatherUnit(wiring.Component):
         pass_k = Signal(range(p.max_top_k))
         last_pass = Signal()                     # pass_k == k_last
         pass_left = Signal(range(window + 1))    # items of this pass still to schedule
-        cur_tok = Signal.like(self.tokens)
+        cur_tok = Signal(ring_bits)
         cur_beat = Signal.like(beats)
         to_end = Signal.like(beats)              # beats - cur_beat
         # The segment's two compares are the signs of two registers, pass_left - to_end and
@@ -472,10 +477,12 @@ class CombineGatherUnit(wiring.Component):
         next_over = Mux(tail, len_over, over_len)
         next_over_less = Mux(tail, len_over_less, over_less_len)
 
-        # (a switch makes ``follow_len`` the next window's length; one carry chain each, after
-        # the choice of the next over)
-        next_over_len = next_over + follow_len
-        next_over_less_len = next_over_less + follow_len
+        # (a switch makes ``follow_len`` the next window's length: both candidates' sums are
+        # carry chains from registers, and ``tail``, a register bit of wide fan-out, chooses
+        # after them, in the registers' own choice, not before the chains)
+        next_over_len = Mux(tail, len_over + follow_len, over_len + follow_len)
+        next_over_less_len = Mux(tail, len_over_less + follow_len_less,
+                                 over_less_len + follow_len_less)
 
         # The command pipeline never stalls: a segment is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
@@ -558,7 +565,7 @@ class CombineGatherUnit(wiring.Component):
         ]
 
         # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
-        m.d.comb += [ring_r.addr.eq(cur_tok[:ring_bits]), ring_r.en.eq(1)]
+        m.d.comb += [ring_r.addr.eq(cur_tok), ring_r.en.eq(1)]
         side = {"pass_k": pass_k, "beat": cur_beat, "count": count, "tail": tail,
                 "end_pass": end_pass, "first": pass_k == 0, "final": last_pass}
         s1 = {name: delay(m, value, 1, 1, name=f"{name}_s1") for name, value in side.items()}
