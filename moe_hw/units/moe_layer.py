@@ -656,15 +656,28 @@ class MoELayer(wiring.Component):
                 shape=p.expert_params_layout(), depth=p.max_experts, init=[])
             expert_w = expert_mem.write_port()
             expert_r = expert_mem.read_port(domain="comb")
-            params_open = running & affine & (params_in != num_experts)
+            # Open while the run is on, the experts are affine and parameters are still to
+            # come (``running & affine & (params_in != num_experts)``), as a register: set as
+            # the run begins (``running`` rises with it), cleared at the last beat. The
+            # memory's write enable is then one gate of the stream's valid and this flop (the
+            # run flag and the count's compare in front of it were the layer's critical path:
+            # 4 LUTs into the LUT RAM's write enables, 157.5 MHz).
+            params_open = Signal()
+            params_left = Signal(range(p.max_experts + 1))
+            params_take = self.expert_params.valid & params_open
             m.d.comb += [
                 self.expert_params.ready.eq(params_open),
                 expert_w.addr.eq(params_in),
                 expert_w.data.eq(self.expert_params.payload),
-                expert_w.en.eq(self.expert_params.valid & params_open),
+                expert_w.en.eq(params_take),
             ]
-            with m.If(self.expert_params.valid & params_open):
-                m.d.sync += params_in.eq(params_in + 1)
+            with m.If(params_take):
+                m.d.sync += [params_in.eq(params_in + 1), params_left.eq(params_left - 1)]
+                with m.If(params_left == 1):
+                    m.d.sync += params_open.eq(0)
+            with m.If(ctl.begin):
+                m.d.sync += [params_left.eq(num_experts),
+                             params_open.eq(affine & (num_experts != 0))]
 
         # ---- dispatch: headers from the pair memory as soon as they are written -------------
         d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency)
