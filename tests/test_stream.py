@@ -17,7 +17,7 @@ from amaranth.sim import Simulator
 from moe_hw.flows.simulate import _build, _design, _verilator_opt, simulate
 from moe_hw.stream import CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay
 from moe_hw.stream.skid import alternate_groups
-from moe_hw.stream.pipeline import replicated
+from moe_hw.stream.pipeline import RegisterCopies, replicated
 from moe_hw.stream.credit import ring_groups
 
 from conftest import STALLS, run_pysim, simulator_params
@@ -150,6 +150,59 @@ def test_replicated_apart_is_not_merged():
         netlist = yosys.run(["-q", "-"], script, ignore_warnings=True)
         counts[apart] = len(re.findall(r"^\s*cell \$\w*dff\w* ", netlist, re.MULTILINE))
     assert counts == {False: 1, True: 2}, counts
+
+
+def _copies_design():
+    """A 3-bit register set and stepped in two places, and three copies taking its loads."""
+    m = Module()
+    start = Signal()
+    step = Signal()
+    count = Signal(3)
+    copies = RegisterCopies(3, name="count_copy")
+    with m.If(start):
+        m.d.sync += [count.eq(5), *copies.eq(5)]
+    with m.Elif(step):
+        m.d.sync += [count.eq(count + 1), *copies.eq(count + 1)]
+    outs = [Signal(3, name=f"out{k}") for k in range(3)]
+    m.d.comb += [out.eq(value) for out, value in zip(outs, copies.values)]
+    return m, start, step, count, outs
+
+
+def test_register_copies_follow():
+    """Every copy reads the register's value once loaded (copy 3, the first, from reset)."""
+    m, start, step, count, outs = _copies_design()
+    m.domains.sync = ClockDomain()
+    seen = []
+
+    async def bench(ctx):
+        seen.append([ctx.get(out) for out in outs])
+        for cycle in range(12):
+            ctx.set(start, cycle == 1)
+            ctx.set(step, cycle % 3 != 0)
+            await ctx.tick()
+            seen.append([ctx.get(count)] + [ctx.get(out) for out in outs])
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen[0] == [0, 7, 7]                 # copy 3 reads 0 from reset, the others ones
+    assert all(row[1:] == [row[0]] * 3 for row in seen[2:]), seen
+    assert len({row[0] for row in seen[2:]}) > 3
+
+
+def test_register_copies_are_kept():
+    """Yosys keeps the register and its three copies apart (4 x 3 flip-flop bits)."""
+    yosys = find_yosys(lambda version: True)
+    m, start, step, count, outs = _copies_design()
+    text = rtlil.convert(m, ports=[start, step, count, *outs])
+    script = f"read_rtlil <<rtlil\n{text}\nrtlil\nproc\nopt\nopt_clean\nwrite_rtlil"
+    netlist = yosys.run(["-q", "-"], script, ignore_warnings=True)
+    widths = [int(w) for w in re.findall(r"parameter \\WIDTH (\d+)\n(?:(?!\n\s*end\n).)*?"
+                                         r"connect \\Q", netlist, re.DOTALL)]
+    assert sum(widths) == 12, netlist
+    with pytest.raises(ValueError, match="copies must be 1 to 3, not 4"):
+        RegisterCopies(1, name="x", copies=4)
 
 
 def test_skid_buffer_reset_held():

@@ -55,13 +55,13 @@ and the done register) from the start cycle to the cycle ``done`` is first seen,
 beat being taken as soon as it is offered.
 """
 
-from amaranth.hdl import Const, Module, Mux, Shape, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..arith.fadd import FloatAdderCore
 from ..params import check_int
-from ..stream import CreditPipeline, delay
+from ..stream import CreditPipeline, RegisterCopies, delay
 from .run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 
 __all__ = ["Scan", "scan_cycles", "scan_groups", "CountingStep", "PrefixSumStep",
@@ -76,6 +76,9 @@ GROUP_SETUP = 2
 PENDING_LATENCY = 3
 #: The register in front of the step's inputs: a scan's loop latency is the step's plus this.
 INPUT_LATENCY = 1
+#: The carry store is split into memories of about this many bits (two at most), each read
+#: at a copy of the slot of its own.
+CARRY_GROUP_BITS = 48
 
 
 def scan_groups(max_interleave, sequences):
@@ -182,6 +185,14 @@ class Scan(wiring.Component):
         group = Signal(range(interleave + 1))              # n
         period = Signal(range(max(interleave, latency + 1) + 1))
         slot = Signal(range(max(interleave, latency + 1)))
+        # Copies of the slot, one per half of the carry store's bits (each half a memory of
+        # its own), for its read address alone: the slot's own net then does not reach every
+        # LUT RAM cell of a wide carry. Not inverted copies (those put a LUT in front of the
+        # RAM's address pins): copy 0 is the slot's register itself (Yosys merges the two).
+        carry_width = Shape.cast(self.carry_shape).width
+        store_groups = min(2, -(-carry_width // CARRY_GROUP_BITS))
+        slot_copies = RegisterCopies(len(slot), name="slot_copy", copies=store_groups,
+                                     apart=False)
         round_ = Signal(range(self.max_length))            # t
         first_round = Signal()                             # t == 0
         last_round = Signal()                              # t == T - 1
@@ -252,12 +263,14 @@ class Scan(wiring.Component):
                     with m.Else():
                         m.d.sync += waiting.eq(1)
                 with m.Elif(last_slot):
-                    m.d.sync += [slot.eq(0), issuing.eq(1), last_issue.eq(group == 1),
+                    m.d.sync += [slot.eq(0), *slot_copies.eq(0),
+                                 issuing.eq(1), last_issue.eq(group == 1),
                                  last_slot.eq(period == 1),
                                  round_.eq(round_ + 1), first_round.eq(0),
                                  last_round.eq(round_ == length_m2)]
                 with m.Else():
-                    m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot == period_m2),
+                    m.d.sync += [slot.eq(slot + 1), *slot_copies.eq(slot + 1),
+                                 last_slot.eq(slot == period_m2),
                                  last_issue.eq(slot == group_m2)]
                     with m.If(last_issue):
                         m.d.sync += issuing.eq(0)
@@ -268,7 +281,7 @@ class Scan(wiring.Component):
                 m.d.sync += [group.eq(pending_group), period.eq(pending_period),
                              final_group.eq(pending_final), left.eq(left - pending_group),
                              pending_ready.eq(0), compute.eq(1), waiting.eq(0), rounds.eq(1),
-                             slot.eq(0), round_.eq(0), first_round.eq(1),
+                             slot.eq(0), *slot_copies.eq(0), round_.eq(0), first_round.eq(1),
                              last_round.eq(length == 1), issuing.eq(1),
                              last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1),
                              group_m2.eq(pending_group - 2), period_m2.eq(pending_period - 2)]
@@ -279,21 +292,26 @@ class Scan(wiring.Component):
             schedule(False)
 
         # ---- the carry store and the step -----------------------------------------------------
-        carry_width = Shape.cast(self.carry_shape).width
-        store = m.submodules.carry_store = memory.Memory(
-            shape=carry_width, depth=max(interleave, 2), init=[])
-        write = store.write_port()
-        read = store.read_port(domain="comb")
         arrives = delay(m, take, latency, 1, name="arrives")
         slot_out = delay(m, slot, latency, 1, name="slot_out", reset_less=True)
         last_out = delay(m, last_round, latency, 1, name="last_out", reset_less=True)
         carry_in = Signal(carry_width, name="carry_in", reset_less=True)
         x_in = Signal(Shape.cast(self.x_shape).width, name="x_in", reset_less=True)
-        m.d.sync += [carry_in.eq(Mux(first_round, self.init.payload, read.data)),
+        carry_read = []
+        bits = -(-carry_width // store_groups)
+        for index, (address, low) in enumerate(zip(slot_copies.values,
+                                                   range(0, carry_width, bits))):
+            high = min(low + bits, carry_width)
+            store = m.submodules[f"carry_store{index}"] = memory.Memory(
+                shape=high - low, depth=max(interleave, 2), init=[])
+            write = store.write_port()
+            read = store.read_port(domain="comb")
+            m.d.comb += [read.addr.eq(address), write.addr.eq(slot_out), write.en.eq(arrives),
+                         write.data.eq(Value.cast(step.carry_next)[low:high])]
+            carry_read.append(read.data)
+        m.d.sync += [carry_in.eq(Mux(first_round, self.init.payload, Cat(*carry_read))),
                      x_in.eq(self.x.payload)]
         m.d.comb += [
-            read.addr.eq(slot),
-            write.addr.eq(slot_out), write.data.eq(step.carry_next), write.en.eq(arrives),
             step.carry.eq(carry_in),
             step.x.eq(x_in),
             pipe.payload.carry.eq(step.carry_next),

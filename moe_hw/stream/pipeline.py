@@ -12,7 +12,7 @@ from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["PipelineControl", "delay", "replicated"]
+__all__ = ["PipelineControl", "RegisterCopies", "delay", "replicated"]
 
 
 def delay(m, value, latency, en, *, name="delayed", reset_less=False):
@@ -31,35 +31,53 @@ def delay(m, value, latency, en, *, name="delayed", reset_less=False):
     return value
 
 
-def replicated(m, value, *, name, copies=2, en=None, apart=False):
-    """``copies`` (1 to 4) registers that each load ``value`` every cycle (or in the cycles
-    of ``en``, when given): one copy of a
-    broadcast value (a gate every lane multiplies by) for each group of lanes of a wide
-    datapath, so that no single register, and no logic computed from it alone, drives the
-    lanes of every group. Returns the copies' values (``value`` a cycle late, each).
+class RegisterCopies:
+    """``copies`` registers of ``width`` bits that take the same loads (``eq``), one for each
+    group of a wide fan-out: a flag or a counter whose value chooses, enables or addresses
+    the bits of a wide datapath, so that no single register, and no logic computed from it
+    alone, drives every group. ``values`` reads them (one value per copy).
 
     Yosys merges registers with the same input bit by bit (``opt_merge``), and then the
     identical logic behind them, which would undo the copies. The copies therefore differ in
     every bit: copy k has the reset value all ones when k is odd (all zeros when even), and
     copies 2 and 3 hold the inverted value (read back through an inverter that folds into the
-    LUTs after them). A bit has two values and two reset values: four copies at most. The
-    reset value is never used: a copy is read only after a load.
+    LUTs after them). A bit has two values and two reset values: four kinds at most.
+
+    ``apart`` (the default): the copies are also kept apart from the register they copy (a
+    register with reset value 0 taking the same loads, which copy 0 would merge with): they
+    are made from the last kinds, copy 3 first (the inverted value, reset all ones: it reads
+    0 from reset, like that register), at most three. The others read all ones from reset,
+    so a copy is read only after a load (or where its reset value is not used)."""
+
+    def __init__(self, width, *, name, copies=3, apart=True):
+        if not 1 <= copies <= (3 if apart else 4):
+            raise ValueError(f"copies must be 1 to {3 if apart else 4}, not {copies!r}")
+        self._registers = []
+        self.values = []
+        for copy in (range(3, 3 - copies, -1) if apart else range(copies)):
+            invert = Const((1 << width) - 1 if copy >= 2 else 0, width)   # unsigned
+            reg = Signal(width, name=f"{name}_{copy}", init=-(copy % 2) % (1 << width))
+            self._registers.append((reg, invert))
+            self.values.append(reg ^ invert if copy >= 2 else reg)
+
+    def eq(self, value):
+        """The statements that load every copy with ``value``."""
+        return [reg.eq(value ^ invert) for reg, invert in self._registers]
+
+
+def replicated(m, value, *, name, copies=2, en=None, apart=False):
+    """``copies`` (1 to 4; with ``apart``, 1 to 3) :class:`RegisterCopies` that each load
+    ``value`` every cycle (or in the cycles of ``en``, when given): one copy of a broadcast
+    value (a gate every lane multiplies by) for each group of lanes of a wide datapath.
+    Returns the copies' values (``value`` a cycle late, each). The reset value is never
+    used: a copy is read only after a load.
 
     ``apart``: the copies are also kept apart from the register that ``value`` is the next
-    value of (a register with reset value 0 loading ``value`` every cycle, which copy 0 would
-    merge with): they are made from the last kinds (copy 3 first: the inverted value, reset
-    all ones, so that it reads 0 from reset like that register), at most three."""
-    if not 1 <= copies <= (3 if apart else 4):
-        raise ValueError(f"copies must be 1 to {3 if apart else 4}, not {copies!r}")
-    width = len(value)
-    out = []
-    for copy in (range(3, 3 - copies, -1) if apart else range(copies)):
-        invert = Const((1 << width) - 1 if copy >= 2 else 0, width)   # unsigned: no extension
-        reg = Signal(width, name=f"{name}_{copy}", init=-(copy % 2) % (1 << width))
-        with m.If(1 if en is None else en):
-            m.d.sync += reg.eq(value ^ invert)
-        out.append(reg ^ invert if copy >= 2 else reg)
-    return out
+    value of (a register with reset value 0 loading ``value`` every cycle)."""
+    copy_registers = RegisterCopies(len(value), name=name, copies=copies, apart=apart)
+    with m.If(1 if en is None else en):
+        m.d.sync += copy_registers.eq(value)
+    return copy_registers.values
 
 
 class PipelineControl(wiring.Component):
