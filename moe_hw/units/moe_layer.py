@@ -148,7 +148,7 @@ the cycles it lasts.
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -162,7 +162,7 @@ from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, PipelineControl, SkidBuffer, delay
+from ..stream import CreditPipeline, PipelineControl, RegisterCopies, SkidBuffer, delay
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
 from .locations import LocationsParams, LocationsUnit
@@ -543,17 +543,18 @@ class MoELayer(wiring.Component):
         in_route = Signal()
         in_experts = Signal()
         in_combine = Signal()
-        # Inverted copies of the last two, for the shared ports' payload choices alone (held
-        # inverted, so that Yosys keeps them apart): the phase flags' nets then do not also
-        # reach every payload bit of the ports.
-        not_experts = Signal(init=1)
-        not_combine = Signal(init=1)
+        # Copies of the last two for the shared ports' payload choices alone, one per group
+        # of a port's payload bits, so that no phase flag's net reaches every payload bit of
+        # a port (kept apart from the flags and from each other: ``RegisterCopies``).
+        experts_copies = RegisterCopies(1, name="in_experts_copy")
+        combine_copies = RegisterCopies(1, name="in_combine_copy")
         m.d.comb += self.phase.eq(phase)
 
         def enter(name):
             m.d.sync += [phase.eq(PHASES[name]), in_route.eq(name == "route_dispatch"),
                          in_experts.eq(name == "experts"), in_combine.eq(name == "combine"),
-                         not_experts.eq(name != "experts"), not_combine.eq(name != "combine")]
+                         *experts_copies.eq(name == "experts"),
+                         *combine_copies.eq(name == "combine")]
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = BlockMemory(
@@ -584,9 +585,13 @@ class MoELayer(wiring.Component):
             m.d.comb += [pair_mem.write_data[choice].gate.eq(joined.gate),
                          pair_mem.write_data[choice].index.eq(joined.index),
                          pair_mem.write_data[choice].location.eq(location)]
+        # T - 1 as a register (the held size's, ready before the route phase): the token
+        # counters' wrap compares two registers, with no subtraction in front of it.
+        tokens_last = Signal.like(tokens)
+        m.d.sync += tokens_last.eq(tokens - 1)
         with m.If(loc.location.valid):
             m.d.sync += written.eq(written + 1)
-            with m.If(w_token == tokens - 1):
+            with m.If(w_token == tokens_last):
                 m.d.sync += [w_token.eq(0), w_choice.eq(w_choice + 1)]
             with m.Else():
                 m.d.sync += w_token.eq(w_token + 1)
@@ -687,7 +692,7 @@ class MoELayer(wiring.Component):
         m.d.comb += d_ctl.i_valid.eq(in_route & disp.busy & (d_pairs != written))
         with m.If(d_ctl.i_valid & d_ctl.en):
             m.d.sync += d_pairs.eq(d_pairs + 1)
-            with m.If(d_token == tokens - 1):
+            with m.If(d_token == tokens_last):
                 m.d.sync += [d_token.eq(0), d_choice.eq(d_choice + 1)]
             with m.Else():
                 m.d.sync += d_token.eq(d_token + 1)
@@ -823,15 +828,20 @@ class MoELayer(wiring.Component):
         # port's valid and payload are registers (the choice's select would otherwise fan
         # out to every payload bit on the way out of the unit), and its ready reaches only
         # that skid buffer.
-        def shared_port(name, layout, first, first_on, second, second_on, second_off):
+        def shared_port(name, layout, first, first_on, second, second_on, second_copies):
             # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
-            # while ``second_on`` (never both); ``second_off`` (a register, ~second_on)
-            # chooses the payload.
+            # while ``second_on`` (never both); ``second_copies`` (copies of ``second_on``,
+            # read only once a phase has been entered: in the idle phase neither stream is
+            # on) choose the payload, each copy a group of its bits.
             port = m.submodules[name] = SkidBuffer(layout)
+            width = len(port.i.payload.as_value())
+            group = -(-width // len(second_copies.values))
+            choice = [Mux(copy, second.payload.as_value()[lo:lo + group],
+                          first.payload.as_value()[lo:lo + group])
+                      for copy, lo in zip(second_copies.values, range(0, width, group))]
             m.d.comb += [
                 port.i.valid.eq(Mux(first_on, first.valid, second_on & second.valid)),
-                port.i.payload.eq(Mux(second_off, first.payload.as_value(),
-                                      second.payload.as_value())),
+                port.i.payload.eq(Cat(*choice)),
                 first.ready.eq(first_on & port.i.ready),
                 second.ready.eq(second_on & port.i.ready),
             ]
@@ -839,10 +849,10 @@ class MoELayer(wiring.Component):
 
         # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_out, in_experts, not_experts)
+                                 disp.write, in_route, x_out, in_experts, experts_copies)
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
                                    reader.request, in_experts, comb.read_request, in_combine,
-                                   not_combine)
+                                   combine_copies)
         m.d.comb += [
             reader.response.valid.eq(in_experts & self.read_response.valid),
             comb.read_response.valid.eq(in_combine & self.read_response.valid),
@@ -884,15 +894,29 @@ class MoELayer(wiring.Component):
             comb.capacity.eq(capacity),
             comb.num_experts.eq(num_experts),
         ]
+        # The phase's end and the choice of the next phase read registers alone: every
+        # parameter taken is ``~params_open`` (``params_in == num_experts`` once the run has
+        # begun, and the route phase starts after that), and the size and count tests are
+        # flags beside them (a compare of the held counts in front of the phase registers
+        # was the layer's critical path).
         route_done = (in_route & loc.done & disp.done & ~write_port.o.valid &
-                      ~total_valid & ~filled_valid &
-                      (~affine | p.stacked | (params_in == num_experts)))
+                      ~total_valid & ~filled_valid)
+        hidden_any = Signal()                           # H != 0 (held sizes)
+        m.d.sync += hidden_any.eq(hidden != 0)
         if p.stacked:
             # Expert stacks run (and take their parameters) whenever H, L > 0, filled rows
             # or not: the parameters of every expert are on the stream.
-            run_experts = affine & (hidden != 0) & (ctl_layers != 0)
+            layers_any = Signal()
+            m.d.sync += layers_any.eq(ctl_layers != 0)
+            run_experts = affine & hidden_any & layers_any
         else:
-            run_experts = affine & (hidden != 0) & (work_in != 0)
+            route_done &= ~params_open
+            work_any = Signal()                         # work_in != 0
+            with m.If(filled_valid & filled):
+                m.d.sync += work_any.eq(1)
+            with m.If(ctl.accept):
+                m.d.sync += work_any.eq(0)
+            run_experts = affine & hidden_any & work_any
         experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
                         ~x_busy & ~write_port.o.valid)
         to_combine = (route_done & ~run_experts) | experts_done
