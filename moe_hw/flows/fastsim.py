@@ -47,7 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .simulate import SimulationError
+from .sim_build import (SimulationError, _one_compile, _setup_verilator, _sim_dir,
+                        _verilator_opt, build_root)
 
 __all__ = ["FAST_SIMULATORS", "FastBench", "FastCheckError", "Source", "Sink", "MemoryReader",
            "MemoryWriter", "harness_counters", "harness_line", "lane_beats", "simulate_fast",
@@ -597,14 +598,12 @@ int main(int argc, char** argv) {
 
 
 def _actors_path():
-    from .simulate import _sim_dir
     return _sim_dir() / "fast_actors.v"
 
 
 def _io_header():
     """sim/fast_io.h, the Verilator model's bulk loads and dumps (the actors call it with
     $c; the testbench includes it into the model's header)."""
-    from .simulate import _sim_dir
     return _sim_dir() / "fast_io.h"
 
 
@@ -619,13 +618,12 @@ def _build(sim, verilog_text, tb_text, top, trace, progress):
     """The executable (Verilator) or compiled ``.vvp`` (Icarus) of the testbench, built once
     per distinct text under the build root; returns the command that runs it. ``trace``:
     None, "fst" or "vcd", the waveform the build can write."""
-    from .simulate import _one_compile, _setup_verilator, _verilator_opt, build_root
     actors = _actors_path().read_text()
     header = _io_header()
     opt = _verilator_opt() if sim == "fast" else ""
     # The per-cycle code at -O2 (Verilator's own -Os runs slower; -O3 is no faster), and
     # Verilator's runtime (the $fread, $fwrite and start-up code, compiled once: objcache.py)
-    # at -O2; the set-up code stays unoptimised (see flows/simulate.py), unless one level is
+    # at -O2; the set-up code stays unoptimised (see flows/sim_build.py), unless one level is
     # asked for (then the model is one compile).
     make_args, make_env = _one_compile("../main")    # (make runs in obj/, main.cpp beside it)
     levels = ["-CFLAGS", opt, *[flag for arg in make_args for flag in ("-MAKEFLAGS", arg)]] \
@@ -760,7 +758,6 @@ def simulate_fast(verilog_text, ports, top, bench, *, sim="fast", stall=0.0, see
                               "installed (apt-get install iverilog)")
     tb_text = testbench(top, ports, bench, sim=sim)
     if sim == "fast" and _trace_kind(trace) == "fst":
-        from .simulate import _setup_verilator
         _setup_verilator()
         include = Path(os.environ["VERILATOR_ROOT"]) / "include"
         if not any(Path(folder, "lz4.h").is_file()

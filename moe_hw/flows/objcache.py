@@ -5,7 +5,7 @@ DPI and thread support). Compiling it is about 20 s of a small model's build, re
 every design. (cocotb's ``verilator.cpp`` is not among them: it includes the model's own
 ``Vtop.h``.) Verilator's makefiles run
 each compile as ``$(OBJCACHE) $(CXX) ... -c -o NAME.o SOURCE.cpp``; with ``OBJCACHE`` set to
-this script (:func:`moe_hw.flows.simulate._setup_verilator` does it, unless ``OBJCACHE`` is
+this script (:func:`moe_hw.flows.sim_build._setup_verilator` does it, unless ``OBJCACHE`` is
 already set, for example to ccache), a compile of a runtime source into one of the runtime
 objects is looked up in a cache directory (``MOE_HW_OBJCACHE_DIR``) by its whole command
 line and the source's size and time: a hit copies the object and its dependency file, a miss
