@@ -1,14 +1,19 @@
 """The memories: the block memory with a registered read (``moe_hw.blocks.block_memory``):
 the generic build in Amaranth's simulator against a dictionary, with random read enables and
 per-element write enables; the ECP5 build's structure (its DP16KD blocks with the output
-register on). The ECP5 build's behaviour, under the DP16KD simulation model, is checked
-through the MoE layer's pair memory (``test_moe_layer.py``). The banked LUT-RAM memory
+register on, in the widest aspect that holds every word). The ECP5 build's behaviour,
+under the DP16KD simulation model, against the generic build's in Icarus, cycle by cycle,
+and through the MoE layer's pair memory (``test_moe_layer.py``). The banked LUT-RAM memory
 (``moe_hw.blocks.banked_memory``) against a dictionary, with words wide enough for several
 column groups per bank."""
 
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
-from amaranth.back import rtlil
+from amaranth.back import rtlil, verilog
 
 from moe_hw.blocks.banked_memory import BankedMemory
 from moe_hw.blocks.block_memory import DP16KD_SIM, BlockMemory
@@ -67,15 +72,107 @@ def test_block_memory_reads_what_was_written(depth, granules, registered):
     assert not mismatches, mismatches[:3]
 
 
-def test_block_memory_ecp5_blocks():
-    """1500 words of two 20-bit elements: two rows of two 18-bit columns per element, every
-    block read through its output register."""
-    dut = BlockMemory(20, 1500, granules=2, target="ecp5")
-    assert dut.rows == 2 and dut.blocks == 8
+@pytest.mark.parametrize("depth, width, granules, aspect, rows, blocks", [
+    (1000, 20, 2, (18, 10), 1, 4),        # 1024 x 18: two columns per element
+    (1500, 20, 2, (9, 11), 1, 6),         # 2048 x 9: three columns per element, one row
+    (8192, 256, 1, (2, 13), 1, 128),      # scan_layers' parameters at its defaults
+    (16384, 3, 1, (1, 14), 1, 3),
+    (20000, 20, 1, (18, 10), 20, 40),     # past 16384 words: rows of 1024 x 18
+])
+def test_block_memory_ecp5_blocks(depth, width, granules, aspect, rows, blocks):
+    """The widest aspect that holds every word, in one row of blocks, each read through its
+    output register; rows of 1024 x 18 blocks only past 16384 words."""
+    dut = BlockMemory(width, depth, granules=granules, target="ecp5")
+    assert (dut.aspect, dut.rows, dut.blocks) == (aspect, rows, blocks)
     text = rtlil.convert(dut)
-    assert text.count("cell \\DP16KD ") == 8
-    assert text.count('"OUTREG"') == 8
+    assert text.count("cell \\DP16KD ") == blocks
+    assert text.count('"OUTREG"') == blocks
+    assert text.count(f"parameter \\DATA_WIDTH_B {aspect[0]}") == blocks
     assert "REGMODE_B" in DP16KD_SIM and "module DP16KD" in DP16KD_SIM
+
+
+_LOCKSTEP_TB = """
+module tb #(parameter AW = 1, G = 1, W = 1, DEPTH = 1, SEED = 1, REGISTERED = 0);
+    reg clk = 0;
+    reg [AW-1:0] write_addr = 0, read_addr = 0, last_addr = 0;
+    reg [G-1:0] write_en = 0, last_en = 0;
+    reg [G*W-1:0] write_data = 0;
+    reg read_en = 0;
+    wire [G*W-1:0] generic_data, ecp5_data;
+    integer cycle, mismatches = 0, reads = 0, nonzero = 0, k, seed = SEED;
+    mem_generic generic(.clk(clk), .rst(1'b0), .write_addr(write_addr),
+        .write_data(write_data), .write_en(write_en), .read_addr(read_addr),
+        .read_en(read_en), .read_data(generic_data));
+    mem_ecp5 ecp5(.clk(clk), .rst(1'b0), .write_addr(write_addr),
+        .write_data(write_data), .write_en(write_en), .read_addr(read_addr),
+        .read_en(read_en), .read_data(ecp5_data));
+    function [AW-1:0] address(input integer r);
+        // near the bottom, near the top, or anywhere: every row and aspect edge is hit
+        case (r % 3)
+            0: address = $unsigned($random(seed)) % 64 % DEPTH;
+            1: address = DEPTH - 1 - $unsigned($random(seed)) % 64 % DEPTH;
+            default: address = $unsigned($random(seed)) % DEPTH;
+        endcase
+    endfunction
+    initial begin
+        for (cycle = 0; cycle < 4000; cycle = cycle + 1) begin
+            write_addr = address($unsigned($random(seed)));
+            write_en = $random(seed);
+            for (k = 0; k < G; k = k + 1)
+                write_data[k*W +: W] = $random(seed);
+            read_addr = address($unsigned($random(seed)));
+            read_en = $unsigned($random(seed)) % 5 < 3;
+            // not a word that a write reaches at this edge
+            if (read_addr == write_addr) write_en = 0;
+            if (REGISTERED && read_addr == last_addr && last_en != 0) read_en = 0;
+            #1 clk = 1;
+            #1 clk = 0;
+            last_addr = write_addr; last_en = write_en;
+            if (read_en) reads = reads + 1;
+            // (from the second read on: the generic build's output register starts unknown)
+            if (reads >= 2 && generic_data !== ecp5_data) begin
+                mismatches = mismatches + 1;
+                if (mismatches <= 3)
+                    $display("cycle %0d: generic %h, ecp5 %h", cycle, generic_data, ecp5_data);
+            end
+            if (generic_data != 0) nonzero = nonzero + 1;
+        end
+        $display("mismatches %0d reads %0d nonzero %0d", mismatches, reads, nonzero);
+        $finish;
+    end
+endmodule
+"""
+
+
+@pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog not installed")
+@pytest.mark.parametrize("depth, width, granules, registered", [
+    (700, 12, 3, False), (1500, 20, 2, True), (5000, 12, 1, False), (16384, 3, 2, True),
+    (20000, 7, 1, False)])
+def test_block_memory_ecp5_matches_generic(tmp_path, depth, width, granules, registered):
+    """The ECP5 build (DP16KD blocks under their simulation model) and the generic build side
+    by side in Icarus, the same random writes (per-element enables) and reads (random read
+    enables): the same ``read_data`` in every cycle, in every aspect and with rows."""
+    designs = [verilog.convert(BlockMemory(width, depth, granules=granules, target=target,
+                                           registered_write=registered),
+                               name=f"mem_{target}")
+               for target in ("generic", "ecp5")]
+    sources = []
+    for name, text in (("generic.v", designs[0]), ("ecp5.v", designs[1] + DP16KD_SIM),
+                       ("tb.v", _LOCKSTEP_TB)):
+        (tmp_path / name).write_text(text)
+        sources.append(str(tmp_path / name))
+    params = {"AW": max(1, (depth - 1).bit_length()), "G": granules, "W": width,
+              "DEPTH": depth, "SEED": depth, "REGISTERED": int(registered)}
+    subprocess.run(["iverilog", "-g2012", "-s", "tb", "-o", str(tmp_path / "tb.vvp"),
+                    *[f"-Ptb.{name}={value}" for name, value in params.items()], *sources],
+                   check=True, capture_output=True, text=True)
+    out = subprocess.run(["vvp", "-n", str(tmp_path / "tb.vvp")], check=True,
+                         capture_output=True, text=True).stdout
+    found = re.search(r"mismatches (\d+) reads (\d+) nonzero (\d+)", out)
+    assert found, out
+    mismatches, reads, nonzero = map(int, found.groups())
+    assert reads > 2000 and nonzero > 500
+    assert mismatches == 0, out
 
 
 def test_block_memory_errors():

@@ -117,8 +117,9 @@ def test_moe_layer_bf16(sim, stall):
 
 
 # The pair memory as the ECP5 synthesis builds it (DP16KD blocks with their output register,
-# under their simulation model): two rows of 1024-word blocks, so more than 1024 tokens write
-# the second row and read through the row multiplexer.
+# under their simulation model): 1100 words, so one row of 2048 x 9 blocks, the aspect that
+# holds them all (the rows of 1024 x 18 blocks past 16384 words are checked against the
+# generic build in test_memories.py).
 ECP5_BRAM = MoELayerParams(format="fp32", lanes=1, max_tokens=1100, max_hidden=2,
                            max_experts=4, max_capacity=1100, max_top_k=2, bram="ecp5")
 

@@ -10,10 +10,12 @@ therefore has a two-cycle read on every target:
     ``amaranth.lib.memory`` with a synchronous read port and one register after it (on ECP5
     Yosys infers an unregistered DP16KD and a fabric register: correct, not fast).
 ``target="ecp5"``
-    explicit DP16KD instances, 1024 words of 18 bits each, written on port A and read on port
-    B with the output register on. A word is split into its granules, and each granule into
-    18-bit columns; a depth above 1024 takes one row of blocks per 1024 words, written by an
-    address decode and read through a multiplexer after the output registers.
+    explicit DP16KD instances, written on port A and read on port B with the output
+    register on, in the widest of the block's aspects (1024 x 18, 2048 x 9, 4096 x 4,
+    8192 x 2, 16384 x 1) that holds every word: a word is split into its granules, and each
+    granule into columns of that width, one row of blocks, read straight from their output
+    registers. Past 16384 words, rows of 1024 x 18 blocks, one row per 1024 words, written
+    by an address decode and read through a multiplexer after the output registers.
     :data:`DP16KD_SIM` is a behavioural model of that subset for Verilator and Icarus (Yosys
     ships only a black box).
 
@@ -56,9 +58,12 @@ def bram_param():
                  doc="block memory: generic (inferred) or ecp5 (DP16KD, output register on)")
 
 
-_WORDS = 1024      # a DP16KD in its 18-bit mode
-_WORD_BITS = 10    # log2(_WORDS): the address bits within one row of blocks
-_WIDTH = 18
+#: The DP16KD's aspects, widest first: (data bits, address bits). A block holds
+#: 2**address_bits words of that many bits; its 14 address pins take the word address from
+#: pin ``14 - address_bits`` up (the pins below are 0, except the 18-bit mode's write byte
+#: enables, pins 0 and 1 of port A), and its data pins are the first ``data bits`` ones.
+_ASPECTS = ((18, 10), (9, 11), (4, 12), (2, 13), (1, 14))
+_WIDTH = 18        # data pins per port
 
 
 class BlockMemory(wiring.Component):
@@ -81,14 +86,26 @@ class BlockMemory(wiring.Component):
         })
 
     @property
+    def aspect(self):
+        """The blocks' ``(data bits, address bits)`` on ECP5: the widest aspect deep enough
+        for the whole memory, so that one row of blocks holds it and the read needs no
+        multiplexer after the blocks (at 8192 words of 256 bits: 128 blocks of 8192 x 2
+        in one row, not 8 rows of 15 blocks of 1024 x 18 and a row choice spanning the
+        chip); past 16384 words, rows of 1024 x 18."""
+        for width, bits in _ASPECTS:
+            if self.depth <= 1 << bits:
+                return width, bits
+        return _ASPECTS[0]
+
+    @property
     def rows(self):
-        """Rows of 1024-word blocks on ECP5."""
-        return -(-self.depth // _WORDS)
+        """Rows of blocks on ECP5."""
+        return -(-self.depth // (1 << self.aspect[1]))
 
     @property
     def blocks(self):
         """DP16KD blocks on ECP5."""
-        return self.rows * self.granules * -(-self._granule_width // _WIDTH)
+        return self.rows * self.granules * -(-self._granule_width // self.aspect[0])
 
     @property
     def _granule_width(self):
@@ -116,11 +133,12 @@ class BlockMemory(wiring.Component):
             return m
 
         width = self._granule_width
-        columns = -(-width // _WIDTH)
+        block_width, block_bits = self.aspect
+        columns = -(-width // block_width)
         row_bits = ceil_log2(self.rows)
-        low_bits = ceil_log2(min(self.depth, _WORDS))
+        low_bits = ceil_log2(min(self.depth, 1 << block_bits))
         low, read_low = write_addr[:low_bits], self.read_addr[:low_bits]
-        write_row = self.write_addr[_WORD_BITS:] if self.rows > 1 else Const(0)
+        write_row = self.write_addr[block_bits:] if self.rows > 1 else Const(0)
         row_words = []
         for row in range(self.rows):
             word_bits = []
@@ -131,10 +149,10 @@ class BlockMemory(wiring.Component):
                 if self.registered_write:
                     we = delay(m, we, 1, 1, name=f"write_en_r{row}_g{granule}")
                 for column in range(columns):
-                    chunk = bits[column * _WIDTH:min(width, (column + 1) * _WIDTH)]
+                    chunk = bits[column * block_width:min(width, (column + 1) * block_width)]
                     out = Signal(_WIDTH, name=f"r{row}_g{granule}_c{column}")
-                    _dp16kd(m, f"block_r{row}_g{granule}_c{column}", write_addr=low,
-                            write_data=chunk, write_en=we, read_addr=read_low,
+                    _dp16kd(m, f"block_r{row}_g{granule}_c{column}", self.aspect,
+                            write_addr=low, write_data=chunk, write_en=we, read_addr=read_low,
                             read_en=self.read_en, read_data=out)
                     word_bits.append(out[:len(chunk)])
             row_words.append(Cat(*word_bits))
@@ -143,7 +161,7 @@ class BlockMemory(wiring.Component):
             return m
         # The row of the word on the output registers: the read address's high bits,
         # delayed as the data is.
-        row = delay(m, self.read_addr[_WORD_BITS:_WORD_BITS + row_bits], self.latency,
+        row = delay(m, self.read_addr[block_bits:block_bits + row_bits], self.latency,
                     self.read_en,
                     name="read_row", reset_less=True)
         selected = row_words[-1]
@@ -153,27 +171,30 @@ class BlockMemory(wiring.Component):
         return m
 
 
-def _dp16kd(m, name, *, write_addr, write_data, write_en, read_addr, read_en, read_data):
-    """One DP16KD in its 1024 x 18 mode: port A writes, port B reads through its output
-    register (both read stages load when ``read_en`` is high)."""
+def _dp16kd(m, name, aspect, *, write_addr, write_data, write_en, read_addr, read_en,
+            read_data):
+    """One DP16KD in ``aspect`` (data bits, address bits): port A writes, port B reads
+    through its output register (both read stages load when ``read_en`` is high)."""
+    block_width, block_bits = aspect
+    low = 14 - block_bits                        # the address pins below the word address
     ports = {}
     for i in range(_WIDTH):
         ports[f"i_DIA{i}"] = write_data[i] if i < len(write_data) else Const(0)
         ports[f"i_DIB{i}"] = Const(0)
         ports[f"o_DOB{i}"] = read_data[i]
     for i in range(14):
-        # 18-bit mode: address bits 13..4 select the word; bits 1..0 are the write's two
-        # 9-bit byte enables on port A.
-        ports[f"i_ADA{i}"] = (Const(1) if i < 2 else Const(0) if i < 4 else
-                              write_addr[i - 4] if i - 4 < len(write_addr) else Const(0))
-        ports[f"i_ADB{i}"] = (Const(0) if i < 4 else
-                              read_addr[i - 4] if i - 4 < len(read_addr) else Const(0))
+        # The word address on pins 13..low; in the 18-bit mode pins 1..0 of port A are the
+        # write's two 9-bit byte enables (both on).
+        ports[f"i_ADA{i}"] = (Const(int(block_width == 18 and i < 2)) if i < low else
+                              write_addr[i - low] if i - low < len(write_addr) else Const(0))
+        ports[f"i_ADB{i}"] = (Const(0) if i < low else
+                              read_addr[i - low] if i - low < len(read_addr) else Const(0))
     for i in range(3):
         ports[f"i_CSA{i}"] = Const(0)
         ports[f"i_CSB{i}"] = Const(0)
     m.submodules[name] = Instance(
         "DP16KD",
-        p_DATA_WIDTH_A=_WIDTH, p_DATA_WIDTH_B=_WIDTH,
+        p_DATA_WIDTH_A=block_width, p_DATA_WIDTH_B=block_width,
         p_REGMODE_A="NOREG", p_REGMODE_B="OUTREG",
         p_RESETMODE="SYNC", p_ASYNC_RESET_RELEASE="SYNC",
         p_CSDECODE_A="0b000", p_CSDECODE_B="0b000",
@@ -192,9 +213,9 @@ def _sim_model():
 
     assigns = "\n".join(f"    assign DOB{i} = out[{i}];\n    assign DOA{i} = 1'b0;"
                         for i in range(_WIDTH))
-    return f"""// Behavioural model of the ECP5 DP16KD subset used by moe_hw: 1024 x 18 on both
-// ports, port A writes (both byte enables on), port B reads, REGMODE_B NOREG or OUTREG, CEB
-// and OCEB as clock enables, no reset, no chip select.
+    return f"""// Behavioural model of the ECP5 DP16KD subset used by moe_hw: one aspect on both
+// ports (1024 x 18 to 16384 x 1), port A writes (both byte enables on), port B reads,
+// REGMODE_B NOREG or OUTREG, CEB and OCEB as clock enables, no reset, no chip select.
 module DP16KD({names("DIA", 18)}, {names("ADA", 14)}, CEA, OCEA, CLKA, WEA, RSTA,
     CSA2, CSA1, CSA0, {names("DOA", 18)},
     {names("DIB", 18)}, {names("ADB", 14)}, CEB, OCEB, CLKB, WEB, RSTB,
@@ -213,17 +234,22 @@ module DP16KD({names("DIA", 18)}, {names("ADA", 14)}, CEA, OCEA, CLKA, WEA, RSTA
     input {names("DIA", 18)}, {names("ADA", 14)}, CEA, OCEA, CLKA, WEA, RSTA, CSA2, CSA1, CSA0;
     input {names("DIB", 18)}, {names("ADB", 14)}, CEB, OCEB, CLKB, WEB, RSTB, CSB2, CSB1, CSB0;
     output {names("DOA", 18)}, {names("DOB", 18)};
-    reg [17:0] mem [0:1023];
+    // The word address's bits: 1024 x 18, 2048 x 9, 4096 x 4, 8192 x 2 or 16384 x 1 (the
+    // same width on both ports; the unused data pins are 0 in and out).
+    localparam BITS = DATA_WIDTH_B == 18 ? 10 : DATA_WIDTH_B == 9 ? 11 :
+                      DATA_WIDTH_B == 4 ? 12 : DATA_WIDTH_B == 2 ? 13 : 14;
+    reg [17:0] mem [0:(1 << BITS) - 1];
     reg [17:0] latch = 18'd0;
     reg [17:0] out_reg = 18'd0;
     wire [13:0] ada = {bus("ADA", 14)};
     wire [13:0] adb = {bus("ADB", 14)};
+    wire [17:0] data_mask = (18'd1 << DATA_WIDTH_A) - 18'd1;
     integer i;
-    initial for (i = 0; i < 1024; i = i + 1) mem[i] = 18'd0;
+    initial for (i = 0; i < (1 << BITS); i = i + 1) mem[i] = 18'd0;
     always @(posedge CLKA)
-        if (CEA && WEA) mem[ada[13:4]] <= {bus("DIA", 18)};
+        if (CEA && WEA) mem[ada[13:14 - BITS]] <= {bus("DIA", 18)} & data_mask;
     always @(posedge CLKB) begin
-        if (CEB) latch <= mem[adb[13:4]];
+        if (CEB) latch <= mem[adb[13:14 - BITS]];
         if (OCEB) out_reg <= latch;
     end
     wire [17:0] out = (REGMODE_B == "OUTREG") ? out_reg : latch;
