@@ -150,7 +150,7 @@ from amaranth.utils import bits_for, ceil_log2
 from ..blocks.row_reader import last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, RegisteredFIFO, replicated
+from ..stream import CreditPipeline, RegisteredFIFO, RegisterCopies, replicated
 from ..stream.pipeline import delay
 
 __all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "MEMORIES", "PARTS", "SPLIT_LATENCY",
@@ -560,9 +560,12 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, take):
     odd = Signal(name="odd_beat")
     odd_next = Mux(beat_loads[rank], 0, Mux(take, ~odd, odd))
     m.d.sync += odd.eq(odd_next)
-    # (Copies of odd a cycle late: the lanes compare a cycle after the take, on the pair's
-    # saturated digits.)
-    parities = replicated(m, odd, name="odd_beat_copy", copies=groups)
+    # Copies of odd itself, one per group of lanes: each lane's constants for the next
+    # compare are chosen by them into registers (the lanes compare a cycle after the take,
+    # on the pair's saturated digits, with the constants of the parity the beat had), so
+    # that the parity reaches a choice into a register, not the compare's carry chain.
+    parities = RegisterCopies(1, name="odd_beat_copy", copies=groups, apart=False)
+    m.d.sync += parities.eq(odd_next)
     shares, digit_copies = pair_odometer(m, p, dy, da, load=beat_loads[rank], start=beat,
                                          even_take=take & ~odd, odd_take=take & odd,
                                          name="lane0", copies=groups)
@@ -613,22 +616,28 @@ def lane_addresses(m, p, dy, da, beat, beat_loads, take):
     addrs = []
     for lane in range(lanes):
         group = lane * groups // lanes
-        y, odd_beat = saturated[group], parities[group]
+        y, odd_beat = saturated[group], parities.values[group]
         if lane == 0:
             even = (k, k_minus_1, Const(0, p.addr_width))
         else:
             even = constants(lane, beat_loads[rank + lane], f"lane{lane}_even")
         odd_set = constants(lane, beat_loads[rank + lanes + lane], f"lane{lane}_odd")
+        # Stage 0 (the take's cycle): the constants of the beat's parity, into registers.
+        # (The plan's constants are loaded before the first take.)
+        chosen = [[Signal(signed(width), name=f"lane{lane}_u{d}{kind}_chosen", reset_less=True)
+                   for d in range(rank)] for kind in ("", "_minus_1")]
+        chosen_start = Signal(p.addr_width, name=f"lane{lane}_start", reset_less=True)
+        m.d.sync += [reg.eq(Mux(odd_beat, odd_set[i][d], even[i][d]))
+                     for i, regs in enumerate(chosen) for d, reg in enumerate(regs)]
+        m.d.sync += chosen_start.eq(Mux(odd_beat, odd_set[2], even[2]))
         # Stage 1: the digits against the beat's constants; the beat's start offset.
         generate = Signal(rank, name=f"lane{lane}_generate", reset_less=True)
         propagate = Signal(rank, name=f"lane{lane}_propagate", reset_less=True)
         start = Signal(p.addr_width, name=f"lane{lane}_offset0", reset_less=True)
         m.d.sync += [
-            generate.eq(Cat(*(y[d] >= Mux(odd_beat, odd_set[0][d], even[0][d])
-                              for d in range(rank)))),
-            propagate.eq(Cat(*(y[d] >= Mux(odd_beat, odd_set[1][d], even[1][d])
-                               for d in range(rank)))),
-            start.eq(Mux(odd_beat, odd_set[2], even[2])),
+            generate.eq(Cat(*(y[d] >= chosen[0][d] for d in range(rank)))),
+            propagate.eq(Cat(*(y[d] >= chosen[1][d] for d in range(rank)))),
+            start.eq(chosen_start),
         ]
         # Stage 2: the carries.
         carry = Signal(rank, name=f"lane{lane}_carry", reset_less=True)
