@@ -449,6 +449,56 @@ def test_credit_pipeline_order_and_throughput(latency, skid, late_read):
         assert out_cycle == in_cycle + latency + dut.queue_latency
 
 
+@pytest.mark.parametrize("skid", [True, False], ids=["skid", "ring"])
+def test_credit_pipeline_ready_ahead_flags(skid):
+    # ``ready_ahead`` (its count a take behind, ``took`` beside it): every item leaves in
+    # order, ``busy`` is high while an item is inside and falls once all have left, and
+    # (with the ring on ``o``, whose reads are the consumer's takes) ``i_ready`` is in every
+    # cycle the credit rule on every take so far: the takes minus the reads of all cycles
+    # before the last, plus one for a take in this cycle, below ``depth``. Random stalls on
+    # both sides, then lone items, then a stretch with no stall.
+    latency = 2
+    m = Module()
+    dut = m.submodules.dut = CreditPipeline(latency, 16, skid=skid, ready_ahead=True)
+    data = Signal(16)
+    m.d.comb += dut.payload.eq(delay(m, data, latency, 1, name="datapath"))
+    rng = np.random.default_rng(7)
+    sent, got = [], []
+
+    async def bench(ctx):
+        count, left, inside, expected_ready = 0, 0, 0, 0
+        quiet = None
+        for cycle in range(900):
+            stalls = cycle < 400
+            sparse = 400 <= cycle < 550 and cycle % 7 != 0   # lone items
+            valid = cycle < 700 and not (stalls and rng.random() < 0.3) and not sparse
+            ready = not (stalls and rng.random() < 0.5)
+            ctx.set(dut.i_valid, valid)
+            ctx.set(data, len(sent) & 0xFFFF)
+            ctx.set(dut.o.ready, ready)
+            assert skid or ctx.get(dut.i_ready) == expected_ready, cycle
+            take = ctx.get(dut.take)
+            read = ctx.get(dut.o.valid) and ready
+            if take:
+                sent.append(len(sent) & 0xFFFF)
+            if read:
+                got.append(ctx.get(dut.o.payload))
+            expected_ready = int(count + 1 - left < dut.depth)
+            count += take - left
+            left = int(read)
+            inside += take - read
+            await ctx.tick()
+            if take or inside:
+                assert ctx.get(dut.busy), cycle
+                quiet = None
+            elif quiet is None:
+                quiet = cycle
+        assert quiet is not None and not ctx.get(dut.busy)
+
+    run_pysim(m, bench)
+    assert got == sent and len(sent) > 300
+
+
 def test_credit_pipeline_late_read_needs_the_ring():
     with pytest.raises(ValueError, match="late_read is for a ring that drives the output"):
         CreditPipeline(2, 8, late_read=True)
