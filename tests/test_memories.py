@@ -8,7 +8,6 @@ and through the MoE layer's pair memory (``test_moe_layer.py``). The banked LUT-
 column groups per bank."""
 
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -17,6 +16,7 @@ from amaranth.back import rtlil, verilog
 
 from moe_hw.blocks.banked_memory import BankedMemory
 from moe_hw.blocks.block_memory import DP16KD_SIM, BlockMemory
+from moe_hw.flows.simulate import simulator_available
 from moe_hw.params import ParameterError
 
 from test_stream import run_pysim
@@ -144,7 +144,8 @@ endmodule
 """
 
 
-@pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog not installed")
+@pytest.mark.skipif(simulator_available("icarus") is not None,
+                    reason=str(simulator_available("icarus")))
 @pytest.mark.parametrize("depth, width, granules, registered", [
     (700, 12, 3, False), (1500, 20, 2, True), (5000, 12, 1, False), (16384, 3, 2, True),
     (20000, 7, 1, False)])

@@ -451,12 +451,12 @@ def test_credit_pipeline_order_and_throughput(latency, skid, late_read):
 
 @pytest.mark.parametrize("skid", [True, False], ids=["skid", "ring"])
 def test_credit_pipeline_ready_ahead_flags(skid):
-    # ``ready_ahead`` (its count a take behind, ``took`` beside it): every item leaves in
-    # order, ``busy`` is high while an item is inside and falls once all have left, and
-    # (with the ring on ``o``, whose reads are the consumer's takes) ``i_ready`` is in every
-    # cycle the credit rule on every take so far: the takes minus the reads of all cycles
-    # before the last, plus one for a take in this cycle, below ``depth``. Random stalls on
-    # both sides, then lone items, then a stretch with no stall.
+    # ``ready_ahead`` (i_ready decided as if an item were taken in every cycle): every item
+    # leaves in order, ``busy`` is high while an item is inside and falls once all have
+    # left, and (with the ring on ``o``, whose reads are the consumer's takes) ``i_ready`` is
+    # in every cycle the credit rule on every take so far: the takes minus the reads of all
+    # cycles before the last, plus one for a take in this cycle, below ``depth``. Random
+    # stalls on both sides, then lone items, then a stretch with no stall.
     latency = 2
     m = Module()
     dut = m.submodules.dut = CreditPipeline(latency, 16, skid=skid, ready_ahead=True)
