@@ -15,7 +15,7 @@ import pytest
 from amaranth.back import rtlil, verilog
 
 from moe_hw.blocks.banked_memory import BankedMemory
-from moe_hw.blocks.block_memory import DP16KD_SIM, BlockMemory
+from moe_hw.blocks.block_memory import DP16KD_SIM, TRELLIS_FF_SIM, BlockMemory
 from moe_hw.flows.simulate import simulator_available
 from moe_hw.params import ParameterError
 
@@ -146,19 +146,26 @@ endmodule
 
 @pytest.mark.skipif(simulator_available("icarus") is not None,
                     reason=str(simulator_available("icarus")))
-@pytest.mark.parametrize("depth, width, granules, registered", [
-    (700, 12, 3, False), (1500, 20, 2, True), (5000, 12, 1, False), (16384, 3, 2, True),
-    (20000, 7, 1, False)])
-def test_block_memory_ecp5_matches_generic(tmp_path, depth, width, granules, registered):
-    """The ECP5 build (DP16KD blocks under their simulation model) and the generic build side
-    by side in Icarus, the same random writes (per-element enables) and reads (random read
-    enables): the same ``read_data`` in every cycle, in every aspect and with rows."""
-    designs = [verilog.convert(BlockMemory(width, depth, granules=granules, target=target,
-                                           registered_write=registered),
-                               name=f"mem_{target}")
-               for target in ("generic", "ecp5")]
+@pytest.mark.parametrize("depth, width, granules, registered, fanout", [
+    (700, 12, 3, False, None), (1500, 20, 2, True, None), (5000, 12, 1, False, None),
+    (16384, 3, 2, True, None), (20000, 7, 1, False, None),
+    # address trees: one level (10 blocks, 3 registers), three levels (10 blocks: 2, 3, 5
+    # registers), three levels over rows (40 blocks: 2, 5, 14; a register's blocks span rows)
+    (8192, 20, 1, True, 4), (2000, 40, 2, False, 2), (20000, 7, 2, True, 3)])
+def test_block_memory_ecp5_matches_generic(tmp_path, depth, width, granules, registered,
+                                           fanout):
+    """The ECP5 build (DP16KD blocks and flip-flops under their simulation models) and the
+    generic build side by side in Icarus, the same random writes (per-element enables) and
+    reads (random read enables): the same ``read_data`` in every cycle, in every aspect, with
+    rows, and with address trees (a read ``latency`` cycles after its address on both)."""
+    mems = [BlockMemory(width, depth, granules=granules, target=target,
+                        registered_write=registered, fanout=fanout)
+            for target in ("generic", "ecp5")]
+    assert mems[0].latency == mems[1].latency == 2 + len(mems[1].tree_levels)
+    designs = [verilog.convert(mem, name=f"mem_{mem.target}") for mem in mems]
     sources = []
-    for name, text in (("generic.v", designs[0]), ("ecp5.v", designs[1] + DP16KD_SIM),
+    for name, text in (("generic.v", designs[0]),
+                       ("ecp5.v", designs[1] + DP16KD_SIM + TRELLIS_FF_SIM),
                        ("tb.v", _LOCKSTEP_TB)):
         (tmp_path / name).write_text(text)
         sources.append(str(tmp_path / name))

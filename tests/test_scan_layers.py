@@ -114,6 +114,32 @@ def test_scan_layers_on_ecp5_primitives():
     assert outcome.cycles == params.cycles(tokens, hidden, inputs["scale"].shape[0])
 
 
+#: fp32 at 4 lanes with 2048 layers of 4 beats: 8192 words of 256 bits, 128 DP16KD blocks of
+#: 8192 x 2 on ECP5 (the defaults' memory), read and written through an address tree.
+TREE_PARAMS = dataclasses.replace(PARAMS["fp32"], max_layers=2048)
+
+
+@pytest.mark.parametrize("sim, stall", [(SIM, 0.0), (SIM, 0.3), ("icarus", 0.0)])
+def test_scan_layers_parameter_address_tree(sim, stall):
+    """A parameter memory past TREE_BLOCKS blocks: its addresses pass two levels of
+    registers (2, then 16), two cycles more before the first parameters; bit-exact, with
+    stalls, and in Icarus on the ECP5 primitives (the tree's flip-flop instances and the
+    DP16KD blocks under their models), the stall-free count the formula's."""
+    reason = simulator_available(sim)
+    if reason:
+        pytest.skip(f"{sim}: {reason}")
+    params = TREE_PARAMS
+    if sim == "icarus":
+        params = dataclasses.replace(params, dsp="ecp5", bram="ecp5")
+    assert (params.parameter_tree, params.fetch_start) == ([2, 16], 3 + 2)
+    assert PARAMS["fp32"].parameter_tree == []                        # 15 blocks
+    inputs = UNIT.random_inputs(tokens=6, hidden=13, layers=5, seed=21)
+    outcome = run(UNIT, inputs, {"relu": 1}, params=params, sim=sim, stall=stall, seed=4)
+    assert outcome.passed, outcome.problems
+    if stall == 0.0:
+        assert outcome.cycles == params.cycles(6, 13, 5)
+
+
 def test_cycle_formula_full_rate():
     """Enough beats to fill the interleave: one layer-beat per cycle after the load."""
     params = PARAMS["fp32"]

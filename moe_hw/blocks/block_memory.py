@@ -22,6 +22,16 @@ therefore has a two-cycle read on every target:
 Both have the same ports and the same timing, so a unit's cycle count does not depend on
 the target.
 
+``fanout`` (a memory of many blocks): the most blocks, or registers of the next level, that
+one register of the addresses reaches. The read address, and the write address and enables,
+then pass a tree of registers on their way to the blocks, each register driving at most
+``fanout`` of the next level, so that no net of the address spans a large memory's whole
+row of blocks (128 blocks of 8192 x 2 are most of an LFE5U-85F's). Each level is a cycle of
+:attr:`latency` more, on both targets (the generic build delays its addresses as much). On
+ECP5 the tree's registers are flip-flop instances (``TRELLIS_FF``, :data:`TRELLIS_FF_SIM` its
+model): Yosys merges flip-flops that load the same value (``opt_merge``), which would make
+the tree one register again, but only its own cells, not instances.
+
 Ports:
 
 ``write_addr``, ``write_data``, ``write_en`` (in)
@@ -34,8 +44,10 @@ Ports:
     A read: the word at ``read_addr`` (given in a cycle with ``read_en`` high) is on
     ``read_data`` after :attr:`latency` (2) such cycles, and holds while ``read_en`` is low.
     A read sees a write given in an earlier cycle (two cycles earlier with
-    ``registered_write``); a read and a write of the same address in the same cycle are not
-    allowed (the block's result is undefined).
+    ``registered_write`` and no ``fanout``); a read and a write of the same address in the
+    same cycle are not allowed (the block's result is undefined). With ``fanout`` the writes
+    pass as many levels of registers as the reads (``registered_write`` is then the tree's
+    first level).
 """
 
 from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, Shape, Signal, Value
@@ -46,7 +58,8 @@ from amaranth.utils import ceil_log2
 from ..params import check_choice, check_int, param
 from ..stream import delay
 
-__all__ = ["BlockMemory", "MEMORY_TARGETS", "DP16KD_SIM", "bram_param"]
+__all__ = ["BlockMemory", "MEMORY_TARGETS", "DP16KD_SIM", "TRELLIS_FF_SIM",
+           "bram_param", "block_aspect", "block_count", "tree_levels"]
 
 #: The ``target`` values: how the memory is built.
 MEMORY_TARGETS = ("generic", "ecp5")
@@ -66,19 +79,57 @@ _ASPECTS = ((18, 10), (9, 11), (4, 12), (2, 13), (1, 14))
 _WIDTH = 18        # data pins per port
 
 
+def block_aspect(depth):
+    """The blocks' ``(data bits, address bits)`` on ECP5 for ``depth`` words: the widest
+    aspect deep enough for the whole memory, so that one row of blocks holds it and the read
+    needs no multiplexer after the blocks (at 8192 words of 256 bits: 128 blocks of 8192 x 2
+    in one row, not 8 rows of 15 blocks of 1024 x 18 and a row choice spanning the chip);
+    past 16384 words, rows of 1024 x 18."""
+    for width, bits in _ASPECTS:
+        if depth <= 1 << bits:
+            return width, bits
+    return _ASPECTS[0]
+
+
+def block_count(width, depth, granules=1):
+    """DP16KD blocks on ECP5 of a :class:`BlockMemory` of ``depth`` words of ``granules``
+    elements of ``width`` bits."""
+    block_width, block_bits = block_aspect(depth)
+    return -(-depth // (1 << block_bits)) * granules * -(-width // block_width)
+
+
+def tree_levels(blocks, fanout):
+    """Registers in each level of the address tree of a memory of ``blocks`` blocks, from the
+    first (fed by the ports) to the last (at the blocks), each register reaching at most
+    ``fanout`` blocks or registers of the next level: empty without ``fanout`` (None) or with
+    at most ``fanout`` blocks (the ports reach them)."""
+    if fanout is None or blocks <= fanout:
+        return []
+    levels = [-(-blocks // fanout)]
+    while levels[0] > fanout:
+        levels.insert(0, -(-levels[0] // fanout))
+    return levels
+
+
 class BlockMemory(wiring.Component):
     """``depth`` words of ``granules`` elements of ``shape`` with a 2-cycle registered read
     and a write enable per element; see the module docstring."""
 
+    #: Cycles of a read without ``fanout`` (an instance's :attr:`latency` adds the address
+    #: tree's levels).
     latency = 2
 
-    def __init__(self, shape, depth, *, granules=1, target="generic", registered_write=False):
+    def __init__(self, shape, depth, *, granules=1, target="generic", registered_write=False,
+                 fanout=None):
         self.shape = shape
         self.registered_write = bool(registered_write)
         self.depth = check_int("depth", depth, minimum=1, maximum=1 << 20)
         self.granules = check_int("granules", granules, minimum=1, maximum=64)
         self.target = check_choice("target", target, MEMORY_TARGETS)
+        self.fanout = None if fanout is None else check_int("fanout", fanout, minimum=2,
+                                                            maximum=1024)
         self.word = data.ArrayLayout(shape, self.granules)
+        self.latency = BlockMemory.latency + len(self.tree_levels)
         super().__init__({
             "write_addr": In(range(self.depth)), "write_data": In(self.word),
             "write_en": In(self.granules),
@@ -87,15 +138,8 @@ class BlockMemory(wiring.Component):
 
     @property
     def aspect(self):
-        """The blocks' ``(data bits, address bits)`` on ECP5: the widest aspect deep enough
-        for the whole memory, so that one row of blocks holds it and the read needs no
-        multiplexer after the blocks (at 8192 words of 256 bits: 128 blocks of 8192 x 2
-        in one row, not 8 rows of 15 blocks of 1024 x 18 and a row choice spanning the
-        chip); past 16384 words, rows of 1024 x 18."""
-        for width, bits in _ASPECTS:
-            if self.depth <= 1 << bits:
-                return width, bits
-        return _ASPECTS[0]
+        """The blocks' ``(data bits, address bits)`` on ECP5: see :func:`block_aspect`."""
+        return block_aspect(self.depth)
 
     @property
     def rows(self):
@@ -104,30 +148,38 @@ class BlockMemory(wiring.Component):
 
     @property
     def blocks(self):
-        """DP16KD blocks on ECP5."""
-        return self.rows * self.granules * -(-self._granule_width // self.aspect[0])
+        """DP16KD blocks on ECP5 (:func:`block_count`)."""
+        return block_count(self._granule_width, self.depth, self.granules)
+
+    @property
+    def tree_levels(self):
+        """The address tree's levels (:func:`tree_levels`)."""
+        return tree_levels(self.blocks, self.fanout)
 
     @property
     def _granule_width(self):
         return Shape.cast(self.shape).width
 
     def _write(self, m, value, name):
-        """A write input as the memory sees it: registered with ``registered_write``."""
-        if not self.registered_write:
-            return value
-        return delay(m, value, 1, 1, name=name, reset_less=name != "write_en_r")
+        """A write input as the memory sees it: through a register with ``registered_write``,
+        through as many as the address tree's levels with ``fanout``."""
+        stages = len(self.tree_levels) or int(self.registered_write)
+        return delay(m, value, stages, 1, name=name, reset_less=name != "write_en_r")
 
     def elaborate(self, platform):
         m = Module()
-        write_addr = self._write(m, self.write_addr, "write_addr_r")
+        levels = self.tree_levels
         write_data = self._write(m, self.write_data.as_value(), "write_data_r")
         if self.target == "generic":
             mem = m.submodules.memory = memory.Memory(shape=self.word, depth=self.depth, init=[])
             write = mem.write_port(granularity=1)
             read = mem.read_port(domain="sync")
-            m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
+            read_addr = delay(m, self.read_addr, len(levels), self.read_en, name="read_addr_r",
+                              reset_less=True)
+            m.d.comb += [write.addr.eq(self._write(m, self.write_addr, "write_addr_r")),
+                         write.data.eq(write_data),
                          write.en.eq(self._write(m, self.write_en, "write_en_r")),
-                         read.addr.eq(self.read_addr), read.en.eq(self.read_en)]
+                         read.addr.eq(read_addr), read.en.eq(self.read_en)]
             m.d.comb += self.read_data.eq(delay(m, read.data.as_value(), 1, self.read_en,
                                                 name="read_data_r", reset_less=True))
             return m
@@ -137,25 +189,60 @@ class BlockMemory(wiring.Component):
         columns = -(-width // block_width)
         row_bits = ceil_log2(self.rows)
         low_bits = ceil_log2(min(self.depth, 1 << block_bits))
-        low, read_low = write_addr[:low_bits], self.read_addr[:low_bits]
-        write_row = self.write_addr[block_bits:] if self.rows > 1 else Const(0)
-        row_words = []
-        for row in range(self.rows):
-            word_bits = []
-            for granule in range(self.granules):
-                bits = write_data[granule * width:(granule + 1) * width]
-                # (Registered after the row's decode: the enable is a flip-flop at the pins.)
-                we = self.write_en[granule] & (write_row == row)
-                if self.registered_write:
-                    we = delay(m, we, 1, 1, name=f"write_en_r{row}_g{granule}")
-                for column in range(columns):
-                    chunk = bits[column * block_width:min(width, (column + 1) * block_width)]
-                    out = Signal(_WIDTH, name=f"r{row}_g{granule}_c{column}")
-                    _dp16kd(m, f"block_r{row}_g{granule}_c{column}", self.aspect,
-                            write_addr=low, write_data=chunk, write_en=we, read_addr=read_low,
-                            read_en=self.read_en, read_data=out)
-                    word_bits.append(out[:len(chunk)])
-            row_words.append(Cat(*word_bits))
+        blocks = [(row, granule, column) for row in range(self.rows)
+                  for granule in range(self.granules) for column in range(columns)]
+        if levels:
+            # Each block's addresses and write enable from a register of the tree's last
+            # level; that level's write registers hold the enables of their blocks' rows and
+            # granules, decoded from the level before.
+            read_leaves = _address_tree(m, "read_addr", self.read_addr[:low_bits], levels,
+                                        self.fanout, self.read_en)
+            addr_bits = len(self.write_addr)
+            leaf_pairs = [sorted({(row, granule) for row, granule, _ in
+                                  blocks[leaf * self.fanout:(leaf + 1) * self.fanout]})
+                          for leaf in range(levels[-1])]
+
+            def write_leaf(leaf, parent):
+                addr, enables = parent[:addr_bits], parent[addr_bits:]
+                return Cat(addr[:low_bits], *[
+                    enables[granule] & (addr[block_bits:] == row if self.rows > 1 else 1)
+                    for row, granule in leaf_pairs[leaf]])
+
+            write_leaves = _address_tree(m, "write", Cat(self.write_addr, self.write_en),
+                                         levels, self.fanout, 1, leaf=write_leaf)
+
+            def block_ports(index, row, granule):
+                leaf = index // self.fanout
+                enable = leaf_pairs[leaf].index((row, granule))
+                return (read_leaves[leaf], write_leaves[leaf][:low_bits],
+                        write_leaves[leaf][low_bits + enable])
+        else:
+            low = self._write(m, self.write_addr, "write_addr_r")[:low_bits]
+            write_row = self.write_addr[block_bits:] if self.rows > 1 else Const(0)
+            enables = {}
+            for row in range(self.rows):
+                for granule in range(self.granules):
+                    # (Registered after the row's decode: the enable is a flip-flop at the
+                    # pins.)
+                    we = self.write_en[granule] & (write_row == row)
+                    if self.registered_write:
+                        we = delay(m, we, 1, 1, name=f"write_en_r{row}_g{granule}")
+                    enables[row, granule] = we
+
+            def block_ports(index, row, granule):
+                return self.read_addr[:low_bits], low, enables[row, granule]
+
+        row_words = [[] for _ in range(self.rows)]
+        for index, (row, granule, column) in enumerate(blocks):
+            bits = write_data[granule * width:(granule + 1) * width]
+            chunk = bits[column * block_width:min(width, (column + 1) * block_width)]
+            out = Signal(_WIDTH, name=f"r{row}_g{granule}_c{column}")
+            read_addr, write_addr, write_en = block_ports(index, row, granule)
+            _dp16kd(m, f"block_r{row}_g{granule}_c{column}", self.aspect,
+                    write_addr=write_addr, write_data=chunk, write_en=write_en,
+                    read_addr=read_addr, read_en=self.read_en, read_data=out)
+            row_words[row].append(out[:len(chunk)])
+        row_words = [Cat(*word) for word in row_words]
         if self.rows == 1:
             m.d.comb += self.read_data.eq(row_words[0])
             return m
@@ -169,6 +256,38 @@ class BlockMemory(wiring.Component):
             selected = Mux(row == index, row_words[index], selected)
         m.d.comb += self.read_data.eq(selected)
         return m
+
+
+def _address_tree(m, name, value, levels, fanout, en, *, leaf=None):
+    """``value`` through register levels of ``levels`` registers each (first to last),
+    loading when ``en`` is high: register ``i`` of a level loads its parent's value,
+    register ``i // fanout`` of the level before (the first level loads ``value``), or, in
+    the last level, ``leaf(i, parent's value)``. Returns the last level's registers."""
+    parents = [value]
+    for depth, count in enumerate(levels):
+        registers = []
+        for index in range(count):
+            parent = parents[index // fanout]
+            loads = leaf(index, parent) if leaf and depth == len(levels) - 1 else parent
+            registers.append(_kept_register(m, f"{name}_t{depth}_{index}", loads, en))
+        parents = registers
+    return parents
+
+
+def _kept_register(m, name, value, en):
+    """A register of ``value`` that loads when ``en`` is high, as ECP5 flip-flop instances
+    (one ``TRELLIS_FF`` per bit), which Yosys does not merge with a register of the same
+    input."""
+    value = Value.cast(value)
+    always = isinstance(en, int)
+    q = Signal(len(value), name=name)
+    for bit in range(len(value)):
+        m.submodules[f"{name}_ff{bit}"] = Instance(
+            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1" if always else "CE", p_CLKMUX="CLK",
+            p_LSRMUX="LSR", p_REGSET="RESET", p_SRMODE="LSR_OVER_CE",
+            i_CLK=ClockSignal(), i_LSR=Const(0), i_CE=Const(1) if always else en,
+            i_DI=value[bit], o_Q=q[bit])
+    return q
 
 
 def _dp16kd(m, name, aspect, *, write_addr, write_data, write_en, read_addr, read_en,
@@ -260,3 +379,24 @@ endmodule
 
 #: Verilog simulation model of the DP16KD subset that :class:`BlockMemory` instantiates.
 DP16KD_SIM = _sim_model()
+
+#: Verilog simulation model of the ECP5 flip-flop as :class:`BlockMemory`'s address tree
+#: instantiates it: a register with a clock enable (``CEMUX`` ``"1"`` or ``"CE"``), no set
+#: or reset (``LSR`` is 0), 0 at start.
+TRELLIS_FF_SIM = """// Behavioural model of the ECP5 TRELLIS_FF subset used by moe_hw: DI
+// registered on the rising edge when CE is high (always with CEMUX "1"), LSR unused
+// (0), 0 at start.
+module TRELLIS_FF(CLK, LSR, CE, DI, M, Q);
+    parameter GSR = "ENABLED";
+    parameter CEMUX = "1";
+    parameter CLKMUX = "CLK";
+    parameter LSRMUX = "LSR";
+    parameter SRMODE = "LSR_OVER_CE";
+    parameter REGSET = "RESET";
+    parameter LSRMODE = "LSR";
+    input CLK, LSR, CE, DI, M;
+    output reg Q = 1'b0;
+    always @(posedge CLK)
+        if (CEMUX == "1" || CE) Q <= DI;
+endmodule
+"""

@@ -156,8 +156,9 @@ def _emit(component, top):
     text = emit_verilog(component, top)
     # ECP5 primitives (dsp="ecp5", bram="ecp5"): add the cells' simulation models.
     from ..arith.ecp5_dsp import MULT18X18D_SIM
-    from ..blocks.block_memory import DP16KD_SIM
-    for cell, model in (("MULT18X18D ", MULT18X18D_SIM), ("DP16KD ", DP16KD_SIM)):
+    from ..blocks.block_memory import DP16KD_SIM, TRELLIS_FF_SIM
+    for cell, model in (("MULT18X18D ", MULT18X18D_SIM), ("DP16KD ", DP16KD_SIM),
+                        ("TRELLIS_FF ", TRELLIS_FF_SIM)):
         if cell in text:
             text += "\n" + model
     kept = json.loads(json.dumps([port_manifest(component),

@@ -22,7 +22,10 @@ The hardware is the seed's point: one :class:`AffineLayerStep` (``lanes`` multip
 adders), a carry store and a loop counter (the :class:`~moe_hw.blocks.scan.Scan` block), and
 a parameter memory read at the loop count (the shared
 :class:`~moe_hw.blocks.block_memory.BlockMemory`: a registered two-cycle read, DP16KD blocks
-with their output registers on ECP5 with ``bram="ecp5"``): ``max_layers`` rows of
+with their output registers on ECP5 with ``bram="ecp5"``; past :data:`TREE_BLOCKS` blocks
+its addresses pass a tree of registers, each reaching at most :data:`PARAMETER_FANOUT`
+blocks or registers, a cycle per level: at the defaults 128 blocks, levels of 2 and 16
+registers): ``max_layers`` rows of
 ``2**ceil(log2(ceil(max_hidden / lanes)))`` beats, a power of two, so that the address of
 layer l's beat b is the two counters side by side (no adder before the memory's address
 register; a ``max_hidden / lanes`` that is not a power of two leaves the rest of each row
@@ -54,9 +57,10 @@ Streams and ports (payload fields least significant first; lanes: lane 0 first):
     ``golden.stack_layer_params`` does).
 
 Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles` =
-``setup + 1 + L*B + LOAD_TO_SCAN + FETCH_START + scan_cycles(S*B, L)`` with
+``setup + 1 + L*B + LOAD_TO_SCAN + fetch_start + scan_cycles(S*B, L)`` with
 B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
-LOAD_TO_SCAN = 1, FETCH_START = 3, and
+LOAD_TO_SCAN = 1, ``fetch_start`` = FETCH_START (3) + the parameter memory's address tree's
+levels (:attr:`ScanLayersParams.fetch_start`: none up to 64 blocks, 2 up to 512), and
 ``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n) +
 D + 4`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose
 first spans fewer than PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats
@@ -67,7 +71,7 @@ cycle.
 from dataclasses import dataclass
 
 import numpy as np
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -77,7 +81,7 @@ from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import (pipelined_product, product_latency, signed_product,
                              signed_product_latency)
-from ..blocks.block_memory import BlockMemory, bram_param
+from ..blocks.block_memory import BlockMemory, block_count, bram_param, tree_levels
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.scan import INPUT_LATENCY, Scan, scan_cycles
 from ..formats import float_format
@@ -85,7 +89,8 @@ from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay
 
 __all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LayerFormatParams",
-           "INT_FORMATS", "LAYER_FORMATS", "layer_dtype", "LOAD_TO_SCAN", "FETCH_START"]
+           "INT_FORMATS", "LAYER_FORMATS", "layer_dtype", "LOAD_TO_SCAN", "FETCH_START",
+           "PARAMETER_FANOUT", "TREE_BLOCKS"]
 
 #: The layer's integer formats: name -> element width (the saturating rule of the module
 #: docstring).
@@ -107,9 +112,18 @@ def layer_dtype(format):
 
 #: Cycles from the last parameter beat's take to the scan's start cycle.
 LOAD_TO_SCAN = 1
-#: Cycles the scan's first issue waits for the first parameters: the fetch starts with the
+#: Cycles the scan's first issue waits for the first parameters, besides the parameter
+#: memory's address tree (:attr:`ScanLayersParams.fetch_start`): the fetch starts with the
 #: scan (its group set-up, the memory read, its queue), then stays ahead of it.
 FETCH_START = 3
+#: The most blocks (or registers of the next level) that a register of the parameter
+#: memory's addresses reaches (see :class:`~moe_hw.blocks.block_memory.BlockMemory`).
+PARAMETER_FANOUT = 8
+#: The parameter memory's addresses pass the tree only past this many blocks on ECP5: at
+#: the defaults' 128 (62 % of an LFE5U-85F's) the addresses' nets spanned the chip (176.6
+#: MHz without the tree, 229.5 with it), at 29 (16 layers, H 512) they were not the path and
+#: the tree's cycle only moved the placement (best of three seeds 244.7 without, 226.4 with).
+TREE_BLOCKS = 64
 
 
 class LayerFormatParams(FloatDatapathParams):
@@ -203,11 +217,35 @@ class ScanLayersParams(LayerFormatParams, UnitParams):
             return EMPTY_CYCLES
         beats = -(-hidden // self.lanes)
         return (self.setup + 1 + layers * beats + LOAD_TO_SCAN
-                + FETCH_START + scan_cycles(self.loop_latency, self.interleave, tokens * beats,
-                                            layers))
+                + self.fetch_start + scan_cycles(self.loop_latency, self.interleave,
+                                                 tokens * beats, layers))
 
     def lanes_layout(self):
         return data.ArrayLayout(self.width, self.lanes)
+
+    @property
+    def parameter_depth(self):
+        """The parameter memory's words: L rows of B beats at a power-of-two stride."""
+        return self.max_layers << ceil_log2(self.max_beats)
+
+    @property
+    def parameter_fanout(self):
+        """The parameter memory's ``fanout``: :data:`PARAMETER_FANOUT` past
+        :data:`TREE_BLOCKS` blocks on ECP5, else none (no address tree)."""
+        blocks = block_count(Shape.cast(self.params_layout()).width, self.parameter_depth)
+        return PARAMETER_FANOUT if blocks > TREE_BLOCKS else None
+
+    @property
+    def parameter_tree(self):
+        """The parameter memory's address tree's levels (registers per level)."""
+        return tree_levels(block_count(Shape.cast(self.params_layout()).width,
+                                       self.parameter_depth), self.parameter_fanout)
+
+    @property
+    def fetch_start(self):
+        """Cycles the scan's first issue waits for the first parameters: FETCH_START and
+        the parameter memory's address tree's levels."""
+        return FETCH_START + len(self.parameter_tree)
 
     def params_layout(self):
         return data.StructLayout({"scale": self.lanes_layout(), "bias": self.lanes_layout()})
@@ -321,12 +359,12 @@ class ScanLayersUnit(wiring.Component):
         # Layer l's beat b is at address (l << stride_log2) | b: the read address is the
         # fetch's layer and beat registers side by side (see the module docstring).
         stride_log2 = ceil_log2(p.max_beats)
-        depth = p.max_layers << stride_log2
         total_beats = p.max_layers * p.max_beats
-        # (Its writes pass a register: the scan reads the first parameters several cycles
-        # after the last write.)
-        store = m.submodules.parameters = BlockMemory(p.params_layout(), depth,
-                                                      target=p.bram, registered_write=True)
+        # (Its writes pass a register, or as many as its address tree's levels, as its reads
+        # do: the scan reads the first parameters several cycles after the last write.)
+        store = m.submodules.parameters = BlockMemory(
+            p.params_layout(), p.parameter_depth, target=p.bram, registered_write=True,
+            fanout=p.parameter_fanout)
         beats_m1 = Signal.like(beats)
         beats_one = Signal()
         # (L - 2, B - 2 and the group's n - 2, signed, so that the last-layer, last-beat and
@@ -392,7 +430,7 @@ class ScanLayersUnit(wiring.Component):
         # (The parameters wait in the queue's skid buffer in two registers written in turn:
         # the scan registers them anyway, and its take then reaches only the buffer's flags,
         # not the clock enable of a register as wide as the two lanes' vectors.)
-        fetch = m.submodules.fetch = CreditPipeline(BlockMemory.latency, p.params_layout(),
+        fetch = m.submodules.fetch = CreditPipeline(store.latency, p.params_layout(),
                                                     alternate=("scale", "bias"))
         wiring.connect(m, fetch.o, scan.x)
         left = Signal(range(max_sequences + 1))
