@@ -88,7 +88,7 @@ issued only with a credit for it. Stall-free cycle count, start to ``done``:
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -321,12 +321,16 @@ class ScanLayersBackwardUnit(wiring.Component):
                                         name="param_beats")[:bits_for(p.max_layers *
                                                                        p.max_beats)]
 
+        # (The writes pass a register, after the load's and the sweeps' choice of what to
+        # write: a sweep reads a slab written by an earlier one, after the drain, and the
+        # load's last write lands cycles before the first sweep's first read.)
         params_mem = m.submodules.parameters = BlockMemory(
-            p.params_layout(), p.max_layers * p.max_beats, target=p.bram)
+            p.params_layout(), p.max_layers * p.max_beats, target=p.bram,
+            registered_write=True)
         acts = m.submodules.activations = BlockMemory(
-            p.lanes_layout(), p.slabs * p.slab_words, target=p.bram)
+            p.lanes_layout(), p.slabs * p.slab_words, target=p.bram, registered_write=True)
         grads = m.submodules.gradient = BlockMemory(p.lanes_layout(), p.slab_words,
-                                                    target=p.bram)
+                                                    target=p.bram, registered_write=True)
 
         # ---- 1. the load: three streams side by side ------------------------------------------
         load_params, load_input, load_grad = (Signal(name=n) for n in (
@@ -346,25 +350,44 @@ class ScanLayersBackwardUnit(wiring.Component):
                      params_mem.write_addr.eq(param_row + param_beat),
                      params_mem.write_data[0].eq(self.layer_params.payload),
                      params_mem.write_en.eq(take_param)]
+        # The last-beat tests are registers kept beside the counts (each the count's compare
+        # with a register, L*B - 2, S*B - 2, B - 2, loaded at the run's begin; signed: -1
+        # matches nothing), so that no adder stands before a compare in a take's cycle.
+        param_last, param_beat_last, input_last, grad_last = (Signal(name=n) for n in (
+            "param_last", "param_beat_last", "input_last", "grad_last"))
+        beats_one = Signal()
+        beats_m1 = Signal(signed(len(beats) + 1))
+        beats_m2 = Signal(signed(len(beats) + 1))
+        items_m2 = Signal(signed(len(items) + 1))
+        param_beats_m2 = Signal(signed(len(param_beats) + 1))
         with m.If(ctl.begin):
             m.d.sync += [load_params.eq(1), load_input.eq(1), load_grad.eq(1), loading.eq(1),
                          param_count.eq(0), param_beat.eq(0), param_row.eq(0),
-                         input_count.eq(0), grad_count.eq(0)]
+                         input_count.eq(0), grad_count.eq(0),
+                         beats_one.eq(beats == 1), beats_m1.eq(beats - 1),
+                         beats_m2.eq(beats - 2), items_m2.eq(items - 2),
+                         param_beats_m2.eq(param_beats - 2),
+                         param_last.eq(param_beats == 1), param_beat_last.eq(beats == 1),
+                         input_last.eq(items == 1), grad_last.eq(items == 1)]
         with m.If(take_param):
-            m.d.sync += param_count.eq(param_count + 1)
-            with m.If(param_beat + 1 == beats):
-                m.d.sync += [param_beat.eq(0), param_row.eq(param_row + p.max_beats)]
+            m.d.sync += [param_count.eq(param_count + 1),
+                         param_last.eq(param_count == param_beats_m2)]
+            with m.If(param_beat_last):
+                m.d.sync += [param_beat.eq(0), param_row.eq(param_row + p.max_beats),
+                             param_beat_last.eq(beats_one)]
             with m.Else():
-                m.d.sync += param_beat.eq(param_beat + 1)
-            with m.If(param_count + 1 == param_beats):
+                m.d.sync += [param_beat.eq(param_beat + 1),
+                             param_beat_last.eq(param_beat == beats_m2)]
+            with m.If(param_last):
                 m.d.sync += load_params.eq(0)
         with m.If(take_input):
-            m.d.sync += input_count.eq(input_count + 1)
-            with m.If(input_count + 1 == items):
+            m.d.sync += [input_count.eq(input_count + 1),
+                         input_last.eq(input_count == items_m2)]
+            with m.If(input_last):
                 m.d.sync += load_input.eq(0)
         with m.If(take_grad):
-            m.d.sync += grad_count.eq(grad_count + 1)
-            with m.If(grad_count + 1 == items):
+            m.d.sync += [grad_count.eq(grad_count + 1), grad_last.eq(grad_count == items_m2)]
+            with m.If(grad_last):
                 m.d.sync += load_grad.eq(0)
 
         # ---- the sweeps: which layer, which kind, which slabs ----------------------------------
@@ -423,14 +446,28 @@ class ScanLayersBackwardUnit(wiring.Component):
         beat = Signal(range(p.max_beats))
         slot = Signal.like(period)
         item = Signal(range(p.slab_words))
+        # The issue's tests are registers, kept beside the counters as they step (no adder
+        # before a compare in the issue's cycle): ``in_slot`` (issuing and slot < B),
+        # ``slot_last`` (slot == period - 1), ``beat_last`` (beat == B - 1); they step
+        # against B - 1, B - 2 (above), period - 2 and S - 2, registered at the run's begin
+        # (signed: -1 matches nothing).
+        in_slot = Signal()
+        slot_last = Signal()
+        beat_last = Signal()
+        period_m2 = Signal(signed(len(period) + 1))
+        tokens_m2 = Signal(signed(len(tokens) + 1))
+        with m.If(ctl.begin):
+            m.d.sync += [period_m2.eq(period - 2), tokens_m2.eq(tokens - 2)]
         with m.If(setting):
+            # (slot 0 is never a token's last: period >= A + 2 > 1)
             m.d.sync += [setting.eq(0), issuing.eq(1),
                          read_base.eq(read_slab * p.slab_words),
                          write_base.eq(write_slab * p.slab_words),
                          row_base.eq(layer * p.max_beats),
                          last_layer_sweep.eq(backward & (layer == 0)),
                          token.eq(0), token_first.eq(1), token_last.eq(tokens == 1),
-                         beat.eq(0), slot.eq(0), item.eq(0)]
+                         beat.eq(0), slot.eq(0), item.eq(0),
+                         in_slot.eq(1), slot_last.eq(0), beat_last.eq(beats_one)]
 
         # ---- issue: token-major, B items in each period of a token ---------------------------
         grad_queue = m.submodules.grad_queue = CreditPipeline(p.grad_latency,
@@ -439,7 +476,6 @@ class ScanLayersBackwardUnit(wiring.Component):
                                                             p.params_layout())
         wiring.connect(m, grad_queue.o, wiring.flipped(self.grad_input))
         wiring.connect(m, sum_queue.o, wiring.flipped(self.param_grad))
-        in_slot = issuing & (slot < beats)
         wants_grad = last_layer_sweep
         wants_sum = backward & token_last
         grad_ok = ~wants_grad | grad_queue.i_ready
@@ -447,17 +483,24 @@ class ScanLayersBackwardUnit(wiring.Component):
         issue = in_slot & grad_ok & sum_ok
         m.d.comb += [grad_queue.i_valid.eq(in_slot & wants_grad & sum_ok),
                      sum_queue.i_valid.eq(in_slot & wants_sum & grad_ok)]
-        last_item = token_last & (beat + 1 == beats)
+        last_item = token_last & beat_last
         with m.If(issue):
-            m.d.sync += [beat.eq(Mux(beat + 1 == beats, 0, beat + 1)), item.eq(item + 1)]
+            m.d.sync += item.eq(item + 1)
+            with m.If(beat_last):
+                m.d.sync += [beat.eq(0), beat_last.eq(beats_one)]
+            with m.Else():
+                m.d.sync += [beat.eq(beat + 1), beat_last.eq(beat == beats_m2)]
         with m.If(issuing & (issue | ~in_slot)):
             with m.If(issue & last_item):
-                m.d.sync += [issuing.eq(0), draining.eq(1), drain_left.eq(p.drain - 1)]
-            with m.Elif(slot + 1 == period):
-                m.d.sync += [slot.eq(0), token.eq(token + 1), token_first.eq(0),
-                             token_last.eq(token + 2 == tokens)]
+                m.d.sync += [issuing.eq(0), in_slot.eq(0), draining.eq(1),
+                             drain_left.eq(p.drain - 1)]
+            with m.Elif(slot_last):
+                m.d.sync += [slot.eq(0), slot_last.eq(0), in_slot.eq(1),
+                             token.eq(token + 1), token_first.eq(0),
+                             token_last.eq(token == tokens_m2)]
             with m.Else():
-                m.d.sync += slot.eq(slot + 1)
+                m.d.sync += [slot.eq(slot + 1), slot_last.eq(slot == period_m2),
+                             in_slot.eq(in_slot & (slot != beats_m1))]
         with m.If(draining):
             m.d.sync += drain_left.eq(drain_left - 1)
             with m.If(drain_left == 0):
