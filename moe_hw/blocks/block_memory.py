@@ -59,7 +59,7 @@ from ..params import check_choice, check_int, param
 from ..stream import delay
 
 __all__ = ["BlockMemory", "MEMORY_TARGETS", "DP16KD_SIM", "TRELLIS_FF_SIM",
-           "bram_param", "block_aspect", "block_count", "tree_levels"]
+           "bram_param", "block_aspect", "block_rows", "block_count", "tree_levels"]
 
 #: The ``target`` values: how the memory is built.
 MEMORY_TARGETS = ("generic", "ecp5")
@@ -91,11 +91,15 @@ def block_aspect(depth):
     return _ASPECTS[0]
 
 
+def block_rows(depth):
+    """Rows of blocks on ECP5 for ``depth`` words (one up to 16384 words)."""
+    return -(-depth // (1 << block_aspect(depth)[1]))
+
+
 def block_count(width, depth, granules=1):
     """DP16KD blocks on ECP5 of a :class:`BlockMemory` of ``depth`` words of ``granules``
     elements of ``width`` bits."""
-    block_width, block_bits = block_aspect(depth)
-    return -(-depth // (1 << block_bits)) * granules * -(-width // block_width)
+    return block_rows(depth) * granules * -(-width // block_aspect(depth)[0])
 
 
 def tree_levels(blocks, fanout):
@@ -143,8 +147,8 @@ class BlockMemory(wiring.Component):
 
     @property
     def rows(self):
-        """Rows of blocks on ECP5."""
-        return -(-self.depth // (1 << self.aspect[1]))
+        """Rows of blocks on ECP5 (:func:`block_rows`)."""
+        return block_rows(self.depth)
 
     @property
     def blocks(self):

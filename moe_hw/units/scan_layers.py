@@ -229,17 +229,20 @@ class ScanLayersParams(LayerFormatParams, UnitParams):
         return self.max_layers << ceil_log2(self.max_beats)
 
     @property
+    def parameter_blocks(self):
+        """The parameter memory's DP16KD blocks on ECP5."""
+        return block_count(Shape.cast(self.params_layout()).width, self.parameter_depth)
+
+    @property
     def parameter_fanout(self):
         """The parameter memory's ``fanout``: :data:`PARAMETER_FANOUT` past
         :data:`TREE_BLOCKS` blocks on ECP5, else none (no address tree)."""
-        blocks = block_count(Shape.cast(self.params_layout()).width, self.parameter_depth)
-        return PARAMETER_FANOUT if blocks > TREE_BLOCKS else None
+        return PARAMETER_FANOUT if self.parameter_blocks > TREE_BLOCKS else None
 
     @property
     def parameter_tree(self):
         """The parameter memory's address tree's levels (registers per level)."""
-        return tree_levels(block_count(Shape.cast(self.params_layout()).width,
-                                       self.parameter_depth), self.parameter_fanout)
+        return tree_levels(self.parameter_blocks, self.parameter_fanout)
 
     @property
     def fetch_start(self):
