@@ -173,6 +173,10 @@ class BlockMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         levels = self.tree_levels
+        # (The write address's registers before the data's, as before the tree: a netlist
+        # in another order places differently. The ECP5 tree registers its own addresses.)
+        write_addr = (None if levels and self.target == "ecp5" else
+                      self._write(m, self.write_addr, "write_addr_r"))
         write_data = self._write(m, self.write_data.as_value(), "write_data_r")
         if self.target == "generic":
             mem = m.submodules.memory = memory.Memory(shape=self.word, depth=self.depth, init=[])
@@ -180,7 +184,7 @@ class BlockMemory(wiring.Component):
             read = mem.read_port(domain="sync")
             read_addr = delay(m, self.read_addr, len(levels), self.read_en, name="read_addr_r",
                               reset_less=True)
-            m.d.comb += [write.addr.eq(self._write(m, self.write_addr, "write_addr_r")),
+            m.d.comb += [write.addr.eq(write_addr),
                          write.data.eq(write_data),
                          write.en.eq(self._write(m, self.write_en, "write_en_r")),
                          read.addr.eq(read_addr), read.en.eq(self.read_en)]
@@ -221,7 +225,7 @@ class BlockMemory(wiring.Component):
                 return (read_leaves[leaf], write_leaves[leaf][:low_bits],
                         write_leaves[leaf][low_bits + enable])
         else:
-            low = self._write(m, self.write_addr, "write_addr_r")[:low_bits]
+            low = write_addr[:low_bits]
             write_row = self.write_addr[block_bits:] if self.rows > 1 else Const(0)
             enables = {}
             for row in range(self.rows):
