@@ -40,9 +40,9 @@ class FloatAdderCore(FloatCore):
 
     Datapath, with a register boundary (named) after each step:
 
-    1. ``compared``: unpack; compare the magnitudes (bit patterns without the sign) byte by
-       byte and take both exponent differences;
-    2. ``operands``: combine the byte compares and swap, so that x has the larger magnitude;
+    1. ``compared``: unpack; compare the magnitudes (bit patterns without the sign) both
+       ways in halves of 16 bits and take both exponent differences;
+    2. ``operands``: combine the halves' compares and swap, so that x has the larger magnitude;
        saturate the alignment distance;
     3. ``align_coarse``, ``aligned``: shift the smaller significand right by the distance in
        two steps, keeping guard, round and sticky bits; mark where normalisation must stop
@@ -80,35 +80,33 @@ class FloatAdderCore(FloatCore):
         # Three bits below the significands (guard, round, sticky) are enough for a correctly
         # rounded sum; past mant_bits + 4 the smaller operand is all sticky, and so it is
         # for any shift that does not fit the shift amount's bits: saturate them. Both
-        # distances here, the one that applies chosen after the register.
+        # distances here (carry chains, registered as they come out), saturated and the one
+        # that applies chosen after the register.
         ext_width = mant_bits + 4
         shift_width = ext_width.bit_length()
-        shifts = {}
+        distances = {}
         for key, (x, y) in (("ab", (a, b)), ("ba", (b, a))):
-            distance = Signal(exp_bits, name=f"distance_{key}")
-            shifts[key] = Signal(shift_width, name=f"align_shift_{key}")
-            m.d.comb += [
-                distance.eq(x.exponent - y.exponent),
-                shifts[key].eq(distance[:shift_width]
-                               | distance[shift_width:].any().replicate(shift_width)),
-            ]
+            distances[key] = Signal(exp_bits, name=f"distance_{key}")
+            m.d.comb += distances[key].eq(x.exponent - y.exponent)
         # x is the operand of larger magnitude: it gives the result its sign and exponent.
-        # The magnitudes (bit patterns without the sign) are compared in bytes here (short
-        # carry chains) and the bytes combined after the register.
-        # Each byte's "b greater" is the borrow of a - b: the carry chain's own output, not a
-        # compare that synthesis builds from a subtraction and a zero test of its result.
-        chunks = range(0, fmt.width - 1, 8)
-        greater = Cat((a.magnitude[i:i + 8].as_unsigned() - b.magnitude[i:i + 8])[-1]
+        # The magnitudes (bit patterns without the sign) are compared in halves of 16 bits
+        # here, each both ways: "b greater" is the borrow of a - b and "a greater" the
+        # borrow of b - a, the carry chains' own outputs (no LUT after them, and no equality
+        # LUT tree: a half is equal when neither is greater). After the register, the swap
+        # is one LUT of the halves' flags.
+        chunks = range(0, fmt.width - 1, 16)
+        greater = Cat((a.magnitude[i:i + 16].as_unsigned() - b.magnitude[i:i + 16])[-1]
                       for i in chunks)
-        equal = Cat(b.magnitude[i:i + 8] == a.magnitude[i:i + 8] for i in chunks)
+        less = Cat((b.magnitude[i:i + 16].as_unsigned() - a.magnitude[i:i + 16])[-1]
+                   for i in chunks)
         cmp = regs.boundary(
             "compared",
-            greater=greater, equal=equal,
+            greater=greater, less=less,
             subtract=subtract,
             sign_a=a.sign, sign_b=b.sign,
             exponent_a=a.exponent, exponent_b=b.exponent,
             significand_a=a.significand, significand_b=b.significand,
-            shift_ab=shifts["ab"], shift_ba=shifts["ba"],
+            distance_ab=distances["ab"], distance_ba=distances["ba"],
             # The class flags are combined after the register (fewer LUT levels here).
             exp_ones_a=a.exp_ones, frac_zero_a=a.frac_zero,
             exp_ones_b=b.exp_ones, frac_zero_b=b.frac_zero,
@@ -120,14 +118,20 @@ class FloatAdderCore(FloatCore):
         swap = Signal(name="swap")
         cancel = Signal(name="cancel")                     # exactly zero: +0 under RNE
         greater_so_far = Const(0)
-        for i in range(len(cmp.greater)):                   # from the low byte up
-            greater_so_far = cmp.greater[i] | (cmp.equal[i] & greater_so_far)
+        for i in range(len(cmp.greater)):                   # from the low half up
+            greater_so_far = cmp.greater[i] | (~cmp.less[i] & greater_so_far)
         m.d.comb += [
             swap.eq(greater_so_far),
-            cancel.eq(cmp.subtract & cmp.equal.all()),
+            cancel.eq(cmp.subtract & ~(cmp.greater | cmp.less).any()),
         ]
         shift = Signal(shift_width, name="align_shift")
-        m.d.comb += shift.eq(Mux(swap, cmp.shift_ba, cmp.shift_ab))
+        saturated = {}
+        for key in ("ab", "ba"):
+            distance = getattr(cmp, f"distance_{key}")
+            saturated[key] = Signal(shift_width, name=f"align_shift_{key}")
+            m.d.comb += saturated[key].eq(
+                distance[:shift_width] | distance[shift_width:].any().replicate(shift_width))
+        m.d.comb += shift.eq(Mux(swap, saturated["ba"], saturated["ab"]))
         exponent_x = Mux(swap, cmp.exponent_b, cmp.exponent_a)
         ops = regs.boundary(
             "operands",
