@@ -6,7 +6,7 @@ scoreboard over every output beat (nothing lost, duplicated or reordered; lane e
 last flag), the plan and grad_output beats taken. Stall-free runs must take exactly the
 documented count (:meth:`ExpandBackwardParams.cycles`)::
 
-    (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+    (max_rank + 2) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
                    + F + 3*L + 12
 
 (items: one per grad_output beat in the reduce and rows modes, one per element in elements
@@ -16,7 +16,7 @@ F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L) in reduce mode and ceil(log2(ma
 least 1, in the others, L the adder latency), and in stream mode
 (one bank, each row out at its last item, no drain)::
 
-    (max_rank + 1) + items + F + L + 8
+    (max_rank + 2) + items + F + L + 8
 
 Integer-valued data,
 for which every summation order gives the same bits, is also checked against the plain
@@ -74,12 +74,12 @@ def expected_cycles(params, n_in, n_out, mode):
     pairs, w = -(-(lat + 3) // 2), lat + 1
     items = n_out if mode == "elements" else n_out // lanes
     rows = -(-n_in // lanes)
-    tree = max(1, (params.max_rank - 1).bit_length())
-    front = max(tree, 1 + (lanes.bit_length() - 1) * lat) if mode == "reduce" else tree
+    short = max(1, (params.max_rank - 1).bit_length()) + 1     # the tree, the read address
+    front = max(short, 1 + (lanes.bit_length() - 1) * lat) if mode == "reduce" else short
     if mode == "stream" and items >= rows:
-        return params.max_rank + 1 + items + front + lat + 8
-    return (params.max_rank + 1 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
-            + front + 3 * lat + 12)
+        return params.max_rank + 2 + items + front + lat + 8
+    return (params.max_rank + 2 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
+            + front + 3 * lat + 13)
 
 
 def check(inputs, fmt, *, sim=SIM, stall=0.0, seed=0, mode=None):
@@ -196,18 +196,18 @@ def test_expand_backward_order_is_visible():
 
 
 def test_expand_backward_cycle_formula():
-    """The documented formula at the defaults (fp32, L = 11: G = 14 in 7 pairs, W = 12, lanes
-    16, F = 45 in reduce mode, 3 otherwise) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
-    rows in 6 groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
+    """The documented formula at the defaults (fp32, L = 12: G = 15 in 8 pairs, W = 13, lanes
+    16, F = 49 in reduce mode, 4 otherwise) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
+    rows in 5 groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
     params = ExpandBackwardParams()
-    assert (params.banks, params.pairs, params.ring, params.front_latency) == (14, 7, 12, 45)
-    assert params.cycles(1024, 1024 * 512, "reduce") == 7 + 32768 + 496 + 45 + 33 + 12
-    # F = 3 (the address tree) outside reduce mode: no lane tree to wait for
-    assert params.short_front_latency == 3
-    assert params.cycles(512, 1024 * 512, "rows") == 7 + 32768 + 248 + 3 + 33 + 12
+    assert (params.banks, params.pairs, params.ring, params.front_latency) == (15, 8, 13, 49)
+    assert params.cycles(1024, 1024 * 512, "reduce") == 8 + 32768 + 519 + 49 + 36 + 13
+    # F = 4 (the address tree, the read address register) outside reduce mode: no lane tree to wait for
+    assert params.short_front_latency == 4
+    assert params.cycles(512, 1024 * 512, "rows") == 8 + 32768 + 305 + 4 + 36 + 13
     # stream mode: the row backward and the repeat [2, 1] backward, no drain
-    assert params.cycles(512, 1024 * 512, "stream") == 7 + 32768 + 3 + 11 + 8
-    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 7 + 65536 + 3 + 11 + 8
+    assert params.cycles(512, 1024 * 512, "stream") == 8 + 32768 + 4 + 12 + 8
+    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 8 + 65536 + 4 + 12 + 8
     # fewer items than rows: no whole last pass, the run drains as rows mode does
     assert params.cycles(512, 256, "stream") == params.cycles(512, 256, "rows")
     assert params.cycles(3, 0, "elements") == EMPTY_CYCLES

@@ -87,7 +87,8 @@ def check_rank(name, sizes, max_rank):
 class Plan:
     """The address generator's run-time plan for one expand (see :func:`plan`)."""
 
-    def __init__(self, output_shape, out_stride, dims, digits, lanes, *, paired=True):
+    def __init__(self, output_shape, out_stride, dims, digits, lanes, *, paired=True,
+                 starts=(0,)):
         self.output_shape = output_shape      # the expand's output shape
         self.out_stride = out_stride          # golden.expand_strides
         self.dims = dims                      # the hardware's (s_d, t_d), max_rank of them
@@ -98,12 +99,15 @@ class Plan:
         self.dy = [[k + cin - wrap * s for cin in (0, 1) for wrap in (0, 1)]
                    for (s, _), k in zip(dims, digits)]
         self.da = [[step * t for step in steps] for steps, (_, t) in zip(self.dy, dims)]
-        # Lane 0's odometer start: its digits y_d = x_d + k_d - s_d, address shares and the
-        # carries of its first step.
-        x = [0] * len(dims)
-        self.y0 = [[xd + k - s for xd, k, (s, _) in zip(x, digits, dims)]]
-        self.a0 = [[0] * len(dims)]
-        self.c0 = [carries(self.y0[0])]
+        # Each odometer's start (lane 0's; expand_backward's two at elements 0 and one item
+        # on): its digits y_d = x_d + k_d - s_d, address shares and the carries of its first
+        # step. A start past the output (a run of one item) wraps, as the lanes do.
+        self.y0, self.a0, self.c0 = [], [], []
+        for start in starts:
+            x = self.digits_of(start % self.output_elements if self.output_elements else 0)
+            self.y0.append([xd + k - s for xd, k, (s, _) in zip(x, digits, dims)])
+            self.a0.append([xd * t for xd, (_, t) in zip(x, dims)])
+            self.c0.append(carries(self.y0[-1]))
         # Every lane's constants (lane l of an even beat reads the pair's element plus l, of
         # an odd beat plus lanes + l, modulo the output): u_d = k_d - k^e_d and the start
         # offset A_e = sum_d k^e_d t_d, e = l (even) or lanes + l (odd).
@@ -146,11 +150,11 @@ class Plan:
                 offset += width
             return value
 
-        # Lane 0's odometer start, then the even constants of lanes 1 .. lanes-1 and the odd
-        # constants of every lane (none for the one odometer of expand_backward).
+        # The odometers' starts (lane 0's; expand_backward's two), then the even constants of
+        # lanes 1 .. lanes-1 and the odd constants of every lane (none for expand_backward).
         constants = range(1, 2 * self.lanes) if self.paired else ()
         return ([word(dy, da) for dy, da in zip(self.dy, self.da)]
-                + [word(self.y0[0], self.a0[0], self.c0[0])]
+                + [word(y, a, c) for y, a, c in zip(self.y0, self.a0, self.c0)]
                 + [word(self.u[e], [self.offset[e]]) for e in constants])
 
 
@@ -172,10 +176,12 @@ def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
     """The plan from an output shape and its ``out_stride`` (already checked). By default
     the expand unit's: an odometer that advances a pair of beats (2 * ``params.lanes``
     elements) per step, its start (element 0) and every lane's even and odd constants. With
-    ``odometers`` = 1 (expand_backward's): the odometer alone, advancing ``step`` elements
-    per step."""
+    ``odometers`` (expand_backward's 2): that many odometers that take items in turn, an
+    item ``step`` elements, so each advances ``odometers * step`` elements per step; their
+    starts are elements 0, ``step``, ..."""
     paired = odometers is None
-    step = 2 * params.lanes if paired else step
+    starts = (0,) if paired else tuple(i * step for i in range(odometers))
+    step = 2 * params.lanes if paired else odometers * step
     merged = merged_dims(output_shape, out_stride)
     if len(merged) > params.max_rank:
         raise HostError(f"the expand needs {len(merged)} address dims ({merged}), above the "
@@ -186,7 +192,7 @@ def plan_of(output_shape, out_stride, params, *, step=None, odometers=None):
         digits.append((step // inner) % s)
         inner *= s
     return Plan(list(output_shape), list(out_stride), dims, digits[::-1],
-                params.lanes if paired else odometers, paired=paired)
+                params.lanes if paired else odometers, paired=paired, starts=starts)
 
 
 def carries(y):

@@ -9,9 +9,10 @@ npz inputs: ``output_grad`` (the expanded shape; float32, float16 or bfloat16),
 (of ``input_shape``).
 
 The plan is the forward's (:func:`moe_hw.host.expand.plan_of`, the same checks and errors),
-with one odometer that advances ``lanes`` elements per beat in the ``reduce``, ``rows`` and
-``stream`` modes and one element per item in ``elements`` mode (:func:`golden.expand.backward_mode
-<moe_hw.golden.expand.backward_mode>`).
+with two odometers that take the items in turn (an item is a beat, ``lanes`` elements, in the
+``reduce``, ``rows`` and ``stream`` modes and one element in ``elements`` mode:
+:func:`golden.expand.backward_mode <moe_hw.golden.expand.backward_mode>`), each advancing two
+items per step from its start (element 0, and one item on).
 """
 
 import math
@@ -114,7 +115,7 @@ class ExpandBackward(Unit):
                                 f"{getattr(params, maximum)}")
         step = 1 if self.mode(problem, params) == "elements" else params.lanes
         return plan_of(problem["output_shape"], problem["out_stride"], params, step=step,
-                       odometers=1)
+                       odometers=2)
 
     def fast(self, stimulus, settings):
         return fast_bench(self, stimulus, settings)

@@ -154,7 +154,7 @@ from ..stream import CreditPipeline, RegisteredFIFO, RegisterCopies, replicated
 from ..stream.pipeline import delay
 
 __all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "MEMORIES", "PARTS", "SPLIT_LATENCY",
-           "StrideAddressParams", "dim_steps", "odometer", "sum_tree"]
+           "StrideAddressParams", "dim_steps", "pair_odometer", "sum_tree"]
 
 #: Element formats and their widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
@@ -394,49 +394,6 @@ def dim_steps(m, p, payload, loads):
     return dy, da
 
 
-def odometer(m, p, dy, da, *, load, start, take, name):
-    """An odometer that steps once per cycle (expand_backward's; expand's own steps a pair of
-    beats in two cycles, :func:`pair_odometer`), a step ahead: loads its start values
-    and start carries from the plan beat ``start`` when ``load`` is high, else steps by the
-    planned constants when ``take`` is high. Returns the dims' shares of the address,
-    ``[a_0, .., a_{R-1}]`` (registers); the address is their sum (:func:`sum_tree`).
-
-    The registers: the carries ``c_d`` of the coming step, and per dim the candidates of
-    the next y_d, ``v_i = y_d + dy_i`` (i = 2*carry in + wrap; 4 and 5 the next q_d with a
-    carry in). A step takes the next y_d as the candidate its carries choose, and the next
-    carries from the chosen candidates' sign bits: registers chosen by registers, then the
-    lookahead; the adders only form the following candidates from the chosen one."""
-    rank = p.max_rank
-    carry = Signal(rank, name=f"{name}_carry")      # c_d, out of dim d, this step
-    a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
-    next_carry = [Const(0)] * (rank + 1)             # the following step's; c_R = 0
-    steps = []
-    for d in reversed(range(rank)):
-        innermost = d == rank - 1
-        # The innermost dim has no carry in: its candidates 0 and 1 only (its q_d unused).
-        count = 2 if innermost else 6
-        v = Signal(data.ArrayLayout(signed(p.digit_width), count), name=f"{name}_v{d}")
-        choice = carry[d] if innermost else Cat(carry[d], carry[d + 1])
-        y_next = v[choice]
-        next_carry[d] = ~y_next.as_signed()[-1]
-        if not innermost:
-            # q_d + dy_i = y_d + dy_(i+2): step i's q_d candidate is entry i + 2.
-            q_next = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
-            next_carry[d] |= ~q_next.as_signed()[-1] & next_carry[d + 1]
-        steps.append((d, v, choice, y_next, count))
-    with m.If(load):
-        m.d.sync += carry.eq(start.carry)
-        m.d.sync += [a[d].eq(start.addr[d]) for d in range(rank)]
-    with m.Elif(take):
-        m.d.sync += carry.eq(Cat(*next_carry[:rank]))
-        m.d.sync += [a[d].eq(a[d] + da[d][choice]) for d, _, choice, _, _ in steps]
-    for d, v, _, y_next, count in steps:
-        base = Mux(load, start.digit[d], y_next)
-        with m.If(load | take):
-            m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
-    return a
-
-
 def _select(onehot, values):
     """The entry of ``values`` (an array view) that the one-hot ``onehot`` picks (zero when
     it is zero): an AND-OR, no decoder."""
@@ -487,7 +444,8 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``. The start's copies
     load a cycle after ``load`` (from a register of their own, so that the load flag reaches
     them through one mux) (the lanes' first take comes later still: the plan's lane beats follow
-    the odometer's)."""
+    the odometer's). expand_backward runs two of these, one per parity of its items, each
+    with ``even_take`` its items' takes and ``odd_take`` the cycle after each."""
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]

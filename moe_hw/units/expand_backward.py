@@ -2,8 +2,9 @@
 backward, OneFlow ``expand``'s gradient), fp32 / fp16 / bf16.
 
 ``addr(x) = sum_d x_d * out_stride[d]`` is the forward unit's address (a broadcast or new dim
-has stride 0), formed by the same stride address generator (:func:`~moe_hw.units.expand.
-odometer`, planned on the host by :func:`moe_hw.host.expand.plan_of`). The output gradient
+has stride 0), formed by the same stride address generator (two of its odometers,
+:func:`~moe_hw.units.expand.pair_odometer`, planned on the host by
+:func:`moe_hw.host.expand.plan_of`). The output gradient
 streams in, the input gradient is accumulated on chip and streamed out at the end.
 
 The problem: every output element adds into an input element, and in the common case (a gate
@@ -55,11 +56,13 @@ plan gives exactly ``rows`` beats, the last one last.
 Streams and ports (payload fields are listed least significant first):
 
 ``plan`` (in)
-    The address generator's plan, ``max_rank + 1`` beats taken first in a run
-    (:meth:`~moe_hw.units.expand.StrideAddressParams.plan_layout`): each dim's steps, then
-    the start values and carries of the one odometer (element 0), which advances ``lanes``
-    elements per beat in the ``reduce``, ``rows`` and ``stream`` modes and one per element in
-    ``elements`` mode.
+    The address generator's plan, ``max_rank + 2`` beats taken first in a run
+    (:meth:`~moe_hw.units.expand.StrideAddressParams.plan_layout`): each dim's steps (of two
+    items), then the start values and carries of the two odometers, which take the items in
+    turn (the even items from element 0, the odd ones from one item on; an item is ``lanes``
+    elements in the ``reduce``, ``rows`` and ``stream`` modes and one in ``elements`` mode),
+    so that each odometer has two cycles per step (:func:`~moe_hw.units.expand.
+    pair_odometer`).
 ``grad_output`` (in)
     The output gradient, flat in C order, ``ceil(output_elements / lanes)`` beats: ``data``
     (``lanes`` elements, lane 0 first; lanes past the end are ignored).
@@ -82,7 +85,7 @@ of ``lanes`` input elements). Stall-free, a run takes exactly
 :meth:`ExpandBackwardParams.cycles` cycles from the start cycle to the first cycle ``done``
 is high::
 
-    (max_rank + 1) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+    (max_rank + 2) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
                    + F + 3*L + 12
 
 with ``items`` = ``output_elements`` (``elements``) or ``output_elements / lanes``, ``rows =
@@ -96,7 +99,7 @@ run control 2, the memory read in the last item's write and in the drain 2 + 2, 
 spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. In stream
 mode::
 
-    (max_rank + 1) + items + F + L + 8
+    (max_rank + 2) + items + F + L + 8
 
 (the last item's front, memory read 2 and add, run control 2, the output queue 2, busy 1,
 done 1). An empty run takes
@@ -106,7 +109,11 @@ on the output, up to W per drain pass.
 Memory: two :class:`~moe_hw.blocks.block_memory.BlockMemory` (the even and the odd banks),
 each ``ceil(G / 2) * 2**ceil(log2(rows))`` words of ``lanes`` elements (the bank's half in
 the high address bits), a write enable per lane. Adders: ``lanes - 1`` in the lane tree,
-``lanes`` accumulators, ``lanes`` drain pre-adders.
+``lanes`` accumulators, ``lanes`` drain pre-adders, all of latency L (``add_stages``). The
+accumulators and pre-adders take their operands through a register (:func:`registered_adder`:
+the choices by the drain flag, the bank's parity and the pass flags before it, the core's
+carry chains after it) and a core of L - 1 stages, so L is by default the format's adder
+depth and one: 12.
 """
 
 from dataclasses import dataclass
@@ -116,15 +123,15 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..arith.fadd import FloatAdderCore, adder_tree
+from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore, adder_tree
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..golden.expand import BACKWARD_MODES, expand_backward_banks
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay, replicated
-from .expand import StrideAddressParams, dim_steps, odometer, sum_tree
+from ..stream import CreditPipeline, RegisterCopies, delay, replicated
+from .expand import StrideAddressParams, dim_steps, pair_odometer, sum_tree
 
 __all__ = ["ExpandBackwardParams", "ExpandBackwardUnit"]
 
@@ -142,8 +149,17 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
     # At least 1: the accumulation interleaves banks and rows; a combinational adder would
     # close a combinational loop through its own output.
     add_stages: int | None = param(None, minimum=1, maximum=16, optional=True,
-                                   doc="None: the adder's default depth for the format")
+                                   doc="L, every adder's latency; None: the adder's default "
+                                       "depth for the format and one (an operand register)")
     bram: str = bram_param()
+
+    @property
+    def add_latency(self):
+        """L, every adder's latency: ``add_stages``, by default the format's adder depth and
+        one, so that the accumulators and pre-adders (:func:`registered_adder`: an operand
+        register, then a core of L - 1 stages) have the adder's full depth."""
+        stages = self.add_stages
+        return DEFAULT_ADDER_STAGES[self.format] + 1 if stages is None else stages
 
     @property
     def banks(self):
@@ -169,13 +185,19 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         """F in ``reduce`` mode: cycles from an item's take to its address and value at the
         accumulator: the address adder tree, or the beat register and the lane tree, whichever
         is longer."""
-        return max(self.tree_latency, 1 + self.lane_levels * self.add_latency)
+        return max(self.short_front_latency, 1 + self.lane_levels * self.add_latency)
 
     @property
     def short_front_latency(self):
-        """F in the other modes (no lane tree): the address adder tree, at least the beat
-        register."""
-        return max(self.tree_latency, 1)
+        """F in the other modes (no lane tree): the address adder tree and the memories'
+        read address register."""
+        return self.tree_latency + 1
+
+    @property
+    def drain_read_latency(self):
+        """Cycles from a drain read's issue to its data: the read address register and the
+        memory's read."""
+        return 1 + BlockMemory.latency
 
     def front(self, mode):
         """F of a run in ``mode``."""
@@ -188,8 +210,8 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
 
     @property
     def plan_beats(self):
-        """Beats of the plan stream: one per dim, one for the odometer's start."""
-        return self.max_rank + 1
+        """Beats of the plan stream: one per dim, one for each odometer's start."""
+        return self.max_rank + 2
 
     @property
     def row_bits(self):
@@ -209,10 +231,11 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
     def output_depth(self):
         """The output queue's depth: a drain pass's W results beyond the drain's round trip
         (read, pre-add, add), and in stream mode every row from its item's take to its
-        delivery, so that a row a cycle goes without a pause."""
+        delivery, so that a row a cycle goes without a pause; and a slot each for the
+        decision and the delivery that the count takes a cycle late."""
         read, lat = BlockMemory.latency, self.add_latency
-        return max(2 * self.ring + read + 2 * lat + 3,
-                   self.short_front_latency + read + lat + CreditPipeline.QUEUE_LATENCY + 2)
+        return 2 + max(2 * self.ring + self.drain_read_latency + 2 * lat + 3,
+                       self.short_front_latency + read + lat + CreditPipeline.QUEUE_LATENCY + 2)
 
     def streams(self, input_elements, output_elements, mode):
         """Whether a run streams its rows out (``stream`` mode with at least one item per
@@ -245,7 +268,7 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
                     + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
         return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
                 + self.flush(mode) + 1 + self.drain_cycles(input_elements)
-                + BlockMemory.latency + 2 * self.add_latency
+                + self.drain_read_latency + 2 * self.add_latency
                 + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
     def grad_output_layout(self):
@@ -254,6 +277,18 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
     def input_grad_layout(self):
         return data.StructLayout({"data": data.ArrayLayout(self.fmt.width, self.lanes),
                                   "enable": self.lanes, "last": 1})
+
+
+def registered_adder(m, fmt, latency, a, b, *, name):
+    """A :class:`FloatAdderCore` of ``latency`` in all whose operands ``a`` and ``b`` (each a
+    choice among memory outputs and flags that reach every lane) pass a register first: the
+    core has ``latency - 1`` stages, so that the choices and the core's first carry chains
+    are in different cycles, and the sum is where a core of ``latency`` would give it."""
+    core = FloatAdderCore(fmt, latency - 1)
+    operands = [Signal(len(a), name=f"{name}_{side}", reset_less=True) for side in "ab"]
+    m.d.sync += [operands[0].eq(a), operands[1].eq(b)]
+    m.d.comb += [core.a.eq(operands[0]), core.b.eq(operands[1]), core.en.eq(1)]
+    return core
 
 
 class ExpandBackwardUnit(wiring.Component):
@@ -326,8 +361,13 @@ class ExpandBackwardUnit(wiring.Component):
             m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
             with m.If(plan_next[-1]):
                 m.d.sync += plan_open.eq(0)
-        dy, da = dim_steps(m, p, self.plan.payload, [plan_take & plan_next[d]
-                                                      for d in range(rank)])
+        # A plan beat is registered (every cycle: no clock enable from the take), with a load
+        # flag per beat (a register), and loaded a cycle after its take; the first item
+        # comes no earlier (the even odometer loads a cycle before the odd one).
+        beat = Signal.like(self.plan.payload, name="plan_beat", reset_less=True)
+        beat_loads = Signal(p.plan_beats, name="plan_loads")
+        m.d.sync += [beat.eq(self.plan.payload), beat_loads.eq(Mux(plan_take, plan_next, 0))]
+        dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
         room = Signal()                      # stream: the output queue has a slot
@@ -345,23 +385,44 @@ class ExpandBackwardUnit(wiring.Component):
                 m.d.sync += [items_open.eq(0), flushing.eq(1),
                              flush_left.eq(Mux(long_front, p.flush("reduce"), p.flush("rows")))]
 
-        a = odometer(m, p, dy, da, load=plan_take & plan_next[rank],
-                     start=self.plan.payload, take=take, name="odometer")
-        addr = sum_tree(m, a, name="addr")           # tree_latency after the take
+        # Two odometers take the items in turn (odd_item: the next item is odd), each
+        # stepping two items in two cycles or more (expand's pair odometer): the even one
+        # from element 0, the odd one from one item on.
+        odd_item = Signal()
+        odd_next = Mux(ctl.accept, 0, odd_item ^ take)
+        m.d.sync += odd_item.eq(odd_next)
+        shares = []
+        for parity, name in enumerate(("even_odometer", "odd_odometer")):
+            mine = take & (odd_item if parity else ~odd_item)
+            took = delay(m, mine, 1, 1, name=f"{name}_took")
+            a, _ = pair_odometer(m, p, dy, da, load=beat_loads[rank + parity],
+                                 start=beat, even_take=mine, odd_take=took,
+                                 name=name, copies=1)
+            shares.append(a)
+        # The item's shares chosen in the address tree's first level, by a copy of the
+        # parity per pair of dims.
+        parities = replicated(m, odd_next, name="odd_item_copy",
+                              copies=min(-(-rank // 2), 3), apart=True)
+        addr = sum_tree(m, [Mux(parities[d // 2 % len(parities)], shares[1][d], shares[0][d])
+                            for d in range(rank)], name="addr")   # tree_latency after the take
         # An item reaches the accumulator F cycles after its take: in reduce mode after the
         # lane tree (F long), otherwise after the address tree (F short). The item's address,
         # valid and bank take either delay (a choice by the run's mode); its values only the
         # one their mode uses, so the beat's lanes are not held for the lane tree's length.
         front, short = p.front_latency, p.short_front_latency
 
-        def fronted(value, name, *, reset_less=True, at=0):
-            """``value`` (formed ``at`` cycles after the take) at the accumulator."""
-            near = delay(m, value, short - at, 1, name=f"{name}_short",
+        def fronted(value, name, *, reset_less=True, at=0, early=0):
+            """``value`` (formed ``at`` cycles after the take) at the accumulator, or
+            ``early`` cycles before."""
+            near = delay(m, value, short - at - early, 1, name=f"{name}_short",
                          reset_less=reset_less)
             far = delay(m, near, front - short, 1, name=f"{name}_long", reset_less=reset_less)
             return Mux(long_front, far, near)
 
-        addr = fronted(addr, "item_addr", at=p.tree_latency)
+        # The item's address and bank a cycle early too: the memories' read address is a
+        # register (F short is the address tree and that register).
+        addr_early = fronted(addr, "item_addr", at=p.tree_latency, early=1)
+        addr = delay(m, addr_early, 1, 1, name="item_addr_front", reset_less=True)
         data_in = self.grad_output.payload.data
         beat = [delay(m, data_in[j], 1, 1, name=f"beat{j}", reset_less=True)
                 for j in range(lanes)]
@@ -373,12 +434,16 @@ class ExpandBackwardUnit(wiring.Component):
                 for j, v in enumerate(beat)]
         element = delay(m, element, short - 1, 1, name="element_front", reset_less=True)
         item_valid = fronted(take, "item_valid", reset_less=False)
-        item_bank = fronted(bank, "item_bank")
+        bank_early = fronted(bank, "item_bank", early=1)
+        item_bank = delay(m, bank_early, 1, 1, name="item_bank_front", reset_less=True)
         # Stream mode (F short): the last pass is the last run_rows items; each is its row's
         # last add. Its flags by position (the k-th such item is row k): the last flag on the
         # final item, whatever the plan.
         touch_last = take & stream & (items_left <= run_rows)
-        item_last = delay(m, touch_last, short, 1, name="item_last")
+        # (The output queue takes it a cycle before the accumulator does: the queue's latency
+        # is the drain's, whose read takes the read address register too.)
+        item_last_early = delay(m, touch_last, short - 1, 1, name="item_last_early")
+        item_last = delay(m, item_last_early, 1, 1, name="item_last")
         item_final = delay(m, items_left == 1, short + read_latency + lat, 1,
                            name="item_final", reset_less=True)
 
@@ -408,9 +473,15 @@ class ExpandBackwardUnit(wiring.Component):
         drain_addr = Signal(addr_width)
         item_parity = item_bank[0] if banks > 1 else Const(0)
         rmw_addr = Cat(row[:p.row_bits], item_bank[1:])[:addr_width]
-        for memory in memories:
-            m.d.comb += [memory.read_addr.eq(Mux(draining, drain_addr, rmw_addr)),
-                         memory.read_en.eq(1)]
+        # The read address: a register (a copy per memory) loaded a cycle ahead, the item's
+        # from its early address, the drain's as it issues (so the drain reads a cycle after
+        # its issue: ``drain_read``).
+        rmw_early = Cat(addr_early[lanes_log2:][:p.row_bits], bank_early[1:])[:addr_width]
+        read_addrs = RegisterCopies(addr_width, name="read_addr", copies=2)
+        m.d.sync += read_addrs.eq(Mux(draining, drain_addr, rmw_early))
+        for memory, read_addr in zip(memories, read_addrs.values):
+            m.d.comb += [memory.read_addr.eq(read_addr), memory.read_en.eq(1)]
+        drain_read = p.drain_read_latency
         parity_read = delay(m, item_parity, read, 1, name="parity_read", reset_less=True)
 
         # The drain: a pre-adder per lane sums the pair of banks (+0.0 for the missing odd
@@ -418,8 +489,8 @@ class ExpandBackwardUnit(wiring.Component):
         # adder's sum a cycle later, +0.0 where the first pair starts a row.
         restart = Signal()
         last_pass_signal = Signal()          # the drain's pass is the last pair of banks
-        pair_on = delay(m, drain_issue, read, 1, name="pair_on")
-        odd_on = delay(m, drain_issue & ((banks % 2 == 0) | ~last_pass_signal), read, 1,
+        pair_on = delay(m, drain_issue, drain_read, 1, name="pair_on")
+        odd_on = delay(m, drain_issue & ((banks % 2 == 0) | ~last_pass_signal), drain_read, 1,
                        name="odd_on")
         ring_on = delay(m, pair_on, lat, 1, name="ring_on")
         values_read = [delay(m, v, read, 1, name=f"value{j}_read", reset_less=True)
@@ -432,20 +503,15 @@ class ExpandBackwardUnit(wiring.Component):
         drain_copies = replicated(m, draining, name="draining_copy", copies=groups)
         for j in range(lanes):
             drain_here = drain_copies[j * groups // lanes]
-            pre = FloatAdderCore(p.format, lat)
-            m.submodules[f"pair{j}"] = pre
-            m.d.comb += [pre.a.eq(Mux(pair_on, even.read_data[j], 0)),
-                         pre.b.eq(Mux(odd_on, odd.read_data[j], 0)), pre.en.eq(1)]
-            acc = FloatAdderCore(p.format, lat)
-            m.submodules[f"acc{j}"] = acc
+            pre = m.submodules[f"pair{j}"] = registered_adder(
+                m, p.format, lat, Mux(pair_on, even.read_data[j], 0),
+                Mux(odd_on, odd.read_data[j], 0), name=f"pair{j}")
             partial = Signal(width, name=f"partial{j}")
-            m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
             old = Mux(parity_read, odd.read_data[j], even.read_data[j])
-            m.d.comb += [
-                acc.a.eq(Mux(drain_here, partial, old)),
-                acc.b.eq(Mux(drain_here, Mux(ring_on, pre.sum, 0), values_read[j])),
-                acc.en.eq(1),
-            ]
+            acc = m.submodules[f"acc{j}"] = registered_adder(
+                m, p.format, lat, Mux(drain_here, partial, old),
+                Mux(drain_here, Mux(ring_on, pre.sum, 0), values_read[j]), name=f"acc{j}")
+            m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
             sums.append(acc.sum)
 
         # Writes: an item's sum read + L cycles after its front into its bank's memory, or a
@@ -453,11 +519,12 @@ class ExpandBackwardUnit(wiring.Component):
         write_en = delay(m, enables, read + lat, 1, name="write_en")
         write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
         write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
-        clear_en = delay(m, drain_issue, 1, 1, name="clear_en")
+        clear_en = delay(m, drain_issue, drain_read - 1, 1, name="clear_en")
         # Stream mode: a row's last add writes +0.0 back (its sum leaves), so the bank is
         # clear for the next run.
         write_zero = clear_en | delay(m, item_last, read + lat, 1, name="write_last")
-        clear_addr = delay(m, drain_addr, 1, 1, name="clear_addr", reset_less=True)
+        clear_addr = delay(m, drain_addr, drain_read - 1, 1, name="clear_addr",
+                           reset_less=True)
         for parity, memory in enumerate(memories):
             mine = write_odd if parity else ~write_odd
             m.d.comb += [
@@ -472,10 +539,10 @@ class ExpandBackwardUnit(wiring.Component):
             m.d.sync += flush_left.eq(flush_left - 1)
             with m.If(flush_left == 0):
                 m.d.sync += [flushing.eq(0), draining.eq(1)]
-        # The output queue takes a result at the accumulator's input (an item's, in stream
-        # mode) or lat cycles after its drain read (the pre-add); either's sum is there read
-        # + lat cycles later.
-        latency = read + lat
+        # The output queue takes a result a cycle before the accumulator's input (an item's,
+        # in stream mode) or lat cycles after its drain issue (the pre-add); either's sum is
+        # there drain_read + lat cycles later.
+        latency = drain_read + lat
         depth = p.output_depth
         out = m.submodules.output_pipe = CreditPipeline(latency, p.input_grad_layout(),
                                                         depth=depth)
@@ -484,11 +551,21 @@ class ExpandBackwardUnit(wiring.Component):
         # take, a drain read): a last pass starts only when the queue has room for all W of
         # its results (its takes cannot wait: the rows keep ring slots), and in stream mode
         # an item is taken only with a slot for its row (room).
+        # The count takes a decision and a delivery a cycle late (``counted``, ``delivered``:
+        # registers), so that neither the take's and the drain's logic nor the output's
+        # handshake runs on into its adder and compares: ``pending`` is then the true count
+        # give or take one, and the flags assume one more (the queue has two slots more for
+        # it, ``output_depth``), so they are never later than exact ones.
         pending = Signal(range(depth + 1))
-        delivered = self.input_grad.valid & self.input_grad.ready
+        delivered = Signal()
         drain_out = Signal()
-        pending_next = pending + Mux(stream, touch_last, drain_out) - delivered
-        m.d.sync += [pending.eq(pending_next), room.eq(pending_next < depth - 1)]
+        counted = Signal()
+        pass_room = Signal()                 # a last pass's W results fit
+        pending_next = pending + counted - delivered
+        m.d.sync += [counted.eq(Mux(stream, touch_last, drain_out)),
+                     delivered.eq(self.input_grad.valid & self.input_grad.ready),
+                     pending.eq(pending_next), room.eq(pending_next < depth - 2),
+                     pass_room.eq(pending_next <= depth - ring - 3)]
         # rho counts every drain cycle modulo W; a pass (one pair of banks over a group of W
         # rows) starts only at rho == 0, so the rows keep their ring slots whatever waits.
         rho = Signal(range(ring))
@@ -500,35 +577,49 @@ class ExpandBackwardUnit(wiring.Component):
         m.d.comb += last_pass_signal.eq(drain_pair == p.pairs - 1)
         last_pass = last_pass_signal
         starts = draining & drain_open & (rho == 0)
-        go = starts & ~(last_pass & (pending > depth - ring - 2))
-        drain_row = group_row + rho
-        real = drain_row < run_rows
+        go = starts & (~last_pass | pass_room)
+        # The drain's row and its tests as registers stepped beside rho: drain_row = group_row
+        # + rho, group_left = rows - group_row, left = max(rows - drain_row, 0), real = left > 0.
+        drain_row = Signal(range(p.rows + ring + 1))
+        group_left = Signal(range(p.rows + 1))
+        left = Signal(range(p.rows + 1))
+        real = Signal()
         m.d.comb += [
             drain_issue.eq(Mux(rho == 0, go, pass_on)),
             drain_addr.eq(Cat(drain_row[:p.row_bits], drain_pair)[:addr_width]),
-            restart.eq(delay(m, drain_issue & (drain_pair == 0), 1 + lat, 1,
+            restart.eq(delay(m, drain_issue & (drain_pair == 0), drain_read - 1 + lat, 1,
                              name="restart_next")),
             drain_out.eq(drain_issue & last_pass & real),
-            out.i_valid.eq(Mux(stream, item_last, delay(m, drain_out, lat, 1, name="drain_out"))),
+            out.i_valid.eq(Mux(stream, item_last_early,
+                               delay(m, drain_out, lat, 1, name="drain_out"))),
             out.payload.data.eq(Cat(*sums)),
         ]
 
-        drain_final = delay(m, drain_row == run_rows - 1, read + 2 * lat, 1, name="final",
+        drain_final = delay(m, left == 1, drain_read + 2 * lat, 1, name="final",
                             reset_less=True)
         final = Mux(stream, item_final, drain_final)
         m.d.comb += [out.payload.enable.eq(Mux(final, last_en, all_lanes)),
                      out.payload.last.eq(final)]
         with m.If(draining & drain_open):
-            m.d.sync += rho.eq(Mux(rho == ring - 1, 0, rho + 1))
+            wrap = rho == ring - 1
+            m.d.sync += rho.eq(Mux(wrap, 0, rho + 1))
+            with m.If(wrap):
+                m.d.sync += [drain_row.eq(group_row), left.eq(group_left),
+                             real.eq(group_left != 0)]
+            with m.Else():
+                m.d.sync += [drain_row.eq(drain_row + 1), left.eq(Mux(left == 0, 0, left - 1)),
+                             real.eq(left > 1)]
             with m.If(rho == 0):
                 m.d.sync += pass_on.eq(go)
-            with m.If((rho == ring - 1) & pass_on):
+            with m.If(wrap & pass_on):
                 m.d.sync += pass_on.eq(0)
                 with m.If(~last_pass):
                     m.d.sync += drain_pair.eq(drain_pair + 1)
                 with m.Else():
                     m.d.sync += [drain_pair.eq(0), group_row.eq(group_row + ring),
-                                 last_group.eq(group_row + 2 * ring >= run_rows)]
+                                 drain_row.eq(group_row + ring),
+                                 group_left.eq(group_left - ring), left.eq(group_left - ring),
+                                 real.eq(1), last_group.eq(group_left <= 2 * ring)]
                     with m.If(last_group):
                         m.d.sync += drain_open.eq(0)
         m.d.comb += ctl.finished.eq(running & draining & ~drain_open & ~out.busy)
@@ -540,5 +631,6 @@ class ExpandBackwardUnit(wiring.Component):
             m.d.sync += stream.eq(streaming)
             m.d.sync += [draining.eq(0), flushing.eq(0), drain_open.eq(~streaming), rho.eq(0),
                          drain_pair.eq(0), group_row.eq(0), pass_on.eq(0), pending.eq(0),
-                         last_group.eq(run_rows <= ring)]
+                         counted.eq(0), delivered.eq(0), last_group.eq(run_rows <= ring), drain_row.eq(0),
+                         group_left.eq(run_rows), left.eq(run_rows), real.eq(run_rows != 0)]
         return m
