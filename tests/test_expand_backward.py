@@ -7,13 +7,14 @@ last flag), the plan and grad_output beats taken. Stall-free runs must take exac
 documented count (:meth:`ExpandBackwardParams.cycles`)::
 
     (max_rank + 2) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
-                   + F + 3*L + 12
+                   + F + 3*L + 13
 
 (items: one per grad_output beat in the reduce and rows modes, one per element in elements
 mode; rows = ceil(input elements / lanes); G = L + 3 banks, drained a pair per pass, W = L + 1
 drain rows in turn,
-F = max(ceil(log2(max_rank)), 1 + log2(lanes)*L) in reduce mode and ceil(log2(max_rank)), at
-least 1, in the others, L the adder latency), and in stream mode
+F = max(T + 1, 1 + log2(lanes)*L) in reduce mode and T + 1 in the others, T =
+ceil(log2(max_rank)) at least 1 (the address tree, then the read address register), L the
+adder latency), and in stream mode
 (one bank, each row out at its last item, no drain)::
 
     (max_rank + 2) + items + F + L + 8
@@ -202,7 +203,7 @@ def test_expand_backward_cycle_formula():
     params = ExpandBackwardParams()
     assert (params.banks, params.pairs, params.ring, params.front_latency) == (15, 8, 13, 49)
     assert params.cycles(1024, 1024 * 512, "reduce") == 8 + 32768 + 519 + 49 + 36 + 13
-    # F = 4 (the address tree, the read address register) outside reduce mode: no lane tree to wait for
+    # F = 4 (the address tree, the read address register) outside reduce mode: no lane tree
     assert params.short_front_latency == 4
     assert params.cycles(512, 1024 * 512, "rows") == 8 + 32768 + 305 + 4 + 36 + 13
     # stream mode: the row backward and the repeat [2, 1] backward, no drain

@@ -86,16 +86,18 @@ of ``lanes`` input elements). Stall-free, a run takes exactly
 is high::
 
     (max_rank + 2) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
-                   + F + 3*L + 12
+                   + F + 3*L + 13
 
 with ``items`` = ``output_elements`` (``elements``) or ``output_elements / lanes``, ``rows =
 ceil(input_elements / lanes)``, F = :meth:`ExpandBackwardParams.front` (in ``reduce`` mode
-the address tree or the lane tree, whichever is longer: ``max(ceil(log2(max_rank)), 1 +
-log2(lanes)*L)``; in the other modes the address tree, ``ceil(log2(max_rank))``, at least 1:
-an item that does not use the lane tree does not wait for it);
+the address tree and the read address register, or the lane tree, whichever is longer:
+``max(T + 1, 1 + log2(lanes)*L)``; in the other modes ``T + 1``, with T the address tree,
+``ceil(log2(max_rank))``, at least 1: an item that does not use the lane tree does not wait
+for it);
 the plan beats, one cycle per item, the drain up to its last real row (a last group of fewer
-than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 12 more:
-run control 2, the memory read in the last item's write and in the drain 2 + 2, the flush's
+than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 13 more:
+run control 2, the memory read in the last item's write and in the drain 2 + 3 (the drain's
+read address is a register loaded as it issues), the flush's
 spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. In stream
 mode::
 
@@ -631,6 +633,7 @@ class ExpandBackwardUnit(wiring.Component):
             m.d.sync += stream.eq(streaming)
             m.d.sync += [draining.eq(0), flushing.eq(0), drain_open.eq(~streaming), rho.eq(0),
                          drain_pair.eq(0), group_row.eq(0), pass_on.eq(0), pending.eq(0),
-                         counted.eq(0), delivered.eq(0), last_group.eq(run_rows <= ring), drain_row.eq(0),
+                         counted.eq(0), delivered.eq(0), last_group.eq(run_rows <= ring),
+                         drain_row.eq(0),
                          group_left.eq(run_rows), left.eq(run_rows), real.eq(run_rows != 0)]
         return m
