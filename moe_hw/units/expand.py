@@ -154,7 +154,7 @@ from ..stream import CreditPipeline, RegisteredFIFO, RegisterCopies, replicated
 from ..stream.pipeline import delay
 
 __all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "MEMORIES", "PARTS", "SPLIT_LATENCY",
-           "StrideAddressParams", "dim_steps", "pair_odometer", "sum_tree"]
+           "StrideAddressParams", "dim_steps", "pair_odometer", "registered_plan", "sum_tree"]
 
 #: Element formats and their widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
@@ -375,6 +375,32 @@ class ExpandParams(StrideAddressParams, UnitParams):
     def output_layout(self):
         return data.StructLayout({"data": data.ArrayLayout(self.element_width, self.lanes),
                                   "enable": self.lanes, "last": 1})
+
+
+def registered_plan(m, p, plan, ctl):
+    """Takes the ``plan`` stream's :attr:`~StrideAddressParams.plan_beats` beats from the run's
+    start (``ctl``, the unit's :class:`~moe_hw.blocks.run_control.RunControl`). A plan beat
+    is registered, with a load flag per beat (registers), and loaded a cycle after its take.
+    Returns ``(plan_open, beat, beat_loads)``: a beat is still to come; the beat register;
+    the flags, ``beat_loads[i]`` high in the cycle after beat i's take."""
+    plan_next = Signal(p.plan_beats, init=1)     # the beat expected next, one-hot
+    plan_open = Signal()
+    with m.If(ctl.accept):
+        m.d.sync += [plan_next.eq(1), plan_open.eq(1)]
+    planning = ctl.running & plan_open
+    plan_take = plan.valid & planning
+    m.d.comb += plan.ready.eq(planning)
+    beat = Signal.like(plan.payload, name="plan_beat", reset_less=True)
+    beat_loads = Signal(p.plan_beats, name="plan_loads")
+    m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
+    # The beat register loads every cycle (no clock enable: the take reached the enables
+    # of its ~400 bits across the chip); only a cycle with a load flag reads it.
+    m.d.sync += beat.eq(plan.payload)
+    with m.If(plan_take):
+        m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
+        with m.If(plan_next[-1]):
+            m.d.sync += plan_open.eq(0)
+    return plan_open, beat, beat_loads
 
 
 def dim_steps(m, p, payload, loads):
@@ -666,34 +692,16 @@ class ExpandUnit(wiring.Component):
         out_left = Signal(range(max_out_beats + 1))
         out_last = Signal()                  # the beat in hand is the last (a register)
         last_en = Signal(lanes)
-        # The plan beat expected next, one-hot: dims 0 .. max_rank-1, then the lanes.
-        plan_next = Signal(p.plan_beats, init=1)
-        plan_open = Signal()                 # a plan beat is still to come
         with m.If(ctl.accept):
             m.d.sync += [
-                plan_next.eq(1),
-                plan_open.eq(1),
                 out_left.eq((self.output_elements + (lanes - 1)) >> lanes_log2),
                 out_last.eq(self.output_elements <= lanes),
                 last_en.eq(last_enable_of(self.output_elements, lanes)),
             ]
 
         # ---- the plan: the dims' steps, lane 0's odometer start, the lanes' constants -------
-        # A plan beat is registered, with a load flag per dim and per lane (registers: each
-        # lane loads on a flag of its own), and loaded a cycle after its take.
-        planning = running & plan_open
-        plan_take = self.plan.valid & planning
-        m.d.comb += self.plan.ready.eq(planning)
-        beat = Signal(p.plan_layout(), name="plan_beat", reset_less=True)
-        beat_loads = Signal(p.plan_beats, name="plan_loads")
-        m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
-        # The beat register loads every cycle (no clock enable: the take reached the enables
-        # of its ~400 bits across the chip); only a cycle with a load flag reads it.
-        m.d.sync += beat.eq(self.plan.payload)
-        with m.If(plan_take):
-            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
-            with m.If(plan_next[-1]):
-                m.d.sync += plan_open.eq(0)
+        # (each lane loads on a flag of its own)
+        plan_open, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         if p.memory == "external":

@@ -133,7 +133,8 @@ from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_po
 from ..golden.expand import BACKWARD_MODES, expand_backward_banks
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, RegisterCopies, delay, replicated
-from .expand import StrideAddressParams, dim_steps, pair_odometer, sum_tree
+from .expand import (StrideAddressParams, dim_steps, pair_odometer, registered_plan,
+                     sum_tree)
 
 __all__ = ["ExpandBackwardParams", "ExpandBackwardUnit"]
 
@@ -338,8 +339,6 @@ class ExpandBackwardUnit(wiring.Component):
         items_open = Signal()                # an item is still to be taken
         run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
         last_en = Signal(lanes)
-        plan_next = Signal(p.plan_beats, init=1)
-        plan_open = Signal()
         lane = Signal(range(lanes))          # elements mode: the element's lane in its beat
         bank = Signal(range(banks))          # the next item's bank, k % G
         rows_like = (mode == rows_mode) | (mode == stream_mode)   # an item is a row of lanes
@@ -353,22 +352,13 @@ class ExpandBackwardUnit(wiring.Component):
                 items_open.eq(1),
                 run_rows.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
                 last_en.eq(last_enable_of(self.input_elements, lanes)),
-                plan_next.eq(1), plan_open.eq(1), lane.eq(0), bank.eq(0),
+                lane.eq(0), bank.eq(0),
             ]
 
-        # ---- the plan: the dims' steps, then the odometer's start -------------------------
-        plan_take = self.plan.valid & running & plan_open
-        m.d.comb += self.plan.ready.eq(running & plan_open)
-        with m.If(plan_take):
-            m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
-            with m.If(plan_next[-1]):
-                m.d.sync += plan_open.eq(0)
-        # A plan beat is registered (every cycle: no clock enable from the take), with a load
-        # flag per beat (a register), and loaded a cycle after its take; the first item
-        # comes no earlier (the even odometer loads a cycle before the odd one).
-        beat = Signal.like(self.plan.payload, name="plan_beat", reset_less=True)
-        beat_loads = Signal(p.plan_beats, name="plan_loads")
-        m.d.sync += [beat.eq(self.plan.payload), beat_loads.eq(Mux(plan_take, plan_next, 0))]
+        # ---- the plan: the dims' steps, then the odometers' starts -----------------------
+        # (the first item comes no earlier than the even odometer's load, a cycle before the
+        # odd one's)
+        plan_open, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
@@ -581,7 +571,8 @@ class ExpandBackwardUnit(wiring.Component):
         starts = draining & drain_open & (rho == 0)
         go = starts & (~last_pass | pass_room)
         # The drain's row and its tests as registers stepped beside rho: drain_row = group_row
-        # + rho, group_left = rows - group_row, left = max(rows - drain_row, 0), real = left > 0.
+        # + rho, group_left = rows - group_row, left = max(rows - drain_row, 0), and real =
+        # left > 0 (a register of its own, so that no zero test stands before drain_out).
         drain_row = Signal(range(p.rows + ring + 1))
         group_left = Signal(range(p.rows + 1))
         left = Signal(range(p.rows + 1))
@@ -618,10 +609,11 @@ class ExpandBackwardUnit(wiring.Component):
                 with m.If(~last_pass):
                     m.d.sync += drain_pair.eq(drain_pair + 1)
                 with m.Else():
-                    m.d.sync += [drain_pair.eq(0), group_row.eq(group_row + ring),
-                                 drain_row.eq(group_row + ring),
-                                 group_left.eq(group_left - ring), left.eq(group_left - ring),
-                                 real.eq(1), last_group.eq(group_left <= 2 * ring)]
+                    next_row, next_left = group_row + ring, group_left - ring
+                    m.d.sync += [drain_pair.eq(0), group_row.eq(next_row),
+                                 drain_row.eq(next_row), group_left.eq(next_left),
+                                 left.eq(next_left), real.eq(1),
+                                 last_group.eq(group_left <= 2 * ring)]
                     with m.If(last_group):
                         m.d.sync += drain_open.eq(0)
         m.d.comb += ctl.finished.eq(running & draining & ~drain_open & ~out.busy)
