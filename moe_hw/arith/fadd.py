@@ -6,7 +6,8 @@ from .float_core import (FloatCore, FloatStreamUnit, StageRegisters, allocate_st
                          leading_zeros_combine, leading_zeros_groups, round_pack, round_prepare,
                          shift_bits, shift_left_step, shift_right_sticky_step, unpack)
 
-__all__ = ["FloatAdderCore", "FloatAdder", "DEFAULT_ADDER_STAGES", "adder_tree"]
+__all__ = ["FloatAdderCore", "FloatAdder", "DEFAULT_ADDER_STAGES", "adder_tree",
+           "registered_adder"]
 
 #: Default pipeline depth per format: every register boundary of :class:`FloatAdderCore`
 #: gets one register, so that no stage has more than a few LUT levels and a carry chain
@@ -219,23 +220,52 @@ class FloatAdderCore(FloatCore):
         return m
 
 
-def adder_tree(m, values, format, latency, *, name="tree"):
+def registered_adder(m, format, latency, a, b, *, name):
+    """A :class:`FloatAdderCore` of ``latency`` in all whose operands ``a`` and ``b`` (each a
+    choice among memory outputs and flags that reach many adders) pass a register first: the
+    core has ``latency - 1`` stages, so that the choices and the core's first carry chains
+    are in different cycles, and the sum is where a core of ``latency`` would give it. The
+    caller names the core as a submodule; the registers are ``{name}_a`` and ``{name}_b``."""
+    core = FloatAdderCore(format, latency - 1)
+    operands = [Signal(len(a), name=f"{name}_{side}", reset_less=True) for side in "ab"]
+    m.d.sync += [operands[0].eq(a), operands[1].eq(b)]
+    m.d.comb += [core.a.eq(operands[0]), core.b.eq(operands[1]), core.en.eq(1)]
+    return core
+
+
+def adder_tree(m, values, format, latency, *, name="tree", lent=None):
     """The fixed pairwise float sum of ``values`` (a power of two of them, raw bit patterns):
     while more than one remains, ``p[m] = p[2m] + p[2m + 1]``, one free-running
     :class:`FloatAdderCore` of ``latency`` per pair (submodules ``{name}{level}_{pos}``). The
-    sum comes ``log2(len(values)) * latency`` cycles after its operands."""
+    sum comes ``log2(len(values)) * latency`` cycles after its operands.
+
+    ``lent``: ``(selects, operands)``, the tree's adders lent to other sums while the tree is
+    idle. Adder ``i`` (in level order, the first level first: ``len(values) - 1`` of them)
+    adds the pair ``operands[i]`` in place of its tree operands where ``selects[i]`` is high,
+    and every adder then takes its operands through a register (:func:`registered_adder`;
+    the same latency). Returns the root's sum, and with ``lent`` the list of every adder's
+    sum in level order too."""
     level = 0
+    sums = []
     while len(values) > 1:
         reduced = []
         for pos in range(len(values) // 2):
-            add = FloatAdderCore(format, latency)
-            m.submodules[f"{name}{level}_{pos}"] = add
-            m.d.comb += [add.a.eq(values[2 * pos]), add.b.eq(values[2 * pos + 1]),
-                         add.en.eq(1)]
+            a, b = values[2 * pos], values[2 * pos + 1]
+            submodule = f"{name}{level}_{pos}"
+            if lent is None:
+                add = FloatAdderCore(format, latency)
+                m.d.comb += [add.a.eq(a), add.b.eq(b), add.en.eq(1)]
+            else:
+                selects, operands = lent
+                select, (lent_a, lent_b) = selects[len(sums)], operands[len(sums)]
+                add = registered_adder(m, format, latency, Mux(select, lent_a, a),
+                                       Mux(select, lent_b, b), name=submodule)
+            m.submodules[submodule] = add
             reduced.append(add.sum)
+            sums.append(add.sum)
         values = reduced
         level += 1
-    return values[0]
+    return values[0] if lent is None else (values[0], sums)
 
 
 class FloatAdder(FloatStreamUnit):

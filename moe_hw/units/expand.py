@@ -336,8 +336,8 @@ class ExpandParams(StrideAddressParams, UnitParams):
     def split_cycles(self, part_sizes):
         """Exact stall-free cycles of a run split over the parts, ``part_sizes`` a list of
         ``(input_elements, output_elements)`` (on the external path ``(input_elements,
-        output_elements, reads, memory_latency)``), one per part: :meth:`cycles` of the slowest part
-        and, with ``parts`` > 1, the registered ``done`` (:data:`SPLIT_LATENCY`)."""
+        output_elements, reads, memory_latency)``), one per part: :meth:`cycles` of the slowest
+        part and, with ``parts`` > 1, the registered ``done`` (:data:`SPLIT_LATENCY`)."""
         if len(part_sizes) != self.parts:
             raise ValueError(f"part_sizes must have {self.parts} entries (parts), not "
                              f"{len(part_sizes)}")
@@ -381,8 +381,9 @@ def registered_plan(m, p, plan, ctl):
     """Takes the ``plan`` stream's :attr:`~StrideAddressParams.plan_beats` beats from the run's
     start (``ctl``, the unit's :class:`~moe_hw.blocks.run_control.RunControl`). A plan beat
     is registered, with a load flag per beat (registers), and loaded a cycle after its take.
-    Returns ``(plan_open, beat, beat_loads)``: a beat is still to come; the beat register;
-    the flags, ``beat_loads[i]`` high in the cycle after beat i's take."""
+    Returns ``(plan_open, beat, beat_loads, closing)``: a beat is still to come; the beat
+    register; the flags, ``beat_loads[i]`` high in the cycle after beat i's take; the last
+    beat's take (``plan_open`` falls in the next cycle)."""
     plan_next = Signal(p.plan_beats, init=1)     # the beat expected next, one-hot
     plan_open = Signal()
     with m.If(ctl.accept):
@@ -396,11 +397,12 @@ def registered_plan(m, p, plan, ctl):
     # The beat register loads every cycle (no clock enable: the take reached the enables
     # of its ~400 bits across the chip); only a cycle with a load flag reads it.
     m.d.sync += beat.eq(plan.payload)
+    closing = plan_take & plan_next[-1]
     with m.If(plan_take):
         m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
-        with m.If(plan_next[-1]):
-            m.d.sync += plan_open.eq(0)
-    return plan_open, beat, beat_loads
+    with m.If(closing):
+        m.d.sync += plan_open.eq(0)
+    return plan_open, beat, beat_loads, closing
 
 
 def dim_steps(m, p, payload, loads):
@@ -701,7 +703,7 @@ class ExpandUnit(wiring.Component):
 
         # ---- the plan: the dims' steps, lane 0's odometer start, the lanes' constants -------
         # (each lane loads on a flag of its own)
-        plan_open, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
+        plan_open, beat, beat_loads, _ = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         if p.memory == "external":

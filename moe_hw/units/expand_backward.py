@@ -110,12 +110,13 @@ on the output, up to W per drain pass.
 
 Memory: two :class:`~moe_hw.blocks.block_memory.BlockMemory` (the even and the odd banks),
 each ``ceil(G / 2) * 2**ceil(log2(rows))`` words of ``lanes`` elements (the bank's half in
-the high address bits), a write enable per lane. Adders: ``lanes - 1`` in the lane tree,
-``lanes`` accumulators, ``lanes`` drain pre-adders, all of latency L (``add_stages``). The
-accumulators and pre-adders take their operands through a register (:func:`registered_adder`:
-the choices by the drain flag, the bank's parity and the pass flags before it, the core's
-carry chains after it) and a core of L - 1 stages, so L is by default the format's adder
-depth and one: 12.
+the high address bits), a write enable per lane. Adders: ``2 * lanes``, all of latency L
+(``add_stages``): ``lanes`` accumulators, and ``lanes - 1`` in the lane tree, which are the
+drain's pre-adders too (the tree is idle once the drain begins), with one more pre-adder for
+the last lane. Each takes its operands through a register
+(:func:`~moe_hw.arith.fadd.registered_adder`: the choices by the drain flag, the bank's
+parity and the pass flags before it, the core's carry chains after it) and a core of L - 1
+stages, so L is by default the format's adder depth and one: 12.
 """
 
 from dataclasses import dataclass
@@ -125,7 +126,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..arith.fadd import DEFAULT_ADDER_STAGES, FloatAdderCore, adder_tree
+from ..arith.fadd import DEFAULT_ADDER_STAGES, adder_tree, registered_adder
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import last_enable_of
@@ -282,18 +283,6 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
                                   "enable": self.lanes, "last": 1})
 
 
-def registered_adder(m, fmt, latency, a, b, *, name):
-    """A :class:`FloatAdderCore` of ``latency`` in all whose operands ``a`` and ``b`` (each a
-    choice among memory outputs and flags that reach every lane) pass a register first: the
-    core has ``latency - 1`` stages, so that the choices and the core's first carry chains
-    are in different cycles, and the sum is where a core of ``latency`` would give it."""
-    core = FloatAdderCore(fmt, latency - 1)
-    operands = [Signal(len(a), name=f"{name}_{side}", reset_less=True) for side in "ab"]
-    m.d.sync += [operands[0].eq(a), operands[1].eq(b)]
-    m.d.comb += [core.a.eq(operands[0]), core.b.eq(operands[1]), core.en.eq(1)]
-    return core
-
-
 class ExpandBackwardUnit(wiring.Component):
     """The stride address generator in front of G interleaved accumulator banks; see the
     module docstring for the protocol, the summation order and the timing."""
@@ -336,11 +325,11 @@ class ExpandBackwardUnit(wiring.Component):
         mode = Signal(range(len(BACKWARD_MODES)))
         stream = Signal()                    # one bank, a row leaves at its last item
         items_left = Signal(range(max_items + 1))
-        items_open = Signal()                # an item is still to be taken
         run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
         last_en = Signal(lanes)
         lane = Signal(range(lanes))          # elements mode: the element's lane in its beat
         bank = Signal(range(banks))          # the next item's bank, k % G
+        feeding = Signal()                   # the plan is in, an item is still to be taken
         rows_like = (mode == rows_mode) | (mode == stream_mode)   # an item is a row of lanes
         long_front = mode == reduce          # the items wait for the lane tree
         with m.If(ctl.accept):
@@ -349,7 +338,7 @@ class ExpandBackwardUnit(wiring.Component):
                 stream.eq(self.mode == stream_mode),
                 items_left.eq(Mux(self.mode == elements, self.output_elements,
                                   (self.output_elements + (lanes - 1)) >> lanes_log2)),
-                items_open.eq(1),
+                feeding.eq(0),
                 run_rows.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
                 last_en.eq(last_enable_of(self.input_elements, lanes)),
                 lane.eq(0), bank.eq(0),
@@ -358,12 +347,20 @@ class ExpandBackwardUnit(wiring.Component):
         # ---- the plan: the dims' steps, then the odometers' starts -----------------------
         # (the first item comes no earlier than the even odometer's load, a cycle before the
         # odd one's)
-        plan_open, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
+        _, beat, beat_loads, plan_closing = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
-        room = Signal()                      # stream: the output queue has a slot
-        accumulating = running & ~plan_open & items_open & (room | ~stream)
+        # ``feeding`` (the plan is in and an item is still to be taken) is a register, set as
+        # the plan's last beat is taken and cleared with the last item's take; ``room`` (the
+        # output queue has a slot for a stream item, or the run does not stream) is a register
+        # too: the take is one gate of the stream's valid, the run flag and the two. (The run
+        # flag is implied by ``feeding``, but it makes that plain to a formal check's
+        # induction, which starts from any state.)
+        room = Signal()
+        with m.If(plan_closing):
+            m.d.sync += feeding.eq(1)
+        accumulating = running & feeding & room
         take = self.grad_output.valid & accumulating
         last_of_beat = (mode != elements) | (lane == lanes - 1) | (items_left == 1)
         m.d.comb += self.grad_output.ready.eq(accumulating & last_of_beat)
@@ -374,7 +371,7 @@ class ExpandBackwardUnit(wiring.Component):
                          bank.eq(Mux(stream | (bank == banks - 1), 0, bank + 1)),
                          lane.eq(Mux(last_of_beat, 0, lane + 1))]
             with m.If(items_left == 1):
-                m.d.sync += [items_open.eq(0), flushing.eq(1),
+                m.d.sync += [feeding.eq(0), flushing.eq(1),
                              flush_left.eq(Mux(long_front, p.flush("reduce"), p.flush("rows")))]
 
         # Two odometers take the items in turn (odd_item: the next item is odd), each
@@ -419,7 +416,19 @@ class ExpandBackwardUnit(wiring.Component):
         beat = [delay(m, data_in[j], 1, 1, name=f"beat{j}", reset_less=True)
                 for j in range(lanes)]
         element = delay(m, data_in[lane], 1, 1, name="element", reset_less=True)
-        reduced = adder_tree(m, beat, p.format, lat, name="lane_tree")
+        # The lane tree's adders are the drain's pre-adders too (lane j's pair is summed by
+        # the tree's adder j, in level order; the last lane has a pre-adder of its own): the
+        # tree is idle from the drain's start, since the flush waits out the last item's
+        # front. Each adder chooses its operands by a copy of ``draining`` per group of lanes,
+        # a cycle late (the drain's first pair is read drain_read cycles after its issue).
+        draining = Signal()                  # the drain has begun (adders in drain use)
+        groups = min(lanes, 4)
+        drain_copies = replicated(m, draining, name="draining_copy", copies=groups)
+        pair_operands = [(Signal(width, name=f"pair{j}_even"), Signal(width, name=f"pair{j}_odd"))
+                         for j in range(lanes)]
+        reduced, lent_sums = adder_tree(
+            m, beat, p.format, lat, name="lane_tree",
+            lent=([drain_copies[j * groups // lanes] for j in range(lanes - 1)], pair_operands))
         spare = front - 1 - p.lane_levels * lat
         reduced = delay(m, reduced, spare, 1, name="reduced", reset_less=True)
         beat = [delay(m, v, short - 1, 1, name=f"beat{j}_front", reset_less=True)
@@ -443,8 +452,12 @@ class ExpandBackwardUnit(wiring.Component):
         row = addr[lanes_log2:]
         single = Signal(lanes)               # the one lane of a reduce or elements item
         m.d.comb += single.eq(Const(1, lanes) << addr[:lanes_log2] if lanes_log2 else 1)
+        # The row's bound test from the early address, into a register (the held row count's
+        # net and the compare's carry chain were one path into the write enables).
+        in_rows = Signal()
+        m.d.sync += in_rows.eq(addr_early[lanes_log2:] < run_rows)
         enables = Signal(lanes)
-        m.d.comb += enables.eq(Mux(item_valid & (row < run_rows),
+        m.d.comb += enables.eq(Mux(item_valid & in_rows,
                                    Mux(rows_like, all_lanes, single), 0))
         values = [Mux(rows_like, beat[j], Mux(mode == reduce, reduced, element))
                   for j in range(lanes)]
@@ -460,7 +473,6 @@ class ExpandBackwardUnit(wiring.Component):
         even, odd = memories
         read = BlockMemory.latency
         addr_width = len(even.read_addr)
-        draining = Signal()                  # the drain has begun (adders in drain use)
         drain_issue = Signal()
         drain_addr = Signal(addr_width)
         item_parity = item_bank[0] if banks > 1 else Const(0)
@@ -476,9 +488,10 @@ class ExpandBackwardUnit(wiring.Component):
         drain_read = p.drain_read_latency
         parity_read = delay(m, item_parity, read, 1, name="parity_read", reset_less=True)
 
-        # The drain: a pre-adder per lane sums the pair of banks (+0.0 for the missing odd
-        # bank of an odd G); the ring adder adds the pairs into the partial, which is the
-        # adder's sum a cycle later, +0.0 where the first pair starts a row.
+        # The drain: a pre-adder per lane (the lane tree's adders and one more) sums the pair
+        # of banks (+0.0 for the missing odd bank of an odd G); the ring adder adds the pairs
+        # into the partial, which is the adder's sum a cycle later, +0.0 where the first pair
+        # starts a row.
         restart = Signal()
         last_pass_signal = Signal()          # the drain's pass is the last pair of banks
         pair_on = delay(m, drain_issue, drain_read, 1, name="pair_on")
@@ -488,21 +501,24 @@ class ExpandBackwardUnit(wiring.Component):
         values_read = [delay(m, v, read, 1, name=f"value{j}_read", reset_less=True)
                        for j, v in enumerate(values)]
         sums = []
-        # The accumulators' operand choice by a copy of draining per group of lanes, a cycle
-        # late (the last item's add is over L + 1 cycles before draining rises, and the first
-        # drain pair arrives read + L cycles after it), so that no one net reaches every lane.
-        groups = min(lanes, 4)
-        drain_copies = replicated(m, draining, name="draining_copy", copies=groups)
+        # The accumulators' operand choice by the copies of draining, a cycle late (the last
+        # item's add is over L + 1 cycles before draining rises, and the first drain pair
+        # arrives read + L cycles after it), so that no one net reaches every lane.
+        pre_sums = lent_sums + [None]
         for j in range(lanes):
             drain_here = drain_copies[j * groups // lanes]
-            pre = m.submodules[f"pair{j}"] = registered_adder(
-                m, p.format, lat, Mux(pair_on, even.read_data[j], 0),
-                Mux(odd_on, odd.read_data[j], 0), name=f"pair{j}")
+            pair_even, pair_odd = pair_operands[j]
+            m.d.comb += [pair_even.eq(Mux(pair_on, even.read_data[j], 0)),
+                         pair_odd.eq(Mux(odd_on, odd.read_data[j], 0))]
+            if pre_sums[j] is None:
+                pre = m.submodules[f"pair{j}"] = registered_adder(
+                    m, p.format, lat, pair_even, pair_odd, name=f"pair{j}")
+                pre_sums[j] = pre.sum
             partial = Signal(width, name=f"partial{j}")
             old = Mux(parity_read, odd.read_data[j], even.read_data[j])
             acc = m.submodules[f"acc{j}"] = registered_adder(
                 m, p.format, lat, Mux(drain_here, partial, old),
-                Mux(drain_here, Mux(ring_on, pre.sum, 0), values_read[j]), name=f"acc{j}")
+                Mux(drain_here, Mux(ring_on, pre_sums[j], 0), values_read[j]), name=f"acc{j}")
             m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
             sums.append(acc.sum)
 
@@ -554,10 +570,16 @@ class ExpandBackwardUnit(wiring.Component):
         counted = Signal()
         pass_room = Signal()                 # a last pass's W results fit
         pending_next = pending + counted - delivered
+        # The flags test pending_next against constants without its adder: it is pending, or
+        # one more or one less, so each flag is a choice among three compares of pending.
+        up, down = counted & ~delivered, delivered & ~counted
+
+        def next_below(limit):
+            return Mux(up, pending < limit - 1, Mux(down, pending < limit + 1, pending < limit))
         m.d.sync += [counted.eq(Mux(stream, touch_last, drain_out)),
                      delivered.eq(self.input_grad.valid & self.input_grad.ready),
-                     pending.eq(pending_next), room.eq(pending_next < depth - 2),
-                     pass_room.eq(pending_next <= depth - ring - 3)]
+                     pending.eq(pending_next), room.eq(next_below(depth - 2) | ~stream),
+                     pass_room.eq(next_below(depth - ring - 2))]
         # rho counts every drain cycle modulo W; a pass (one pair of banks over a group of W
         # rows) starts only at rho == 0, so the rows keep their ring slots whatever waits.
         rho = Signal(range(ring))
