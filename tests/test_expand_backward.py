@@ -30,6 +30,8 @@ so that stream mode waits for room under stalls) serve every case.
 import ml_dtypes
 import numpy as np
 import pytest
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
 
 from moe_hw import golden
 from moe_hw.blocks.run_control import EMPTY_CYCLES
@@ -39,7 +41,7 @@ from moe_hw.host.checks import HostError
 from moe_hw.host.expand_backward import UNIT
 from moe_hw.host.unit import run
 from moe_hw.params import ParameterError
-from moe_hw.units.expand_backward import ExpandBackwardParams
+from moe_hw.units.expand_backward import ExpandBackwardParams, ExpandBackwardUnit
 
 from conftest import BENCH_SIM, FAST_SIM, SIM, STALLS, simulator_cases
 
@@ -198,8 +200,9 @@ def test_expand_backward_order_is_visible():
 
 def test_expand_backward_cycle_formula():
     """The documented formula at the defaults (fp32, L = 12: G = 15 in 8 pairs, W = 13, lanes
-    16, F = 49 in reduce mode, 4 otherwise) and the benchmark's shapes: the gate [1024, 512] -> [1024, 1] (reduce; 64
-    rows in 5 groups) and the row [1024, 512] -> [1, 512] (rows; 32 rows in 3 groups)."""
+    16, F = 49 in reduce mode, 4 otherwise) and the benchmark's shapes: the gate [1024, 512]
+    -> [1024, 1] (reduce; 64 rows in 5 groups) and the row [1024, 512] -> [1, 512] (rows; 32
+    rows in 3 groups)."""
     params = ExpandBackwardParams()
     assert (params.banks, params.pairs, params.ring, params.front_latency) == (15, 8, 13, 49)
     assert params.cycles(1024, 1024 * 512, "reduce") == 8 + 32768 + 519 + 49 + 36 + 13
@@ -330,3 +333,72 @@ def test_expand_backward_expand_size_defaults_to_the_expanded_shape():
     assert default["expand_size"] == [4, 2, 5, 3]
     assert default["out_stride"] == given["out_stride"]
     assert default["output_shape"] == given["output_shape"]
+
+
+def test_expand_backward_second_run_starts_from_clear_banks():
+    """Two runs back to back on one unit (Amaranth's simulator, small sizes): the drain clears
+    every bank word it reads and a stream run writes +0.0 behind each row's last add, so the
+    second run's result is its own, bit for bit, with nothing left of the first. (The clear
+    or the stream's +0.0 write a cycle off leaves the first run's sums in the banks: the
+    second run's rows then differ.)"""
+    params = ExpandBackwardParams(format="fp32", lanes=2, max_rank=2, max_input=16,
+                                  max_output=64, add_stages=2)
+    rng = np.random.default_rng(21)
+    runs = []
+    # a drained run (reduce), a streamed one (a row repeated), and a drained one again
+    for input_shape, output_shape in (([4, 1], [4, 6]), ([1, 12], [3, 12]), ([4, 1], [4, 6])):
+        grad = rng.standard_normal(output_shape).astype(np.float32)
+        problem = UNIT.problem({"output_grad": grad, "input_shape": np.array(input_shape)}, {})
+        stimulus, meta = UNIT.pack(problem, params, stall=False, seed=0)
+        runs.append((problem, stimulus["input"], meta))
+    assert [BACKWARD_MODES[meta["runtime"]["mode"]] for _, _, meta in runs] == \
+        ["reduce", "stream", "reduce"]
+
+    dut = ExpandBackwardUnit(params)
+    top = Module()
+    top.domains.sync = ClockDomain()
+    top.submodules.dut = dut
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    results = []
+
+    async def bench(ctx):
+        ctx.set(dut.input_grad.ready, 1)
+        for problem, beats, meta in runs:
+            for name, value in meta["runtime"].items():
+                ctx.set(getattr(dut, name), value)
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            plan, data, out = list(meta["plan"]), [list(b) for b in beats], []
+            for _ in range(2000):
+                ctx.set(dut.plan.valid, bool(plan))
+                if plan:
+                    ctx.set(dut.plan.payload.as_value(), plan[0])
+                ctx.set(dut.grad_output.valid, bool(data))
+                if data:
+                    for j, value in enumerate(data[0]):
+                        ctx.set(dut.grad_output.payload.data[j], int(value))
+                plan_take = plan and ctx.get(dut.plan.ready)
+                data_take = data and ctx.get(dut.grad_output.ready)
+                if ctx.get(dut.input_grad.valid):
+                    out.append([ctx.get(dut.input_grad.payload.data[j])
+                                for j in range(params.lanes)])
+                done = ctx.get(dut.done)
+                await ctx.tick()
+                if plan_take:
+                    plan.pop(0)
+                if data_take:
+                    data.pop(0)
+                if done:
+                    break
+            assert done and not ctx.get(dut.error)
+            ctx.set(dut.plan.valid, 0)
+            ctx.set(dut.grad_output.valid, 0)
+            results.append(np.array(out, np.uint32).reshape(-1))
+
+    sim.add_testbench(bench)
+    sim.run()
+    for (problem, _, _), got in zip(runs, results):
+        want = UNIT.want(problem, params).reshape(-1).view(np.uint32)
+        assert got[:want.size].tolist() == want.tolist()

@@ -530,7 +530,12 @@ class ExpandBackwardUnit(wiring.Component):
         clear_en = delay(m, drain_issue, drain_read - 1, 1, name="clear_en")
         # Stream mode: a row's last add writes +0.0 back (its sum leaves), so the bank is
         # clear for the next run.
-        write_zero = clear_en | delay(m, item_last, read + lat, 1, name="write_last")
+        # The +0.0 choice reaches every lane's write data in both memories: a copy of it per
+        # group of lanes, each a register loaded a cycle ahead.
+        write_zero = replicated(
+            m, delay(m, drain_issue, drain_read - 2, 1, name="clear_early")
+            | delay(m, item_last, read + lat - 1, 1, name="write_last"),
+            name="write_zero", copies=groups)
         clear_addr = delay(m, drain_addr, drain_read - 1, 1, name="clear_addr",
                            reset_less=True)
         for parity, memory in enumerate(memories):
@@ -540,7 +545,8 @@ class ExpandBackwardUnit(wiring.Component):
                 memory.write_addr.eq(Mux(clear_en, clear_addr, write_addr)),
             ]
             for j in range(lanes):
-                m.d.comb += memory.write_data[j].eq(Mux(write_zero, 0, sums[j]))
+                m.d.comb += memory.write_data[j].eq(
+                    Mux(write_zero[j * groups // lanes], 0, sums[j]))
 
         # ---- flush, then the drain ------------------------------------------------------------
         with m.If(flushing):
