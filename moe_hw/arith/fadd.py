@@ -245,6 +245,7 @@ def adder_tree(m, values, format, latency, *, name="tree", lent=None):
     and every adder then takes its operands through a register (:func:`registered_adder`;
     the same latency). Returns the root's sum, and with ``lent`` the list of every adder's
     sum in level order too."""
+    selects, operands = (None, None) if lent is None else lent
     level = 0
     sums = []
     while len(values) > 1:
@@ -256,7 +257,6 @@ def adder_tree(m, values, format, latency, *, name="tree", lent=None):
                 add = FloatAdderCore(format, latency)
                 m.d.comb += [add.a.eq(a), add.b.eq(b), add.en.eq(1)]
             else:
-                selects, operands = lent
                 select, (lent_a, lent_b) = selects[len(sums)], operands[len(sums)]
                 add = registered_adder(m, format, latency, Mux(select, lent_a, a),
                                        Mux(select, lent_b, b), name=submodule)

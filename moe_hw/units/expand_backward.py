@@ -527,14 +527,14 @@ class ExpandBackwardUnit(wiring.Component):
         write_en = delay(m, enables, read + lat, 1, name="write_en")
         write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
         write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
-        clear_en = delay(m, drain_issue, drain_read - 1, 1, name="clear_en")
-        # Stream mode: a row's last add writes +0.0 back (its sum leaves), so the bank is
-        # clear for the next run.
-        # The +0.0 choice reaches every lane's write data in both memories: a copy of it per
-        # group of lanes, each a register loaded a cycle ahead.
+        clear_early = delay(m, drain_issue, drain_read - 2, 1, name="clear_early")
+        clear_en = delay(m, clear_early, 1, 1, name="clear_en")
+        # The write data is +0.0 for a drain read's clear and, in stream mode, for a row's
+        # last add (its sum leaves), so the bank is clear for the next run. That choice
+        # reaches every lane's write data in both memories: a copy of it per group of lanes,
+        # each a register loaded a cycle ahead.
         write_zero = replicated(
-            m, delay(m, drain_issue, drain_read - 2, 1, name="clear_early")
-            | delay(m, item_last, read + lat - 1, 1, name="write_last"),
+            m, clear_early | delay(m, item_last, read + lat - 1, 1, name="write_last"),
             name="write_zero", copies=groups)
         clear_addr = delay(m, drain_addr, drain_read - 1, 1, name="clear_addr",
                            reset_less=True)
