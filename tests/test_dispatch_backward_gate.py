@@ -63,6 +63,10 @@ CASES = {
     "special_values": dict(tokens=24, hidden=13, experts=4, capacity=8, k=2, specials=0.4),
     # H below the lanes: one beat per pair, a group every G cycles.
     "one_beat": dict(tokens=9, hidden=3, experts=3, capacity=4, k=2),
+    # One pair (P = 1: the last-pair flag is set at the begin).
+    "one_pair": dict(tokens=1, hidden=5, experts=2, capacity=1),
+    # One token, top-2: the token row wraps at every pair.
+    "one_token": dict(tokens=1, hidden=6, experts=4, capacity=1, k=2),
     # Experts 1, 2, 4, 5 get no token.
     "empty_experts": dict(tokens=12, hidden=10, experts=6, capacity=12, allowed=[0, 3]),
     # Zero-element problems: no pairs; no hidden (every result +0.0); no capacity (every pair

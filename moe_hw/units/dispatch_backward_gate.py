@@ -64,7 +64,7 @@ run of P = k*S pairs with B = ``max(1, ceil(H / lanes))`` beats each issues
 ``done`` is first seen; when P is a multiple of G that is ``P * B + overhead(read_latency)``
 (``overhead(L) = lead + max(2, 1 + L) + result_latency + 4``, ``lead = setup + 1 +
 slot_latency + 2``, ``result_latency = 2 + mul_latency + (1 + levels) * add_latency``:
-12 + (1 + L) + 48 + 4 = L + 65 at the defaults with L >= 1). The ideal is ``P * B``; the
+13 + (1 + L) + 50 + 4 = L + 68 at the defaults with L >= 1). The ideal is ``P * B``; the
 excess (a partial last group's padding, the pipeline) is fixed per run. Full rate holds with
 ``max_outstanding >= read_latency + 2``.
 
@@ -171,8 +171,8 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
     @property
     def setup(self):
         """The run control's setup cycles: the decide cycle, then P = tokens * top_k on a
-        pipelined product of the held sizes."""
-        return 1 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
+        pipelined product of the held sizes, then a register of it."""
+        return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_top_k))
 
     @property
     def header_latency(self):
@@ -283,13 +283,20 @@ class DispatchBackwardGateUnit(wiring.Component):
         running = ctl.running
         tokens = ctl.size("tokens")
         hidden = ctl.size("hidden")
-        pairs = pipelined_product(m, tokens, ctl.size("top_k"), en=1, dsp=p.dsp,
-                                  name="pairs")[:bits_for(p.max_pairs)]
+        # The product is registered in the fabric: the DSP block's output went straight to
+        # the pair counts' loads, over a 3.6 ns net on one placement (222.0 MHz).
+        pairs = delay(m, pipelined_product(m, tokens, ctl.size("top_k"), en=1, dsp=p.dsp,
+                                           name="pairs")[:bits_for(p.max_pairs)],
+                      1, 1, name="pairs_held", reset_less=True)
         beats = Signal(range(max_beats + 1))
         last_enable = Signal(p.lanes)
         has_data = Signal()                      # H > 0: a valid pair reads
         headers_left = Signal.like(pairs)
         headers_open = Signal()                  # headers_left != 0, as a register
+        # P == 1 from the held sizes (tokens == top_k == 1), a register, where ``pairs == 1``
+        # at the begin put the product's DSP output in front of a compare (243.8 MHz).
+        one_pair = Signal()
+        m.d.sync += one_pair.eq((tokens == 1) & (ctl.size("top_k") == 1))
 
         # ---- header queue: mask and slot, then the grad_dispatch row address -----------------
         # The slot address runs freely inside a credit pipeline; the queue's output register
@@ -304,9 +311,14 @@ class DispatchBackwardGateUnit(wiring.Component):
         h = h_out.payload
         # The front pair's input row address i*H: the pairs count i = 0..S-1, k times over.
         token = Signal(range(p.max_tokens))      # the front pair's input row
-        last_token = Signal.like(token)          # tokens - 1
         input_base = Signal(p.input_addr_width)  # token * H
-        m.d.sync += last_token.eq(tokens - 1)
+        # The token's wrap (token == tokens - 1) is a register, set a take ahead from a compare
+        # with tokens - 2, so that the row's clock enables and choices start at a flop (the
+        # compare with tokens - 1 in front of them was the path, 236.2 MHz).
+        token_wraps = Signal()
+        one_token = Signal()                     # tokens == 1
+        second_last = Signal.like(token)         # tokens - 2 (any value when tokens == 1)
+        m.d.sync += [one_token.eq(tokens == 1), second_last.eq(tokens - 2)]
 
         # ---- issue sequencer: groups of G pairs, beats round-robin over the group ------------
         issuing = Signal()                       # items left to issue in this run
@@ -442,10 +454,11 @@ class DispatchBackwardGateUnit(wiring.Component):
         with m.If(take_header):
             m.d.sync += [pairs_left.eq(pairs_left - 1), more_pairs.eq(~last_pair),
                          last_pair.eq(pairs_left == 2)]
-            with m.If(token == last_token):
-                m.d.sync += [token.eq(0), input_base.eq(0)]
+            with m.If(token_wraps):
+                m.d.sync += [token.eq(0), input_base.eq(0), token_wraps.eq(one_token)]
             with m.Else():
-                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden)]
+                m.d.sync += [token.eq(token + 1), input_base.eq(input_base + hidden),
+                             token_wraps.eq(token == second_last)]
         # The dropped count, a cycle later (off the handshake path).
         with m.If(delay(m, take_header & ~h.in_range, 1, 1, name="take_dropped")):
             m.d.sync += self.dropped.eq(self.dropped + 1)
@@ -563,7 +576,8 @@ class DispatchBackwardGateUnit(wiring.Component):
             # P > 0 here (an empty run never begins).
             m.d.sync += [
                 headers_left.eq(pairs), headers_open.eq(1),
-                pairs_left.eq(pairs), more_pairs.eq(1), last_pair.eq(pairs == 1),
+                pairs_left.eq(pairs), more_pairs.eq(1), last_pair.eq(one_pair),
+                token_wraps.eq(one_token),
                 member.eq(0), next_member.eq(1), last_member.eq(0),
                 first_beat.eq(1), need_header.eq(1), issuing.eq(1),
                 ring.eq(1), fresh.eq(1),
