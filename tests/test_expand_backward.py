@@ -335,25 +335,9 @@ def test_expand_backward_expand_size_defaults_to_the_expanded_shape():
     assert default["output_shape"] == given["output_shape"]
 
 
-def test_expand_backward_second_run_starts_from_clear_banks():
-    """Two runs back to back on one unit (Amaranth's simulator, small sizes): the drain clears
-    every bank word it reads and a stream run writes +0.0 behind each row's last add, so the
-    second run's result is its own, bit for bit, with nothing left of the first. (The clear
-    or the stream's +0.0 write a cycle off leaves the first run's sums in the banks: the
-    second run's rows then differ.)"""
-    params = ExpandBackwardParams(format="fp32", lanes=2, max_rank=2, max_input=16,
-                                  max_output=64, add_stages=2)
-    rng = np.random.default_rng(21)
-    runs = []
-    # a drained run (reduce), a streamed one (a row repeated), and a drained one again
-    for input_shape, output_shape in (([4, 1], [4, 6]), ([1, 12], [3, 12]), ([4, 1], [4, 6])):
-        grad = rng.standard_normal(output_shape).astype(np.float32)
-        problem = UNIT.problem({"output_grad": grad, "input_shape": np.array(input_shape)}, {})
-        stimulus, meta = UNIT.pack(problem, params, stall=False, seed=0)
-        runs.append((problem, stimulus["input"], meta))
-    assert [BACKWARD_MODES[meta["runtime"]["mode"]] for _, _, meta in runs] == \
-        ["reduce", "stream", "reduce"]
-
+def _runs_back_to_back(params, runs):
+    """The runs ``(stimulus beats, meta)`` one after another on one unit in Amaranth's
+    simulator; each run's ``input_grad`` beats, flat, as uint32."""
     dut = ExpandBackwardUnit(params)
     top = Module()
     top.domains.sync = ClockDomain()
@@ -364,7 +348,7 @@ def test_expand_backward_second_run_starts_from_clear_banks():
 
     async def bench(ctx):
         ctx.set(dut.input_grad.ready, 1)
-        for problem, beats, meta in runs:
+        for beats, meta in runs:
             for name, value in meta["runtime"].items():
                 ctx.set(getattr(dut, name), value)
             ctx.set(dut.start, 1)
@@ -399,6 +383,54 @@ def test_expand_backward_second_run_starts_from_clear_banks():
 
     sim.add_testbench(bench)
     sim.run()
+    return results
+
+
+BACK_TO_BACK = dict(format="fp32", lanes=2, max_rank=2, max_input=16, max_output=64,
+                    add_stages=2)
+
+
+def test_expand_backward_second_run_starts_from_clear_banks():
+    """Two runs back to back on one unit (Amaranth's simulator, small sizes): the drain clears
+    every bank word it reads and a stream run writes +0.0 behind each row's last add, so the
+    second run's result is its own, bit for bit, with nothing left of the first. (The clear
+    or the stream's +0.0 write a cycle off leaves the first run's sums in the banks: the
+    second run's rows then differ.)"""
+    params = ExpandBackwardParams(**BACK_TO_BACK)
+    rng = np.random.default_rng(21)
+    runs = []
+    # a drained run (reduce), a streamed one (a row repeated), and a drained one again
+    for input_shape, output_shape in (([4, 1], [4, 6]), ([1, 12], [3, 12]), ([4, 1], [4, 6])):
+        grad = rng.standard_normal(output_shape).astype(np.float32)
+        problem = UNIT.problem({"output_grad": grad, "input_shape": np.array(input_shape)}, {})
+        stimulus, meta = UNIT.pack(problem, params, stall=False, seed=0)
+        runs.append((problem, stimulus["input"], meta))
+    assert [BACKWARD_MODES[meta["runtime"]["mode"]] for _, _, meta in runs] == \
+        ["reduce", "stream", "reduce"]
+    results = _runs_back_to_back(params, [(beats, meta) for _, beats, meta in runs])
     for (problem, _, _), got in zip(runs, results):
         want = UNIT.want(problem, params).reshape(-1).view(np.uint32)
         assert got[:want.size].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("mode_shapes", [([8, 1], [8, 6]), ([1, 8], [3, 8]), ([8, 1], [8, 3])],
+                         ids=["reduce", "rows", "elements"])
+def test_expand_backward_never_writes_past_its_rows(mode_shapes):
+    """A run whose plan addresses more input rows than its ``input_elements`` holds (a plan
+    for four rows of 2 lanes, run with one row) writes none of the rows past its own: its one
+    row is the golden's first, and a full run of the same problem after it on the same unit
+    is bit-exact. A write past the run's rows would stay in the banks (the drain reads and
+    clears a group of W = 3 rows here, so the fourth row keeps it) and add into the second
+    run: without the row bound test all three cases fail. (Stream mode's rows leave by
+    position, not by address, so its first run is not the golden's first row.)"""
+    params = ExpandBackwardParams(**BACK_TO_BACK)
+    input_shape, output_shape = mode_shapes
+    grad = np.random.default_rng(5).standard_normal(output_shape).astype(np.float32)
+    problem = UNIT.problem({"output_grad": grad, "input_shape": np.array(input_shape)}, {})
+    stimulus, meta = UNIT.pack(problem, params, stall=False, seed=0)
+    short = dict(meta, runtime=dict(meta["runtime"], input_elements=params.lanes))
+    first, second = _runs_back_to_back(params, [(stimulus["input"], short),
+                                                (stimulus["input"], meta)])
+    want = UNIT.want(problem, params).reshape(-1).view(np.uint32)
+    assert first.tolist() == want[:params.lanes].tolist()
+    assert second[:want.size].tolist() == want.tolist()

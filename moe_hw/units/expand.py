@@ -381,9 +381,10 @@ def registered_plan(m, p, plan, ctl):
     """Takes the ``plan`` stream's :attr:`~StrideAddressParams.plan_beats` beats from the run's
     start (``ctl``, the unit's :class:`~moe_hw.blocks.run_control.RunControl`). A plan beat
     is registered, with a load flag per beat (registers), and loaded a cycle after its take.
-    Returns ``(plan_open, beat, beat_loads, closing)``: a beat is still to come; the beat
-    register; the flags, ``beat_loads[i]`` high in the cycle after beat i's take; the last
-    beat's take (``plan_open`` falls in the next cycle)."""
+    Returns ``(plan_open, beat, beat_loads, closing, loads_next)``: a beat is still to come;
+    the beat register; the flags, ``beat_loads[i]`` high in the cycle after beat i's take;
+    the last beat's take (``plan_open`` falls in the next cycle); the flags' next values (for
+    copies of them)."""
     plan_next = Signal(p.plan_beats, init=1)     # the beat expected next, one-hot
     plan_open = Signal()
     with m.If(ctl.accept):
@@ -393,7 +394,8 @@ def registered_plan(m, p, plan, ctl):
     m.d.comb += plan.ready.eq(planning)
     beat = Signal.like(plan.payload, name="plan_beat", reset_less=True)
     beat_loads = Signal(p.plan_beats, name="plan_loads")
-    m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
+    loads_next = Mux(plan_take, plan_next, 0)
+    m.d.sync += beat_loads.eq(loads_next)
     # The beat register loads every cycle (no clock enable: the take reached the enables
     # of its ~400 bits across the chip); only a cycle with a load flag reads it.
     m.d.sync += beat.eq(plan.payload)
@@ -402,7 +404,7 @@ def registered_plan(m, p, plan, ctl):
         m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
     with m.If(closing):
         m.d.sync += plan_open.eq(0)
-    return plan_open, beat, beat_loads, closing
+    return plan_open, beat, beat_loads, closing, loads_next
 
 
 def dim_steps(m, p, payload, loads):
@@ -458,7 +460,8 @@ def saturate(value, width):
                Mux(value[-1] & ~above.all(), low, value[:width]))[:width].as_signed()
 
 
-def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copies):
+def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copies,
+                  choose_always=False, load_next=None):
     """Lane 0's odometer for :func:`lane_addresses`: it steps by 2K = 2 * ``lanes`` once per
     pair of beats (its dims' steps are those of 2K), so a step has two cycles: at an even
     beat's take it chooses the next pair's digits and shares (a register choice, by the
@@ -473,7 +476,19 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     load a cycle after ``load`` (from a register of their own, so that the load flag reaches
     them through one mux) (the lanes' first take comes later still: the plan's lane beats follow
     the odometer's). expand_backward runs two of these, one per parity of its items, each
-    with ``even_take`` its items' takes and ``odd_take`` the cycle after each."""
+    with ``even_take`` its items' takes and ``odd_take`` the cycle after each.
+
+    ``choose_always``: the choice registers load in every cycle, not only at the even take
+    (the take then reaches a few flags, not the choice's clock enables). Only for a caller
+    whose odd take is always the cycle after the even one and whose next even take is two
+    cycles after that at the earliest: the state a choice reads (the digits, carries and
+    shares) then changes only at the end of the odd take's cycle, so the choice loaded in the
+    odd take's cycle is the even take's again, and the one loaded at the next even take is
+    from the new state.
+
+    ``load_next``: ``load``'s next value; when given, the candidates' load choice is made by
+    copies of ``load`` of their own (one per group of dims, kept apart from ``load``), so
+    that the load flag's net does not reach every candidate adder's operand."""
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
@@ -489,13 +504,19 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     loaded = Signal(name=f"{name}_loaded")          # the cycle after load
     m.d.sync += loaded.eq(load)
     next_carry = [Const(0)] * (rank + 1)
+    if load_next is None:
+        v_loads = [load]
+    else:
+        v_loads = replicated(m, load_next, name=f"{name}_load_copy", copies=min(rank, 3),
+                             apart=True)
     for d in reversed(range(rank)):
+        v_load = v_loads[d * len(v_loads) // rank]
         innermost = d == rank - 1
         count = 2 if innermost else 6
         v = Signal(data.ArrayLayout(signed(p.digit_width), count), name=f"{name}_v{d}")
         choice = carry[d] if innermost else Cat(carry[d], carry[d + 1])
         # At the even take: choose.
-        with m.If(even_take):
+        with m.If(1 if choose_always else even_take):
             m.d.sync += [chosen_y[d].eq(v[choice]), chosen_a[d].eq(a[d] + da[d][choice])]
             if not innermost:
                 q = v[Cat(carry[d], carry[d + 1], Const(0, 1)) + 2]
@@ -504,8 +525,8 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         next_carry[d] = ~chosen_y[d][-1]
         if not innermost:
             next_carry[d] |= ~chosen_q[d] & next_carry[d + 1]
-        base = Mux(load, start.digit[d], chosen_y[d])
-        with m.If(load | following):
+        base = Mux(v_load, start.digit[d], chosen_y[d])
+        with m.If(v_load | following):
             m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
         m.d.sync += start_y[d].eq(start.digit[d])
     with m.If(load):
@@ -703,7 +724,7 @@ class ExpandUnit(wiring.Component):
 
         # ---- the plan: the dims' steps, lane 0's odometer start, the lanes' constants -------
         # (each lane loads on a flag of its own)
-        plan_open, beat, beat_loads, _ = registered_plan(m, p, self.plan, ctl)
+        plan_open, beat, beat_loads, _, _ = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         if p.memory == "external":

@@ -330,7 +330,6 @@ class ExpandBackwardUnit(wiring.Component):
         lane = Signal(range(lanes))          # elements mode: the element's lane in its beat
         bank = Signal(range(banks))          # the next item's bank, k % G
         feeding = Signal()                   # the plan is in, an item is still to be taken
-        rows_like = (mode == rows_mode) | (mode == stream_mode)   # an item is a row of lanes
         long_front = mode == reduce          # the items wait for the lane tree
         with m.If(ctl.accept):
             m.d.sync += [
@@ -347,7 +346,7 @@ class ExpandBackwardUnit(wiring.Component):
         # ---- the plan: the dims' steps, then the odometers' starts -----------------------
         # (the first item comes no earlier than the even odometer's load, a cycle before the
         # odd one's)
-        _, beat, beat_loads, plan_closing = registered_plan(m, p, self.plan, ctl)
+        _, beat, beat_loads, plan_closing, loads_next = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
@@ -376,7 +375,10 @@ class ExpandBackwardUnit(wiring.Component):
 
         # Two odometers take the items in turn (odd_item: the next item is odd), each
         # stepping two items in two cycles or more (expand's pair odometer): the even one
-        # from element 0, the odd one from one item on.
+        # from element 0, the odd one from one item on. An odometer's odd take is the cycle
+        # after its even take, and its next even take two cycles later at the earliest (the
+        # other odometer's item comes between), so its choice registers load in every cycle
+        # (``choose_always``): the take fanned out to their clock enables (lanes 4's path).
         odd_item = Signal()
         odd_next = Mux(ctl.accept, 0, odd_item ^ take)
         m.d.sync += odd_item.eq(odd_next)
@@ -386,7 +388,8 @@ class ExpandBackwardUnit(wiring.Component):
             took = delay(m, mine, 1, 1, name=f"{name}_took")
             a, _ = pair_odometer(m, p, dy, da, load=beat_loads[rank + parity],
                                  start=beat, even_take=mine, odd_take=took,
-                                 name=name, copies=1)
+                                 name=name, copies=1, choose_always=True,
+                                 load_next=loads_next[rank + parity])
             shares.append(a)
         # The item's shares chosen in the address tree's first level, by a copy of the
         # parity per pair of dims.
@@ -399,6 +402,19 @@ class ExpandBackwardUnit(wiring.Component):
         # valid and bank take either delay (a choice by the run's mode); its values only the
         # one their mode uses, so the beat's lanes are not held for the lane tree's length.
         front, short = p.front_latency, p.short_front_latency
+        # The mode's flags that choose per item, as register copies loaded at the start (the
+        # mode register's net reached the front's choices across the unit: at 16 lanes
+        # `mode` over a 5.4 ns net into the address's choice and its row bound test, 112.5
+        # MHz): the long front's, one per fronted value, and per group of lanes the row-like
+        # and reduce flags of the lanes' values and enables.
+        long_copies = iter(replicated(m, self.mode == reduce, name="long_front", copies=3,
+                                      en=ctl.accept))
+        lane_groups = min(lanes, 4)
+        group_of = [j * lane_groups // lanes for j in range(lanes)]   # lane j's group
+        rows_copies = replicated(m, (self.mode == rows_mode) | (self.mode == stream_mode),
+                                 name="rows_like", copies=lane_groups, en=ctl.accept)
+        reduce_copies = replicated(m, self.mode == reduce, name="reduce_mode",
+                                   copies=lane_groups, en=ctl.accept)
 
         def fronted(value, name, *, reset_less=True, at=0, early=0):
             """``value`` (formed ``at`` cycles after the take) at the accumulator, or
@@ -406,7 +422,7 @@ class ExpandBackwardUnit(wiring.Component):
             near = delay(m, value, short - at - early, 1, name=f"{name}_short",
                          reset_less=reset_less)
             far = delay(m, near, front - short, 1, name=f"{name}_long", reset_less=reset_less)
-            return Mux(long_front, far, near)
+            return Mux(next(long_copies), far, near)
 
         # The item's address and bank a cycle early too: the memories' read address is a
         # register (F short is the address tree and that register).
@@ -415,26 +431,42 @@ class ExpandBackwardUnit(wiring.Component):
         data_in = self.grad_output.payload.data
         beat = [delay(m, data_in[j], 1, 1, name=f"beat{j}", reset_less=True)
                 for j in range(lanes)]
-        element = delay(m, data_in[lane], 1, 1, name="element", reset_less=True)
+        # The element of elements mode is chosen from the registered beat a cycle after the
+        # take, by copies of the lane (one per 8 bits of the element), then registered: the
+        # lane's net into a 16:1 choice among the port's lanes was the lanes-16 path.
+        if lanes == 1:
+            element = beat[0]
+        else:
+            lane_copies = replicated(m, lane, name="lane_copy", copies=min(4, -(-width // 8)))
+            chosen = Signal(width)
+            for c, copy in enumerate(lane_copies):
+                lo, hi = width * c // len(lane_copies), width * (c + 1) // len(lane_copies)
+                m.d.comb += chosen[lo:hi].eq(Cat(*(b[lo:hi] for b in beat)).word_select(
+                    copy, hi - lo))
+            element = delay(m, chosen, 1, 1, name="element", reset_less=True)
         # The lane tree's adders are the drain's pre-adders too (lane j's pair is summed by
         # the tree's adder j, in level order; the last lane has a pre-adder of its own): the
         # tree is idle from the drain's start, since the flush waits out the last item's
         # front. Each adder chooses its operands by a copy of ``draining`` per group of lanes,
         # a cycle late (the drain's first pair is read drain_read cycles after its issue).
         draining = Signal()                  # the drain has begun (adders in drain use)
-        groups = min(lanes, 4)
-        drain_copies = replicated(m, draining, name="draining_copy", copies=groups)
+        drain_copies = replicated(m, draining, name="draining_copy", copies=lane_groups)
         pair_operands = [(Signal(width, name=f"pair{j}_even"), Signal(width, name=f"pair{j}_odd"))
                          for j in range(lanes)]
         reduced, lent_sums = adder_tree(
             m, beat, p.format, lat, name="lane_tree",
-            lent=([drain_copies[j * groups // lanes] for j in range(lanes - 1)], pair_operands))
+            lent=([drain_copies[group_of[j]] for j in range(lanes - 1)], pair_operands))
         spare = front - 1 - p.lane_levels * lat
         reduced = delay(m, reduced, spare, 1, name="reduced", reset_less=True)
         beat = [delay(m, v, short - 1, 1, name=f"beat{j}_front", reset_less=True)
                 for j, v in enumerate(beat)]
-        element = delay(m, element, short - 1, 1, name="element_front", reset_less=True)
-        item_valid = fronted(take, "item_valid", reset_less=False)
+        element = delay(m, element, short - 1 - (lanes > 1), 1, name="element_front",
+                        reset_less=True)
+        # The item's valid, a cycle early, into a register copy per group of lanes (the valid's
+        # register, placed by its other loads, was 6.4 ns of net from the write enables at 16
+        # lanes, 121.7 MHz).
+        item_on = replicated(m, fronted(take, "item_valid", reset_less=False, early=1),
+                             name="item_on", copies=lane_groups)
         bank_early = fronted(bank, "item_bank", early=1)
         item_bank = delay(m, bank_early, 1, 1, name="item_bank_front", reset_less=True)
         # Stream mode (F short): the last pass is the last run_rows items; each is its row's
@@ -452,14 +484,16 @@ class ExpandBackwardUnit(wiring.Component):
         row = addr[lanes_log2:]
         single = Signal(lanes)               # the one lane of a reduce or elements item
         m.d.comb += single.eq(Const(1, lanes) << addr[:lanes_log2] if lanes_log2 else 1)
-        # The row's bound test from the early address, into a register (the held row count's
-        # net and the compare's carry chain were one path into the write enables).
-        in_rows = Signal()
-        m.d.sync += in_rows.eq(addr_early[lanes_log2:] < run_rows)
         enables = Signal(lanes)
-        m.d.comb += enables.eq(Mux(item_valid & in_rows,
-                                   Mux(rows_like, all_lanes, single), 0))
-        values = [Mux(rows_like, beat[j], Mux(mode == reduce, reduced, element))
+        m.d.comb += enables.eq(Cat(item_on[group_of[j]] & (rows_copies[group_of[j]] | single[j])
+                                   for j in range(lanes)))
+        # The row's bound test on the front's address, a register per group of lanes a cycle
+        # after the front; it masks the enables one register down their delay line (the
+        # write is read + L cycles after the front). (Before the front, the test was on a
+        # path with the held row count's net, then with the long front's choice.)
+        in_rows = replicated(m, row < run_rows, name="in_rows", copies=lane_groups)
+        values = [Mux(rows_copies[group_of[j]], beat[j],
+                      Mux(reduce_copies[group_of[j]], reduced, element))
                   for j in range(lanes)]
 
         # ---- the accumulator: G banks in two memories, even and odd banks -------------------
@@ -506,7 +540,7 @@ class ExpandBackwardUnit(wiring.Component):
         # arrives read + L cycles after it), so that no one net reaches every lane.
         pre_sums = lent_sums + [None]
         for j in range(lanes):
-            drain_here = drain_copies[j * groups // lanes]
+            drain_here = drain_copies[group_of[j]]
             pair_even, pair_odd = pair_operands[j]
             m.d.comb += [pair_even.eq(Mux(pair_on, even.read_data[j], 0)),
                          pair_odd.eq(Mux(odd_on, odd.read_data[j], 0))]
@@ -524,7 +558,9 @@ class ExpandBackwardUnit(wiring.Component):
 
         # Writes: an item's sum read + L cycles after its front into its bank's memory, or a
         # drain read's clear (both memories) a cycle after it.
-        write_en = delay(m, enables, read + lat, 1, name="write_en")
+        write_en = delay(m, Cat(in_rows[group_of[j]] & e for j, e in
+                                enumerate(delay(m, enables, 1, 1, name="item_enables"))),
+                         read + lat - 1, 1, name="write_en")
         write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
         write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
         clear_early = delay(m, drain_issue, drain_read - 2, 1, name="clear_early")
@@ -535,7 +571,7 @@ class ExpandBackwardUnit(wiring.Component):
         # each a register loaded a cycle ahead.
         write_zero = replicated(
             m, clear_early | delay(m, item_last, read + lat - 1, 1, name="write_last"),
-            name="write_zero", copies=groups)
+            name="write_zero", copies=lane_groups)
         clear_addr = delay(m, drain_addr, drain_read - 1, 1, name="clear_addr",
                            reset_less=True)
         for parity, memory in enumerate(memories):
@@ -546,7 +582,7 @@ class ExpandBackwardUnit(wiring.Component):
             ]
             for j in range(lanes):
                 m.d.comb += memory.write_data[j].eq(
-                    Mux(write_zero[j * groups // lanes], 0, sums[j]))
+                    Mux(write_zero[group_of[j]], 0, sums[j]))
 
         # ---- flush, then the drain ------------------------------------------------------------
         with m.If(flushing):
