@@ -405,28 +405,27 @@ class ExpandBackwardUnit(wiring.Component):
         # The mode's flags that choose per item, as register copies loaded at the start (the
         # mode register's net reached the front's choices across the unit: at 16 lanes
         # `mode` over a 5.4 ns net into the address's choice and its row bound test, 112.5
-        # MHz): the long front's, one per fronted value, and per group of lanes the row-like
-        # and reduce flags of the lanes' values and enables.
-        long_copies = iter(replicated(m, self.mode == reduce, name="long_front", copies=3,
-                                      en=ctl.accept))
+        # MHz): per group of lanes the row-like and reduce flags of the lanes' values and
+        # enables; the reduce flag's copies (at least three) are the long front's too, one
+        # per fronted value (``copy``: the address, the valid, the bank).
         lane_groups = min(lanes, 4)
         group_of = [j * lane_groups // lanes for j in range(lanes)]   # lane j's group
         rows_copies = replicated(m, (self.mode == rows_mode) | (self.mode == stream_mode),
                                  name="rows_like", copies=lane_groups, en=ctl.accept)
         reduce_copies = replicated(m, self.mode == reduce, name="reduce_mode",
-                                   copies=lane_groups, en=ctl.accept)
+                                   copies=max(lane_groups, 3), en=ctl.accept)
 
-        def fronted(value, name, *, reset_less=True, at=0, early=0):
+        def fronted(value, name, *, copy, reset_less=True, at=0, early=0):
             """``value`` (formed ``at`` cycles after the take) at the accumulator, or
-            ``early`` cycles before."""
+            ``early`` cycles before; chosen by the reduce flag's copy ``copy``."""
             near = delay(m, value, short - at - early, 1, name=f"{name}_short",
                          reset_less=reset_less)
             far = delay(m, near, front - short, 1, name=f"{name}_long", reset_less=reset_less)
-            return Mux(next(long_copies), far, near)
+            return Mux(reduce_copies[copy], far, near)
 
         # The item's address and bank a cycle early too: the memories' read address is a
         # register (F short is the address tree and that register).
-        addr_early = fronted(addr, "item_addr", at=p.tree_latency, early=1)
+        addr_early = fronted(addr, "item_addr", copy=0, at=p.tree_latency, early=1)
         addr = delay(m, addr_early, 1, 1, name="item_addr_front", reset_less=True)
         data_in = self.grad_output.payload.data
         beat = [delay(m, data_in[j], 1, 1, name=f"beat{j}", reset_less=True)
@@ -465,9 +464,9 @@ class ExpandBackwardUnit(wiring.Component):
         # The item's valid, a cycle early, into a register copy per group of lanes (the valid's
         # register, placed by its other loads, was 6.4 ns of net from the write enables at 16
         # lanes, 121.7 MHz).
-        item_on = replicated(m, fronted(take, "item_valid", reset_less=False, early=1),
+        item_on = replicated(m, fronted(take, "item_valid", copy=1, reset_less=False, early=1),
                              name="item_on", copies=lane_groups)
-        bank_early = fronted(bank, "item_bank", early=1)
+        bank_early = fronted(bank, "item_bank", copy=2, early=1)
         item_bank = delay(m, bank_early, 1, 1, name="item_bank_front", reset_less=True)
         # Stream mode (F short): the last pass is the last run_rows items; each is its row's
         # last add. Its flags by position (the k-th such item is row k): the last flag on the
