@@ -6,7 +6,7 @@ scoreboard over every output beat (nothing lost, duplicated or reordered; lane e
 last flag), the plan and grad_output beats taken. Stall-free runs must take exactly the
 documented count (:meth:`ExpandBackwardParams.cycles`)::
 
-    (max_rank + 2) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+    (max_rank + 3) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
                    + F + 3*L + 13
 
 (items: one per grad_output beat in the reduce and rows modes, one per element in elements
@@ -17,7 +17,7 @@ ceil(log2(max_rank)) at least 1 (the address tree, then the read address registe
 adder latency), and in stream mode
 (one bank, each row out at its last item, no drain)::
 
-    (max_rank + 2) + items + F + L + 8
+    (max_rank + 3) + items + F + L + 8
 
 Integer-valued data,
 for which every summation order gives the same bits, is also checked against the plain
@@ -80,8 +80,8 @@ def expected_cycles(params, n_in, n_out, mode):
     short = max(1, (params.max_rank - 1).bit_length()) + 1     # the tree, the read address
     front = max(short, 1 + (lanes.bit_length() - 1) * lat) if mode == "reduce" else short
     if mode == "stream" and items >= rows:
-        return params.max_rank + 2 + items + front + lat + 8
-    return (params.max_rank + 2 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
+        return params.max_rank + 3 + items + front + lat + 8
+    return (params.max_rank + 3 + items + pairs * w * -(-rows // w) - (w - 1 - (rows - 1) % w)
             + front + 3 * lat + 13)
 
 
@@ -205,13 +205,13 @@ def test_expand_backward_cycle_formula():
     rows in 3 groups)."""
     params = ExpandBackwardParams()
     assert (params.banks, params.pairs, params.ring, params.front_latency) == (15, 8, 13, 49)
-    assert params.cycles(1024, 1024 * 512, "reduce") == 8 + 32768 + 519 + 49 + 36 + 13
+    assert params.cycles(1024, 1024 * 512, "reduce") == 9 + 32768 + 519 + 49 + 36 + 13
     # F = 4 (the address tree, the read address register) outside reduce mode: no lane tree
     assert params.short_front_latency == 4
-    assert params.cycles(512, 1024 * 512, "rows") == 8 + 32768 + 305 + 4 + 36 + 13
+    assert params.cycles(512, 1024 * 512, "rows") == 9 + 32768 + 305 + 4 + 36 + 13
     # stream mode: the row backward and the repeat [2, 1] backward, no drain
-    assert params.cycles(512, 1024 * 512, "stream") == 8 + 32768 + 4 + 12 + 8
-    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 8 + 65536 + 4 + 12 + 8
+    assert params.cycles(512, 1024 * 512, "stream") == 9 + 32768 + 4 + 12 + 8
+    assert params.cycles(1024 * 512, 2048 * 512, "stream") == 9 + 65536 + 4 + 12 + 8
     # fewer items than rows: no whole last pass, the run drains as rows mode does
     assert params.cycles(512, 256, "stream") == params.cycles(512, 256, "rows")
     assert params.cycles(3, 0, "elements") == EMPTY_CYCLES

@@ -381,21 +381,22 @@ def registered_plan(m, p, plan, ctl):
     """Takes the ``plan`` stream's :attr:`~StrideAddressParams.plan_beats` beats from the run's
     start (``ctl``, the unit's :class:`~moe_hw.blocks.run_control.RunControl`). A plan beat
     is registered, with a load flag per beat (registers), and loaded a cycle after its take.
-    Returns ``(plan_open, beat, beat_loads, closing, loads_next)``: a beat is still to come;
-    the beat register; the flags, ``beat_loads[i]`` high in the cycle after beat i's take;
-    the last beat's take (``plan_open`` falls in the next cycle); the flags' next values (for
-    copies of them)."""
+    Returns ``(plan_open, beat, beat_loads)``: a beat is still to come; the beat register;
+    the flags, ``beat_loads[i]`` high in the cycle after beat i's take (the last one's is the
+    plan's close: ``plan_open`` has fallen)."""
     plan_next = Signal(p.plan_beats, init=1)     # the beat expected next, one-hot
     plan_open = Signal()
     with m.If(ctl.accept):
         m.d.sync += [plan_next.eq(1), plan_open.eq(1)]
-    planning = ctl.running & plan_open
+    # The run flag is the run control's own copy of it (``stopped``, held inverted): the
+    # plan's input sits far from the unit's other loads of ``running`` (expand_backward at
+    # 4 lanes: ``running`` over a 2.2 ns net into the plan's take, 204.9 MHz).
+    planning = ~ctl.stopped & plan_open
     plan_take = plan.valid & planning
     m.d.comb += plan.ready.eq(planning)
     beat = Signal.like(plan.payload, name="plan_beat", reset_less=True)
     beat_loads = Signal(p.plan_beats, name="plan_loads")
-    loads_next = Mux(plan_take, plan_next, 0)
-    m.d.sync += beat_loads.eq(loads_next)
+    m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
     # The beat register loads every cycle (no clock enable: the take reached the enables
     # of its ~400 bits across the chip); only a cycle with a load flag reads it.
     m.d.sync += beat.eq(plan.payload)
@@ -404,7 +405,7 @@ def registered_plan(m, p, plan, ctl):
         m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
     with m.If(closing):
         m.d.sync += plan_open.eq(0)
-    return plan_open, beat, beat_loads, closing, loads_next
+    return plan_open, beat, beat_loads
 
 
 def dim_steps(m, p, payload, loads):
@@ -461,7 +462,7 @@ def saturate(value, width):
 
 
 def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copies,
-                  choose_always=False, load_next=None):
+                  choose_always=False):
     """Lane 0's odometer for :func:`lane_addresses`: it steps by 2K = 2 * ``lanes`` once per
     pair of beats (its dims' steps are those of 2K), so a step has two cycles: at an even
     beat's take it chooses the next pair's digits and shares (a register choice, by the
@@ -474,9 +475,15 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     Returns the pair's address shares ``[a_0, .., a_{R-1}]`` (registers) and ``copies``
     copies (:func:`~moe_hw.stream.replicated`) of its digits ``y_d``. The start's copies
     load a cycle after ``load`` (from a register of their own, so that the load flag reaches
-    them through one mux) (the lanes' first take comes later still: the plan's lane beats follow
-    the odometer's). expand_backward runs two of these, one per parity of its items, each
-    with ``even_take`` its items' takes and ``odd_take`` the cycle after each.
+    them through one mux), and so do the start's candidates (from the same registers, by
+    copies of ``load`` of their own, one per group of dims: the plan's load flag over a long
+    net into every candidate adder's operand was a path of both units, expand at 159.6 MHz
+    and expand_backward at 196). So the first take must come two cycles after ``load`` at the
+    earliest, as it does in both: expand's plan has at least one lane beat after the
+    odometer's and its output starts a cycle after the last beat's load flag, and
+    expand_backward's items open at its last plan beat's load flag. expand_backward runs two
+    of these, one per parity of its items, each with ``even_take`` its items' takes and
+    ``odd_take`` the cycle after each.
 
     ``choose_always``: the choice registers load in every cycle, not only at the even take
     (the take then reaches a few flags, not the choice's clock enables). Only for a caller
@@ -484,11 +491,7 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     cycles after that at the earliest: the state a choice reads (the digits, carries and
     shares) then changes only at the end of the odd take's cycle, so the choice loaded in the
     odd take's cycle is the even take's again, and the one loaded at the next even take is
-    from the new state.
-
-    ``load_next``: ``load``'s next value; when given, the candidates' load choice is made by
-    copies of ``load`` of their own (one per group of dims, kept apart from ``load``), so
-    that the load flag's net does not reach every candidate adder's operand."""
+    from the new state."""
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
@@ -504,11 +507,7 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     loaded = Signal(name=f"{name}_loaded")          # the cycle after load
     m.d.sync += loaded.eq(load)
     next_carry = [Const(0)] * (rank + 1)
-    if load_next is None:
-        v_loads = [load]
-    else:
-        v_loads = replicated(m, load_next, name=f"{name}_load_copy", copies=min(rank, 3),
-                             apart=True)
+    v_loads = replicated(m, load, name=f"{name}_load_copy", copies=min(rank, 3), apart=True)
     for d in reversed(range(rank)):
         v_load = v_loads[d * len(v_loads) // rank]
         innermost = d == rank - 1
@@ -525,7 +524,7 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
         next_carry[d] = ~chosen_y[d][-1]
         if not innermost:
             next_carry[d] |= ~chosen_q[d] & next_carry[d + 1]
-        base = Mux(v_load, start.digit[d], chosen_y[d])
+        base = Mux(v_load, start_y[d], chosen_y[d])
         with m.If(v_load | following):
             m.d.sync += [v[i].eq(base + dy[d][i]) for i in range(count)]
         m.d.sync += start_y[d].eq(start.digit[d])
@@ -724,7 +723,7 @@ class ExpandUnit(wiring.Component):
 
         # ---- the plan: the dims' steps, lane 0's odometer start, the lanes' constants -------
         # (each lane loads on a flag of its own)
-        plan_open, beat, beat_loads, _, _ = registered_plan(m, p, self.plan, ctl)
+        plan_open, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         if p.memory == "external":

@@ -85,7 +85,7 @@ of ``lanes`` input elements). Stall-free, a run takes exactly
 :meth:`ExpandBackwardParams.cycles` cycles from the start cycle to the first cycle ``done``
 is high::
 
-    (max_rank + 2) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
+    (max_rank + 3) + items + ceil(G/2)*W*ceil(rows / W) - (W - 1 - (rows - 1) % W)
                    + F + 3*L + 13
 
 with ``items`` = ``output_elements`` (``elements``) or ``output_elements / lanes``, ``rows =
@@ -94,17 +94,18 @@ the address tree and the read address register, or the lane tree, whichever is l
 ``max(T + 1, 1 + log2(lanes)*L)``; in the other modes ``T + 1``, with T the address tree,
 ``ceil(log2(max_rank))``, at least 1: an item that does not use the lane tree does not wait
 for it);
-the plan beats, one cycle per item, the drain up to its last real row (a last group of fewer
-than W rows ends early), the last item's add, the drain's pre-add and add (3L), and 13 more:
+the plan beats and its close (the last beat's load flag opens the items), one cycle per item,
+the drain up to its last real row (a last group of fewer than W rows ends early), the last
+item's add, the drain's pre-add and add (3L), and 13 more:
 run control 2, the memory read in the last item's write and in the drain 2 + 3 (the drain's
 read address is a register loaded as it issues), the flush's
 spare cycle and the switch to the drain 1 + 1, the output queue 2, busy 1, done 1. In stream
 mode::
 
-    (max_rank + 2) + items + F + L + 8
+    (max_rank + 3) + items + F + L + 8
 
-(the last item's front, memory read 2 and add, run control 2, the output queue 2, busy 1,
-done 1). An empty run takes
+(the plan and its close, the items, the last item's front, memory read 2 and add, run control
+2, the output queue 2, busy 1, done 1). An empty run takes
 :data:`~moe_hw.blocks.run_control.EMPTY_CYCLES`. Any pause costs at most its own cycles plus,
 on the output, up to W per drain pass.
 
@@ -218,6 +219,12 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
         return self.max_rank + 2
 
     @property
+    def plan_cycles(self):
+        """Stall-free cycles from the first plan beat's take to the first item's: the beats
+        and one (the last beat's load flag, a register, opens the items)."""
+        return self.plan_beats + 1
+
+    @property
     def row_bits(self):
         return ceil_log2(self.rows)
 
@@ -267,10 +274,10 @@ class ExpandBackwardParams(StrideAddressParams, FloatDatapathParams, UnitParams)
             return EMPTY_CYCLES
         if self.streams(input_elements, output_elements, mode):
             # The last item's front, read and add, the output queue, busy, done.
-            return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
+            return (START_LATENCY + self.plan_cycles + self.items(output_elements, mode)
                     + self.short_front_latency + BlockMemory.latency + self.add_latency
                     + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
-        return (START_LATENCY + self.plan_beats + self.items(output_elements, mode)
+        return (START_LATENCY + self.plan_cycles + self.items(output_elements, mode)
                 + self.flush(mode) + 1 + self.drain_cycles(input_elements)
                 + self.drain_read_latency + 2 * self.add_latency
                 + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
@@ -328,7 +335,7 @@ class ExpandBackwardUnit(wiring.Component):
         run_rows = Signal(range(p.rows + 1))  # ceil(input_elements / lanes)
         last_en = Signal(lanes)
         lane = Signal(range(lanes))          # elements mode: the element's lane in its beat
-        bank = Signal(range(banks))          # the next item's bank, k % G
+        bank = Signal(range(banks))          # the last item's bank (k % G) a cycle on
         feeding = Signal()                   # the plan is in, an item is still to be taken
         long_front = mode == reduce          # the items wait for the lane tree
         with m.If(ctl.accept):
@@ -346,18 +353,21 @@ class ExpandBackwardUnit(wiring.Component):
         # ---- the plan: the dims' steps, then the odometers' starts -----------------------
         # (the first item comes no earlier than the even odometer's load, a cycle before the
         # odd one's)
-        _, beat, beat_loads, plan_closing, loads_next = registered_plan(m, p, self.plan, ctl)
+        _, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
         # ---- items: a beat (reduce, rows) or one element of it (elements), one per cycle --
-        # ``feeding`` (the plan is in and an item is still to be taken) is a register, set as
-        # the plan's last beat is taken and cleared with the last item's take; ``room`` (the
-        # output queue has a slot for a stream item, or the run does not stream) is a register
-        # too: the take is one gate of the stream's valid, the run flag and the two. (The run
-        # flag is implied by ``feeding``, but it makes that plain to a formal check's
-        # induction, which starts from any state.)
+        # ``feeding`` (the plan is in and an item is still to be taken) is a register, set by
+        # the last plan beat's load flag, a cycle after that beat's take (the take, a gate of
+        # the run flag and the plan's valid, set it before: the run flag's net into the take
+        # and the take's net across the unit into ``feeding`` was the path at 4 and 16 lanes,
+        # 169.2 and 111.6 MHz), and cleared with the last item's take; ``room`` (the output
+        # queue has a slot for a stream item, or the run does not stream) is a register too:
+        # the take is one gate of the stream's valid, the run flag and the two. (The run flag
+        # is implied by ``feeding``, but it makes that plain to a formal check's induction,
+        # which starts from any state.)
         room = Signal()
-        with m.If(plan_closing):
+        with m.If(beat_loads[-1]):
             m.d.sync += feeding.eq(1)
         accumulating = running & feeding & room
         take = self.grad_output.valid & accumulating
@@ -367,7 +377,6 @@ class ExpandBackwardUnit(wiring.Component):
         flush_left = Signal(range(p.flush("reduce") + 1))
         with m.If(take):
             m.d.sync += [items_left.eq(items_left - 1),
-                         bank.eq(Mux(stream | (bank == banks - 1), 0, bank + 1)),
                          lane.eq(Mux(last_of_beat, 0, lane + 1))]
             with m.If(items_left == 1):
                 m.d.sync += [feeding.eq(0), flushing.eq(1),
@@ -388,8 +397,7 @@ class ExpandBackwardUnit(wiring.Component):
             took = delay(m, mine, 1, 1, name=f"{name}_took")
             a, _ = pair_odometer(m, p, dy, da, load=beat_loads[rank + parity],
                                  start=beat, even_take=mine, odd_take=took,
-                                 name=name, copies=1, choose_always=True,
-                                 load_next=loads_next[rank + parity])
+                                 name=name, copies=1, choose_always=True)
             shares.append(a)
         # The item's shares chosen in the address tree's first level, by a copy of the
         # parity per pair of dims.
@@ -466,7 +474,13 @@ class ExpandBackwardUnit(wiring.Component):
         # lanes, 121.7 MHz).
         item_on = replicated(m, fronted(take, "item_valid", copy=1, reset_less=False, early=1),
                              name="item_on", copies=lane_groups)
-        bank_early = fronted(bank, "item_bank", copy=2, early=1)
+        # The item's bank: a counter stepped the cycle after each take, by a register copy of
+        # the take of its own (the take's net across the unit into the counter's enable was the
+        # lanes-4 path, 192.5 MHz), so it holds item k's bank (k % G) a cycle after its take.
+        bank_step = replicated(m, take, name="bank_step", copies=1, apart=True)[0]
+        with m.If(bank_step):
+            m.d.sync += bank.eq(Mux(stream | (bank == banks - 1), 0, bank + 1))
+        bank_early = fronted(bank, "item_bank", copy=2, at=1, early=1)
         item_bank = delay(m, bank_early, 1, 1, name="item_bank_front", reset_less=True)
         # Stream mode (F short): the last pass is the last run_rows items; each is its row's
         # last add. Its flags by position (the k-th such item is row k): the last flag on the
@@ -663,8 +677,11 @@ class ExpandBackwardUnit(wiring.Component):
                 m.d.sync += [drain_row.eq(group_row), left.eq(group_left),
                              real.eq(group_left != 0)]
             with m.Else():
-                m.d.sync += [drain_row.eq(drain_row + 1), left.eq(Mux(left == 0, 0, left - 1)),
-                             real.eq(left > 1)]
+                # (``real`` is left > 0: the saturation's test is a register, and left > 1
+                # an OR of left's upper bits, not two compares' carry chains after the
+                # decrement's, the lanes-4 path at 203.4 MHz)
+                m.d.sync += [drain_row.eq(drain_row + 1), left.eq(Mux(real, left - 1, 0)),
+                             real.eq(left[1:].any())]
             with m.If(rho == 0):
                 m.d.sync += pass_on.eq(go)
             with m.If(wrap & pass_on):
