@@ -399,12 +399,26 @@ class ExpandBackwardUnit(wiring.Component):
                                  start=beat, even_take=mine, odd_take=took,
                                  name=name, copies=1, choose_always=True)
             shares.append(a)
-        # The item's shares chosen in the address tree's first level, by a copy of the
-        # parity per pair of dims.
-        parities = replicated(m, odd_next, name="odd_item_copy",
-                              copies=min(-(-rank // 2), 3), apart=True)
-        addr = sum_tree(m, [Mux(parities[d // 2 % len(parities)], shares[1][d], shares[0][d])
-                            for d in range(rank)], name="addr")   # tree_latency after the take
+        # The address tree's first level sums both odometers' shares in pairs of dims, and
+        # the item's sums are chosen after it, by register copies of ``odd_item`` (the parity
+        # a cycle later), one per pair of dims: the same latency (the choice in front of the
+        # first level, by copies of the parity's next value, took the take across the unit
+        # into the copies: the lanes-4 path at 178.8 MHz).
+        pair_sums = []
+        for d in range(0, rank, 2):
+            sums = []
+            for parity, share in enumerate(shares):
+                total = Signal(p.addr_width, name=f"addr_pair{d // 2}_{parity}",
+                               reset_less=True)
+                m.d.sync += total.eq(share[d] + share[d + 1] if d + 1 < rank else share[d])
+                sums.append(total)
+            pair_sums.append(sums)
+        parities = replicated(m, odd_item, name="odd_item_copy",
+                              copies=min(len(pair_sums), 3), apart=True)
+        chosen = [Mux(parities[i % len(parities)], odd, even)
+                  for i, (even, odd) in enumerate(pair_sums)]
+        # tree_latency after the take
+        addr = sum_tree(m, chosen, name="addr") if len(chosen) > 1 else chosen[0]
         # An item reaches the accumulator F cycles after its take: in reduce mode after the
         # lane tree (F long), otherwise after the address tree (F short). The item's address,
         # valid and bank take either delay (a choice by the run's mode); its values only the
