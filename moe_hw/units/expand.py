@@ -491,7 +491,9 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     cycles after that at the earliest: the state a choice reads (the digits, carries and
     shares) then changes only at the end of the odd take's cycle, so the choice loaded in the
     odd take's cycle is the even take's again, and the one loaded at the next even take is
-    from the new state."""
+    from the new state. The odometer then needs no ``even_take`` (pass None): the cycle
+    after an even take is the odd take's, so ``odd_take`` (which may come from registers
+    near the odometer) marks it."""
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]
@@ -502,10 +504,13 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     chosen_q = Signal(rank, name=f"{name}_next_q_sign", reset_less=True)
     chosen_a = [Signal(p.addr_width, name=f"{name}_next_a{d}", reset_less=True)
                 for d in range(rank)]
-    following = Signal(name=f"{name}_following")    # the cycle after an even take
-    m.d.sync += following.eq(even_take & ~load)
     loaded = Signal(name=f"{name}_loaded")          # the cycle after load
     m.d.sync += loaded.eq(load)
+    following = Signal(name=f"{name}_following")    # the cycle after an even take
+    if choose_always:
+        m.d.comb += following.eq(odd_take & ~loaded)
+    else:
+        m.d.sync += following.eq(even_take & ~load)
     next_carry = [Const(0)] * (rank + 1)
     v_loads = replicated(m, load, name=f"{name}_load_copy", copies=min(rank, 3), apart=True)
     for d in reversed(range(rank)):

@@ -388,15 +388,28 @@ class ExpandBackwardUnit(wiring.Component):
         # after its even take, and its next even take two cycles later at the earliest (the
         # other odometer's item comes between), so its choice registers load in every cycle
         # (``choose_always``): the take fanned out to their clock enables (lanes 4's path).
+        # With the choice registers loading in every cycle an odometer needs only its odd
+        # take, the cycle after its item's take: formed from register copies of the take
+        # and of the parity, so that the take reaches one register per odometer, not its
+        # logic (the take's net across the unit into the odometers' flags was a lanes-4
+        # path, 187.2 MHz). The take's copies are one set with the bank counter's step, its
+        # first (which reads 0 from reset; the others read 1 in the cycle after a reset, a
+        # spurious odd take of an idle odometer, whose state is loaded again before a run's
+        # first item); the parity's are the address tree's (below).
         odd_item = Signal()
         odd_next = Mux(ctl.accept, 0, odd_item ^ take)
         m.d.sync += odd_item.eq(odd_next)
+        takes_late = replicated(m, take, name="item_took", copies=3, apart=True)
+        bank_step = takes_late[0]
+        pair_count = -(-rank // 2)
+        parities = replicated(m, odd_item, name="odd_item_copy", copies=min(pair_count, 3),
+                              apart=True)
         shares = []
         for parity, name in enumerate(("even_odometer", "odd_odometer")):
-            mine = take & (odd_item if parity else ~odd_item)
-            took = delay(m, mine, 1, 1, name=f"{name}_took")
+            parity_late = parities[-parity]
+            took = takes_late[1 + parity] & (parity_late if parity else ~parity_late)
             a, _ = pair_odometer(m, p, dy, da, load=beat_loads[rank + parity],
-                                 start=beat, even_take=mine, odd_take=took,
+                                 start=beat, even_take=None, odd_take=took,
                                  name=name, copies=1, choose_always=True)
             shares.append(a)
         # The address tree's first level sums both odometers' shares in pairs of dims, and
@@ -413,8 +426,6 @@ class ExpandBackwardUnit(wiring.Component):
                 m.d.sync += total.eq(share[d] + share[d + 1] if d + 1 < rank else share[d])
                 sums.append(total)
             pair_sums.append(sums)
-        parities = replicated(m, odd_item, name="odd_item_copy",
-                              copies=min(len(pair_sums), 3), apart=True)
         chosen = [Mux(parities[i % len(parities)], odd, even)
                   for i, (even, odd) in enumerate(pair_sums)]
         # tree_latency after the take
@@ -491,7 +502,6 @@ class ExpandBackwardUnit(wiring.Component):
         # The item's bank: a counter stepped the cycle after each take, by a register copy of
         # the take of its own (the take's net across the unit into the counter's enable was the
         # lanes-4 path, 192.5 MHz), so it holds item k's bank (k % G) a cycle after its take.
-        bank_step = replicated(m, take, name="bank_step", copies=1, apart=True)[0]
         with m.If(bank_step):
             m.d.sync += bank.eq(Mux(stream | (bank == banks - 1), 0, bank + 1))
         bank_early = fronted(bank, "item_bank", copy=2, at=1, early=1)
@@ -518,7 +528,12 @@ class ExpandBackwardUnit(wiring.Component):
         # after the front; it masks the enables one register down their delay line (the
         # write is read + L cycles after the front). (Before the front, the test was on a
         # path with the held row count's net, then with the long front's choice.)
-        in_rows = replicated(m, row < run_rows, name="in_rows", copies=lane_groups)
+        # The bound is a copy of the run's row count of its own, loaded at the start (the
+        # count's register, placed by its loads in the drain's control, was a 5.2 ns net from
+        # the compare at 16 lanes, 118.9 MHz).
+        row_bound = replicated(m, (self.input_elements + (lanes - 1)) >> lanes_log2,
+                               name="row_bound", copies=1, en=ctl.accept, apart=True)[0]
+        in_rows = replicated(m, row < row_bound, name="in_rows", copies=lane_groups)
         values = [Mux(rows_copies[group_of[j]], beat[j],
                       Mux(reduce_copies[group_of[j]], reduced, element))
                   for j in range(lanes)]
