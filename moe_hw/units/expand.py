@@ -379,32 +379,35 @@ class ExpandParams(StrideAddressParams, UnitParams):
 
 def registered_plan(m, p, plan, ctl):
     """Takes the ``plan`` stream's :attr:`~StrideAddressParams.plan_beats` beats from the run's
-    start (``ctl``, the unit's :class:`~moe_hw.blocks.run_control.RunControl`). A plan beat
+    begin (``ctl``, the unit's :class:`~moe_hw.blocks.run_control.RunControl`). A plan beat
     is registered, with a load flag per beat (registers), and loaded a cycle after its take.
     Returns ``(plan_open, beat, beat_loads)``: a beat is still to come; the beat register;
     the flags, ``beat_loads[i]`` high in the cycle after beat i's take (the last one's is the
     plan's close: ``plan_open`` has fallen)."""
     plan_next = Signal(p.plan_beats, init=1)     # the beat expected next, one-hot
     plan_open = Signal()
+    # ``plan_open`` opens as the run begins (``begin``: ``running`` rises in the next cycle)
+    # and closes with the last beat's take, or when the run is not running (the run
+    # control's ``stopped``: a run that begins takes its whole plan, but a formal check's
+    # induction starts from any state), so the take is one gate of the plan's valid and that
+    # register: the run flag's net into the take, from the run control across the unit, was
+    # expand_backward's path at 4 lanes (``running``, 204.9 MHz; ``stopped``, the run
+    # control's own inverted copy of it, 189.5 MHz).
     with m.If(ctl.accept):
-        m.d.sync += [plan_next.eq(1), plan_open.eq(1)]
-    # The run flag is the run control's own copy of it (``stopped``, held inverted): the
-    # plan's input sits far from the unit's other loads of ``running`` (expand_backward at
-    # 4 lanes: ``running`` over a 2.2 ns net into the plan's take, 204.9 MHz).
-    planning = ~ctl.stopped & plan_open
-    plan_take = plan.valid & planning
-    m.d.comb += plan.ready.eq(planning)
+        m.d.sync += plan_next.eq(1)
+    closing = Signal()
+    m.d.sync += plan_open.eq(ctl.begin | (plan_open & ~closing & ~ctl.stopped))
+    plan_take = plan.valid & plan_open
+    m.d.comb += plan.ready.eq(plan_open)
     beat = Signal.like(plan.payload, name="plan_beat", reset_less=True)
     beat_loads = Signal(p.plan_beats, name="plan_loads")
     m.d.sync += beat_loads.eq(Mux(plan_take, plan_next, 0))
     # The beat register loads every cycle (no clock enable: the take reached the enables
     # of its ~400 bits across the chip); only a cycle with a load flag reads it.
     m.d.sync += beat.eq(plan.payload)
-    closing = plan_take & plan_next[-1]
+    m.d.comb += closing.eq(plan_take & plan_next[-1])
     with m.If(plan_take):
         m.d.sync += plan_next.eq(Cat(Const(0), plan_next[:-1]))
-    with m.If(closing):
-        m.d.sync += plan_open.eq(0)
     return plan_open, beat, beat_loads
 
 
