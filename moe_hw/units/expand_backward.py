@@ -338,6 +338,7 @@ class ExpandBackwardUnit(wiring.Component):
         bank = Signal(range(banks))          # the last item's bank (k % G) a cycle on
         feeding = Signal()                   # the plan is in, an item is still to be taken
         long_front = mode == reduce          # the items wait for the lane tree
+        rows_of_run = (self.input_elements + (lanes - 1)) >> lanes_log2
         with m.If(ctl.accept):
             m.d.sync += [
                 mode.eq(self.mode),
@@ -345,14 +346,14 @@ class ExpandBackwardUnit(wiring.Component):
                 items_left.eq(Mux(self.mode == elements, self.output_elements,
                                   (self.output_elements + (lanes - 1)) >> lanes_log2)),
                 feeding.eq(0),
-                run_rows.eq((self.input_elements + (lanes - 1)) >> lanes_log2),
+                run_rows.eq(rows_of_run),
                 last_en.eq(last_enable_of(self.input_elements, lanes)),
                 lane.eq(0), bank.eq(0),
             ]
 
         # ---- the plan: the dims' steps, then the odometers' starts -----------------------
-        # (the first item comes no earlier than the even odometer's load, a cycle before the
-        # odd one's)
+        # (the first item comes two cycles after the odd odometer's load at the earliest: the
+        # last plan beat's load flag opens the items)
         _, beat, beat_loads = registered_plan(m, p, self.plan, ctl)
         dy, da = dim_steps(m, p, beat, [beat_loads[d] for d in range(rank)])
 
@@ -531,8 +532,8 @@ class ExpandBackwardUnit(wiring.Component):
         # The bound is a copy of the run's row count of its own, loaded at the start (the
         # count's register, placed by its loads in the drain's control, was a 5.2 ns net from
         # the compare at 16 lanes, 118.9 MHz).
-        row_bound = replicated(m, (self.input_elements + (lanes - 1)) >> lanes_log2,
-                               name="row_bound", copies=1, en=ctl.accept, apart=True)[0]
+        row_bound = replicated(m, rows_of_run, name="row_bound", copies=1, en=ctl.accept,
+                               apart=True)[0]
         in_rows = replicated(m, row < row_bound, name="in_rows", copies=lane_groups)
         values = [Mux(rows_copies[group_of[j]], beat[j],
                       Mux(reduce_copies[group_of[j]], reduced, element))
