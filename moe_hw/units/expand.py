@@ -154,7 +154,8 @@ from ..stream import CreditPipeline, RegisteredFIFO, RegisterCopies, replicated
 from ..stream.pipeline import delay
 
 __all__ = ["ExpandParams", "ExpandUnit", "ELEMENT_FORMATS", "MEMORIES", "PARTS", "SPLIT_LATENCY",
-           "StrideAddressParams", "dim_steps", "pair_odometer", "registered_plan", "sum_tree"]
+           "StrideAddressParams", "dim_steps", "pair_odometer", "registered_plan", "sum_level",
+           "sum_tree"]
 
 #: Element formats and their widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
@@ -439,19 +440,25 @@ def _select(onehot, values):
     return terms[0]
 
 
+def sum_level(m, values, *, name):
+    """One registered level of a pairwise sum: ``values[2i] + values[2i + 1]`` (modulo their
+    width) into register ``i``, a lone last value registered as it is. Returns the
+    registers, named ``{name}_{i}``."""
+    regs = []
+    for index in range(0, len(values), 2):
+        pair = values[index:index + 2]
+        reg = Signal(len(values[0]), name=f"{name}_{index // 2}", reset_less=True)
+        m.d.sync += reg.eq(pair[0] + pair[1] if len(pair) == 2 else pair[0])
+        regs.append(reg)
+    return regs
+
+
 def sum_tree(m, values, *, name):
     """The registered pairwise sum of ``values`` (modulo their width): one register level per
-    halving, at least one."""
-    width = len(values[0])
+    halving (:func:`sum_level`), at least one."""
     level = 0
     while True:
-        pairs = [values[i:i + 2] for i in range(0, len(values), 2)]
-        regs = []
-        for index, pair in enumerate(pairs):
-            reg = Signal(width, name=f"{name}_l{level}_{index}", reset_less=True)
-            m.d.sync += reg.eq(pair[0] + pair[1] if len(pair) == 2 else pair[0])
-            regs.append(reg)
-        values, level = regs, level + 1
+        values, level = sum_level(m, values, name=f"{name}_l{level}"), level + 1
         if len(values) == 1:
             return values[0]
 
@@ -464,7 +471,7 @@ def saturate(value, width):
                Mux(value[-1] & ~above.all(), low, value[:width]))[:width].as_signed()
 
 
-def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copies,
+def pair_odometer(m, p, dy, da, *, load, start, odd_take, name, copies, even_take=None,
                   choose_always=False):
     """Lane 0's odometer for :func:`lane_addresses`: it steps by 2K = 2 * ``lanes`` once per
     pair of beats (its dims' steps are those of 2K), so a step has two cycles: at an even
@@ -494,9 +501,12 @@ def pair_odometer(m, p, dy, da, *, load, start, even_take, odd_take, name, copie
     cycles after that at the earliest: the state a choice reads (the digits, carries and
     shares) then changes only at the end of the odd take's cycle, so the choice loaded in the
     odd take's cycle is the even take's again, and the one loaded at the next even take is
-    from the new state. The odometer then needs no ``even_take`` (pass None): the cycle
+    from the new state. The odometer then needs no ``even_take`` (leave it None): the cycle
     after an even take is the odd take's, so ``odd_take`` (which may come from registers
     near the odometer) marks it."""
+    if (even_take is None) != choose_always:
+        raise ValueError("pair_odometer: even_take is needed without choose_always, and unused "
+                         "with it")
     rank = p.max_rank
     carry = Signal(rank, name=f"{name}_carry")      # c_d of the coming step
     a = [Signal(p.addr_width, name=f"{name}_a{d}") for d in range(rank)]

@@ -136,7 +136,7 @@ from ..golden.expand import BACKWARD_MODES, expand_backward_banks
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, RegisterCopies, delay, replicated
 from .expand import (StrideAddressParams, dim_steps, pair_odometer, registered_plan,
-                     sum_tree)
+                     sum_level, sum_tree)
 
 __all__ = ["ExpandBackwardParams", "ExpandBackwardUnit"]
 
@@ -410,7 +410,7 @@ class ExpandBackwardUnit(wiring.Component):
             parity_late = parities[-parity]
             took = takes_late[1 + parity] & (parity_late if parity else ~parity_late)
             a, _ = pair_odometer(m, p, dy, da, load=beat_loads[rank + parity],
-                                 start=beat, even_take=None, odd_take=took,
+                                 start=beat, odd_take=took,
                                  name=name, copies=1, choose_always=True)
             shares.append(a)
         # The address tree's first level sums both odometers' shares in pairs of dims, and
@@ -418,17 +418,10 @@ class ExpandBackwardUnit(wiring.Component):
         # a cycle later), one per pair of dims: the same latency (the choice in front of the
         # first level, by copies of the parity's next value, took the take across the unit
         # into the copies: the lanes-4 path at 178.8 MHz).
-        pair_sums = []
-        for d in range(0, rank, 2):
-            sums = []
-            for parity, share in enumerate(shares):
-                total = Signal(p.addr_width, name=f"addr_pair{d // 2}_{parity}",
-                               reset_less=True)
-                m.d.sync += total.eq(share[d] + share[d + 1] if d + 1 < rank else share[d])
-                sums.append(total)
-            pair_sums.append(sums)
+        pair_sums = [sum_level(m, share, name=f"addr_pair_{parity}")
+                     for parity, share in enumerate(shares)]
         chosen = [Mux(parities[i % len(parities)], odd, even)
-                  for i, (even, odd) in enumerate(pair_sums)]
+                  for i, (even, odd) in enumerate(zip(*pair_sums))]
         # tree_latency after the take
         addr = sum_tree(m, chosen, name="addr") if len(chosen) > 1 else chosen[0]
         # An item reaches the accumulator F cycles after its take: in reduce mode after the
