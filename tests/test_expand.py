@@ -90,6 +90,10 @@ CASES = {
     "short_runs_int8": ("int8", lambda: expand_case([5, 3], [7, 5, 3], "int8")),
     "short_runs_bf16": ("bf16", lambda: expand_case([3, 1, 2], [4, 3, 5, 2],
                                                                "bf16")),
+    # rows longer than the lanes' narrow digit range (lanes 4: -32 .. 31): a pair's digit
+    # far below every lane's constants
+    "long_row_fp32": ("fp32", lambda: expand_case([1, 50], [3, 50], "fp32")),
+    "long_rows_fp32": ("fp32", lambda: expand_case([1, 1, 55], [2, 3, 55], "fp32")),
     # a broadcast of a whole row
     "row_broadcast_bf16": ("bf16", lambda: expand_case([1, 13], [11, 13], "bf16")),
     # 0-dim input, a one-element output and a broadcast scalar
