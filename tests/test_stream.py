@@ -77,34 +77,41 @@ def test_skid_buffer_alternate_fields(p):
     assert alternate == plain
 
 
+@pytest.mark.parametrize("group_flags", [False, True], ids=["shared_flag", "group_flags"])
 @pytest.mark.parametrize("p", [0.0, 0.5])
-def test_skid_buffer_alternate_groups(p):
-    """A wide alternate field is held in groups, each with its own pointer copies: the same
-    items in the same cycles as the plain skid buffer."""
+def test_skid_buffer_alternate_groups(p, group_flags):
+    """A wide alternate field is held in groups, each with its own pointer copies (and,
+    with ``group_flags``, its own copy of the skid flag): the same items in the same cycles
+    as the plain skid buffer."""
     layout = data.StructLayout({"low": 3, "wide": 150})
     assert len(alternate_groups(150)) == 3
     items = [(k * 0x9E3779B97F4A7C15_C2B2AE3D27D4EB4F) % (1 << 153) for k in range(1, 201)]
     plain = run_skid_pysim(items, p, p, seed=7, dut=SkidBuffer(layout))
     grouped = run_skid_pysim(items, p, p, seed=7,
-                             dut=SkidBuffer(layout, alternate=("wide",), group_bits=64))
+                             dut=SkidBuffer(layout, alternate=("wide",), group_bits=64,
+                                            group_flags=group_flags))
     assert plain[0] == items
     assert grouped == plain
 
 
-def test_skid_buffer_alternate_copies_are_kept():
-    """Yosys keeps each group's copies of the pointers (opt_merge would undo copies whose
-    next-state logic were the same)."""
+@pytest.mark.parametrize("group_flags", [False, True], ids=["shared_flag", "group_flags"])
+def test_skid_buffer_alternate_copies_are_kept(group_flags):
+    """Yosys keeps each group's copies of the pointers, and with ``group_flags`` of the skid
+    flag (opt_merge would undo copies whose next-state logic were the same)."""
     yosys = find_yosys(lambda version: True)
-    dut = SkidBuffer(data.StructLayout({"wide": 150}), alternate=("wide",), group_bits=64)
+    dut = SkidBuffer(data.StructLayout({"wide": 150}), alternate=("wide",), group_bits=64,
+                     group_flags=group_flags)
     text = rtlil.convert(dut, name="top")
     script = f"read_rtlil <<rtlil\n{text}\nrtlil\nproc\nopt\nopt_clean\nwrite_rtlil"
     netlist = yosys.run(["-q", "-"], script, ignore_warnings=True)
     # the registers' outputs: the Q connection of every flip-flop cell
     cells = re.findall(r"^\s*cell \$\w*dff\w* .*?^\s*end$", netlist, re.MULTILINE | re.DOTALL)
     outputs = [re.search(r"connect \\Q (\S+)", cell).group(1) for cell in cells]
-    # 3 groups x (written, read)
+    # 3 groups x (written, read), and with group_flags a skid flag copy each
     copies = [name for name in outputs if re.fullmatch(r"\\(written|read)(_\d)?", name)]
     assert len(copies) == 6, outputs
+    flags = [name for name in outputs if re.fullmatch(r"\\skid_valid_copy(_\d)?", name)]
+    assert len(flags) == (3 if group_flags else 0), outputs
 
 
 def _replicated_design(apart):
@@ -300,6 +307,8 @@ def test_skid_buffer_alternate_needs_a_field():
         SkidBuffer(data.StructLayout({"a": 4}), alternate=("data",))
     with pytest.raises(TypeError, match="StructLayout"):
         SkidBuffer(8, alternate=("data",))
+    with pytest.raises(ValueError, match="group_flags is for group_bits groups"):
+        SkidBuffer(data.StructLayout({"a": 4}), alternate=("a",), group_flags=True)
     with pytest.raises(ValueError, match="keep: field 'a' must be one bit wide"):
         SkidBuffer(data.StructLayout({"a": 4}), keep="a")
     with pytest.raises(ValueError, match="keep: field 'a' cannot also be an alternate field"):

@@ -167,8 +167,9 @@ class RingQueue(wiring.Component):
     buffer. ``depth``: the entries the writer may have in the ring at once (rounded up to a
     power of two); the skid buffer holds two more. ``keep``: the skid buffer's (entries
     whose ``keep`` field is 0 vanish at the output); ``held`` (out): its output register
-    holds an entry. ``alternate``, ``group_bits``: the skid buffer's (wide fields held in two
-    registers written in turn, so that ``o.ready`` reaches no wide clock enable).
+    holds an entry. ``alternate``, ``group_bits``, ``group_flags``: the skid buffer's (wide
+    fields held in two registers written in turn, so that ``o.ready`` reaches no wide clock
+    enable).
 
     Latency: an entry written in cycle c is on ``o`` from cycle c + :attr:`LATENCY`.
     """
@@ -176,11 +177,13 @@ class RingQueue(wiring.Component):
     #: Cycles from a write to ``o.valid``.
     LATENCY = 2
 
-    def __init__(self, shape, depth, *, keep=None, alternate=(), group_bits=None):
+    def __init__(self, shape, depth, *, keep=None, alternate=(), group_bits=None,
+                 group_flags=False):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, not {depth!r}")
         self.depth = depth
-        self._out = SkidBuffer(shape, keep=keep, alternate=alternate, group_bits=group_bits)
+        self._out = SkidBuffer(shape, keep=keep, alternate=alternate, group_bits=group_bits,
+                               group_flags=group_flags)
         super().__init__({"w_en": In(1), "w_data": In(shape),
                           "o": Out(stream.Signature(shape)), "read": Out(1), "held": Out(1)})
 
@@ -227,9 +230,9 @@ class CreditPipeline(wiring.Component):
     ``latency + 3`` for one item per cycle (the default); ``skid``: whether a
     :class:`~moe_hw.stream.SkidBuffer` drives ``o`` (the default) or the ring itself;
     ``keep``: a one-bit payload field, items with 0 in it vanish at the output (the skid
-    buffer's ``keep``; with ``skid`` only); ``alternate``, ``group_bits``: payload fields the
-    skid buffer holds in two registers written in turn (its ``alternate``, in groups of
-    pointer copies; with ``skid`` only);
+    buffer's ``keep``; with ``skid`` only); ``alternate``, ``group_bits``, ``group_flags``:
+    payload fields the skid buffer holds in two registers written in turn (its
+    ``alternate``, in groups of pointer copies, and of flag copies; with ``skid`` only);
     ``ready_ahead``: ``i_ready`` is decided from registers alone, as if an item were taken
     in every cycle, so that the take does not reach it (no loop from the flag through the
     producer's valid back to it: dispatch's data input at 16 lanes, where the flag's nets
@@ -248,7 +251,7 @@ class CreditPipeline(wiring.Component):
     IDLE_LATENCY = 1
 
     def __init__(self, latency, shape, *, depth=None, skid=True, keep=None, alternate=(),
-                 group_bits=None, ready_ahead=False, late_read=False):
+                 group_bits=None, group_flags=False, ready_ahead=False, late_read=False):
         if not isinstance(latency, int) or latency < 0:
             raise ValueError(f"latency must be a non-negative integer, not {latency!r}")
         if (keep is not None or alternate) and not skid:
@@ -261,6 +264,7 @@ class CreditPipeline(wiring.Component):
         self._keep = keep
         self._alternate = tuple(alternate)
         self._group_bits = group_bits
+        self._group_flags = group_flags
         #: Cycles from the datapath's output to ``o.valid``.
         self.queue_latency = self.QUEUE_LATENCY if self.skid else self.RING_LATENCY
         self.ready_ahead = bool(ready_ahead)
@@ -285,7 +289,8 @@ class CreditPipeline(wiring.Component):
         if self.skid:
             queue = m.submodules.queue = RingQueue(self.payload.shape(), self.depth,
                                                    keep=self._keep, alternate=self._alternate,
-                                                   group_bits=self._group_bits)
+                                                   group_bits=self._group_bits,
+                                                   group_flags=self._group_flags)
             m.d.comb += [queue.w_en.eq(arrives), queue.w_data.eq(self.payload)]
             wiring.connect(m, queue.o, wiring.flipped(self.o))
             reads = queue.read

@@ -198,11 +198,14 @@ class DispatchUnit(wiring.Component):
         # the output's flags and pointers, not the clock enable of lanes x 32 data bits.
         # Its ready is decided a credit ahead (``ready_ahead``): the take fans out across the
         # lanes, and the credit count's loop through it was the critical path at 16 lanes.
+        # Each group of the beat's registers has its own copy of the skid flag
+        # (``group_flags``; the write port's ready is a register in front of it): one flag's
+        # net to the far groups' clock enables was on the critical path at 16 lanes.
         mul_ctl = m.submodules.mul_pipe = CreditPipeline(1 + p.late_operands + p.stages,
                                                          out_layout,
                                                          keep="write", alternate=("beat",),
                                                          group_bits=ALTERNATE_GROUP_BITS,
-                                                         ready_ahead=True)
+                                                         group_flags=True, ready_ahead=True)
         pair = h_out.payload
         # The data beats enter through a one-register credit pipeline whose ring drives its
         # output (only while the run is on, so that nothing is left in it after one): the
