@@ -242,21 +242,12 @@ class FloatMultiplierCore(FloatCore):
             return regs.boundary("mul_routed", **{key: getattr(stage, key) for key in ahead},
                                  **products)
 
-        # The sticky bit of the normalised product (below) is the product's bits under
-        # ``drop - 1`` ORed, and bit ``drop - 1`` when the leading one is at the top. The
-        # OR of the bits known a stage early (all of them from one DSP block; the low
-        # block's own bits from four) is formed then, into a register (``low_sticky``), so
-        # that the normalising stage ORs a few bits, not 20 (its 3 levels over spread nets
-        # were dispatch's critical path at 16 lanes on two seeds of three).
-        sticky_bits = 2 * sig_bits - round_width - 1
         if self._dsp == "generic":
             mul_out = regs.boundary("mul_outputs", **ahead, product=mul_in.x * mul_in.y)
             near = routed(mul_out, product=mul_out.product)
             partial = regs.boundary("mul_partial", **carry(near, compares),
                                     product=near.product)
-            known = sticky_bits
-            prod = regs.boundary("product", **carry(partial, shifts), product=partial.product,
-                                 low_sticky=partial.product[:known].any())
+            prod = regs.boundary("product", **carry(partial, shifts), product=partial.product)
         else:
             assert regs.count("mul_inputs") <= 1 and regs.count("mul_outputs") <= 1
             dsp = dict(en=self.en, reg_inputs=regs.count("mul_inputs") > 0,
@@ -269,10 +260,8 @@ class FloatMultiplierCore(FloatCore):
                 near = routed(mul_out, product=tiles[0][1])
                 partial = regs.boundary("mul_partial", **carry(near, compares),
                                         product=near.product)
-                known = sticky_bits
                 prod = regs.boundary("product", **carry(partial, shifts),
-                                     product=partial.product,
-                                     low_sticky=partial.product[:known].any())
+                                     product=partial.product)
             else:
                 # x = xh * 2**18 + xl, y likewise: four partial products, one block each.
                 assert [shift for shift, _ in tiles] == [0, DSP_WIDTH, DSP_WIDTH, 2 * DSP_WIDTH]
@@ -286,10 +275,7 @@ class FloatMultiplierCore(FloatCore):
                 # ll and hh << 36 do not overlap: one carry chain from bit 18 up.
                 product = Signal(2 * sig_bits, name="mult_product")
                 m.d.comb += product.eq(Cat(partial.ll, partial.hh) + (partial.cross << low))
-                # The product's bits below ``low`` are ll's own (the cross term starts there).
-                known = min(low, sticky_bits)
-                prod = regs.boundary("product", **carry(partial, shifts), product=product,
-                                     low_sticky=partial.ll[:known].any())
+                prod = regs.boundary("product", **carry(partial, shifts), product=product)
 
         # Both significands were in [1, 2) (or x is zero): the leading one is at the top bit
         # or the one below it.
@@ -305,9 +291,7 @@ class FloatMultiplierCore(FloatCore):
             "product_normalised", **passing,
             exponent=Mux(top, prod.exponent_high, prod.exponent_low),
             shift=shift, shift_inverted=~shift,
-            significand=normalised[drop:],
-            sticky=(prod.low_sticky | prod.product[known:drop - 1].any()
-                    | (top & prod.product[drop - 1])),
+            significand=normalised[drop:], sticky=normalised[:drop].any(),
         )
 
         # Gradual underflow: one zero bit below so that the guard bits shifted out are kept.
