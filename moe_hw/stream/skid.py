@@ -141,7 +141,13 @@ class SkidBuffer(wiring.Component):
         free = self.o.ready | ~shown                 # the output register loads this cycle
         with m.If(free):
             m.d.sync += main.eq(Mux(skid_valid, skid, held))
-        next_skid_valid = shown & ~self.o.ready & (skid_valid | self.i.valid)
+
+        def skid_next(flag):
+            """The skid slot's flag at the next edge, from its value ``flag`` (the flag's own
+            or a group's copy of it: each copy forms it from itself)."""
+            return shown & ~self.o.ready & (flag | self.i.valid)
+
+        next_skid_valid = skid_next(skid_valid)
         m.d.sync += [
             main_valid.eq(skid_valid | self.i.valid | (shown & ~self.o.ready)),
             skid_valid.eq(next_skid_valid),
@@ -183,22 +189,19 @@ class SkidBuffer(wiring.Component):
                 suffix = f"_{group}" if group else ""
                 written = Signal(name=f"written{suffix}")
                 read = Signal(name=f"read{suffix}")
+                # The skid flag the group reads (``i.ready`` is its inverse), and the take.
+                flag, taken = skid_valid, self.i.valid & self.i.ready
                 if self._group_flags:
-                    skid_copy = Signal(name=f"skid_valid_copy{suffix}")
-                    m.d.sync += skid_copy.eq(
-                        shown & ~self.o.ready & (skid_copy | self.i.valid))
-                    taken = self.i.valid & ~skid_copy
-                else:
-                    taken = self.i.valid & self.i.ready
+                    flag = Signal(name=f"skid_valid_copy{suffix}")
+                    m.d.sync += flag.eq(skid_next(flag))
+                    taken = self.i.valid & ~flag
                 next_written = written ^ taken
                 m.d.sync += [written.eq(next_written), read.eq(read ^ leaves)]
                 entries = []
                 for k in range(2):
                     entry = Signal(stop - start, name=f"entry{k}{suffix}", reset_less=True)
-                    if self._group_flags:
-                        load = (written == k) & ~skid_copy
-                    elif self._group_bits:
-                        load = (written == k) & ~skid_valid
+                    if self._group_bits:
+                        load = (written == k) & ~flag
                     else:
                         load = Signal(name=f"follows{k}", init=int(k == 0))
                         m.d.sync += load.eq((next_written == k) & ~next_skid_valid)
