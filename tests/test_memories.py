@@ -129,8 +129,9 @@ module tb #(parameter AW = 1, G = 1, W = 1, DEPTH = 1, SEED = 1, REGISTERED = 0)
             #1 clk = 0;
             last_addr = write_addr; last_en = write_en;
             if (read_en) reads = reads + 1;
-            // (from the second read on: the generic build's output register starts unknown)
-            if (reads >= 2 && generic_data !== ecp5_data) begin
+            // (from the third read on: the generic build's output register starts unknown,
+            // and so, a read later, does the read data's register of a memory with a tree)
+            if (reads >= 3 && generic_data !== ecp5_data) begin
                 mismatches = mismatches + 1;
                 if (mismatches <= 3)
                     $display("cycle %0d: generic %h, ecp5 %h", cycle, generic_data, ecp5_data);
@@ -161,7 +162,8 @@ def test_block_memory_ecp5_matches_generic(tmp_path, depth, width, granules, reg
     mems = [BlockMemory(width, depth, granules=granules, target=target,
                         registered_write=registered, fanout=fanout)
             for target in ("generic", "ecp5")]
-    assert mems[0].latency == mems[1].latency == 2 + len(mems[1].tree_levels)
+    levels = mems[1].tree_levels
+    assert mems[0].latency == mems[1].latency == 2 + len(levels) + bool(levels)
     designs = [verilog.convert(mem, name=f"mem_{mem.target}") for mem in mems]
     sources = []
     for name, text in (("generic.v", designs[0]),

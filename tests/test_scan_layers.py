@@ -122,8 +122,8 @@ TREE_PARAMS = dataclasses.replace(PARAMS["fp32"], max_layers=2048)
 @pytest.mark.parametrize("sim, stall", [(SIM, 0.0), (SIM, 0.3), ("icarus", 0.0)])
 def test_scan_layers_parameter_address_tree(sim, stall):
     """A parameter memory past TREE_BLOCKS blocks: its addresses pass two levels of
-    registers (2, then 16), two cycles more before the first parameters; bit-exact, with
-    stalls, and in Icarus on the ECP5 primitives (the tree's flip-flop instances and the
+    registers (2, then 16) and its read data a register, three cycles more before the first
+    parameters; bit-exact, with stalls, and in Icarus on the ECP5 primitives (the tree's flip-flop instances and the
     DP16KD blocks under their models), the stall-free count the formula's."""
     reason = simulator_available(sim)
     if reason:
@@ -131,7 +131,7 @@ def test_scan_layers_parameter_address_tree(sim, stall):
     params = TREE_PARAMS
     if sim == "icarus":
         params = dataclasses.replace(params, dsp="ecp5", bram="ecp5")
-    assert (params.parameter_tree, params.fetch_start) == ([2, 16], 3 + 2)
+    assert (params.parameter_tree, params.fetch_start) == ([2, 16], 3 + 2 + 1)
     assert PARAMS["fp32"].parameter_tree == []                        # 15 blocks
     inputs = UNIT.random_inputs(tokens=6, hidden=13, layers=5, seed=21)
     outcome = run(UNIT, inputs, {"relu": 1}, params=params, sim=sim, stall=stall, seed=4)

@@ -15,7 +15,8 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.sim import Simulator
 
 from moe_hw.flows.simulate import _build, _design, _verilator_opt, simulate
-from moe_hw.stream import CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay
+from moe_hw.stream import (CreditPipeline, RegisteredFIFO, RingQueue, SkidBuffer, delay,
+                           lut_increment)
 from moe_hw.stream.skid import alternate_groups
 from moe_hw.stream.pipeline import RegisterCopies, replicated
 from moe_hw.stream.credit import ring_groups
@@ -196,6 +197,26 @@ def test_register_copies_follow():
     assert seen[0] == [0, 7, 7]                 # copy 3 reads 0 from reset, the others ones
     assert all(row[1:] == [row[0]] * 3 for row in seen[2:]), seen
     assert len({row[0] for row in seen[2:]}) > 3
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 6])
+def test_lut_increment_is_plus_one(width):
+    """``lut_increment`` is ``value + 1`` modulo ``2**width`` for every value."""
+    value = Signal(width)
+    out = Signal(width)
+    m = Module()
+    m.d.comb += out.eq(lut_increment(value))
+    seen = []
+
+    async def bench(ctx):
+        for v in range(1 << width):
+            ctx.set(value, v)
+            seen.append(ctx.get(out))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen == [(v + 1) % (1 << width) for v in range(1 << width)]
 
 
 def test_register_copies_are_kept():

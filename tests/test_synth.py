@@ -161,15 +161,16 @@ def test_yosys_keeps_nets_whose_names_meet(tmp_path):
 
 @pytest.mark.parametrize("fanout, levels, flip_flops", [
     (None, [], 13 + 20 + 1),
-    # a level of 3 registers: the read address (13 bits each), the write address and enable
-    (4, [3], 3 * 13 + 3 * (13 + 1) + 20)])
+    # a level of 3 registers: the read address (13 bits each), the write address and enable;
+    # the read data's register after the blocks
+    (4, [3], 3 * 13 + 3 * (13 + 1) + 20 + 20)])
 def test_block_memory_address_tree_survives_yosys(tmp_path, fanout, levels, flip_flops):
     """A BlockMemory's address tree on ECP5 (10 blocks of 8192 x 2, ``fanout`` 4): Yosys
     keeps every register of it, each a copy of the same address, where it would merge
     registers of its own into one (without the tree: the registered write's address, data
     and enable)."""
     mem = BlockMemory(20, 8192, target="ecp5", registered_write=True, fanout=fanout)
-    assert mem.tree_levels == levels and mem.latency == 2 + len(levels)
+    assert mem.tree_levels == levels and mem.latency == 2 + len(levels) + bool(levels)
     cells = _yosys_cells(tmp_path, mem)
     assert (cells["TRELLIS_FF"], cells["DP16KD"]) == (flip_flops, 10)
 

@@ -27,7 +27,10 @@ one register of the addresses reaches. The read address, and the write address a
 then pass a tree of registers on their way to the blocks, each register driving at most
 ``fanout`` of the next level, so that no net of the address spans a large memory's whole
 row of blocks (128 blocks of 8192 x 2 are most of an LFE5U-85F's). Each level is a cycle of
-:attr:`latency` more, on both targets (the generic build delays its addresses as much). On
+:attr:`latency` more, on both targets (the generic build delays its addresses as much). The
+read data of such a memory comes back from blocks as far apart, so it also passes a register
+in the fabric after the blocks' own output registers: one cycle more (:func:`read_latency`;
+at scan_layers' defaults the path was a block's output over a 4.0 ns net to the reader). On
 ECP5 the tree's registers are flip-flop instances (``TRELLIS_FF``, :data:`TRELLIS_FF_SIM` its
 model): Yosys merges flip-flops that load the same value (``opt_merge``), which would make
 the tree one register again, but only its own cells, not instances.
@@ -42,7 +45,8 @@ Ports:
     the device is a 3 ns net).
 ``read_addr``, ``read_en`` (in); ``read_data`` (out)
     A read: the word at ``read_addr`` (given in a cycle with ``read_en`` high) is on
-    ``read_data`` after :attr:`latency` (2) such cycles, and holds while ``read_en`` is low.
+    ``read_data`` after :attr:`latency` such cycles (2, or :func:`read_latency` with an
+    address tree), and holds while ``read_en`` is low.
     A read sees a write given in an earlier cycle (two cycles earlier with
     ``registered_write`` and no ``fanout``); a read and a write of the same address in the
     same cycle are not allowed (the block's result is undefined). With ``fanout`` the writes
@@ -59,7 +63,8 @@ from ..params import check_choice, check_int, param
 from ..stream import delay
 
 __all__ = ["BlockMemory", "MEMORY_TARGETS", "DP16KD_SIM", "TRELLIS_FF_SIM",
-           "bram_param", "block_aspect", "block_rows", "block_count", "tree_levels"]
+           "bram_param", "block_aspect", "block_rows", "block_count", "tree_levels",
+           "read_latency"]
 
 #: The ``target`` values: how the memory is built.
 MEMORY_TARGETS = ("generic", "ecp5")
@@ -115,12 +120,19 @@ def tree_levels(blocks, fanout):
     return levels
 
 
+def read_latency(blocks, fanout):
+    """Cycles of a read of a memory of ``blocks`` blocks with ``fanout``: 2, and with an
+    address tree its levels and the read data's register after the blocks."""
+    levels = tree_levels(blocks, fanout)
+    return 2 + len(levels) + bool(levels)
+
+
 class BlockMemory(wiring.Component):
     """``depth`` words of ``granules`` elements of ``shape`` with a 2-cycle registered read
     and a write enable per element; see the module docstring."""
 
     #: Cycles of a read without ``fanout`` (an instance's :attr:`latency` adds the address
-    #: tree's levels).
+    #: tree's levels and the read data's register: :func:`read_latency`).
     latency = 2
 
     def __init__(self, shape, depth, *, granules=1, target="generic", registered_write=False,
@@ -133,7 +145,7 @@ class BlockMemory(wiring.Component):
         self.fanout = None if fanout is None else check_int("fanout", fanout, minimum=2,
                                                             maximum=1024)
         self.word = data.ArrayLayout(shape, self.granules)
-        self.latency = BlockMemory.latency + len(self.tree_levels)
+        self.latency = read_latency(self.blocks, self.fanout)
         super().__init__({
             "write_addr": In(range(self.depth)), "write_data": In(self.word),
             "write_en": In(self.granules),
@@ -188,8 +200,8 @@ class BlockMemory(wiring.Component):
                          write.data.eq(write_data),
                          write.en.eq(self._write(m, self.write_en, "write_en_r")),
                          read.addr.eq(read_addr), read.en.eq(self.read_en)]
-            m.d.comb += self.read_data.eq(delay(m, read.data.as_value(), 1, self.read_en,
-                                                name="read_data_r", reset_less=True))
+            m.d.comb += self.read_data.eq(self._data_register(m, delay(
+                m, read.data.as_value(), 1, self.read_en, name="read_data_r", reset_less=True)))
             return m
 
         width = self._granule_width
@@ -252,18 +264,25 @@ class BlockMemory(wiring.Component):
             row_words[row].append(out[:len(chunk)])
         row_words = [Cat(*word) for word in row_words]
         if self.rows == 1:
-            m.d.comb += self.read_data.eq(row_words[0])
+            m.d.comb += self.read_data.eq(self._data_register(m, row_words[0]))
             return m
         # The row of the word on the output registers: the read address's high bits,
         # delayed as the data is.
-        row = delay(m, self.read_addr[block_bits:block_bits + row_bits], self.latency,
-                    self.read_en,
-                    name="read_row", reset_less=True)
+        row = delay(m, self.read_addr[block_bits:block_bits + row_bits],
+                    self.latency - bool(levels), self.read_en, name="read_row",
+                    reset_less=True)
         selected = row_words[-1]
         for index in reversed(range(self.rows - 1)):
             selected = Mux(row == index, row_words[index], selected)
-        m.d.comb += self.read_data.eq(selected)
+        m.d.comb += self.read_data.eq(self._data_register(m, selected))
         return m
+
+    def _data_register(self, m, word):
+        """The read data as it leaves the memory: through a fabric register with an address
+        tree (its blocks span the chip), else as it is."""
+        if not self.tree_levels:
+            return word
+        return delay(m, word, 1, self.read_en, name="read_data_far", reset_less=True)
 
 
 def _address_tree(m, name, value, levels, fanout, en, *, leaf=None):

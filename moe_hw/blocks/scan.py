@@ -61,7 +61,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..arith.fadd import FloatAdderCore
 from ..params import check_int
-from ..stream import CreditPipeline, RegisterCopies, delay
+from ..stream import CreditPipeline, RegisterCopies, delay, lut_increment
 from .run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 
 __all__ = ["Scan", "scan_cycles", "scan_groups", "CountingStep", "PrefixSumStep",
@@ -269,7 +269,9 @@ class Scan(wiring.Component):
                                  round_.eq(round_ + 1), first_round.eq(0),
                                  last_round.eq(round_ == length_m2)]
                 with m.Else():
-                    m.d.sync += [slot.eq(slot + 1), *slot_copies.eq(slot + 1),
+                    # (LUTs, not a carry chain: see lut_increment.)
+                    m.d.sync += [slot.eq(lut_increment(slot)),
+                                 *slot_copies.eq(lut_increment(slot)),
                                  last_slot.eq(slot == period_m2),
                                  last_issue.eq(slot == group_m2)]
                     with m.If(last_issue):

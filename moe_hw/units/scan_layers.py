@@ -24,8 +24,8 @@ a parameter memory read at the loop count (the shared
 :class:`~moe_hw.blocks.block_memory.BlockMemory`: a registered two-cycle read, DP16KD blocks
 with their output registers on ECP5 with ``bram="ecp5"``; past :data:`TREE_BLOCKS` blocks
 its addresses pass a tree of registers, each reaching at most :data:`PARAMETER_FANOUT`
-blocks or registers, a cycle per level: at the defaults 128 blocks, levels of 2 and 16
-registers): ``max_layers`` rows of
+blocks or registers, a cycle per level, and the read data a register after the blocks: at
+the defaults 128 blocks, levels of 2 and 16 registers): ``max_layers`` rows of
 ``2**ceil(log2(ceil(max_hidden / lanes)))`` beats, a power of two, so that the address of
 layer l's beat b is the two counters side by side (no adder before the memory's address
 register; a ``max_hidden / lanes`` that is not a power of two leaves the rest of each row
@@ -60,7 +60,8 @@ Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersParams.cycles`
 ``setup + 1 + L*B + LOAD_TO_SCAN + fetch_start + scan_cycles(S*B, L)`` with
 B = ceil(H / lanes), ``setup = product_latency + 1`` (S*B and L*B on pipelined products),
 LOAD_TO_SCAN = 1, ``fetch_start`` = FETCH_START (3) + the parameter memory's address tree's
-levels (:attr:`ScanLayersParams.fetch_start`: none up to 64 blocks, 2 up to 512), and
+levels and, with a tree, its read data's register (:attr:`ScanLayersParams.fetch_start`: none
+up to 64 blocks, 3 up to 512), and
 ``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n) +
 D + 4`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose
 first spans fewer than PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats
@@ -81,12 +82,13 @@ from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import (pipelined_product, product_latency, signed_product,
                              signed_product_latency)
-from ..blocks.block_memory import BlockMemory, block_count, bram_param, tree_levels
+from ..blocks.block_memory import (BlockMemory, block_count, bram_param, read_latency,
+                                   tree_levels)
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.scan import INPUT_LATENCY, Scan, scan_cycles
 from ..formats import float_format
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay
+from ..stream import CreditPipeline, delay, lut_increment
 
 __all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LayerFormatParams",
            "INT_FORMATS", "LAYER_FORMATS", "layer_dtype", "LOAD_TO_SCAN", "FETCH_START",
@@ -247,8 +249,10 @@ class ScanLayersParams(LayerFormatParams, UnitParams):
     @property
     def fetch_start(self):
         """Cycles the scan's first issue waits for the first parameters: FETCH_START and
-        the parameter memory's address tree's levels."""
-        return FETCH_START + len(self.parameter_tree)
+        the parameter memory's read beyond its two cycles (its address tree's levels and, with
+        a tree, the read data's register)."""
+        return (FETCH_START + read_latency(self.parameter_blocks, self.parameter_fanout)
+                - BlockMemory.latency)
 
     def params_layout(self):
         return data.StructLayout({"scale": self.lanes_layout(), "bias": self.lanes_layout()})
@@ -492,7 +496,7 @@ class ScanLayersUnit(wiring.Component):
                     with m.If(~final_group):
                         m.d.sync += waiting.eq(1)
             with m.Else():
-                m.d.sync += [slot.eq(slot + 1), last_slot.eq(slot == group_m2),
+                m.d.sync += [slot.eq(lut_increment(slot)), last_slot.eq(slot == group_m2),
                              beat.eq(next_beat), beat_inc.eq(next_inc), last_beat.eq(next_last)]
         with m.If(load):                             # after the above: it wins
             m.d.sync += [group.eq(pending_group), final_group.eq(pending_final),
