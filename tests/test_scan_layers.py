@@ -22,8 +22,8 @@ from moe_hw.units.scan_layers import AffineLayerStep, ScanLayersParams
 from conftest import SIM, STALLS, simulator_cases
 
 # Short float pipelines (loop latency D = 1 + 6, interleave 8) keep the builds quick; one
-# build per format. int8 at its default depths (D = 1 + 4, interleave 6), its product on the ECP5 DSP model (the
-# unrolled unit's tests cover the generic product).
+# build per format. int8 at its default depths (D = 1 + 4, interleave 6), its product on the
+# ECP5 DSP model (the unrolled unit's tests cover the generic product).
 PARAMS = {fmt: ScanLayersParams(format=fmt, lanes=4, max_tokens=40, max_hidden=16,
                                 max_layers=6, mul_stages=3, add_stages=3)
           for fmt in ("fp32", "bf16")}
@@ -123,8 +123,9 @@ TREE_PARAMS = dataclasses.replace(PARAMS["fp32"], max_layers=2048)
 def test_scan_layers_parameter_address_tree(sim, stall):
     """A parameter memory past TREE_BLOCKS blocks: its addresses pass two levels of
     registers (2, then 16) and its read data a register, three cycles more before the first
-    parameters; bit-exact, with stalls, and in Icarus on the ECP5 primitives (the tree's flip-flop instances and the
-    DP16KD blocks under their models), the stall-free count the formula's."""
+    parameters; bit-exact, with stalls, and in Icarus on the ECP5 primitives (the tree's
+    flip-flop instances and the DP16KD blocks under their models), the stall-free count the
+    formula's."""
     reason = simulator_available(sim)
     if reason:
         pytest.skip(f"{sim}: {reason}")

@@ -266,10 +266,10 @@ class BlockMemory(wiring.Component):
         if self.rows == 1:
             m.d.comb += self.read_data.eq(self._data_register(m, row_words[0]))
             return m
-        # The row of the word on the output registers: the read address's high bits,
-        # delayed as the data is.
+        # The row of the word on the blocks' output registers: the read address's high bits,
+        # delayed as the data is up to there (the blocks' read and the address tree).
         row = delay(m, self.read_addr[block_bits:block_bits + row_bits],
-                    self.latency - bool(levels), self.read_en, name="read_row",
+                    BlockMemory.latency + len(levels), self.read_en, name="read_row",
                     reset_less=True)
         selected = row_words[-1]
         for index in reversed(range(self.rows - 1)):

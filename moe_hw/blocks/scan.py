@@ -270,8 +270,8 @@ class Scan(wiring.Component):
                                  last_round.eq(round_ == length_m2)]
                 with m.Else():
                     # (LUTs, not a carry chain: see lut_increment.)
-                    m.d.sync += [slot.eq(lut_increment(slot)),
-                                 *slot_copies.eq(lut_increment(slot)),
+                    slot_next = lut_increment(slot)
+                    m.d.sync += [slot.eq(slot_next), *slot_copies.eq(slot_next),
                                  last_slot.eq(slot == period_m2),
                                  last_issue.eq(slot == group_m2)]
                     with m.If(last_issue):
