@@ -14,11 +14,18 @@
 #ifndef MOE_HW_FAST_IO_H
 #define MOE_HW_FAST_IO_H
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
 
 #include "verilated.h"
+
+// The model's set-up code, which calls these from its initial blocks, is compiled without
+// optimisation (moe_hw/flows/sim_build.py); these loops move every byte of a run's inputs
+// and logs, so they are optimised on their own.
+#pragma GCC push_options
+#pragma GCC optimize("O2")
 
 namespace fast_io {
 
@@ -35,21 +42,27 @@ inline const EData* pieces(const VlWide<K>& element, EData (&)[2]) {
     return element.data();
 }
 
-// Byte ``index`` (0: the least significant) of an element set to ``value``; the element is
-// zero before its first byte.
+// An element set from a big-endian word of ``bytes`` bytes at ``first`` (the first byte the
+// most significant), of which only the first ``have`` are there (a word cut short by the
+// file's end: the rest are zero, as with $fread). Raw pointers only: the helpers of the
+// model's types are not inlined in the unoptimised set-up code.
+inline void set_bytes(EData* words, int pieces, const uint8_t* first, int have, int bytes) {
+    for (int k = 0; k < pieces; ++k) words[k] = 0;
+    for (int index = 0; index < have; ++index) {
+        const int byte = bytes - 1 - index;
+        words[byte / 4] |= static_cast<EData>(first[index]) << (8 * (byte % 4));
+    }
+}
 template <typename T>
-inline void set_byte(T& element, int index, uint8_t value) {
-    element |= static_cast<T>(static_cast<uint64_t>(value) << (8 * index));
+inline void load(T& element, const uint8_t* first, int have, int bytes) {
+    uint64_t value = 0;
+    for (int index = 0; index < bytes; ++index)
+        value = (value << 8) | (index < have ? first[index] : 0);
+    element = static_cast<T>(value);
 }
 template <std::size_t K>
-inline void set_byte(VlWide<K>& element, int index, uint8_t value) {
-    element.data()[index / 4] |= static_cast<EData>(value) << (8 * (index % 4));
-}
-template <typename T>
-inline void clear(T& element) { element = 0; }
-template <std::size_t K>
-inline void clear(VlWide<K>& element) {
-    for (std::size_t k = 0; k < K; ++k) element.data()[k] = 0;
+inline void load(VlWide<K>& element, const uint8_t* first, int have, int bytes) {
+    set_bytes(element.data(), static_cast<int>(K), first, have, bytes);
 }
 
 }  // namespace fast_io
@@ -60,12 +73,11 @@ static uint64_t fast_load(IData fd, VlUnpacked<T, N>& array, uint64_t count, int
     if (!file || count > N) return 0;
     std::vector<uint8_t> buffer(count * bytes);
     const std::size_t got = std::fread(buffer.data(), 1, buffer.size(), file);
+    const uint8_t* const data = buffer.data();
     for (std::size_t word = 0; word * bytes < got; ++word) {
-        T& element = array[word];
-        fast_io::clear(element);
-        const uint8_t* const first = buffer.data() + word * bytes;
-        for (int index = 0; index < bytes && word * bytes + index < got; ++index)
-            fast_io::set_byte(element, bytes - 1 - index, first[index]);
+        const std::size_t from = word * bytes;
+        const int have = static_cast<int>(std::min<std::size_t>(bytes, got - from));
+        fast_io::load(array[word], data + from, have, bytes);
     }
     return got;
 }
@@ -75,19 +87,23 @@ static void fast_dump(IData fd, const VlUnpacked<T, N>& array, uint64_t count, i
     std::FILE* const file = VL_CVT_I_FP(fd);
     if (!file) return;
     const int per_word = (width + 31) / 32;
-    std::vector<uint8_t> buffer(1 << 20);                 // written out whenever full
+    std::vector<uint8_t> storage(1 << 20);                // written out whenever full
+    uint8_t* const buffer = storage.data();
+    const std::size_t size = storage.size();
     std::size_t used = 0;
     EData scratch[2];
     for (uint64_t word = 0; word < count && word < N; ++word) {
-        if (used + 4 * per_word > buffer.size()) {
-            std::fwrite(buffer.data(), 1, used, file);
+        if (used + 4 * per_word > size) {
+            std::fwrite(buffer, 1, used, file);
             used = 0;
         }
         const EData* const piece = fast_io::pieces(array[word], scratch);
         for (int p = 0; p < per_word; ++p)
             for (int b = 0; b < 4; ++b) buffer[used++] = static_cast<uint8_t>(piece[p] >> (8 * b));
     }
-    std::fwrite(buffer.data(), 1, used, file);
+    std::fwrite(buffer, 1, used, file);
 }
+
+#pragma GCC pop_options
 
 #endif  // MOE_HW_FAST_IO_H

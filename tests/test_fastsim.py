@@ -282,8 +282,9 @@ def test_a_mismatch_names_the_element_and_keeps_a_waveform(sim, monkeypatch):
 
 def test_payload_words_move_whole_byte_fields_as_the_bit_by_bit_path_does():
     """Fields of 8, 16, 32 or 64-bit elements move between values and words as shifted byte
-    views (pack_words, unpack_field): every offset in the byte, scalar and array fields, zero
-    words, give exactly the words and values of the bit-by-bit path (_put_bits, _get_bits)."""
+    views and strided reads (pack_words, unpack_field): every offset in the byte, scalar and
+    array fields, zero words, give exactly the words and values of the bit-by-bit path
+    (_put_bits, _get_bits)."""
     from moe_hw.flows import fastsim
 
     rng = np.random.default_rng(1)

@@ -213,6 +213,22 @@ def _put_bytes(words, offset, raw):
     words[:, first + 1:first + 1 + raw.shape[1]] |= (wide >> 8).astype(np.uint8)
 
 
+def _get_elements(words, offset, dtype, count):
+    """``count`` elements of ``dtype`` (8, 16 or 32 bits) of ``[n, bytes]`` words from bit
+    ``offset`` off a byte boundary, as uint64 ``[n, count]``: each is the 64 bits from its
+    first byte on (a strided 64-bit view; the words padded with zero bytes where the last
+    element's reach runs past them) shifted down and cut to its width."""
+    first, shift = offset // 8, offset % 8
+    size = dtype.itemsize
+    reach = first + (count - 1) * size + 8
+    if reach > words.shape[1]:
+        words = np.pad(words, ((0, 0), (0, reach - words.shape[1])))
+    words = np.ascontiguousarray(words)
+    wide = np.ndarray((len(words), count), dtype="<u8", buffer=words, offset=first,
+                      strides=(words.strides[0], size))
+    return (wide >> np.uint64(shift)) & np.uint64((1 << (8 * size)) - 1)
+
+
 def _get_bytes(words, offset, count):
     """``count`` bytes of ``[n, bytes]`` words from bit ``offset`` (``[n, count]`` uint8).
     Off a byte boundary, each byte is the low byte of the 16 bits from its first byte on
@@ -324,11 +340,14 @@ def unpack_field(words, desc, name, port):
     dtype = _whole_bytes(width)
     if not len(words):
         out = np.zeros((0, count or 1), dtype=np.uint64)
+    elif dtype is not None and offset % 8 and dtype.itemsize < 8:
+        out = _get_elements(words, offset, dtype, len(columns))
     elif dtype is not None:
         out = _get_bytes(words, offset, len(columns) * dtype.itemsize).view(dtype)
     else:
         out = np.stack([_get_bits(words, bit, w) for bit, w in columns], axis=1)
-    return out.astype(np.uint64) if count is not None else out[:, 0].astype(np.int64)
+    return out.astype(np.uint64, copy=False) if count is not None \
+        else out[:, 0].astype(np.int64)
 
 
 # ---- the testbench -----------------------------------------------------------------------
