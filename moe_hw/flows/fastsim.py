@@ -754,6 +754,7 @@ def _run(command, args, cwd, what, expected, progress):
         if process.poll() is None:
             process.kill()
             process.wait()
+        process.stdout.close()      # (else its finaliser warns of an unclosed file)
         if bar:
             bar.close()
     if "started" in timing and "finished" in timing:
