@@ -44,8 +44,9 @@ inline const EData* pieces(const VlWide<K>& element, EData (&)[2]) {
 
 // An element set from a big-endian word of ``bytes`` bytes at ``first`` (the first byte the
 // most significant), of which only the first ``have`` are there (a word cut short by the
-// file's end: the rest are zero, as with $fread). Raw pointers only: the helpers of the
-// model's types are not inlined in the unoptimised set-up code.
+// file's end: the rest are zero, as with $fread). Raw pointers in the byte loops: the helpers
+// of the model's types (operator[], data()) are compiled with the unoptimised set-up code and
+// are not inlined here, so each is called once per element, not once per byte.
 inline void set_bytes(EData* words, int pieces, const uint8_t* first, int have, int bytes) {
     for (int k = 0; k < pieces; ++k) words[k] = 0;
     for (int index = 0; index < have; ++index) {
