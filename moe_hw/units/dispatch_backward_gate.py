@@ -351,7 +351,7 @@ class DispatchBackwardGateUnit(wiring.Component):
         m.d.comb += table_read.addr.eq(next_member)
 
         issue = Signal()
-        step = Signal()                          # issue & last_member: a round of the group ends
+        step = issue & last_member               # a round of the group ends
         # The beat of the round in hand, and its registered "last beat of the rows" flag.
         new_round = Signal()
         _, last_beat = row_beats(m, beats, start=new_round, step=step, name="round")
@@ -409,12 +409,6 @@ class DispatchBackwardGateUnit(wiring.Component):
         m.d.comb += take_header.eq(need_header & issuing & h_out.valid & pending.i_ready &
                                    input_skid.i.ready & grad_skid.i.ready)
         m.d.comb += h_out.ready.eq(take_header)
-        # ``issue & last_member`` (a round's end: the round counter's and ``first_beat``'s
-        # clock enables) written out as one AND of registers too, not a gate after the take
-        # (the path was ``issuing`` -> the item's valid -> the take -> this -> the clock
-        # enable of ``first_beat``, 4 LUTs, 215.9 MHz on seed 1).
-        m.d.comb += step.eq(last_member & issuing & (~need_header | h_out.valid) &
-                            pending.i_ready & input_skid.i.ready & grad_skid.i.ready)
         # The group just issued was the last: no header is left once this item's is taken,
         # if it issues (registers only, so that the end of the issue is one gate after
         # ``issue``: the path was the take -> this flag -> ``issuing``, 222.3 MHz).
@@ -468,20 +462,20 @@ class DispatchBackwardGateUnit(wiring.Component):
         # The dropped count, a cycle later (off the handshake path).
         with m.If(delay(m, take_header & ~h.in_range, 1, 1, name="take_dropped")):
             m.d.sync += self.dropped.eq(self.dropped + 1)
-        first_beat_next = Mux(step, last_beat, first_beat)
+        first_beat_next = Mux(issue & last_member, last_beat, first_beat)
         more_pairs_next = Mux(take_header, ~last_pair, more_pairs)
         m.d.sync += need_header.eq(first_beat_next & more_pairs_next)
         with m.If(issue):
             m.d.sync += [member.eq(next_member),
                          next_member.eq(Mux(next_member == group - 1, 0, next_member + 1)),
                          last_member.eq(next_member == group - 1)]
-        with m.If(step):
-            with m.If(last_beat):
-                m.d.sync += first_beat.eq(1)
-                with m.If(no_pairs_after):
-                    m.d.sync += issuing.eq(0)
-            with m.Else():
-                m.d.sync += first_beat.eq(0)
+            with m.If(last_member):
+                with m.If(last_beat):
+                    m.d.sync += first_beat.eq(1)
+                    with m.If(no_pairs_after):
+                        m.d.sync += issuing.eq(0)
+                with m.Else():
+                    m.d.sync += first_beat.eq(0)
 
         m.d.comb += [
             input_skid.i.valid.eq(issue & reads),
