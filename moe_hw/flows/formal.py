@@ -90,6 +90,18 @@ class CheckResult:
         return self.status
 
 
+class FormalPlatform:
+    """The platform the harness elaborates the unit for: ``formal_invariants`` asks the
+    blocks that know invariants of their own registers (the skid buffer's copies) to state
+    them as ``Assert`` statements, which the k-induction then assumes in its earlier
+    steps. Nothing else is platform-specific."""
+
+    formal_invariants = True
+
+
+FORMAL = FormalPlatform()
+
+
 class Harness:
     """The module around the unit under check: a reset-less ``sync`` domain (the unit starts
     in its ``init`` state), ``past_valid`` (low in the first cycle only) and helpers to add
@@ -155,7 +167,7 @@ class Harness:
         return ports + self._free
 
     def rtlil(self):
-        return rtlil.convert(self.m, name="harness", ports=self.ports())
+        return rtlil.convert(self.m, name="harness", ports=self.ports(), platform=FORMAL)
 
 
 def sby_tools():

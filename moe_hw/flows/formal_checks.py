@@ -30,7 +30,7 @@ import dataclasses
 import itertools
 
 from amaranth.hdl import Assert, Assume, Cat, Const, Cover, Mux, Signal, Value
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.utils import ceil_log2
 
 from ..blocks.row_reader import last_enable_of
@@ -839,8 +839,16 @@ def _block_settings(settings, known):
 
 
 def _make_skid(settings):
+    """The skid buffer: ``width`` payload bits; with ``groups`` > 0, an alternate field of
+    ``width`` bits (the two registers written in turn) beside a held bit, in that many groups
+    with their own pointer and flag copies (``group_flags``: the output queues' form)."""
     values = _block_settings(settings, DEFAULTS["skid_buffer"])
-    return SkidBuffer(check_int("width", values["width"], minimum=1, maximum=64))
+    width = check_int("width", values["width"], minimum=1, maximum=64)
+    groups = check_int("groups", values["groups"], minimum=0, maximum=width)
+    if not groups:
+        return SkidBuffer(width)
+    return SkidBuffer(data.StructLayout({"data": width, "tag": 1}), alternate=("data",),
+                      group_bits=-(-width // groups), group_flags=True)
 
 
 def _make_run_control(settings):
@@ -853,7 +861,7 @@ def _make_run_control(settings):
 
 #: The generation parameters the checks run at, by unit or block (``--set`` overrides).
 DEFAULTS = {
-    "skid_buffer": {"width": 4},
+    "skid_buffer": {"width": 4, "groups": 0},
     "run_control": {"max_size": 5, "setup": 2},
     "dispatch": {"format": "bf16", "lanes": 2, "max_pairs": 2, "max_hidden": 4,
                  "max_capacity": 2, "max_experts": 2, "index_width": 4, "mul_stages": 1},

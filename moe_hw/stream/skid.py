@@ -1,6 +1,6 @@
 """The stream skid buffer: a register slice that cuts both the payload and the ready path."""
 
-from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value
+from amaranth.hdl import Assert, Cat, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -41,6 +41,13 @@ class SkidBuffer(wiring.Component):
     write pointer's take, so that no single flag reaches every group; ``o.ready`` then
     reaches every copy's next value, so it is for a consumer whose ready is a register.
     The cycle behaviour is the same either way.
+
+    The copies always equal the registers they copy (each starts at the same value and
+    forms its next value the same way from its own), and the alternate entry written next
+    never holds an item. Elaborated for a platform whose ``formal_invariants`` is true (the
+    formal harness's), the buffer states both as ``Assert`` statements, so that a
+    k-induction may use them: without them the induction starts from states no run
+    reaches, with copies that disagree.
 
     ``keep`` names a one-bit field of a :class:`~amaranth.lib.data.StructLayout` payload:
     an item whose ``keep`` is 0 vanishes at the output (a partial sum, the beat of a dropped
@@ -183,6 +190,8 @@ class SkidBuffer(wiring.Component):
             # group's copy.)
             leaves = main_valid & free                 # an item leaves
             chosen = []
+            invariants = getattr(platform, "formal_invariants", False)
+            firsts = {}
             groups = (alternate_groups(len(turns), self._group_bits) if self._group_bits
                       else [(0, len(turns))])
             for group, (start, stop) in enumerate(groups):
@@ -197,6 +206,12 @@ class SkidBuffer(wiring.Component):
                     taken = self.i.valid & ~flag
                 next_written = written ^ taken
                 m.d.sync += [written.eq(next_written), read.eq(read ^ leaves)]
+                if invariants:
+                    # Every copy equals the skid flag and group 0's pointers.
+                    firsts = firsts or {"flag": skid_valid, "written": written, "read": read}
+                    m.d.comb += [Assert(flag == firsts["flag"]),
+                                 Assert(written == firsts["written"]),
+                                 Assert(read == firsts["read"])]
                 entries = []
                 for k in range(2):
                     entry = Signal(stop - start, name=f"entry{k}{suffix}", reset_less=True)
@@ -205,11 +220,20 @@ class SkidBuffer(wiring.Component):
                     else:
                         load = Signal(name=f"follows{k}", init=int(k == 0))
                         m.d.sync += load.eq((next_written == k) & ~next_skid_valid)
+                        if invariants:
+                            m.d.comb += Assert(load == ((written == k) & ~skid_valid))
                     with m.If(load):
                         m.d.sync += entry.eq(turns[start:stop])
                     entries.append(entry)
                 chosen.append(Mux(read, entries[1], entries[0]))
             chosen = Cat(chosen)
+            if invariants:
+                # The next entry to write is the held item's (none held, or both slots full)
+                # or the other one (the output register's item only), so it never overwrites
+                # an item held.
+                m.d.comb += [Assert(~skid_valid | main_valid),
+                             Assert(firsts["written"] ==
+                                    firsts["read"] ^ (main_valid & ~skid_valid))]
         held_at = turns_at = 0
         for start, stop, alt in ranges:
             width = stop - start

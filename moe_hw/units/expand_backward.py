@@ -134,7 +134,7 @@ from ..blocks.row_reader import last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..golden.expand import BACKWARD_MODES, expand_backward_banks
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, RegisterCopies, delay, replicated
+from ..stream import ALTERNATE_GROUP_BITS, CreditPipeline, RegisterCopies, delay, replicated
 from .expand import (StrideAddressParams, dim_steps, pair_odometer, registered_plan,
                      sum_level, sum_tree)
 
@@ -433,14 +433,18 @@ class ExpandBackwardUnit(wiring.Component):
         # mode register's net reached the front's choices across the unit: at 16 lanes
         # `mode` over a 5.4 ns net into the address's choice and its row bound test, 112.5
         # MHz): per group of lanes the row-like and reduce flags of the lanes' values and
-        # enables; the reduce flag's copies (at least three) are the long front's too, one
-        # per fronted value (``copy``: the address, the valid, the bank).
+        # enables; the long front's choices read copies of their own, one per fronted value
+        # (``copy``: the address, the valid, the bank), loaded from the lanes' first a cycle
+        # later (a run constant long before the first item; loaded from the mode's compare
+        # they would be merged with the lanes'). (With one set, a copy shared by the address
+        # and a group's values was a 5.8 ns net into a lane's operand choice at 16 lanes.)
         lane_groups = min(lanes, 4)
         group_of = [j * lane_groups // lanes for j in range(lanes)]   # lane j's group
         rows_copies = replicated(m, (self.mode == rows_mode) | (self.mode == stream_mode),
                                  name="rows_like", copies=lane_groups, en=ctl.accept)
         reduce_copies = replicated(m, self.mode == reduce, name="reduce_mode",
-                                   copies=max(lane_groups, 3), en=ctl.accept)
+                                   copies=lane_groups, en=ctl.accept)
+        front_reduce = replicated(m, reduce_copies[0], name="reduce_front", copies=3)
 
         def fronted(value, name, *, copy, reset_less=True, at=0, early=0):
             """``value`` (formed ``at`` cycles after the take) at the accumulator, or
@@ -448,7 +452,7 @@ class ExpandBackwardUnit(wiring.Component):
             near = delay(m, value, short - at - early, 1, name=f"{name}_short",
                          reset_less=reset_less)
             far = delay(m, near, front - short, 1, name=f"{name}_long", reset_less=reset_less)
-            return Mux(reduce_copies[copy], far, near)
+            return Mux(front_reduce[copy], far, near)
 
         # The item's address and bank a cycle early too: the memories' read address is a
         # register (F short is the address tree and that register).
@@ -551,7 +555,10 @@ class ExpandBackwardUnit(wiring.Component):
         # from its early address, the drain's as it issues (so the drain reads a cycle after
         # its issue: ``drain_read``).
         rmw_early = Cat(addr_early[lanes_log2:][:p.row_bits], bank_early[1:])[:addr_width]
-        read_addrs = RegisterCopies(addr_width, name="read_addr", copies=2)
+        # (The copies not held inverted, ``apart=False``: a block's address pin takes the
+        # register itself, with no inverter LUT in between; no other register loads the
+        # value they would be merged with.)
+        read_addrs = RegisterCopies(addr_width, name="read_addr", copies=2, apart=False)
         m.d.sync += read_addrs.eq(Mux(draining, drain_addr, rmw_early))
         for memory, read_addr in zip(memories, read_addrs.values):
             m.d.comb += [memory.read_addr.eq(read_addr), memory.read_en.eq(1)]
@@ -593,14 +600,19 @@ class ExpandBackwardUnit(wiring.Component):
             sums.append(acc.sum)
 
         # Writes: an item's sum read + L cycles after its front into its bank's memory, or a
-        # drain read's clear (both memories) a cycle after it.
-        write_en = delay(m, Cat(in_rows[group_of[j]] & e for j, e in
-                                enumerate(delay(m, enables, 1, 1, name="item_enables"))),
-                         read + lat - 1, 1, name="write_en")
-        write_odd = delay(m, item_parity, read + lat, 1, name="write_odd", reset_less=True)
-        write_addr = delay(m, rmw_addr, read + lat, 1, name="write_addr", reset_less=True)
+        # drain read's clear (both memories) a cycle after it. Each memory's write address
+        # and enables are registers of their own, chosen a cycle ahead (chosen at the
+        # memory, the choice's LUT, driven by the clear flag, spread its net over the
+        # memory's blocks: at 16 lanes the flag's 3.6 ns net and the choice's 3.3 ns net
+        # into a block's address were the path with the output queue's cut).
+        write_en_early = delay(m, Cat(in_rows[group_of[j]] & e for j, e in
+                                      enumerate(delay(m, enables, 1, 1, name="item_enables"))),
+                               read + lat - 2, 1, name="write_en")
+        write_odd_early = delay(m, item_parity, read + lat - 1, 1, name="write_odd",
+                                reset_less=True)
+        write_addr_early = delay(m, rmw_addr, read + lat - 1, 1, name="write_addr",
+                                 reset_less=True)
         clear_early = delay(m, drain_issue, drain_read - 2, 1, name="clear_early")
-        clear_en = delay(m, clear_early, 1, 1, name="clear_en")
         # The write data is +0.0 for a drain read's clear and, in stream mode, for a row's
         # last add (its sum leaves), so the bank is clear for the next run. That choice
         # reaches every lane's write data in both memories: a copy of it per group of lanes,
@@ -608,14 +620,17 @@ class ExpandBackwardUnit(wiring.Component):
         write_zero = replicated(
             m, clear_early | delay(m, item_last, read + lat - 1, 1, name="write_last"),
             name="write_zero", copies=lane_groups)
-        clear_addr = delay(m, drain_addr, drain_read - 1, 1, name="clear_addr",
-                           reset_less=True)
+        clear_addr_early = delay(m, drain_addr, drain_read - 2, 1, name="clear_addr",
+                                 reset_less=True)
+        # (Not inverted either: the read address copies' note above.)
+        write_addrs = RegisterCopies(addr_width, name="write_addr_at", copies=2, apart=False)
+        m.d.sync += write_addrs.eq(Mux(clear_early, clear_addr_early, write_addr_early))
         for parity, memory in enumerate(memories):
-            mine = write_odd if parity else ~write_odd
-            m.d.comb += [
-                memory.write_en.eq(Mux(clear_en, all_lanes, Mux(mine, write_en, 0))),
-                memory.write_addr.eq(Mux(clear_en, clear_addr, write_addr)),
-            ]
+            mine = write_odd_early if parity else ~write_odd_early
+            write_en = Signal(lanes, name=f"write_en_at{parity}")
+            m.d.sync += write_en.eq(Mux(clear_early, all_lanes, Mux(mine, write_en_early, 0)))
+            m.d.comb += [memory.write_en.eq(write_en),
+                         memory.write_addr.eq(write_addrs.values[parity])]
             for j in range(lanes):
                 m.d.comb += memory.write_data[j].eq(
                     Mux(write_zero[group_of[j]], 0, sums[j]))
@@ -630,8 +645,13 @@ class ExpandBackwardUnit(wiring.Component):
         # there drain_read + lat cycles later.
         latency = drain_read + lat
         depth = p.output_depth
-        out = m.submodules.output_pipe = CreditPipeline(latency, p.input_grad_layout(),
-                                                        depth=depth)
+        # The queue's output register holds the sums as two registers written in turn, with
+        # pointer and flag copies per 64 bits (the skid buffer's ``group_flags``): its read
+        # then reaches no bus-wide clock enable (at 16 lanes the ring's read pointer into
+        # the output register was the critical path).
+        out = m.submodules.output_pipe = CreditPipeline(
+            latency, p.input_grad_layout(), depth=depth, alternate=("data",),
+            group_bits=ALTERNATE_GROUP_BITS, group_flags=True)
         wiring.connect(m, out.o, wiring.flipped(self.input_grad))
         # Results not yet taken by the consumer, counted when they are decided (an item's
         # take, a drain read): a last pass starts only when the queue has room for all W of
