@@ -569,7 +569,10 @@ class ExpandBackwardUnit(wiring.Component):
         # of banks (+0.0 for the missing odd bank of an odd G); the ring adder adds the pairs
         # into the partial, which is the adder's sum a cycle later, +0.0 where the first pair
         # starts a row.
-        restart = Signal()
+        # The restart flag in a copy per group of lanes, loaded a cycle ahead (one flag into
+        # every lane's partial was the lanes-16 path: two 3.0 ns nets, 147.4 MHz).
+        restart_early = Signal()
+        restarts = replicated(m, restart_early, name="restart", copies=lane_groups)
         last_pass_signal = Signal()          # the drain's pass is the last pair of banks
         pair_on = delay(m, drain_issue, drain_read, 1, name="pair_on")
         odd_on = delay(m, drain_issue & ((banks % 2 == 0) | ~last_pass_signal), drain_read, 1,
@@ -596,7 +599,7 @@ class ExpandBackwardUnit(wiring.Component):
             acc = m.submodules[f"acc{j}"] = registered_adder(
                 m, p.format, lat, Mux(drain_here, partial, old),
                 Mux(drain_here, Mux(ring_on, pre_sums[j], 0), values_read[j]), name=f"acc{j}")
-            m.d.sync += partial.eq(Mux(restart, 0, acc.sum))
+            m.d.sync += partial.eq(Mux(restarts[group_of[j]], 0, acc.sum))
             sums.append(acc.sum)
 
         # Writes: an item's sum read + L cycles after its front into its bank's memory, or a
@@ -700,8 +703,8 @@ class ExpandBackwardUnit(wiring.Component):
         m.d.comb += [
             drain_issue.eq(Mux(rho == 0, go, pass_on)),
             drain_addr.eq(Cat(drain_row[:p.row_bits], drain_pair)[:addr_width]),
-            restart.eq(delay(m, drain_issue & (drain_pair == 0), drain_read - 1 + lat, 1,
-                             name="restart_next")),
+            restart_early.eq(delay(m, drain_issue & (drain_pair == 0), drain_read - 2 + lat,
+                                   1, name="restart_next")),
             drain_out.eq(drain_issue & last_pass & real),
             out.i_valid.eq(Mux(stream, item_last_early,
                                delay(m, drain_out, lat, 1, name="drain_out"))),
