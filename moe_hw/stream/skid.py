@@ -191,7 +191,6 @@ class SkidBuffer(wiring.Component):
             leaves = main_valid & free                 # an item leaves
             chosen = []
             invariants = getattr(platform, "formal_invariants", False)
-            firsts = {}
             groups = (alternate_groups(len(turns), self._group_bits) if self._group_bits
                       else [(0, len(turns))])
             for group, (start, stop) in enumerate(groups):
@@ -208,10 +207,10 @@ class SkidBuffer(wiring.Component):
                 m.d.sync += [written.eq(next_written), read.eq(read ^ leaves)]
                 if invariants:
                     # Every copy equals the skid flag and group 0's pointers.
-                    firsts = firsts or {"flag": skid_valid, "written": written, "read": read}
-                    m.d.comb += [Assert(flag == firsts["flag"]),
-                                 Assert(written == firsts["written"]),
-                                 Assert(read == firsts["read"])]
+                    if not group:
+                        first_written, first_read = written, read
+                    m.d.comb += [Assert(flag == skid_valid), Assert(written == first_written),
+                                 Assert(read == first_read)]
                 entries = []
                 for k in range(2):
                     entry = Signal(stop - start, name=f"entry{k}{suffix}", reset_less=True)
@@ -232,8 +231,7 @@ class SkidBuffer(wiring.Component):
                 # or the other one (the output register's item only), so it never overwrites
                 # an item held.
                 m.d.comb += [Assert(~skid_valid | main_valid),
-                             Assert(firsts["written"] ==
-                                    firsts["read"] ^ (main_valid & ~skid_valid))]
+                             Assert(first_written == first_read ^ (main_valid & ~skid_valid))]
         held_at = turns_at = 0
         for start, stop, alt in ranges:
             width = stop - start
