@@ -4,11 +4,15 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--jobs J] [--freq MHZ] [--json FILE] [--timeout S] [--work DIR]
                            [--check]
-    python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--json FILE]
+    python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--paths N]
+                           [--json FILE]
 
 ``--set interface=axi`` (and ``axi_*``) synthesizes the unit behind its AXI wrapper, as
 ``python -m moe_hw.gen emit`` does. ``--resources`` stops after nextpnr's packer: the
-resources in seconds to a minute, no placement, no Fmax.
+resources in seconds to a minute, no placement, no Fmax; on the ECP5 targets it also counts
+every register input's logic levels in Yosys's netlist and lists the ``--paths`` deepest
+signals with an estimate of their delay (moe_hw/flows/levels.py): the same figures on every
+run, where a placement's critical path moves from seed to seed.
 
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
 ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
@@ -31,6 +35,7 @@ from pathlib import Path
 from .cli import fail, parse_sets, run_main
 from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, RESOURCES, TARGETS, SynthError,
                           format_table, pack_design, synthesize, target as find_target)
+from .flows.levels import format_levels
 from .gen import split_interface
 from .registry import unit_or_point
 
@@ -117,15 +122,18 @@ def pack(name, target, settings=None, *, timeout=DEFAULT_TIMEOUT, work_dir=None,
                        timeout=timeout, work_dir=work_dir, progress=progress)
 
 
-def format_resources(result, target):
-    """A :class:`~moe_hw.flows.synth.PackResult` as two lines of a table."""
+def format_resources(result, target, *, paths=12):
+    """A :class:`~moe_hw.flows.synth.PackResult` as two lines of a table, and on ECP5 its
+    logic levels (the histogram and the ``paths`` deepest signals)."""
     head = [f"{heading:>7}" for heading in RESOURCES.values()]
     used = [f"{result.resources[column]['used']:>7}" for column in RESOURCES]
     return "\n".join([
         f"{result.description} on {find_target(target).device} ({target}), packed, "
         "not placed (no Fmax)",
         " ".join(head), " ".join(used),
-        f"FF includes the out-of-context wrapper's {result.wrapper_registers} registers."])
+        f"FF includes the out-of-context wrapper's {result.wrapper_registers} registers.",
+        *([format_levels(result.levels, result.period_ns, rows=paths)]
+          if result.levels is not None and paths else [])])
 
 
 def main(argv=None):
@@ -160,7 +168,11 @@ def main(argv=None):
                         help="keep the RTLIL, netlists, logs and nextpnr reports in DIR")
     parser.add_argument("--resources", action="store_true",
                         help="synthesize and pack only: the resources, no placement and no "
-                             "Fmax (seconds to a minute)")
+                             "Fmax (seconds to a minute); on ECP5 also the logic levels "
+                             "of every register input")
+    parser.add_argument("--paths", type=int, default=12, metavar="N",
+                        help="with --resources on ECP5: list the N signals with the "
+                             "deepest logic (default 12; 0 for the histogram alone)")
     args = parser.parse_args(argv)
 
     def resources():
@@ -169,7 +181,9 @@ def main(argv=None):
         start = time.perf_counter()
         result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
                       work_dir=args.work, progress=_progress)
-        print(format_resources(result, args.target))
+        if args.paths < 0:
+            raise ValueError(f"--paths must be 0 or more, not {args.paths}")
+        print(format_resources(result, args.target, paths=args.paths))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")

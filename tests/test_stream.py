@@ -479,8 +479,9 @@ def test_credit_pipeline_order_and_throughput(latency, skid, late_read):
         assert out_cycle == in_cycle + latency + dut.queue_latency
 
 
+@pytest.mark.parametrize("late_count", [False, True], ids=["count", "late_count"])
 @pytest.mark.parametrize("skid", [True, False], ids=["skid", "ring"])
-def test_credit_pipeline_ready_ahead_flags(skid):
+def test_credit_pipeline_ready_ahead_flags(skid, late_count):
     # ``ready_ahead`` (i_ready decided as if an item were taken in every cycle): every item
     # leaves in order, ``busy`` is high while an item is inside and falls once all have
     # left, and (with the ring on ``o``, whose reads are the consumer's takes) ``i_ready`` is
@@ -489,7 +490,8 @@ def test_credit_pipeline_ready_ahead_flags(skid):
     # stalls on both sides, then lone items, then a stretch with no stall.
     latency = 2
     m = Module()
-    dut = m.submodules.dut = CreditPipeline(latency, 16, skid=skid, ready_ahead=True)
+    dut = m.submodules.dut = CreditPipeline(latency, 16, skid=skid, ready_ahead=True,
+                                            late_count=late_count)
     data = Signal(16)
     m.d.comb += dut.payload.eq(delay(m, data, latency, 1, name="datapath"))
     rng = np.random.default_rng(7)
@@ -529,9 +531,49 @@ def test_credit_pipeline_ready_ahead_flags(skid):
     assert got == sent and len(sent) > 300
 
 
+@pytest.mark.parametrize("skid", [True, False], ids=["skid", "ring"])
+def test_credit_pipeline_late_count_same_flags(skid):
+    # ``late_count`` (the count a cycle behind the takes) changes no flag: beside a
+    # ``ready_ahead`` queue on the same stimulus, ``i_ready``, ``busy`` and ``o`` are equal
+    # in every cycle, under random stalls on both sides, lone items and an idle stretch.
+    latency = 3
+    m = Module()
+    duts = [CreditPipeline(latency, 16, skid=skid, ready_ahead=True, late_count=late)
+            for late in (False, True)]
+    valid, ready = Signal(), Signal()
+    for n, dut in enumerate(duts):
+        m.submodules[f"dut{n}"] = dut
+        data = Signal(16, name=f"data{n}")
+        m.d.sync += data.eq(data + dut.take)
+        m.d.comb += [dut.i_valid.eq(valid), dut.o.ready.eq(ready),
+                     dut.payload.eq(delay(m, data, latency, 1, name=f"datapath{n}"))]
+    rng = np.random.default_rng(11)
+
+    async def bench(ctx):
+        busy_seen = 0
+        for cycle in range(800):
+            stalls = cycle < 400
+            sparse = 400 <= cycle < 550 and cycle % 5 != 0
+            ctx.set(valid, cycle < 650 and not sparse and not (stalls and rng.random() < 0.3))
+            ctx.set(ready, not (stalls and rng.random() < 0.5))
+            flags = [(ctx.get(d.i_ready), ctx.get(d.busy), ctx.get(d.o.valid),
+                      ctx.get(d.o.valid) and ctx.get(d.o.payload)) for d in duts]
+            assert flags[0] == flags[1], (cycle, flags)
+            busy_seen += flags[0][1]
+            await ctx.tick()
+        assert busy_seen > 300 and not ctx.get(duts[1].busy)
+
+    run_pysim(m, bench)
+
+
 def test_credit_pipeline_late_read_needs_the_ring():
     with pytest.raises(ValueError, match="late_read is for a ring that drives the output"):
         CreditPipeline(2, 8, late_read=True)
+
+
+def test_credit_pipeline_late_count_needs_ready_ahead():
+    with pytest.raises(ValueError, match="late_count needs ready_ahead"):
+        CreditPipeline(2, 8, late_count=True)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5, 16])

@@ -19,6 +19,7 @@ from amaranth.sim import Simulator
 
 from moe_hw import synth
 from moe_hw.blocks.block_memory import BlockMemory
+from moe_hw.flows import levels as levels_flow
 from moe_hw.flows import synth as flow
 from moe_hw.flows.out_of_context import OutOfContext, ReferenceAdder
 from moe_hw.flows.synth import (RESOURCES, TARGETS, CriticalPath, report_clocks,
@@ -107,6 +108,17 @@ def test_synth_runs_and_its_report_parses(tmp_path, capsys, target, unit, sets):
     assert packed["wrapper_registers"] == report["design"]["wrapper_registers"]
     assert "no Fmax" in table and "LUT4" in table
     assert str(packed["resources"]["lut4"]["used"]) in table.splitlines()[2]
+    # on ECP5 the logic levels of every register input, counted in the netlist
+    if target.startswith("ecp5"):
+        histogram = {int(k): v for k, v in packed["levels"]["histogram"].items()}
+        assert sum(histogram.values()) > 0
+        assert max(histogram) >= 2
+        worst = packed["levels"]["endpoints"][0]
+        assert worst["levels"] == max(histogram) or worst["estimate_ns"] > 0
+        assert f"{worst['source']} -> {worst['sink']}" in table
+        assert "logic levels" in table
+    else:
+        assert packed["levels"] is None and "logic levels" not in table
 
 
 def test_board_target_writes_a_bitstream(tmp_path, capsys):
@@ -323,6 +335,75 @@ def _segment(kind, delay, cell, net=None):
     if net:
         segment["net"] = net
     return segment
+
+
+def _netlist(cells, names):
+    """A one-module Yosys JSON netlist of ``cells`` ({name: (type, {port: (direction,
+    bits)})}) with net names ``names`` ({name: bits})."""
+    return {"modules": {"top": {
+        "attributes": {"top": 1},
+        "cells": {name: {"type": kind,
+                         "port_directions": {port: d for port, (d, _) in ports.items()},
+                         "connections": {port: bits for port, (_, bits) in ports.items()}}
+                  for name, (kind, ports) in cells.items()},
+        "netnames": {name: {"bits": bits, "hide_name": 0} for name, bits in names.items()}}}}
+
+
+def _ff(d, q, ce=None):
+    ports = {"CLK": ("input", [1]), "DI": ("input", [d]), "Q": ("output", [q]),
+             "LSR": ("input", ["0"])}
+    if ce is not None:
+        ports["CE"] = ("input", [ce])
+    return ("TRELLIS_FF", ports)
+
+
+def _lut(inputs, z):
+    return ("LUT4", {**{pin: ("input", [bit]) for pin, bit in zip("ABCD", inputs)},
+                     "Z": ("output", [z])})
+
+
+def test_logic_levels_count_and_estimate():
+    # a -> LUT -> LUT -> PFUMX (its LUTs' outputs in the slice, no level) -> b; c -> b's
+    # clock enable through one LUT; a carry chain of three cells from a into d; an input
+    # port into e directly.
+    cells = {
+        "ra": _ff(2, 10), "rc": _ff(2, 11),
+        "l1": _lut([10], 20), "l2": _lut([20, 10], 21), "l3": _lut([10], 22),
+        "mux": ("PFUMX", {"ALUT": ("input", [21]), "BLUT": ("input", [22]),
+                          "C0": ("input", [10]), "Z": ("output", [23])}),
+        "le": _lut([11], 24),
+        "rb": _ff(23, 30, ce=24),
+        "c0": ("CCU2C", {"A0": ("input", [10]), "CIN": ("input", ["0"]),
+                         "COUT": ("output", [40]), "S0": ("output", [41])}),
+        "c1": ("CCU2C", {"A0": ("input", ["0"]), "CIN": ("input", [40]),
+                         "COUT": ("output", [42]), "S0": ("output", [43])}),
+        "c2": ("CCU2C", {"A0": ("input", ["0"]), "CIN": ("input", [42]),
+                         "COUT": ("output", [44]), "S1": ("output", [45])}),
+        "rd": _ff(45, 50), "re": _ff(60, 61),
+    }
+    names = {"a": [10], "c": [11], "b": [30], "d": [50], "e": [61], "port": [60]}
+    report = levels_flow.logic_levels(_netlist(cells, names))
+    groups = {(g.sink, g.pin): g for g in report.groups}
+    b = groups[("b", "data")]
+    assert (b.levels, b.source) == (2, "a")
+    l, n = levels_flow.LUT, levels_flow.NET
+    clock = levels_flow.CLOCK_TO_OUT
+    assert b.estimate_ns == pytest.approx(clock + 3 * n + 3 * l)
+    enable = groups[("b", "clock enable")]
+    assert (enable.levels, enable.source) == (1, "c")
+    assert enable.estimate_ns == pytest.approx(clock + 2 * n + l + levels_flow.CONTROL_SETUP)
+    d = groups[("d", "data")]
+    assert (d.levels, d.source) == (1, "a")
+    assert d.estimate_ns == pytest.approx(clock + 2 * n + levels_flow.CARRY_ENTRY +
+                                          2 * levels_flow.CARRY_STEP + levels_flow.CARRY_EXIT)
+    assert (groups[("e", "data")].levels, groups[("e", "data")].source) == (0, "port")
+    # the inputs: a, c, e (0), d and b's enable (1), b's data (2); the clock and constant
+    # pins are not
+    assert report.histogram == {0: 3, 1: 2, 2: 1}
+    assert report.deep(2) == 1 and report.over(b.estimate_ns - 0.01) == [b]
+    assert report.groups[0] == b
+    text = levels_flow.format_levels(report, 2.0, rows=2)
+    assert "a -> b (data, 1 bit)" in text and "0: 3, 1: 2, 2: 1  (6 inputs)" in text
 
 
 def test_report_parses_per_clock():

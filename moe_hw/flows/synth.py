@@ -36,6 +36,7 @@ from pathlib import Path
 from amaranth.back import rtlil
 
 from ..params import check_choice
+from .levels import logic_levels
 from .out_of_context import OutOfContext, ReferenceAdder
 
 __all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
@@ -625,9 +626,16 @@ class PackResult:
     output_bits: int
     wrapper_registers: int    # registers the out-of-context wrapper adds (counted in FF)
     seconds: float
+    #: ECP5 only: the Yosys netlist's :class:`~moe_hw.flows.levels.LevelsReport` (every
+    #: register input's logic levels and estimated delay, before placement), else None.
+    levels: object = None
+    period_ns: float = 0.0    # the target's default clock period, for ``levels``
 
     def to_json(self):
-        return dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "levels"}
+        out["levels"] = None if self.levels is None else self.levels.to_json()
+        return out
 
 
 def pack_design(name, build, target, *, description=None, params=None,
@@ -663,11 +671,13 @@ def pack_design(name, build, target, *, description=None, params=None,
             raise SynthError(f"{where}: {target.nextpnr_tool} (packing) printed no "
                              f"utilisation; see {log}")
         resources = report_resources(target, {"utilization": utilization}, cell_counts)
+        levels = (logic_levels(work / "netlist.json") if target.nextpnr == "ecp5" else None)
     return PackResult(name=name, description=description or name, params=dict(params or {}),
                       resources=resources, input_bits=wrapper.input_bits,
                       output_bits=wrapper.output_bits,
                       wrapper_registers=wrapper.wrapper_registers,
-                      seconds=round(time.perf_counter() - started, 1))
+                      seconds=round(time.perf_counter() - started, 1), levels=levels,
+                      period_ns=1000.0 / target.default_freq)
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,

@@ -238,9 +238,14 @@ class CreditPipeline(wiring.Component):
     producer's valid back to it: dispatch's data input at 16 lanes, where the flag's nets
     run across the wide datapath). It costs a credit in a cycle nothing is taken, so its
     default depth is one more, ``latency + 4``: it is then never less ready than the exact
-    flag at ``latency + 3``. ``late_read``: the ring's read pointers follow the take a cycle
-    late (with ``skid=False`` only; see the module docstring): the item taken in cycle c is
-    on ``o.payload`` in cycle c + 1."""
+    flag at ``latency + 3``. ``late_count`` (with ``ready_ahead`` only): the credit count
+    follows the take a cycle late, from a register of it, and ``i_ready`` adds that
+    register back (the same flag, cycle for cycle), so that the take reaches two registers'
+    data inputs (that one and the first stage of the arrivals), not the count's choice and
+    clock enable: a producer whose take is a wide function of other streams' flags
+    (dispatch_backward_gate's join). ``late_read``: the ring's read pointers follow the take
+    a cycle late (with ``skid=False`` only; see the module docstring): the item taken in
+    cycle c is on ``o.payload`` in cycle c + 1."""
 
     #: Cycles the queue adds from the datapath's output to ``o.valid``.
     QUEUE_LATENCY = RingQueue.LATENCY
@@ -251,11 +256,14 @@ class CreditPipeline(wiring.Component):
     IDLE_LATENCY = 1
 
     def __init__(self, latency, shape, *, depth=None, skid=True, keep=None, alternate=(),
-                 group_bits=None, group_flags=False, ready_ahead=False, late_read=False):
+                 group_bits=None, group_flags=False, ready_ahead=False, late_count=False,
+                 late_read=False):
         if not isinstance(latency, int) or latency < 0:
             raise ValueError(f"latency must be a non-negative integer, not {latency!r}")
         if (keep is not None or alternate) and not skid:
             raise ValueError("keep and alternate need the skid buffer (skid=True)")
+        if late_count and not ready_ahead:
+            raise ValueError("late_count needs ready_ahead")
         if late_read and skid:
             raise ValueError("late_read is for a ring that drives the output (skid=False)")
         self.late_read = bool(late_read)
@@ -268,6 +276,7 @@ class CreditPipeline(wiring.Component):
         #: Cycles from the datapath's output to ``o.valid``.
         self.queue_latency = self.QUEUE_LATENCY if self.skid else self.RING_LATENCY
         self.ready_ahead = bool(ready_ahead)
+        self.late_count = bool(late_count)
         self.depth = latency + 3 + self.ready_ahead if depth is None else depth
         if self.depth < 2:
             raise ValueError(f"depth must be at least 2, not {self.depth!r}")
@@ -312,16 +321,28 @@ class CreditPipeline(wiring.Component):
         # count register, so that no carry chain sits between the handshakes and ``i_ready``.
         left = delay(m, reads, 1, 1, name="left")
         count = Signal(range(self.depth + 2))
-        grows = self.take & ~left
-        shrinks = ~self.take & left
-        m.d.sync += count.eq(Mux(grows, count + 1, Mux(shrinks, count - 1, count)))
-        if self.ready_ahead:
-            # As if an item were taken this cycle: the next count is at most
-            # ``count + 1 - left``, so the take does not reach ``i_ready``.
-            ready_next = Mux(left, count < self.depth, count < self.depth - 1)
+        if self.late_count:
+            # ``count`` lags the takes by a cycle: the items counted are ``count + took``.
+            took = delay(m, self.take, 1, 1, name="took")
+            m.d.sync += count.eq(count + took - left)
+            # No item counted after this cycle.
+            drains = Mux(took, (count == 0) & left,
+                         (count == 0) | ((count == 1) & left)) & ~self.take
+            # As with ``ready_ahead``: as if an item were taken this cycle.
+            ready_next = Mux(took, Mux(left, count < self.depth - 1, count < self.depth - 2),
+                             Mux(left, count < self.depth, count < self.depth - 1))
         else:
-            ready_next = Mux(grows, count < self.depth - 1,
-                             Mux(shrinks, count < self.depth + 1, count < self.depth))
+            grows = self.take & ~left
+            shrinks = ~self.take & left
+            m.d.sync += count.eq(Mux(grows, count + 1, Mux(shrinks, count - 1, count)))
+            drains = ((count == 0) | ((count == 1) & shrinks)) & ~grows
+            if self.ready_ahead:
+                # As if an item were taken this cycle: the next count is at most
+                # ``count + 1 - left``, so the take does not reach ``i_ready``.
+                ready_next = Mux(left, count < self.depth, count < self.depth - 1)
+            else:
+                ready_next = Mux(grows, count < self.depth - 1,
+                                 Mux(shrinks, count < self.depth + 1, count < self.depth))
         # ``i_full`` is ``~i_ready``, a register of its own: a second copy of the flag for a
         # producer whose take fans out widely (kept apart from ``i_ready`` by the inversion).
         m.d.sync += [self.i_ready.eq(ready_next), self.i_full.eq(~ready_next)]
@@ -329,6 +350,6 @@ class CreditPipeline(wiring.Component):
         # busy: a register (the count is zero, or about to be, and nothing waits in the
         # skid buffer), a cycle behind the items.
         idle = Signal()
-        m.d.sync += idle.eq(((count == 0) | ((count == 1) & shrinks)) & ~grows & ~held)
+        m.d.sync += idle.eq(drains & ~held)
         m.d.comb += self.busy.eq(~idle)
         return m

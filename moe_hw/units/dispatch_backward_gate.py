@@ -500,9 +500,14 @@ class DispatchBackwardGateUnit(wiring.Component):
         # as it is at the front. Until the first reading item joins (``fresh``) no slot is in
         # use, and any phase will do. Stall-free, the items from the first reading one on join
         # one per cycle. A result (a pair's last beat) joins only when the output queue has a
-        # credit for it.
+        # credit for it. The output queue's credit flag is decided as if a result joined in
+        # every cycle, and its count follows the joins a cycle late (``ready_ahead``,
+        # ``late_count``): the join, a function of the front descriptor, the phase and both
+        # responses' valids, then reaches a register, not the count's choice and clock enable
+        # (the path was ``ring[0]`` -> the count, 4 LUTs, 249.1 MHz).
         head = pending.o.payload
-        out = m.submodules.results = CreditPipeline(p.result_latency, p.result_layout())
+        out = m.submodules.results = CreditPipeline(p.result_latency, p.result_layout(),
+                                                    ready_ahead=True, late_count=True)
         ring = Signal(group, init=1)
         fresh = Signal()                         # no reading item has joined in this run yet
         both = self.input_data.valid & self.grad_data.valid
