@@ -178,11 +178,11 @@ def main(argv=None):
     def resources():
         if args.check:
             raise ValueError("--check needs an Fmax: leave out --resources")
+        if args.paths < 0:
+            raise ValueError(f"--paths must be 0 or more, not {args.paths}")
         start = time.perf_counter()
         result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
                       work_dir=args.work, progress=_progress)
-        if args.paths < 0:
-            raise ValueError(f"--paths must be 0 or more, not {args.paths}")
         print(format_resources(result, args.target, paths=args.paths))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -276,6 +276,12 @@ def test_resources_with_check_is_one_line(capsys):
     assert lines == [f"{PROG}: error: --check needs an Fmax: leave out --resources"]
 
 
+def test_negative_paths_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--paths",
+                                  "-1"], 2)
+    assert lines == [f"{PROG}: error: --paths must be 0 or more, not -1"]
+
+
 def test_bad_seeds_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--seeds", "0"], 2)
     assert lines == [f"{PROG}: error: seeds must be a positive integer, not 0"]
