@@ -26,24 +26,38 @@ def designs():
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
+def table_parser(description):
+    """The options this table and ``levels_table.py`` share: ``--target``, ``--json``,
+    ``--timeout``, ``--only``."""
+    parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="ecp5-85k")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="seeds placed at once (default: one per CPU core)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds per tool run (default 1800)")
     parser.add_argument("--only", action="append", default=[],
                         help="a row label to run (repeatable; default: every row)")
-    args = parser.parse_args(argv)
-    rows, records = [], []
+    return parser
+
+
+def selected(args, tag):
+    """The rows of :func:`designs` that ``--only`` names (every row without it), each
+    announced on stderr as it starts."""
     for label, name, settings in designs():
         if args.only and label not in args.only:
             continue
-        print(f"[timing] {label} ...", file=sys.stderr, flush=True)
+        print(f"[{tag}] {label} ...", file=sys.stderr, flush=True)
+        yield label, name, settings
+
+
+def main(argv=None):
+    parser = table_parser(__doc__)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="seeds placed at once (default: one per CPU core)")
+    args = parser.parse_args(argv)
+    rows, records = [], []
+    for label, name, settings in selected(args, "timing"):
         try:
             report = synth(name, args.target, settings, seeds=args.seeds, timeout=args.timeout,
                            jobs=args.jobs)
@@ -65,11 +79,18 @@ def main(argv=None):
                     f"{format_seeds(design)} |")
         records.append(report.to_json())
         print(rows[-1], flush=True)
-    print(f"\n{args.target}, best of {args.seeds} seeds; the bar: {BAR_MHZ:g} MHz and "
-          f"{BAR_RATIO:.2f} x the reference adder\n")
-    print("| design | Fmax MHz | ratio | meets the bar | LUT4 | FF | DSP | DRAM | critical path "
-          "| Fmax by seed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    return finish(args, f"{args.target}, best of {args.seeds} seeds; the bar: {BAR_MHZ:g} "
+                        f"MHz and {BAR_RATIO:.2f} x the reference adder",
+                  ["design", "Fmax MHz", "ratio", "meets the bar", "LUT4", "FF", "DSP", "DRAM",
+                   "critical path", "Fmax by seed"], rows, records)
+
+
+def finish(args, title, columns, rows, records):
+    """Prints ``title`` and the Markdown table of ``rows`` under ``columns``; writes
+    ``records`` to ``--json``. Returns 0."""
+    print(f"\n{title}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     print("\n".join(rows))
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n")

@@ -6,6 +6,7 @@ No timing is asserted: Fmax is a figure to read, not a property of the code. The
 the units at their default parameters are benchmarks, run by hand (README).
 """
 
+import importlib.util
 import json
 import random
 from pathlib import Path
@@ -274,6 +275,25 @@ def test_bad_set_is_one_line(capsys, setting, message):
 def test_resources_with_check_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--check"], 2)
     assert lines == [f"{PROG}: error: --check needs an Fmax: leave out --resources"]
+
+
+def test_levels_table_runs_for_one_design(tmp_path, capsys):
+    # benchmarks/levels_table.py: the row of one design, its figures those of the JSON
+    spec = importlib.util.spec_from_file_location(
+        "levels_table", Path(__file__).resolve().parent.parent / "benchmarks" /
+        "levels_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert table.main(["--only", "fmul", "--json", str(tmp_path / "l.json")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| fmul |")]
+    record, = json.loads((tmp_path / "l.json").read_text())
+    histogram = {int(k): v for k, v in record["levels"]["histogram"].items()}
+    cells = [cell.strip() for cell in rows[-1].split("|")[1:-1]]
+    assert cells[1:4] == [str(histogram.get(3, 0)), str(histogram.get(4, 0)),
+                          str(sum(v for k, v in histogram.items() if k >= 5))]
+    worst = record["levels"]["endpoints"][0]
+    assert f"`{worst['source']}` -> `{worst['sink']}`" in cells[5]
 
 
 def test_negative_paths_is_one_line(capsys):
