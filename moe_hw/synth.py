@@ -133,7 +133,7 @@ def format_resources(result, target, *, paths=12):
         " ".join(head), " ".join(used),
         f"FF includes the out-of-context wrapper's {result.wrapper_registers} registers.",
         *([format_levels(result.levels, result.period_ns, rows=paths)]
-          if result.levels is not None and paths else [])])
+          if result.levels is not None else [])])
 
 
 def main(argv=None):

@@ -430,6 +430,14 @@ def test_logic_levels_count_and_estimate():
     assert report.groups[0] == b
     text = levels_flow.format_levels(report, 2.0, rows=2)
     assert "a -> b (data, 1 bit)" in text and "0: 3, 1: 2, 2: 1  (6 inputs)" in text
+    # --paths 0: the histogram and the count over the period, no rows
+    packed = flow.PackResult(name="x", description="x", params={}, resources={
+        column: {"used": 1, "available": 2} for column in RESOURCES}, input_bits=1,
+        output_bits=1, wrapper_registers=0, seconds=0.0, levels=report, period_ns=2.0)
+    text = synth.format_resources(packed, "ecp5-85k", paths=0)
+    assert "0: 3, 1: 2, 2: 1  (6 inputs)" in text
+    assert f"{len(report.over(2.0))} signals estimated over 2.00 ns" in text
+    assert " -> " not in text and "the worst" not in text
 
 
 def test_report_parses_per_clock():

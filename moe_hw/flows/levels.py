@@ -21,7 +21,6 @@ business): an endpoint the estimate puts at 3.8 ns may route at 3.3 or at 4.6.
 """
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -45,7 +44,7 @@ _HARD_BLOCKS = ("DP16KD", "MULT18X18D", "ALU54B", "PDPW16KD")
 class Endpoint:
     """A register input (or a block RAM / DSP / LUT RAM write input) and its deepest path."""
 
-    sink: str            # the signal the input belongs to (its bit index dropped)
+    sink: str            # the signal the input belongs to (or the block's cell name)
     pin: str             # "data", "clock enable", "set/reset", or the block's port
     levels: int          # cells reached over a routed net, from the source register
     estimate_ns: float   # CLOCK_TO_OUT + the nets + the cells + the setup
@@ -86,11 +85,8 @@ def _top(netlist):
     raise ValueError("the netlist has no top module")
 
 
-_INDEX = re.compile(r"\[\d+\]$")
-
-
 def _names(module):
-    """Net bit -> a readable name (the shortest public name, its index dropped)."""
+    """Net bit -> a readable name (the shortest public name of the signal it is a bit of)."""
     names = {}
     for name, net in module["netnames"].items():
         if net.get("hide_name") or "$" in name:
@@ -120,9 +116,6 @@ def logic_levels(netlist):
                     if isinstance(bit, int):
                         driver[bit] = (name, port)
 
-    def start(bit):
-        return (CLOCK_TO_OUT, 0, names.get(bit, "?"))
-
     arrival = {}
 
     def inputs(cell, ports):
@@ -131,71 +124,53 @@ def logic_levels(netlist):
                 if isinstance(bit, int):
                     yield bit
 
-    def rule(bit):
-        """(cell's own delay, bits over a net, bits inside the slice/chain), or None for a
-        path start."""
+    def fanin(bit):
+        """``(input bit, delay added, levels added)`` for each input of the combinational
+        cell driving ``bit``; None where ``bit`` starts a path (a register, a block's
+        output, a port)."""
         if bit not in driver:
             return None
         name, port = driver[bit]
         cell = cells[name]
         kind = cell["type"]
         if kind == "LUT4":
-            return (LUT, list(inputs(cell, "ABCD")), [])
+            return [(b, NET + LUT, 1) for b in inputs(cell, "ABCD")]
         if kind in ("PFUMX", "L6MUX21"):
-            return (LUT, list(inputs(cell, ("C0", "SD"))),
-                    list(inputs(cell, ("ALUT", "BLUT", "D0", "D1"))))
+            return ([(b, NET + LUT, 1) for b in inputs(cell, ("C0", "SD"))] +
+                    [(b, LUT, 0) for b in inputs(cell, ("ALUT", "BLUT", "D0", "D1"))])
         if kind == "CCU2C":
-            data = list(inputs(cell, ("A0", "B0", "C0", "D0", "A1", "B1", "C1", "D1")))
-            carry = list(inputs(cell, ("CIN",)))
-            exit_ = CARRY_EXIT if port != "COUT" else 0.0
-            return ("carry", data, carry, exit_)
+            exit_ = 0.0 if port == "COUT" else CARRY_EXIT
+            data = ("A0", "B0", "C0", "D0", "A1", "B1", "C1", "D1")
+            # (the carry in: the chain's previous cell, its entry counted there)
+            return ([(b, NET + CARRY_ENTRY + exit_, 1) for b in inputs(cell, data)] +
+                    [(b, CARRY_STEP + exit_, 0) for b in inputs(cell, ("CIN",))])
         if kind == "TRELLIS_DPR16X4" and port.startswith("DO"):
-            return (LUT_RAM_READ, list(inputs(cell, ("RAD",))), [])
+            return [(b, NET + LUT_RAM_READ, 1) for b in inputs(cell, ("RAD",))]
         return None
 
     def resolve(root):
-        # Depth-first without recursion: a bit's arrival once all its inputs' are known.
+        """``(estimate, levels, source)`` at ``root``, the latest of its fan-in's; depth
+        first without recursion: a bit's once all its inputs' are known."""
         stack = [root]
         while stack:
             bit = stack[-1]
             if bit in arrival:
                 stack.pop()
                 continue
-            how = rule(bit)
-            if how is None:
-                source = names.get(bit, "?")
+            edges = fanin(bit)
+            if edges is None:
                 kind = cells[driver[bit][0]]["type"] if bit in driver else None
                 out = HARD_BLOCK_OUT if kind in _HARD_BLOCKS else CLOCK_TO_OUT
-                arrival[bit] = (out, 0, source)
+                arrival[bit] = (out, 0, names.get(bit, "?"))
                 stack.pop()
                 continue
-            pending = [b for b in how[1] + how[2] if b not in arrival]
+            pending = [b for b, _, _ in edges if b not in arrival]
             if pending:
                 stack.extend(pending)
                 continue
-            best = None
-            if how[0] == "carry":
-                _, data, carry, exit_ = how
-                for b in data:
-                    t, levels, source = arrival[b]
-                    candidate = (t + NET + CARRY_ENTRY + exit_, levels + 1, source)
-                    best = candidate if best is None or candidate > best else best
-                for b in carry:
-                    # (the carry in: the chain's previous cell, its entry counted there)
-                    t, levels, source = arrival[b]
-                    candidate = (t + CARRY_STEP + exit_, levels, source)
-                    best = candidate if best is None or candidate > best else best
-            else:
-                own, routed, local = how
-                for b in routed:
-                    t, levels, source = arrival[b]
-                    candidate = (t + NET + own, levels + 1, source)
-                    best = candidate if best is None or candidate > best else best
-                for b in local:
-                    t, levels, source = arrival[b]
-                    candidate = (t + own, levels, source)
-                    best = candidate if best is None or candidate > best else best
-            arrival[bit] = best if best is not None else (CLOCK_TO_OUT, 0, "constant")
+            arrival[bit] = max(((arrival[b][0] + delay, arrival[b][1] + levels, arrival[b][2])
+                                for b, delay, levels in edges),
+                               default=(CLOCK_TO_OUT, 0, "constant"))
             stack.pop()
         return arrival[root]
 
@@ -248,7 +223,7 @@ def format_levels(report, period_ns, *, rows=12):
                               report.histogram.items()) + f"  ({total} inputs)"]
     over = report.over(period_ns)
     lines.append(f"  {len(over)} signals estimated over {period_ns:.2f} ns "
-                 f"({NET:g} ns a net, before placement); the worst:")
+                 f"({NET:g} ns a net, before placement)" + ("; the worst:" if rows else ""))
     for group in report.groups[:rows]:
         lines.append(f"  {group.estimate_ns:5.2f} ns {group.levels} levels  "
                      f"{group.source} -> {group.sink} ({group.pin}, {group.bits} "
