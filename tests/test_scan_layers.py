@@ -48,6 +48,7 @@ def case_inputs(name):
     seed = CASES.index(name)
     sizes = {
         "one_beat": (1, 3, 2, 1, "fp32"),        # a single beat: one layer per D + 1 cycles
+        "one_layer": (1, 3, 1, 0, "fp32"),       # one parameter beat: the earliest scan start
         "partial_beat": (5, 7, 3, 1, "fp32"),    # H not a multiple of lanes, groups of 7
         "many_groups": (40, 16, 6, 0, "fp32"),   # 160 beats, full L and S
         "bf16_relu": (9, 13, 4, 1, "bf16"),
@@ -63,7 +64,7 @@ def case_inputs(name):
                               seed=seed), relu, format
 
 
-CASES = ["one_beat", "partial_beat", "many_groups", "bf16_relu", "no_tokens", "no_hidden",
+CASES = ["one_beat", "one_layer", "partial_beat", "many_groups", "bf16_relu", "no_tokens", "no_hidden",
          "int8_saturating", "int8_relu", "int8_edges"]
 
 

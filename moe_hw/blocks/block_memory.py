@@ -271,10 +271,15 @@ class BlockMemory(wiring.Component):
         row = delay(m, self.read_addr[block_bits:block_bits + row_bits],
                     BlockMemory.latency + len(levels), self.read_en, name="read_row",
                     reset_less=True)
-        selected = row_words[-1]
-        for index in reversed(range(self.rows - 1)):
-            selected = Mux(row == index, row_words[index], selected)
-        m.d.comb += self.read_data.eq(self._data_register(m, selected))
+        # The row's word by a balanced tree of two-way choices, one level per bit of the row
+        # (lowest first): log2(rows) levels, where a choice per row compared with the row
+        # number (``row == index``, one after another) was as many levels as rows (23 at
+        # scan_layers_backward's defaults).
+        words = row_words
+        for bit in range(row_bits):
+            words = [Mux(row[bit], words[i + 1], words[i]) if i + 1 < len(words) else words[i]
+                     for i in range(0, len(words), 2)]
+        m.d.comb += self.read_data.eq(self._data_register(m, words[0]))
         return m
 
     def _data_register(self, m, word):
