@@ -104,6 +104,23 @@ FAST_SIM = "fast-icarus" if simulator_available("icarus") is None else "fast"
 BENCH_SIM = "icarus" if simulator_available("icarus") is None else "verilator"
 
 
+def comb_outputs(m, inputs, outputs, cases):
+    """The values of ``outputs`` (a tuple per case) of the combinational circuit ``m`` for
+    each of ``cases`` (a tuple of values of ``inputs`` each), in Amaranth's simulator."""
+    seen = []
+
+    async def bench(ctx):
+        for case in cases:
+            for signal, value in zip(inputs, case, strict=True):
+                ctx.set(signal, value)
+            seen.append(tuple(ctx.get(output) for output in outputs))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    return seen
+
+
 def run_pysim(top, *benches):
     """Run ``benches`` as testbenches on ``top`` with a clock, in Amaranth's simulator."""
     sim = Simulator(top)
