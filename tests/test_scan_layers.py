@@ -64,8 +64,8 @@ def case_inputs(name):
                               seed=seed), relu, format
 
 
-CASES = ["one_beat", "one_layer", "partial_beat", "many_groups", "bf16_relu", "no_tokens", "no_hidden",
-         "int8_saturating", "int8_relu", "int8_edges"]
+CASES = ["one_beat", "one_layer", "partial_beat", "many_groups", "bf16_relu", "no_tokens",
+         "no_hidden", "int8_saturating", "int8_relu", "int8_edges"]
 
 
 def assert_saturates(output, relu):
