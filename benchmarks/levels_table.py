@@ -35,7 +35,7 @@ def main(argv=None):
                              "(ECP5 targets only)")
         histogram = result.levels.histogram
         at = {depth: histogram.get(depth, 0) for depth in (3, 4)}
-        deeper = sum(count for depth, count in histogram.items() if depth >= 5)
+        deeper = result.levels.deep(5)
         over = len(result.levels.over(result.period_ns))
         worst = result.levels.groups[0]
         rows.append(f"| {label} | {at[3]} | {at[4]} | {deeper} | {over} | "

@@ -36,7 +36,8 @@ LUT_RAM_READ = 0.50
 CONTROL_SETUP = 0.20
 HARD_BLOCK_OUT = 0.60
 
-_REGISTER_INPUTS = ("DI", "M", "CE", "LSR")
+# A flip-flop's inputs, as the report names them.
+_PINS = {"DI": "data", "M": "data", "CE": "clock enable", "LSR": "set/reset"}
 _HARD_BLOCKS = ("DP16KD", "MULT18X18D", "ALU54B", "PDPW16KD")
 
 
@@ -174,17 +175,16 @@ def logic_levels(netlist):
             stack.pop()
         return arrival[root]
 
-    pins = {"DI": "data", "M": "data", "CE": "clock enable", "LSR": "set/reset"}
     endpoints = []
     for name, cell in cells.items():
         kind = cell["type"]
         if kind == "TRELLIS_FF":
-            ports = _REGISTER_INPUTS
+            ports = tuple(_PINS)
             sink = names.get(cell["connections"]["Q"][0], name)
         elif kind in _HARD_BLOCKS or kind == "TRELLIS_DPR16X4":
             directions = cell.get("port_directions", {})
             ports = [port for port in cell["connections"]
-                     if directions.get(port) == "input" and port not in ("CLK", "WCK")
+                     if directions.get(port) == "input" and port != "WCK"
                      and not port.startswith(("CLK", "RAD"))]
             sink = name
         else:
@@ -195,7 +195,7 @@ def logic_levels(netlist):
                     continue
                 t, levels, source = resolve(bit)
                 setup = CONTROL_SETUP if port in ("CE", "LSR") else 0.0
-                endpoints.append((t + NET + setup, levels, sink, pins.get(port, port),
+                endpoints.append((t + NET + setup, levels, sink, _PINS.get(port, port),
                                   source))
     histogram = Counter(levels for _, levels, *_ in endpoints)
     grouped = {}
