@@ -103,7 +103,7 @@ from ..blocks.row_reader import RowReader, last_enable_of, request_layout, respo
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay, replicated
+from ..stream import CreditPipeline, delay, lut_increment, replicated
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
 
@@ -471,7 +471,10 @@ class CombineGatherUnit(wiring.Component):
         tail = ~over[-1]                         # to_end <= pass_left: the segment ends its row
         count = Mux(tail, to_end, pass_left)
         end_pass = over_less[-1]                 # to_end >= pass_left: it finishes the pass
-        next_tok = Mux(tail, cur_tok + 1, cur_tok)
+        # (the token's increment in LUTs beside the register, not a carry chain: the chain,
+        # placed apart, was dispatch_backward_data's path, cur_tok -> itself, 221.2 MHz)
+        tok_inc = lut_increment(cur_tok)
+        next_tok = Mux(tail, tok_inc, cur_tok)
         next_beat = Mux(tail, 0, cur_beat + pass_left)
         next_to_end = Mux(tail, to_end_beats, to_end - pass_left)
         next_over = Mux(tail, len_over, over_len)
@@ -500,7 +503,7 @@ class CombineGatherUnit(wiring.Component):
         gen = cmd_pipe.take
         with m.If(can_gen):
             with m.If(~end_pass):                # (then the segment ends its row)
-                m.d.sync += [cur_tok.eq(cur_tok + 1), cur_beat.eq(0), to_end.eq(to_end_beats),
+                m.d.sync += [cur_tok.eq(tok_inc), cur_beat.eq(0), to_end.eq(to_end_beats),
                              pass_left.eq(over), over.eq(over - over_beats),
                              over_less.eq(over_less - over_less_beats),
                              over_len.eq(over_len - over_len_beats),
