@@ -22,7 +22,7 @@ from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.sparse_index import SparseIndexParams, SparseIndexUnit, gate_class
 
-from conftest import SIM, STALLS, simulator_cases, simulator_params
+from conftest import SIM, STALLS, comb_outputs, simulator_cases, simulator_params
 
 # One generous parameter set for the simulated cases: one fast-path and one cocotb build each.
 # lanes=4 with E up to 9 gives rows of 1 to 3 beats and padded lanes.
@@ -257,17 +257,7 @@ def test_gate_class_matches_the_golden_rule(fmt):
     m = Module()
     r, n = Signal(), Signal()
     m.d.comb += [r.eq(routed), n.eq(negative)]
-    got = []
-
-    async def bench(ctx):
-        for b in bits.tolist():
-            ctx.set(gate, b)
-            got.append((ctx.get(r), ctx.get(n)))
-
-    sim = Simulator(m)
-    sim.add_testbench(bench)
-    sim.run()
-    got = np.array(got, dtype=bool)
+    got = np.array(comb_outputs(m, [gate], [r, n], [(b,) for b in bits.tolist()]), dtype=bool)
     assert np.array_equal(got[:, 0], want_routed) and np.array_equal(got[:, 1], want_negative)
 
 
