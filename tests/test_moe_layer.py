@@ -18,7 +18,7 @@ from moe_hw.blocks.run_control import EMPTY_CYCLES
 from moe_hw import golden
 from moe_hw.golden.testing import bit_equal, random_floats
 from moe_hw.host.checks import HostError
-from moe_hw.host.moe_layer import UNIT, layer_gates
+from moe_hw.host.moe_layer import UNIT, layer_gates, layer_problem
 from moe_hw.host.unit import BenchShape, run
 from moe_hw.params import ParameterError
 from moe_hw.units.moe_layer import MoELayer, MoELayerParams
@@ -105,6 +105,19 @@ def test_moe_layer_cases(sim, case, stall):
     if case == "duet_toy":   # default capacity 1 * ceil(1.25 * 21 / 6) = 5 slots per expert
         assert golden.capacity_from_factor(1.25, 21, 6, 1) == 5
         assert outcome.results["buffer"].shape == (30, 16)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("capacity", [1, 2])
+def test_moe_layer_one_row_experts(capacity, stall):
+    """Experts of one row (capacity 1: all of them; capacity 2: some), of one beat each: the
+    expert phase loads the next work-list entry in the cycle the last row's command is taken,
+    entry after entry, so the last-row flag and the entries-left flags load from the list."""
+    inputs, settings = problem(13 + capacity, tokens=14, experts=8, k=1, hidden=4,
+                               capacity=capacity)
+    check(inputs, settings, FP32, stall=stall, seed=7)
+    rows = layer_problem(inputs["gates"], inputs["input"], capacity=capacity).filled_rows
+    assert (rows == 1).sum() >= 3 and rows.max() == capacity, rows
 
 
 @pytest.mark.parametrize("stall", STALLS)

@@ -120,9 +120,9 @@ filled rows::
     total          = route_dispatch + experts + combine          (2 when S = 0)
 
 with run_setup = 2 + product_latency (the sub-units' start: P = k*S on a pipelined product
-of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 7, TOTALS_LATENCY = 1
+of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 8, TOTALS_LATENCY = 1
 (the per-expert totals' two registers before the work list, less the cycle the location
-generator's ``done`` already comes after its last total), EXPERT_OVERHEAD = 5,
+generator's ``done`` already comes after its last total), EXPERT_OVERHEAD = 6,
 PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to every
 read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
 dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup -
@@ -207,16 +207,17 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: Stall-free cycles by which the dispatch unit's first header comes later than it would
     #: from a header stream valid at once: the pair's trip through the location generator
     #: (the counter bank's three stages, output register), its write into the pair memory, the
-    #: pair-memory read (two cycles: the block RAM and its output register).
-    ROUTE_LATENCY = 7
+    #: pair-memory read (two cycles: the block RAM and its output register) and the register
+    #: after the pair's choice from the memory's word.
+    ROUTE_LATENCY = 8
     #: The per-expert totals pass two registers in front of the work list (the count with
     #: its compares, then the filled rows); the location generator's ``done`` comes two
     #: cycles after its last total left it, which hides one of them.
     TOTALS_LATENCY = 1
     #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
-    #: command register, the row reader's issue and output registers, the credit pipeline's
-    #: queue (its write and its skid buffer).
-    EXPERT_OVERHEAD = 5
+    #: command register and its skid buffer, the row reader's issue and output registers,
+    #: the credit pipeline's queue (its write and its skid buffer).
+    EXPERT_OVERHEAD = 6
     #: The skid buffer on each expert-buffer port (write, read request): a cycle on every
     #: write and on every read's round trip. (The dispatch unit's ``done`` comes two cycles
     #: after its last write leaves it, so the route phase does not see the write's.)
@@ -424,8 +425,8 @@ class MoELayer(wiring.Component):
                 "num_experts": p.max_experts, "capacity": p.max_capacity}
 
     # ---- hardware ----------------------------------------------------------------------------
-    def _expert_stacks(self, m, reader, work, work_in, in_experts, hidden, beats, num_experts,
-                       layers, relu, accept):
+    def _expert_stacks(self, m, reader, work, work_in, in_experts, hidden, last_en, beats,
+                       num_experts, layers, relu, accept):
         """The expert phase with scan_layers stacks (``experts="scan_layers"``): one
         :class:`~moe_hw.units.scan_layers.ScanLayersUnit` runs once per expert on the work
         list, its tokens the expert's filled rows (read by the row reader, which runs ahead
@@ -476,7 +477,7 @@ class MoELayer(wiring.Component):
             stack.output.ready.eq(out.ready),
             out.payload.addr.eq(w_row + (w_beat << ceil_log2(p.lanes))),
             out.payload.data.eq(stack.output.payload.data),
-            out.payload.enable.eq(Mux(w_last, last_enable_of(hidden, p.lanes), all_lanes)),
+            out.payload.enable.eq(Mux(w_last, last_en, all_lanes)),
         ]
         with m.If(out.valid & out.ready):
             with m.If(w_last):
@@ -528,6 +529,11 @@ class MoELayer(wiring.Component):
         running = ctl.running
         tokens = ctl.size("tokens")
         hidden = ctl.size("hidden")
+        # The last beat's lane enables, a register from the held H (the experts' reads and
+        # writes come long after it is held): the decode of H's low bits was in front of the
+        # expert reader's request, after H's net and the beat count's chain (189.8 MHz).
+        last_en = Signal(p.lanes)
+        m.d.sync += last_en.eq(last_enable_of(hidden, p.lanes))
         top_k = ctl.size("top_k")
         num_experts = ctl.size("num_experts")
         capacity = ctl.size("capacity")
@@ -561,12 +567,21 @@ class MoELayer(wiring.Component):
             entry_layout, p.max_tokens, granules=p.max_top_k, target=p.bram)
 
         # ---- route: pairs -> location generator; join the location with gate and index ----
-        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4).
-        join = m.submodules.join = SyncFIFO(width=p.pair_layout().size, depth=5)
+        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4: its
+        # bank's stages and its output register, whose ready is always 1). Its room is a
+        # register, the FIFO's level below depth - 1 in the cycle before, so that no compare
+        # of the level stands in front of the generator's issue (``w_rdy`` was there, into
+        # the location generator's phase flags: 187.5 MHz). A write in the cycle the flag
+        # was formed leaves one entry for the next; with at most 4 inside, the flag is
+        # always 1 and costs no cycle.
+        join_depth = 6
+        join = m.submodules.join = SyncFIFO(width=p.pair_layout().size, depth=join_depth)
+        join_room = Signal(init=1)
+        m.d.sync += join_room.eq(join.level < join_depth - 1)
         m.d.comb += [
-            loc.index.valid.eq(self.pair.valid & join.w_rdy),
+            loc.index.valid.eq(self.pair.valid & join_room),
             loc.index.payload.index.eq(self.pair.payload.index),
-            self.pair.ready.eq(loc.index.ready & join.w_rdy),
+            self.pair.ready.eq(loc.index.ready & join_room),
             join.w_data.eq(self.pair.payload.as_value()),
             join.w_en.eq(self.pair.valid & self.pair.ready),
         ]
@@ -600,14 +615,20 @@ class MoELayer(wiring.Component):
                 m.d.sync += self.dropped.eq(self.dropped + 1)
 
         # ---- the per-expert totals -> the expert work list (filled experts only) ----------
+        # (``one``: rows == 1, so that the expert phase's last-row flag loads a bit)
         work_layout = data.StructLayout({"base": p.addr_width, "rows": range(p.max_capacity + 1),
-                                         "expert": range(p.max_experts)})
+                                         "one": 1, "expert": range(p.max_experts)})
         work = m.submodules.work_list = memory.Memory(shape=work_layout, depth=p.max_experts,
                                                       init=[])
         work_w = work.write_port()
         work_r = work.read_port(domain="comb")
         work_in = Signal(range(p.max_experts + 1))      # entries on the list
         work_out = Signal(range(p.max_experts + 1))     # entries taken by the expert phase
+        # work_in - 1 and work_in - 2, loaded with work_in: the expert phase's tests whether
+        # an entry is left after the next one or two compare two registers, with no adder on
+        # work_out in front (``work_out + 2 != work_in`` was among the layer's deepest inputs)
+        work_in_less = [Signal(signed(len(work_in) + 2), init=-k, name=f"work_in_less{k}")
+                        for k in (1, 2)]
         counts_in = Signal(range(p.max_experts + 1))    # totals received
         count_base = Signal(p.addr_width + 1)           # e*C*H of the next total
         # The totals pass two registers before the list: the first holds the count with its
@@ -617,19 +638,25 @@ class MoELayer(wiring.Component):
         total_count = Signal.like(loc.counts.payload.count)
         total_below = Signal()                          # count < C
         total_any = Signal()                            # count != 0
+        total_one = Signal()                            # count == 1
         filled = Signal()                               # a total with rows != 0 in hand
         filled_valid = Signal()
         filled_rows = Signal(range(p.max_capacity + 1))
+        filled_one = Signal()                           # filled_rows == 1
         capacity_any = Signal()                         # C != 0 (held sizes)
+        capacity_one = Signal()                         # C == 1
         count = loc.counts.payload.count
         m.d.sync += [
             total_valid.eq(loc.counts.valid),
             total_count.eq(count),
             total_below.eq(count < capacity),
             total_any.eq(count != 0),
+            total_one.eq(count == 1),
             capacity_any.eq(capacity != 0),
+            capacity_one.eq(capacity == 1),
             filled_valid.eq(total_valid),
             filled_rows.eq(Mux(total_below, total_count, capacity)),
+            filled_one.eq(Mux(total_below, total_one, capacity_one)),
             filled.eq(total_valid & Mux(total_below, total_any, capacity_any)),
         ]
         m.d.comb += [
@@ -637,6 +664,7 @@ class MoELayer(wiring.Component):
             work_w.addr.eq(work_in),
             work_w.data.base.eq(count_base),
             work_w.data.rows.eq(filled_rows),
+            work_w.data.one.eq(filled_one),
             work_w.data.expert.eq(counts_in),
             work_w.en.eq(filled),
         ]
@@ -651,7 +679,8 @@ class MoELayer(wiring.Component):
         with m.If(filled_valid):
             m.d.sync += [counts_in.eq(counts_in + 1), count_base.eq(count_base + expert_span)]
             with m.If(filled):
-                m.d.sync += work_in.eq(work_in + 1)
+                m.d.sync += [work_in.eq(work_in + 1), work_in_less[0].eq(work_in),
+                             work_in_less[1].eq(work_in_less[0])]
 
         # ---- expert parameters (affine experts: E beats into a memory, any time in the run;
         # expert stacks: streamed into each expert's run, below) --------------------------------
@@ -663,18 +692,27 @@ class MoELayer(wiring.Component):
             expert_r = expert_mem.read_port(domain="comb")
             # Open while the run is on, the experts are affine and parameters are still to
             # come (``running & affine & (params_in != num_experts)``), as a register: set as
-            # the run begins (``running`` rises with it), cleared at the last beat. The
-            # memory's write enable is then one gate of the stream's valid and this flop (the
-            # run flag and the count's compare in front of it were the layer's critical path:
-            # 4 LUTs into the LUT RAM's write enables, 157.5 MHz).
+            # the run begins (``running`` rises with it), cleared at the last beat. The take
+            # is then one gate of the stream's valid and this flop (the run flag and the
+            # count's compare in front of it were the layer's critical path: 4 LUTs into the
+            # LUT RAM's write enables, 157.5 MHz). The write itself is a cycle later, from
+            # registers (the take, and the payload and address loaded every cycle): the take
+            # reaches only the counts and this flop, not the memory's write enables too (with
+            # them it was placed by the memory, and the flop's loop through it crossed the
+            # chip twice: 190.0 MHz). The route phase does not end while a write is pending.
             params_open = Signal()
             params_left = Signal(range(p.max_experts + 1))
             params_take = self.expert_params.valid & params_open
+            params_we = Signal()
+            params_data = Signal.like(self.expert_params.payload, reset_less=True)
+            params_addr = Signal.like(params_in, reset_less=True)
+            m.d.sync += [params_we.eq(params_take), params_data.eq(self.expert_params.payload),
+                         params_addr.eq(params_in)]
             m.d.comb += [
                 self.expert_params.ready.eq(params_open),
-                expert_w.addr.eq(params_in),
-                expert_w.data.eq(self.expert_params.payload),
-                expert_w.en.eq(params_take),
+                expert_w.addr.eq(params_addr),
+                expert_w.data.eq(params_data),
+                expert_w.en.eq(params_we),
             ]
             with m.If(params_take):
                 m.d.sync += [params_in.eq(params_in + 1), params_left.eq(params_left - 1)]
@@ -685,7 +723,10 @@ class MoELayer(wiring.Component):
                              params_open.eq(affine & (num_experts != 0))]
 
         # ---- dispatch: headers from the pair memory as soon as they are written -------------
-        d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency)
+        # The pair chosen from the memory's word is registered before the dispatch unit (a
+        # stage more than the read): the block RAM's output reached the dispatch's range
+        # compare over a 1.4 ns net, then its choice and the compare's carry chain (186.3 MHz).
+        d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency + 1)
         d_token = Signal.like(self.tokens)
         d_choice = Signal(range(p.max_top_k))
         d_pairs = Signal.like(pairs)             # headers read so far
@@ -703,8 +744,10 @@ class MoELayer(wiring.Component):
             disp.header.valid.eq(d_ctl.o_valid),
             d_ctl.o_ready.eq(disp.header.ready),
             disp.header.payload.gate.eq(one),
-            disp.header.payload.index.eq(d_entry.index),
-            disp.header.payload.location.eq(d_entry.location),
+            disp.header.payload.index.eq(delay(m, d_entry.index, 1, d_ctl.en, name="d_index",
+                                               reset_less=True)),
+            disp.header.payload.location.eq(delay(m, d_entry.location, 1, d_ctl.en,
+                                                  name="d_location", reset_less=True)),
         ]
         wiring.connect(m, wiring.flipped(self.data), disp.data)
 
@@ -742,7 +785,16 @@ class MoELayer(wiring.Component):
         x_rows = Signal(range(p.max_capacity + 1))
         x_scale = Signal(fmt.width)
         x_bias = Signal(fmt.width)
-        cmd = reader.command
+        # The commands pass a skid buffer on their way to the reader: its ``ready`` is then a
+        # register, and the next load's decision (``x_load``, the clock enable of the wide
+        # command registers) is a few LUTs of registers, not the reader's issue logic behind
+        # the command's ready (the path of the reader's ``cur_last`` into ``x_rows``'s
+        # enable, 161.4 MHz). The wide fields wait in registers written in turn, so the
+        # reader's ready reaches only the buffer's flags and pointers.
+        x_cmd = m.submodules.expert_command = SkidBuffer(reader.command.payload.shape(),
+                                                         alternate=("addr", "tag"))
+        wiring.connect(m, x_cmd.o, reader.command)
+        cmd = x_cmd.i
         m.d.comb += [
             cmd.valid.eq(x_loaded),
             cmd.payload.addr.eq(x_addr),
@@ -752,7 +804,7 @@ class MoELayer(wiring.Component):
             cmd.payload.tag.scale.eq(x_scale),
             cmd.payload.tag.bias.eq(x_bias),
             cmd.payload.tag.base.eq(x_addr),
-            reader.last_enable.eq(last_enable_of(hidden, p.lanes)),
+            reader.last_enable.eq(last_en),
             work_r.addr.eq(work_out),
         ]
         if not p.stacked:
@@ -768,10 +820,10 @@ class MoELayer(wiring.Component):
         x_load = in_experts & work_left & (~x_loaded | (cmd_take & last_row))
         with m.If(x_load):
             m.d.sync += [work_left.eq(work_left_after),
-                         work_left_after.eq(work_out + 2 != work_in)]
+                         work_left_after.eq(work_out != work_in_less[1])]
         with m.Else():
             m.d.sync += [work_left.eq(work_out != work_in),
-                         work_left_after.eq(work_out + 1 != work_in)]
+                         work_left_after.eq(work_out != work_in_less[0])]
         with m.If(cmd_take):
             m.d.sync += [x_addr.eq(x_addr + hidden), x_rows.eq(x_rows - 1),
                          last_row.eq(x_rows == 2)]
@@ -779,14 +831,14 @@ class MoELayer(wiring.Component):
                 m.d.sync += x_loaded.eq(0)
         with m.If(x_load):
             m.d.sync += [x_loaded.eq(1), x_addr.eq(work_r.data.base),
-                         x_rows.eq(work_r.data.rows), last_row.eq(work_r.data.rows == 1),
+                         x_rows.eq(work_r.data.rows), last_row.eq(work_r.data.one),
                          work_out.eq(work_out + 1)]
             if not p.stacked:
                 m.d.sync += [x_scale.eq(expert_r.data.scale), x_bias.eq(expert_r.data.bias)]
 
         if p.stacked:
             x_out, x_busy = self._expert_stacks(
-                m, reader, work, work_in, in_experts, hidden, beats, num_experts,
+                m, reader, work, work_in, in_experts, hidden, last_en, beats, num_experts,
                 ctl_layers, ctl_relu, ctl.accept)
         else:
             # The multiply-add runs freely inside a credit pipeline: no stall enable reaches the
@@ -794,7 +846,11 @@ class MoELayer(wiring.Component):
             # buffer.
             beat = reader.beats
             latency = p.mul_latency + p.add_latency
-            x_pipe = m.submodules.expert_pipeline = CreditPipeline(latency, p.write_layout())
+            # (the queue's output beat in two registers written in turn: the write port's
+            # ready reaches no wide clock enable; its skid flag reached the output register's
+            # enables over a 2.9 ns net, 187.5 MHz)
+            x_pipe = m.submodules.expert_pipeline = CreditPipeline(
+                latency, p.write_layout(), alternate=("addr", "data"))
             m.d.comb += [x_pipe.i_valid.eq(beat.valid), beat.ready.eq(x_pipe.i_ready)]
             x_offset = Signal(p.addr_width)          # the beat's offset within its row
             with m.If(x_pipe.take):
@@ -832,7 +888,11 @@ class MoELayer(wiring.Component):
             # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
             # while ``second_on`` (never both); ``second_copies`` (copies of ``second_on``,
             # read only once a phase has been entered: in the idle phase neither stream is
-            # on) choose the payload, each copy a group of its bits.
+            # on) choose the payload, each copy a group of its bits. Each stream's ready is
+            # the buffer's, not gated by its phase: a stream is valid only in its own phase
+            # (its unit is idle before and has drained after), so a ready outside it takes
+            # nothing, and the reader's issue behind it is a gate shorter (the combine
+            # reader's issue, gated so, reached its command registers' enables in 4 LUTs).
             port = m.submodules[name] = SkidBuffer(layout)
             width = len(port.i.payload.as_value())
             group = -(-width // len(second_copies.values))
@@ -842,8 +902,8 @@ class MoELayer(wiring.Component):
             m.d.comb += [
                 port.i.valid.eq(Mux(first_on, first.valid, second_on & second.valid)),
                 port.i.payload.eq(Cat(*choice)),
-                first.ready.eq(first_on & port.i.ready),
-                second.ready.eq(second_on & port.i.ready),
+                first.ready.eq(port.i.ready),
+                second.ready.eq(port.i.ready),
             ]
             return port
 
@@ -910,14 +970,14 @@ class MoELayer(wiring.Component):
             m.d.sync += layers_any.eq(ctl_layers != 0)
             run_experts = affine & hidden_any & layers_any
         else:
-            route_done &= ~params_open
+            route_done &= ~params_open & ~params_we
             work_any = Signal()                         # work_in != 0
             with m.If(filled_valid & filled):
                 m.d.sync += work_any.eq(1)
             with m.If(ctl.accept):
                 m.d.sync += work_any.eq(0)
             run_experts = affine & hidden_any & work_any
-        experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
+        experts_done = (in_experts & ~work_left & ~x_loaded & ~x_cmd.o.valid & ~reader.busy &
                         ~x_busy & ~write_port.o.valid)
         to_combine = (route_done & ~run_experts) | experts_done
         finished = in_combine & comb.done
@@ -938,6 +998,7 @@ class MoELayer(wiring.Component):
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 w_token.eq(0), w_choice.eq(0), written.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
+                *(less.eq(-k) for k, less in enumerate(work_in_less, 1)),
                 params_in.eq(0), d_token.eq(0), d_choice.eq(0), d_pairs.eq(0), c_token.eq(0),
                 x_loaded.eq(0), self.dropped.eq(0),
             ]
