@@ -52,11 +52,12 @@ def test_unrolled_cases(sim, case, stall):
 
 
 def test_unrolled_cycle_formula():
-    """One beat per cycle through the chain: S*B + L*(1 + D) + the load and a constant."""
-    latency = 3 * (1 + 6)
+    """One beat per cycle through the chain: S*B + L*(2 + D) + the load and a constant (each
+    layer's parameter read takes two cycles)."""
+    latency = 3 * (2 + 6)
     assert PARAMS.latency == latency
     assert PARAMS.cycles(8, 16) == PARAMS.setup + 1 + 3 * 4 + 8 * 4 + latency + 4
-    assert PARAMS_INT8.latency == 3 * (1 + 4)    # int8: D = 2 + 2
+    assert PARAMS_INT8.latency == 3 * (2 + 4)    # int8: D = 2 + 2
 
 
 def test_unrolled_host_errors():

@@ -5,8 +5,10 @@ cost the scan avoids). Bit-exact against the same golden model,
 int8, with the integer layer's saturating rule of :mod:`~moe_hw.units.scan_layers`).
 
 Each copy l is a parameter memory of ``ceil(max_hidden / lanes)`` beats (layer l's ``scale``
-and ``bias``), read at the beat index that travels with the data, and one
-:class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``1 + D`` cycles per layer
+and ``bias``; a :class:`~moe_hw.blocks.block_memory.BlockMemory`, its read registered twice,
+in block RAM with the output register on under ``bram="ecp5"``), read at the beat index that
+travels with the data, and one :class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``2 + D``
+cycles per layer
 (``D = mul_latency + add_latency``: 26 for the floats, 4 for int8 at the default depths). The
 chain is free running behind a credit-counted output queue
 (:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells and the
@@ -17,18 +19,19 @@ Streams and ports: as :class:`~moe_hw.units.scan_layers.ScanLayersUnit` (``layer
 ``error``), without the ``layers`` size: L is the parameter ``layers``.
 
 Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersUnrolledParams.cycles` =
-``setup + 1 + L*B + S*B + L*(D + 1) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
+``setup + 1 + L*B + S*B + L*(D + 2) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
 pipelined product, plus one).
 """
 
 from dataclasses import dataclass
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay
@@ -50,6 +53,7 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
     mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
     add_stages: int | None = param(None, minimum=0, maximum=16, optional=True)
     dsp: str = dsp_param()
+    bram: str = bram_param()
 
     @property
     def layer(self):
@@ -62,7 +66,7 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
     @property
     def latency(self):
         """Cycles through the chain: per layer, the parameter read and the datapath."""
-        return self.layers * (1 + self.mul_latency + self.add_latency)
+        return self.layers * (BlockMemory.latency + self.mul_latency + self.add_latency)
 
     @property
     def max_beats(self):
@@ -150,19 +154,22 @@ class ScanLayersUnrolledUnit(wiring.Component):
                 m.d.sync += [streaming.eq(0), all_in.eq(1)]
         h, tag = self.input.payload.data, beat
         for index in range(p.layers):
-            store = m.submodules[f"parameters{index}"] = memory.Memory(
-                shape=layer.params_layout(), depth=p.max_beats, init=[])
-            write = store.write_port()
-            read = store.read_port(transparent_for=())
+            # (a block RAM read straight from its output register: with the plain memory's
+            # one-cycle read, Yosys left the DP16KD's output register off, and its 4.3 ns
+            # clock-to-output went on into the multiplier's operand unpacking: 122.0 MHz)
+            store = m.submodules[f"parameters{index}"] = BlockMemory(
+                layer.params_layout(), p.max_beats, target=p.bram)
             step = m.submodules[f"layer{index}"] = AffineLayerStep(layer)
             m.d.comb += [
-                write.addr.eq(load_beat), write.data.eq(self.layer_params.payload),
-                write.en.eq(load_take & (load_layer == index)),
-                read.addr.eq(tag),
-                step.carry.eq(delay(m, h, 1, 1, name=f"h{index}", reset_less=True)),
-                step.x.eq(read.data), step.relu.eq(relu),
+                store.write_addr.eq(load_beat), store.write_data[0].eq(self.layer_params.payload),
+                store.write_en.eq(load_take & (load_layer == index)),
+                store.read_addr.eq(tag), store.read_en.eq(1),
+                step.carry.eq(delay(m, h, BlockMemory.latency, 1, name=f"h{index}",
+                                    reset_less=True)),
+                step.x.eq(store.read_data[0]), step.relu.eq(relu),
             ]
-            tag = delay(m, tag, 1 + step.latency, 1, name=f"beat{index}", reset_less=True)
+            tag = delay(m, tag, BlockMemory.latency + step.latency, 1, name=f"beat{index}",
+                        reset_less=True)
             h = step.carry_next
         m.d.comb += chain.payload.data.eq(h)
         m.d.comb += ctl.finished.eq(ctl.running & all_in & ~chain.busy)
