@@ -150,7 +150,6 @@ from dataclasses import dataclass
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
@@ -162,7 +161,8 @@ from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, ParameterError, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, PipelineControl, RegisterCopies, SkidBuffer, delay
+from ..stream import (CreditPipeline, PipelineControl, RegisterCopies, RegisteredFIFO,
+                      SkidBuffer, delay)
 from .combine_gather import CombineGatherParams, CombineGatherUnit
 from .dispatch import DispatchParams, DispatchUnit
 from .locations import LocationsParams, LocationsUnit
@@ -567,25 +567,19 @@ class MoELayer(wiring.Component):
             entry_layout, p.max_tokens, granules=p.max_top_k, target=p.bram)
 
         # ---- route: pairs -> location generator; join the location with gate and index ----
-        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4: its
-        # bank's stages and its output register, whose ready is always 1). Its room is a
-        # register, the FIFO's level below depth - 1 in the cycle before, so that no compare
-        # of the level stands in front of the generator's issue (``w_rdy`` was there, into
-        # the location generator's phase flags: 187.5 MHz). A write in the cycle the flag
-        # was formed leaves one entry for the next; with at most 4 inside, the flag is
-        # always 1 and costs no cycle.
-        join_depth = 6
-        join = m.submodules.join = SyncFIFO(width=p.pair_layout().size, depth=join_depth)
-        join_room = Signal(init=1)
-        m.d.sync += join_room.eq(join.level < join_depth - 1)
+        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4). Its
+        # ``w_rdy`` is a register (``RegisteredFIFO``), so that no compare of the level stands
+        # in front of the generator's issue (``SyncFIFO``'s was there, into the location
+        # generator's phase flags: 187.5 MHz).
+        join = m.submodules.join = RegisteredFIFO(p.pair_layout(), 5)
         m.d.comb += [
-            loc.index.valid.eq(self.pair.valid & join_room),
+            loc.index.valid.eq(self.pair.valid & join.w_rdy),
             loc.index.payload.index.eq(self.pair.payload.index),
-            self.pair.ready.eq(loc.index.ready & join_room),
-            join.w_data.eq(self.pair.payload.as_value()),
+            self.pair.ready.eq(loc.index.ready & join.w_rdy),
+            join.w_data.eq(self.pair.payload),
             join.w_en.eq(self.pair.valid & self.pair.ready),
         ]
-        joined = data.View(p.pair_layout(), join.r_data)
+        joined = join.r_data
         w_token = Signal.like(self.tokens)       # where the next location goes
         w_choice = Signal(range(p.max_top_k))
         written = Signal.like(pairs)             # pairs in the pair memory
