@@ -51,13 +51,30 @@ def test_unrolled_cases(sim, case, stall):
             assert outcome.cycles == EMPTY_CYCLES
 
 
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("hidden", [9, 3])
+def test_unrolled_one_layer(hidden, stall):
+    """A chain of one layer (its load ends on the first layer's last beat), relu on, on the
+    fast path; the stall-free cycle count exact. At H = 3 (one beat) the first token reads
+    the word the load's last write is writing: the stream waits for the registered write."""
+    params = PARAMS.replace(layers=1)
+    inputs = UNIT.random_inputs(tokens=6, hidden=hidden, layers=1, seed=11)
+    outcome = run(UNIT, inputs, {"relu": 1}, params=params, sim="fast", stall=stall, seed=5)
+    assert outcome.passed, outcome.problems
+    want = scan_layers_golden(inputs["input"], inputs["scale"], inputs["bias"], 1)
+    assert np.array_equal(outcome.outputs["output"].view(np.uint32), want.view(np.uint32))
+    if stall == 0.0:
+        assert outcome.cycles == params.cycles(6, hidden)
+
+
 def test_unrolled_cycle_formula():
-    """One beat per cycle through the chain: S*B + L*(2 + D) + the load and a constant (each
-    layer's parameter read takes two cycles)."""
-    latency = 3 * (2 + 6)
+    """One beat per cycle through the chain: S*B + L*(3 + D) + the load and a constant (each
+    layer's parameter read takes two cycles and a register; the stream starts a cycle after
+    the load)."""
+    latency = 3 * (3 + 6)
     assert PARAMS.latency == latency
-    assert PARAMS.cycles(8, 16) == PARAMS.setup + 1 + 3 * 4 + 8 * 4 + latency + 4
-    assert PARAMS_INT8.latency == 3 * (2 + 4)    # int8: D = 2 + 2
+    assert PARAMS.cycles(8, 16) == PARAMS.setup + 2 + 3 * 4 + 8 * 4 + latency + 4
+    assert PARAMS_INT8.latency == 3 * (3 + 4)    # int8: D = 2 + 2
 
 
 def test_unrolled_host_errors():

@@ -6,9 +6,9 @@ int8, with the integer layer's saturating rule of :mod:`~moe_hw.units.scan_layer
 
 Each copy l is a parameter memory of ``ceil(max_hidden / lanes)`` beats (layer l's ``scale``
 and ``bias``; a :class:`~moe_hw.blocks.block_memory.BlockMemory`, its read registered twice,
-in block RAM with the output register on under ``bram="ecp5"``), read at the beat index that
-travels with the data, and one :class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``2 + D``
-cycles per layer
+in block RAM with the output register on under ``bram="ecp5"``, its writes registered), read
+at the beat index that travels with the data, a register in the fabric after the read, and
+one :class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``3 + D`` cycles per layer
 (``D = mul_latency + add_latency``: 26 for the floats, 4 for int8 at the default depths). The
 chain is free running behind a credit-counted output queue
 (:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells and the
@@ -19,19 +19,21 @@ Streams and ports: as :class:`~moe_hw.units.scan_layers.ScanLayersUnit` (``layer
 ``error``), without the ``layers`` size: L is the parameter ``layers``.
 
 Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersUnrolledParams.cycles` =
-``setup + 1 + L*B + S*B + L*(D + 2) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
-pipelined product, plus one).
+``setup + 2 + L*B + S*B + L*(D + 3) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
+pipelined product, plus one; the stream starts a cycle after the load's last beat, when the
+registered write has landed).
 """
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import dsp_param
 from ..arith.product import pipelined_product, product_latency
 from ..blocks.block_memory import BlockMemory, bram_param
+from ..blocks.row_beats import row_beats
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..params import LANES, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay
@@ -66,7 +68,7 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
     @property
     def latency(self):
         """Cycles through the chain: per layer, the parameter read and the datapath."""
-        return self.layers * (BlockMemory.latency + self.mul_latency + self.add_latency)
+        return self.layers * (BlockMemory.latency + 1 + self.mul_latency + self.add_latency)
 
     @property
     def max_beats(self):
@@ -81,7 +83,7 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
         if not (tokens and hidden):
             return EMPTY_CYCLES
         beats = -(-hidden // self.lanes)
-        return (self.setup + 1 + self.layers * beats + tokens * beats + self.latency
+        return (self.setup + 2 + self.layers * beats + tokens * beats + self.latency
                 + CreditPipeline.QUEUE_LATENCY + CreditPipeline.IDLE_LATENCY + 1)
 
 
@@ -124,19 +126,26 @@ class ScanLayersUnrolledUnit(wiring.Component):
         # ---- load: L * B parameter beats, layer-major, into the copies' memories ---------
         loading = Signal()
         load_layer = Signal(range(p.layers))
-        load_beat = Signal(range(p.max_beats))
         streaming = Signal()
         load_take = self.layer_params.valid & loading
         m.d.comb += self.layer_params.ready.eq(loading)
+        last_layer = Signal()                      # load_layer == L - 1
         with m.If(ctl.begin):
-            m.d.sync += [loading.eq(1), load_layer.eq(0), load_beat.eq(0)]
-        with m.If(load_take):
-            with m.If(load_beat + 1 == beats):
-                m.d.sync += [load_beat.eq(0), load_layer.eq(load_layer + 1)]
-                with m.If(load_layer == p.layers - 1):
-                    m.d.sync += [loading.eq(0), streaming.eq(1)]
-            with m.Else():
-                m.d.sync += load_beat.eq(load_beat + 1)
+            m.d.sync += [loading.eq(1), load_layer.eq(0), last_layer.eq(p.layers == 1)]
+        # (The beat counters' last-beat flags are registers, row_beats: the compare
+        # ``load_beat + 1 == beats`` into ``load_layer`` was a critical path, 191.0 MHz.)
+        load_beat, load_last = row_beats(m, beats, start=ctl.begin, step=load_take,
+                                         name="load", wrap=True)
+        # The writes pass a register (``registered_write``: the take of the parameter port
+        # reached the far block RAMs' write enables over a 2.5 ns net, 223.6 MHz), so a read
+        # sees a write two cycles after it is given: the stream starts a cycle after the load.
+        loaded = Signal()
+        with m.If(load_take & load_last):
+            m.d.sync += [load_layer.eq(load_layer + 1), last_layer.eq(load_layer == p.layers - 2)]
+            with m.If(last_layer):
+                m.d.sync += [loading.eq(0), loaded.eq(1)]
+        with m.If(loaded):
+            m.d.sync += [loaded.eq(0), streaming.eq(1)]
 
         # ---- the chain ----------------------------------------------------------------------
         chain = m.submodules.chain = CreditPipeline(p.latency, layer.data_layout())
@@ -145,11 +154,11 @@ class ScanLayersUnrolledUnit(wiring.Component):
         all_in = Signal()
         m.d.comb += [chain.i_valid.eq(self.input.valid & streaming),
                      self.input.ready.eq(chain.i_ready & streaming)]
-        beat = Signal(range(p.max_beats))
+        beat, _ = row_beats(m, beats, start=ctl.begin, step=chain.take, name="beat", wrap=True)
         with m.If(ctl.begin):
-            m.d.sync += [left.eq(total), beat.eq(0), all_in.eq(0)]
+            m.d.sync += [left.eq(total), all_in.eq(0)]
         with m.If(chain.take):
-            m.d.sync += [left.eq(left - 1), beat.eq(Mux(beat + 1 == beats, 0, beat + 1))]
+            m.d.sync += left.eq(left - 1)
             with m.If(left == 1):
                 m.d.sync += [streaming.eq(0), all_in.eq(1)]
         h, tag = self.input.payload.data, beat
@@ -157,19 +166,23 @@ class ScanLayersUnrolledUnit(wiring.Component):
             # (a block RAM read straight from its output register: with the plain memory's
             # one-cycle read, Yosys left the DP16KD's output register off, and its 4.3 ns
             # clock-to-output went on into the multiplier's operand unpacking: 122.0 MHz)
+            # The read data passes a register in the fabric before the multipliers (from the
+            # block's output register, a 1.0 ns net, the operand classification and two more
+            # nets of 1.6 and 1.1 ns across the lanes: 196.5 MHz).
             store = m.submodules[f"parameters{index}"] = BlockMemory(
-                layer.params_layout(), p.max_beats, target=p.bram)
-            step = m.submodules[f"layer{index}"] = AffineLayerStep(layer)
+                layer.params_layout(), p.max_beats, target=p.bram, registered_write=True)
+            step = m.submodules[f"layer{index}"] = AffineLayerStep(layer, relu_copies=4)
+            read = BlockMemory.latency + 1
             m.d.comb += [
                 store.write_addr.eq(load_beat), store.write_data[0].eq(self.layer_params.payload),
                 store.write_en.eq(load_take & (load_layer == index)),
                 store.read_addr.eq(tag), store.read_en.eq(1),
-                step.carry.eq(delay(m, h, BlockMemory.latency, 1, name=f"h{index}",
-                                    reset_less=True)),
-                step.x.eq(store.read_data[0]), step.relu.eq(relu),
+                step.carry.eq(delay(m, h, read, 1, name=f"h{index}", reset_less=True)),
+                step.x.eq(delay(m, store.read_data[0], 1, 1, name=f"x{index}",
+                                reset_less=True)),
+                step.relu.eq(relu),
             ]
-            tag = delay(m, tag, BlockMemory.latency + step.latency, 1, name=f"beat{index}",
-                        reset_less=True)
+            tag = delay(m, tag, read + step.latency, 1, name=f"beat{index}", reset_less=True)
             h = step.carry_next
         m.d.comb += chain.payload.data.eq(h)
         m.d.comb += ctl.finished.eq(ctl.running & all_in & ~chain.busy)
