@@ -168,12 +168,12 @@ def test_locations_parameter_errors(settings, message):
 
 # ---- the counter bank in Amaranth's simulator ---------------------------------------------------
 
-def run_counter_bank(count, requests, p_stall, seed, clear_at=(), width=8):
+def run_counter_bank(count, requests, p_stall, seed, clear_at=(), width=8, copy=0):
     """Drive ``requests`` ((index, increment) pairs, or (index, increment, amount) for a bank
     of ``width``-bit counters that adds amounts) through a CounterBank with a random global
     stall and random bubbles; return the value seen for each request, in order."""
     amounts = len(requests[0]) == 3
-    dut = CounterBank(count, width, amount_width=width if amounts else None)
+    dut = CounterBank(count, width, amount_width=width if amounts else None, copy=copy)
     rng = np.random.default_rng(seed)
     values = []
 
@@ -244,6 +244,21 @@ def test_counter_bank_wide_amounts(count):
         counter_bank_model(count, requests, width=40)
 
 
+@pytest.mark.parametrize("copy", [1, 2, 3])
+@pytest.mark.parametrize("count,width", [(5, 40), (64, 8), (3, 8)])
+def test_counter_bank_copies(count, width, copy):
+    """A bank built as copy 1, 2 or 3 (its address registers inverted or reset to all ones,
+    every column group's; the memory spans the index's range) counts as copy 0 does, clears
+    included."""
+    rng = np.random.default_rng(7 * copy + count)
+    indices = np.repeat(rng.integers(0, count, 50), rng.integers(1, 4, 50))[:100]
+    requests = [(int(i), int(rng.random() < 0.8), int(rng.integers(1 << width)))
+                for i in indices]
+    clear_at = (40, 77)
+    assert run_counter_bank(count, requests, 0.3, seed=copy, clear_at=clear_at, width=width,
+                            copy=copy) == counter_bank_model(count, requests, clear_at, width)
+
+
 def test_counter_bank_clear():
     requests = [(i % 3, 1) for i in range(40)]
     clear_at = (13, 27)
@@ -256,6 +271,8 @@ def test_counter_bank_parameters():
         CounterBank(0, 8)
     with pytest.raises(ParameterError, match="width must be an integer, not 2.5"):
         CounterBank(4, 2.5)
+    with pytest.raises(ParameterError, match="copy must be an integer between 0 and 3, not 4"):
+        CounterBank(4, 8, copy=4)
     assert CounterBank.latency == 3
 
 

@@ -69,8 +69,11 @@ class CounterBank(wiring.Component):
 
     latency = 3
 
-    def __init__(self, count, width, *, amount_width=None, ram_style=None):
+    def __init__(self, count, width, *, amount_width=None, ram_style=None, copy=0):
         self.count = check_int("count", count, minimum=1, maximum=1 << 20)
+        # Banks side by side (re-routing's four) take the same index: ``copy`` (0 to 3) makes
+        # this bank's memory address registers a kind of their own (see ``elaborate``).
+        self.copy = check_int("copy", copy, minimum=0, maximum=3)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.amount_width = None if amount_width is None else \
             check_int("amount_width", amount_width, minimum=1, maximum=self.width)
@@ -150,26 +153,35 @@ class CounterBank(wiring.Component):
         # copy of the read address (stage 1's index) and of the write-back's address: an
         # address register then drives one group's LUT-RAM cells, not every cell of the
         # bank. Copy g holds the address XOR g (so that Yosys cannot merge the copies) and
-        # its group stores each counter at that address.
+        # its group stores each counter at that address. A bank built with ``copy`` c > 0
+        # has copies of its own for every group: the address XOR g, and XOR all ones when
+        # c is 2 or 3; reset to all ones when c is odd. Banks of different ``copy`` then
+        # differ in every bit of every copy (Yosys merges a register bit with another of the
+        # same input and reset value: four banks given one index had one set of address
+        # registers, and bank 0's drove bank 3's cells over a 2.0 ns net, 217.5 MHz). The
+        # reset value is never read: a request is read only after it has entered.
         word = []
         columns = ring_groups(self.width, self.count, group_bits=GROUP_BITS)
+        flip = (1 << len(s1_index)) - 1 if self.copy & 2 else 0
         for group, (start, stop) in enumerate(columns):
             # (A copy's address may pass ``count`` - 1: the memory spans the index's range.)
             cells = memory.Memory(
-                shape=stop - start, depth=self.count if len(columns) == 1 else
+                shape=stop - start, depth=self.count if len(columns) == 1 and not flip else
                 1 << len(s1_index), init=[],
                 attrs=None if self.ram_style is None else {"ram_style": self.ram_style})
             m.submodules["memory" if len(columns) == 1 else f"memory{group}"] = cells
             read = cells.read_port(domain="sync")
             write = cells.write_port()
-            if group == 0:
+            if group == 0 and self.copy == 0:
                 read_addr, write_addr = s1_index, pending_index
             else:
-                read_addr = Signal.like(s1_index, name=f"s1_index_{group}")
-                write_addr = Signal.like(pending_index, name=f"pending_index_{group}")
+                init = -(self.copy & 1) % (1 << len(s1_index))
+                read_addr = Signal.like(s1_index, name=f"s1_index_{group}", init=init)
+                write_addr = Signal.like(pending_index, name=f"pending_index_{group}",
+                                         init=init)
                 with m.If(en):
-                    m.d.sync += read_addr.eq(self.index ^ group)
-                m.d.sync += write_addr.eq(stage_index ^ group)
+                    m.d.sync += read_addr.eq(self.index ^ group ^ flip)
+                m.d.sync += write_addr.eq(stage_index ^ group ^ flip)
             m.d.comb += [
                 read.addr.eq(read_addr),
                 read.en.eq(en),

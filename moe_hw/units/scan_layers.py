@@ -87,7 +87,7 @@ from ..blocks.block_memory import (BlockMemory, block_count, bram_param, read_la
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.scan import INPUT_LATENCY, Scan, scan_cycles
 from ..formats import float_format
-from ..params import LANES, ParameterError, UnitParams, check_int, param, resolve_params
+from ..params import LANES, ParameterError, UnitParams, param, resolve_params
 from ..stream import CreditPipeline, delay, lut_increment, replicated
 
 __all__ = ["ScanLayersParams", "ScanLayersUnit", "AffineLayerStep", "LayerFormatParams",
@@ -270,16 +270,22 @@ class AffineLayerStep(wiring.Component):
     (:data:`INT_FORMATS`): a signed product per lane, then a registered stage that adds the
     bias (exact) and one that clamps the sum to the format's range and applies relu.
 
-    ``relu_copies`` (1 to 4; float formats): the relu flag in that many registers at the end
-    of its delay, one per group of lanes, for a step whose output registers are far apart
-    (:mod:`~moe_hw.units.scan_layers_unrolled`'s chain)."""
+    ``spread`` (float formats), for a step whose lanes lie far apart
+    (:mod:`~moe_hw.units.scan_layers_unrolled`'s chain): the relu flag in a copy per group of
+    lanes, and each lane's clamp decided a cycle ahead into a register of its own, beside the
+    sum registered once more (:meth:`latency_of`: one cycle more)."""
 
-    def __init__(self, params, *, relu_copies=1):
+    def __init__(self, params, *, spread=False):
         self.params = p = params
-        self.relu_copies = check_int("relu_copies", relu_copies, minimum=1, maximum=4)
-        self.latency = p.latency
+        self.spread = bool(spread) and p.format not in INT_FORMATS
+        self.latency = self.latency_of(p, spread=spread)
         super().__init__({"carry": In(p.lanes_layout()), "x": In(p.params_layout()),
                           "relu": In(1), "carry_next": Out(p.lanes_layout())})
+
+    @staticmethod
+    def latency_of(params, *, spread=False):
+        """The step's latency: D, and one more for a ``spread`` float step."""
+        return params.latency + int(bool(spread) and params.format not in INT_FORMATS)
 
     def elaborate(self, platform):
         m = Module()
@@ -288,12 +294,14 @@ class AffineLayerStep(wiring.Component):
         if p.format in INT_FORMATS:
             self._int_lanes(m, bias, delay(m, self.relu, p.mul_latency + 1, 1, name="relu"))
             return m
-        # The relu flag (a run constant), in a copy per group of lanes when asked: each
-        # lane's clamp is the reset of the register after its sum, and in the unrolled chain
-        # one flag's net to every lane was 3.5 ns long (197.5 MHz). (A chain per group of
-        # lanes, copied at its head, placed its end as far from the lanes: 224.7 and 214.6
-        # MHz, against 238.1 and 226.6 with the copies at the end.)
-        copies = min(p.lanes, self.relu_copies)
+        # Each lane's clamp is the reset of the register after its sum. Spread: the relu flag
+        # (a run constant) in a copy per group of lanes, and the clamp a register of its own
+        # (``zero``), beside the sum registered once more, so that the flag's net ends at
+        # that one register. In the unrolled chain one flag's net to every lane's reset was
+        # 3.5 ns long (197.5 MHz); with copies alone, each copy sat by the flag's delay chain
+        # and its net to its lane's reset was 2.6-2.8 ns (238.1, 226.6, 239.4 MHz). (Copies
+        # at the head of a chain per group of lanes: the chain's end as far, 224.7, 214.6.)
+        copies = min(p.lanes, 4) if self.spread else 1
         if copies == 1:
             relus = [delay(m, self.relu, p.latency, 1, name="relu")]
         else:
@@ -306,9 +314,13 @@ class AffineLayerStep(wiring.Component):
             add = m.submodules[f"add{lane}"] = FloatAdderCore(p.format, p.add_latency)
             m.d.comb += [mul.a.eq(self.x.scale[lane]), mul.b.eq(self.carry[lane]),
                          mul.en.eq(1), add.a.eq(mul.product), add.b.eq(bias[lane]),
-                         add.en.eq(1),
-                         self.carry_next[lane].eq(Mux(relus[lane * copies // p.lanes]
-                                                      & add.sum[sign], 0, add.sum))]
+                         add.en.eq(1)]
+            zero = relus[lane * copies // p.lanes] & add.sum[sign]
+            total = add.sum
+            if self.spread:
+                zero = delay(m, zero, 1, 1, name=f"zero{lane}")
+                total = delay(m, total, 1, 1, name=f"sum{lane}", reset_less=True)
+            m.d.comb += self.carry_next[lane].eq(Mux(zero, 0, total))
         return m
 
     def _int_lanes(self, m, bias, relu):

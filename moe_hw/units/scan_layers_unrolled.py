@@ -9,7 +9,8 @@ and ``bias``; a :class:`~moe_hw.blocks.block_memory.BlockMemory`, its read regis
 in block RAM with the output register on under ``bram="ecp5"``, its writes registered), read
 at the beat index that travels with the data, a register in the fabric after the read, and
 one :class:`~moe_hw.units.scan_layers.AffineLayerStep`: ``3 + D`` cycles per layer
-(``D = mul_latency + add_latency``: 26 for the floats, 4 for int8 at the default depths). The
+(``D``: the step's latency, ``mul_latency + add_latency + 1`` for the floats, whose clamp is
+decided into a register of its own, ``spread``: 27 at the default depths; 4 for int8). The
 chain is free running behind a credit-counted output queue
 (:class:`~moe_hw.stream.CreditPipeline`): one beat per cycle whatever L is, but cells and the
 queue grow linearly with L.
@@ -68,7 +69,8 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
     @property
     def latency(self):
         """Cycles through the chain: per layer, the parameter read and the datapath."""
-        return self.layers * (BlockMemory.latency + 1 + self.mul_latency + self.add_latency)
+        return self.layers * (BlockMemory.latency + 1
+                              + AffineLayerStep.latency_of(self.layer, spread=True))
 
     @property
     def max_beats(self):
@@ -171,7 +173,7 @@ class ScanLayersUnrolledUnit(wiring.Component):
             # nets of 1.6 and 1.1 ns across the lanes: 196.5 MHz).
             store = m.submodules[f"parameters{index}"] = BlockMemory(
                 layer.params_layout(), p.max_beats, target=p.bram, registered_write=True)
-            step = m.submodules[f"layer{index}"] = AffineLayerStep(layer, relu_copies=4)
+            step = m.submodules[f"layer{index}"] = AffineLayerStep(layer, spread=True)
             read = BlockMemory.latency + 1
             m.d.comb += [
                 store.write_addr.eq(load_beat), store.write_data[0].eq(self.layer_params.payload),
