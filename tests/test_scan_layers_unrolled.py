@@ -70,11 +70,12 @@ def test_unrolled_one_layer(hidden, stall):
 def test_unrolled_cycle_formula():
     """One beat per cycle through the chain: S*B + L*(3 + D) + the load and a constant (each
     layer's parameter read takes two cycles and a register; the float step's clamp one more;
-    the stream starts a cycle after the load)."""
-    latency = 3 * (3 + 6 + 1)
+    the first read's address register one in all; the stream starts a cycle after the
+    load)."""
+    latency = 1 + 3 * (3 + 6 + 1)
     assert PARAMS.latency == latency
     assert PARAMS.cycles(8, 16) == PARAMS.setup + 2 + 3 * 4 + 8 * 4 + latency + 4
-    assert PARAMS_INT8.latency == 3 * (3 + 4)    # int8: D = 2 + 2
+    assert PARAMS_INT8.latency == 1 + 3 * (3 + 4)    # int8: D = 2 + 2
 
 
 def test_unrolled_host_errors():

@@ -20,9 +20,9 @@ Streams and ports: as :class:`~moe_hw.units.scan_layers.ScanLayersUnit` (``layer
 ``error``), without the ``layers`` size: L is the parameter ``layers``.
 
 Stall-free cycle count, start cycle to ``done``: :meth:`ScanLayersUnrolledParams.cycles` =
-``setup + 2 + L*B + S*B + L*(D + 3) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
+``setup + 3 + L*B + S*B + L*(D + 3) + 4`` with B = ceil(H / lanes) (``setup``: S*B on a
 pipelined product, plus one; the stream starts a cycle after the load's last beat, when the
-registered write has landed).
+registered write has landed; the first layer's read address is a register of its own).
 """
 
 from dataclasses import dataclass
@@ -68,9 +68,10 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
 
     @property
     def latency(self):
-        """Cycles through the chain: per layer, the parameter read and the datapath."""
-        return self.layers * (BlockMemory.latency + 1
-                              + AffineLayerStep.latency_of(self.layer, spread=True))
+        """Cycles through the chain: the first read's address register, then per layer the
+        parameter read and the datapath."""
+        return 1 + self.layers * (BlockMemory.latency + 1
+                                  + AffineLayerStep.latency_of(self.layer, spread=True))
 
     @property
     def max_beats(self):
@@ -163,7 +164,11 @@ class ScanLayersUnrolledUnit(wiring.Component):
             m.d.sync += left.eq(left - 1)
             with m.If(left == 1):
                 m.d.sync += [streaming.eq(0), all_in.eq(1)]
-        h, tag = self.input.payload.data, beat
+        # The first layer's read address is a register of its own, loaded from the beat
+        # counter a cycle late (the input beside it): the counter's net to the first block
+        # RAM's address pins was 3.5 ns (243.4 MHz).
+        h = delay(m, self.input.payload.data, 1, 1, name="h_in", reset_less=True)
+        tag = delay(m, beat, 1, 1, name="beat_in", reset_less=True)
         for index in range(p.layers):
             # (a block RAM read straight from its output register: with the plain memory's
             # one-cycle read, Yosys left the DP16KD's output register off, and its 4.3 ns
