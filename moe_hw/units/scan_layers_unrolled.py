@@ -70,8 +70,14 @@ class ScanLayersUnrolledParams(LayerFormatParams, UnitParams):
     def latency(self):
         """Cycles through the chain: the first read's address register, then per layer the
         parameter read and the datapath."""
-        return 1 + self.layers * (BlockMemory.latency + 1
+        return 1 + self.layers * (self.read_latency
                                   + AffineLayerStep.latency_of(self.layer, spread=True))
+
+    @property
+    def read_latency(self):
+        """Cycles of a layer's parameter read: the block memory's, then a register in the
+        fabric."""
+        return BlockMemory.latency + 1
 
     @property
     def max_beats(self):
@@ -179,7 +185,7 @@ class ScanLayersUnrolledUnit(wiring.Component):
             store = m.submodules[f"parameters{index}"] = BlockMemory(
                 layer.params_layout(), p.max_beats, target=p.bram, registered_write=True)
             step = m.submodules[f"layer{index}"] = AffineLayerStep(layer, spread=True)
-            read = BlockMemory.latency + 1
+            read = p.read_latency
             m.d.comb += [
                 store.write_addr.eq(load_beat), store.write_data[0].eq(self.layer_params.payload),
                 store.write_en.eq(load_take & (load_layer == index)),
