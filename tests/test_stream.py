@@ -224,6 +224,28 @@ def test_register_copies_are_kept():
         RegisterCopies(1, name="x", copies=4)
 
 
+def test_skid_buffer_ready_next_is_the_next_ready():
+    """``ready_next``: in every cycle of a run with random stalls on both sides, the value
+    ``i.ready`` has after the clock edge (and the buffer is full and empty at times)."""
+    dut = SkidBuffer(8, ready_next=True)
+    rng = np.random.default_rng(3)
+    seen = []
+
+    async def bench(ctx):
+        pending = False
+        for _ in range(400):
+            pending = pending or rng.random() < 0.7
+            ctx.set(dut.i.valid, pending)
+            ctx.set(dut.o.ready, rng.random() < 0.4)
+            _, _, ahead, ready = await ctx.tick().sample(dut.ready_next, dut.i.ready)
+            pending = pending and not ready
+            seen.append((ahead, ctx.get(dut.i.ready)))
+
+    run_pysim(dut, bench)
+    assert all(ahead == after for ahead, after in seen), seen
+    assert {after for _, after in seen} == {0, 1}
+
+
 def test_skid_buffer_reset_held():
     """``reset_held``: with a producer that drives 0 while not valid, the held fields read 0
     whenever ``o.valid`` is low, also in the cycles right after a reset that hit a held item

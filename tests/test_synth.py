@@ -19,6 +19,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from moe_hw import synth
+from moe_hw.blocks.banked_memory import BankedMemory
 from moe_hw.blocks.block_memory import BlockMemory
 from moe_hw.flows import levels as levels_flow
 from moe_hw.flows import synth as flow
@@ -187,6 +188,21 @@ def test_block_memory_address_tree_survives_yosys(tmp_path, fanout, levels, flip
     assert mem.tree_levels == levels and mem.latency == 2 + len(levels) + bool(levels)
     cells = _yosys_cells(tmp_path, mem)
     assert (cells["TRELLIS_FF"], cells["DP16KD"]) == (flip_flops, 10)
+
+
+@pytest.mark.parametrize("banks", [1, 8])
+def test_banked_memory_keeps_an_address_copy_per_bank(tmp_path, banks):
+    """A BankedMemory's banks each keep their own read and write address registers (kept
+    registers: the flow gives their flip-flops ``keep``), where Yosys would merge the copies
+    of one address into one register per bit (8 banks: 8 + 8 flip-flops, not 64 + 64)."""
+    mem = BankedMemory(8, 16 * banks, bank_depth=16)
+    cells = _yosys_cells(tmp_path, mem)
+    # Per bank of 16 words of 8 bits: the read and write addresses (4 + 4), the write enable,
+    # the read port's word (8) and, with more than one bank, its hit flag. Shared: the write
+    # data (8: the banks' registers of it merge), the selected word (8) and the bank number.
+    per_bank = 4 + 4 + 1 + 8 + (banks > 1)
+    shared = 8 + 8 + (3 if banks > 1 else 0)
+    assert cells["TRELLIS_FF"] == banks * per_bank + shared, cells
 
 
 def test_scan_layers_synthesises_at_small_maxima(tmp_path):

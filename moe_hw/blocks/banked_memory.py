@@ -9,13 +9,12 @@ bank reads its word into a register, and a last register selects the bank's word
 of up to eight: 9-64 banks read in four cycles (:meth:`BankedMemory.read_latency`); one AND-OR
 over 32 banks was three LUT levels behind a flag routed across the banks.
 
-Yosys merges registers with the same input bit by bit (``opt_merge``, a ``keep`` on the wire
-notwithstanding), which would leave one address register driving every bank's cells. The
-copies are therefore kept apart by construction, as the ring pointers of
-:mod:`moe_hw.stream.credit` are: bank k's copies of the read and the write address hold the
-address XOR (k mod ``bank_depth``), and the bank stores each word at that address too, so
-each bank's words are a fixed permutation and every read sees the word written at its
-address.
+Yosys merges registers with the same input bit by bit (``opt_merge``), which would leave one
+address register driving every bank's cells. Each bank's copies of the read and the write
+address are therefore kept registers (:data:`moe_hw.stream.KEPT`), as many as there are
+banks. (They were the address XOR the bank's number, which keeps apart only two kinds of
+register per bit: 32 banks shared 8 registers of their 4 address bits, each driving 16
+banks' cells.)
 
 Ports:
 
@@ -41,6 +40,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..params import check_int
+from ..stream.pipeline import kept_signal
 
 __all__ = ["BankedMemory", "SELECT_FANIN"]
 
@@ -94,21 +94,20 @@ class BankedMemory(wiring.Component):
             read = bank.read_port(domain="sync")
             # The write is registered per bank, the bank decoded before the register: the
             # LUT RAM's write enable and address are flip-flops.
-            write_addr = Signal(low_bits, name=f"bank{index}_write_addr")
+            write_addr = kept_signal(low_bits, name=f"bank{index}_write_addr")
             write_data = Signal(self.shape, name=f"bank{index}_write_data")
             write_en = Signal(name=f"bank{index}_write_en")
-            scramble = index % self.bank_depth          # this bank's copies: address XOR it
             m.d.sync += [
-                write_addr.eq(self.write_addr[:low_bits] ^ scramble),
+                write_addr.eq(self.write_addr[:low_bits]),
                 write_data.eq(self.write_data),
                 write_en.eq(self.write_en & ((self.write_addr >> low_bits) == index)),
             ]
             m.d.comb += [write.addr.eq(write_addr), write.data.eq(write_data),
                          write.en.eq(write_en)]
             # Stage 1: this bank's own copy of the address.
-            addr = Signal(low_bits, name=f"bank{index}_addr")
+            addr = kept_signal(low_bits, name=f"bank{index}_addr")
             with m.If(self.read_en):
-                m.d.sync += addr.eq(self.read_addr[:low_bits] ^ scramble)
+                m.d.sync += addr.eq(self.read_addr[:low_bits])
             # Stage 2: the bank's word (the read port's register).
             m.d.comb += [read.addr.eq(addr), read.en.eq(self.read_en)]
             words.append(read.data)

@@ -466,7 +466,12 @@ def _work_dir(work_dir):
 #: GetSize(conn.second)``: scan_layers at small maxima on ECP5) or silently joins two nets
 #: (a flip-flop lost). The fields are only names of the signal's bits, so hiding them changes
 #: no logic.
-YOSYS_PREPARE = "rename -hide w:*]"
+#:
+#: ``setattr -set keep 1 ...`` gives ``keep`` to every flip-flop cell whose output is a wire
+#: that has it (a kept register, :data:`moe_hw.stream.KEPT`): Amaranth puts a signal's
+#: attributes on its wire only, and Yosys's ``opt_merge`` leaves two cells apart only when
+#: both carry ``keep``. A design without kept registers synthesizes as before.
+YOSYS_PREPARE = "rename -hide w:*]; setattr -set keep 1 w:* a:keep %i %ci1:+$dff[Q] t:$dff %i"
 
 
 def _yosys_synth(work, target, timeout, where):

@@ -3,8 +3,10 @@ pipeline, written once and reused."""
 
 from .credit import CreditPipeline, RingQueue
 from .fifo import RegisteredFIFO
-from .pipeline import PipelineControl, RegisterCopies, delay, lut_increment, replicated
+from .pipeline import (KEPT, PipelineControl, RegisterCopies, delay, kept_signal, lut_increment,
+                       replicated)
 from .skid import ALTERNATE_GROUP_BITS, SkidBuffer
 
-__all__ = ["ALTERNATE_GROUP_BITS", "CreditPipeline", "PipelineControl", "RegisteredFIFO",
-           "RegisterCopies", "RingQueue", "delay", "lut_increment", "replicated", "SkidBuffer"]
+__all__ = ["ALTERNATE_GROUP_BITS", "CreditPipeline", "KEPT", "PipelineControl", "RegisteredFIFO",
+           "RegisterCopies", "RingQueue", "delay", "kept_signal", "lut_increment", "replicated",
+           "SkidBuffer"]

@@ -12,7 +12,25 @@ from amaranth.hdl import Cat, Const, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["PipelineControl", "RegisterCopies", "delay", "lut_increment", "replicated"]
+__all__ = ["KEPT", "PipelineControl", "RegisterCopies", "delay", "kept_signal", "lut_increment",
+           "replicated"]
+
+#: The attributes of a register kept apart from every other register: Yosys merges registers
+#: that load the same value bit by bit (``opt_merge``), but not two flip-flop cells that both
+#: carry ``keep``. Amaranth puts a signal's attributes on its wire, not on the flip-flop cell
+#: that drives it, so the synthesis flow copies ``keep`` from such a wire to its flip-flops
+#: before it synthesizes (``moe_hw.flows.synth.YOSYS_PREPARE``); in the emitted Verilog the
+#: attribute is on the ``reg``, where vendor tools look for it. For a copy per bank or per
+#: lane of an address or a flag, as many copies as needed (:class:`RegisterCopies` makes at
+#: most four kinds from reset values and inversions, and needs no flow step).
+KEPT = {"keep": 1}
+
+
+def kept_signal(shape, *, name, **kwargs):
+    """A ``Signal`` (``shape``, ``name``, further keyword arguments as ``Signal``'s) whose
+    register the synthesis flow keeps apart from registers loading the same value
+    (:data:`KEPT`)."""
+    return Signal(shape, name=name, attrs=KEPT, **kwargs)
 
 
 def delay(m, value, latency, en, *, name="delayed", reset_less=False):

@@ -61,6 +61,11 @@ class SkidBuffer(wiring.Component):
 
     ``held`` (out) is high while the output register holds an item, shown or vanishing.
 
+    ``ready_next``: the buffer has an output ``ready_next`` as well, the value ``i.ready``
+    takes at the next clock edge (its flag's next value, a function of this cycle's
+    handshakes). A producer that feeds several buffers at once registers the AND of theirs
+    and so takes its items on one register, not on a gate of the buffers' flags.
+
     ``reset_held``: the registers of the fields that are not alternate are reset to 0 (else
     they have no reset). With the output register loading the input whenever it holds no
     item, a field whose producer drives 0 while ``i.valid`` is low then reads 0 on ``o``
@@ -69,7 +74,7 @@ class SkidBuffer(wiring.Component):
     """
 
     def __init__(self, shape, *, alternate=(), keep=None, reset_held=False, group_bits=None,
-                 group_flags=False):
+                 group_flags=False, ready_next=False):
         if group_bits is not None and (not isinstance(group_bits, int) or group_bits < 1):
             raise ValueError(f"group_bits must be a positive integer or None, not "
                              f"{group_bits!r}")
@@ -96,7 +101,7 @@ class SkidBuffer(wiring.Component):
         if keep is not None and keep in self._alternate:
             raise ValueError(f"keep: field {keep!r} cannot also be an alternate field")
         super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape)),
-                          "held": Out(1)})
+                          "held": Out(1), **({"ready_next": Out(1)} if ready_next else {})})
 
     def _ranges(self):
         """``(start, stop, alternate)`` bit ranges of the payload, in order."""
@@ -155,6 +160,8 @@ class SkidBuffer(wiring.Component):
             return shown & ~self.o.ready & (flag | self.i.valid)
 
         next_skid_valid = skid_next(skid_valid)
+        if "ready_next" in self.signature.members:
+            m.d.comb += self.ready_next.eq(~next_skid_valid)
         m.d.sync += [
             main_valid.eq(skid_valid | self.i.valid | (shown & ~self.o.ready)),
             skid_valid.eq(next_skid_valid),

@@ -89,7 +89,7 @@ import functools
 import operator
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -432,7 +432,11 @@ class MoeReRoutingUnit(wiring.Component):
         entries = Signal(range(p.max_blocks + 1))
         entries_full = Signal()                    # entries == max_blocks: a further block
         new_entry = out_count & out_nonzero        # is an error, and is not written
-        m.d.comb += [
+        # The entry's write passes a register before the memory's own per-bank registers, so
+        # that the banks' enables are decoded from registers, not after the bank's output
+        # tests (the path was the output's kind through ``entries_full`` into a bank's write
+        # enable, 239.8 MHz). The move reads the table only after pass 2.
+        m.d.sync += [
             blocks.write_addr.eq(entries),
             blocks.write_data.tokens.eq(out_amount),
             blocks.write_data.expert.eq(out_index),
@@ -534,11 +538,13 @@ class MoeReRoutingUnit(wiring.Component):
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         m.d.comb += reader.last_enable.eq(last_en)
-        m.submodules.command_skid = cmd_skid = SkidBuffer(reader.command.payload.shape())
+        m.submodules.command_skid = cmd_skid = SkidBuffer(reader.command.payload.shape(),
+                                                          ready_next=True)
         wiring.connect(m, cmd_skid.o, reader.command)
         row_fields = {name: field.shape for name, field in p.row_write_layout()
                       if name != "scale"}
-        m.submodules.row_skid = row_skid = SkidBuffer(data.StructLayout(row_fields))
+        m.submodules.row_skid = row_skid = SkidBuffer(data.StructLayout(row_fields),
+                                                      ready_next=True)
 
         cur_loaded = Signal()
         cur_left = Signal(p.row_width)
@@ -548,7 +554,12 @@ class MoeReRoutingUnit(wiring.Component):
         cur_elem = Signal(p.addr_width)
         src_row = Signal(p.row_width)
         src_elem = Signal(p.addr_width)
-        token_ready = cmd_skid.i.ready & row_skid.i.ready
+        # Both buffers have room: one register (the AND of their flags' next values), so that
+        # the token's emit and the block's load are each one gate of registers.
+        token_ready = Signal(init=1)
+        m.d.sync += token_ready.eq(cmd_skid.ready_next & row_skid.ready_next)
+        if getattr(platform, "formal_invariants", False):
+            m.d.comb += Assert(token_ready == (cmd_skid.i.ready & row_skid.i.ready))
         emit = cur_loaded & token_ready
         if p.scales:
             # The scales pass a skid buffer (no path from the port's valid to its ready) and
