@@ -665,8 +665,8 @@ def pack_design(name, build, target, *, description=None, params=None,
         if code != 0:
             overfull = _overfull(log) if code is not None else []
             fit = f"does not fit ({', '.join(overfull)}); " if overfull else ""
-            raise SynthError(f"{where}: {fit}{target.nextpnr_tool} (packing) "
-                             f"{'failed: ' + _tool_error(log) if code else 'passed the time limit'}")
+            outcome = "failed: " + _tool_error(log) if code else "passed the time limit"
+            raise SynthError(f"{where}: {fit}{target.nextpnr_tool} (packing) {outcome}")
         # Without placement nextpnr writes no --report; its log lists the utilisation.
         utilization = {bel: {"used": int(used), "available": int(available)} for
                        bel, used, available in re.findall(
