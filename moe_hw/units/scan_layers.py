@@ -277,15 +277,20 @@ class AffineLayerStep(wiring.Component):
 
     def __init__(self, params, *, spread=False):
         self.params = p = params
-        self.spread = bool(spread) and p.format not in INT_FORMATS
+        self.spread = self._spreads(p, spread)
         self.latency = self.latency_of(p, spread=spread)
         super().__init__({"carry": In(p.lanes_layout()), "x": In(p.params_layout()),
                           "relu": In(1), "carry_next": Out(p.lanes_layout())})
 
     @staticmethod
+    def _spreads(params, spread):
+        """Whether a step asked to ``spread`` does: float formats only."""
+        return bool(spread) and params.format not in INT_FORMATS
+
+    @staticmethod
     def latency_of(params, *, spread=False):
         """The step's latency: D, and one more for a ``spread`` float step."""
-        return params.latency + int(bool(spread) and params.format not in INT_FORMATS)
+        return params.latency + int(AffineLayerStep._spreads(params, spread))
 
     def elaborate(self, platform):
         m = Module()
