@@ -589,10 +589,12 @@ def test_credit_pipeline_late_count_needs_ready_ahead():
         CreditPipeline(2, 8, late_count=True)
 
 
-@pytest.mark.parametrize("depth", [1, 2, 5, 16])
+@pytest.mark.parametrize("depth", sorted({1, 2, 3, 5, RegisteredFIFO.THERMOMETER,
+                                          RegisteredFIFO.THERMOMETER + 1, 40}))
 def test_registered_fifo_matches_sync_fifo(depth):
     # Cycle for cycle the same as Amaranth's SyncFIFO under random writes and reads (both
-    # sometimes asserted against a full or an empty FIFO): flags, level and head alike.
+    # sometimes asserted against a full or an empty FIFO): flags, level and head alike, with
+    # the fill as a thermometer code and (deeper than THERMOMETER) as a binary count.
     m = Module()
     dut = m.submodules.dut = RegisteredFIFO(12, depth)
     ref = m.submodules.ref = SyncFIFO(width=12, depth=depth)

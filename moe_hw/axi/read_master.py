@@ -286,7 +286,7 @@ class AxiReadMaster(wiring.Component):
         ]
 
         m.d.comb += self.idle.eq(~pre.held & ~half & ~words.held & ~is_open &
-                                 (cmd.level == 0) & (in_flight == 0) & fifo_empty &
+                                 ~cmd.r_rdy & (in_flight == 0) & fifo_empty &
                                  ~fifo.busy & plans_empty & ~plans.busy & ~merge.held &
                                  ~Cat(rot.held for rot in stages).any())
         return m

@@ -447,7 +447,7 @@ class AxiWriteMaster(wiring.Component):
         m.d.sync += self.bus_error.eq(answered & (p("bresp") != 0))
         count_level(m, in_flight, issue, answered, [(slot, False, self.outstanding)])
         m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
-                                 (cmd.level == 0) & (in_flight == 0))
+                                 ~cmd.r_rdy & (in_flight == 0))
         return m
 
 

@@ -7,9 +7,18 @@ only if the head is a read) therefore has the read pointer's net, the RAM, its o
 the level update and the compares in one cycle, and a writer gated by ``w_rdy`` starts behind
 the level's compare. :class:`RegisteredFIFO` has the same ports and the same cycle behaviour,
 but ``r_data``, ``r_rdy`` and ``w_rdy`` are each a register.
+
+The flags' next values are compares of the fill (how many entries the FIFO holds), chosen by
+the handshakes. A FIFO of up to :attr:`RegisteredFIFO.THERMOMETER` entries holds its fill as
+a thermometer code, one register per entry (bit k: more than k entries), so that a step is a
+shift and every compare one bit: no carry chain from the fill into itself (the row reader's
+in-flight level was such a chain on moe_re_routing's critical path). A deeper one (behind an
+AXI master: 256) holds a binary count. ``level`` is the binary count either way, a sum of
+the code's bits in the first case: read it off the critical path only (``r_rdy`` is
+``level != 0``).
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -29,8 +38,12 @@ class RegisteredFIFO(wiring.Component):
     :class:`~moe_hw.stream.credit.Ring`; an entry written while the ring is empty and the head
     is free (empty, or read in the same cycle) goes straight to the head, so that, as with
     ``SyncFIFO``, an entry written in cycle c is on ``r_data`` from cycle c + 1 and the FIFO
-    holds ``depth`` entries.
+    holds ``depth`` entries. The fill is a thermometer code up to :attr:`THERMOMETER`
+    entries, else a binary count (see the module docstring).
     """
+
+    #: The deepest FIFO whose fill is a thermometer code (one register per entry).
+    THERMOMETER = 16
 
     def __init__(self, shape, depth):
         if not isinstance(depth, int) or depth < 1:
@@ -59,18 +72,35 @@ class RegisteredFIFO(wiring.Component):
             m.d.sync += self.r_data.eq(Mux(in_ring, ring.r_data, self.w_data))
         m.d.sync += self.r_rdy.eq(in_ring | write | ~free)
 
-        # The level, and the flags as compares of the next level, chosen by the handshakes (no
-        # carry chain between them and the register). The head holds an entry whenever the
-        # FIFO does, so the ring holds one when the FIFO holds two: ``in_ring`` is that compare,
-        # chosen by ``write`` and ``read`` like ``w_rdy``, rather than the ring's own count,
-        # which the head's load (a LUT after both) would update.
+        # The fill. The head holds an entry whenever the FIFO does, so the ring holds one when
+        # the FIFO holds two: ``in_ring`` says so (rather than the ring's own count, which the
+        # head's load, a LUT after both handshakes, would update).
         grows = write & ~read
         shrinks = read & ~write
-        m.d.sync += [
-            self.level.eq(Mux(grows, self.level + 1, Mux(shrinks, self.level - 1, self.level))),
-            self.w_rdy.eq(Mux(grows, self.level != self.depth - 1,
-                              Mux(shrinks, 1, self.level != self.depth))),
-            in_ring.eq(Mux(grows, self.level >= 1, Mux(shrinks, self.level >= 3,
-                                                       self.level >= 2))),
-        ]
+        if self.depth <= self.THERMOMETER:
+            # A step is a shift, and ``in_ring`` is a bit of the code. ``w_rdy`` is a register
+            # of its own (the top bit's inverse, so that Yosys keeps it apart), beside the
+            # writer's logic, not the code's.
+            fill = Signal(self.depth)                   # bit k: more than k entries
+            m.d.sync += [
+                fill.eq(Mux(grows, Cat(Const(1, 1), fill[:-1]),
+                            Mux(shrinks, fill[1:], fill))),
+                self.w_rdy.eq(Mux(grows, ~fill[-2] if self.depth > 1 else 0,
+                                  Mux(shrinks, 1, ~fill[-1]))),
+            ]
+            m.d.comb += [
+                self.level.eq(sum(fill[k] for k in range(self.depth))),
+                in_ring.eq(fill[1] if self.depth > 1 else 0),
+            ]
+        else:
+            # The flags are compares of the next level, chosen by the handshakes (no carry
+            # chain between them and the register).
+            m.d.sync += [
+                self.level.eq(Mux(grows, self.level + 1,
+                                  Mux(shrinks, self.level - 1, self.level))),
+                self.w_rdy.eq(Mux(grows, self.level != self.depth - 1,
+                                  Mux(shrinks, 1, self.level != self.depth))),
+                in_ring.eq(Mux(grows, self.level >= 1, Mux(shrinks, self.level >= 3,
+                                                           self.level >= 2))),
+            ]
         return m

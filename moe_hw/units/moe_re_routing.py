@@ -652,7 +652,7 @@ class MoeReRoutingUnit(wiring.Component):
             ctl.fault.eq(offsets_done & refused),
             ctl.finished.eq(drained),
             prefix.clear.eq(clear),
-            row_start.eq(ctl.begin | rank_end),
+            row_start.eq(ctl.decide | rank_end),
         ]
         with m.If(count_phase & rank_end & last_rank):
             m.d.sync += [count_phase.eq(0), offsets_phase.eq(1)]
@@ -668,12 +668,15 @@ class MoeReRoutingUnit(wiring.Component):
             m.d.sync += [offsets_phase.eq(0), move_phase.eq(1), offsets_complete.eq(0),
                          entries_pending.eq(~refused & ~no_move & (entries != 0))]
         # Every run ends with its phases clear (pass 1 hands over to pass 2, pass 2 to the
-        # move, and the move ends with ``finished``; a run that does nothing sets none), so
-        # ``decide`` need not reach them; ``begin`` sets the first.
+        # move, and the move ends with ``finished``; a run that does nothing sets none). The
+        # decide cycle sets the first if the run begins: ``begin`` (the size checks' OR) is
+        # then the flags' data, not their clock enable, which the phases' own hand-overs
+        # also reach.
         with m.If(ctl.finished):
             m.d.sync += move_phase.eq(0)
-        with m.If(ctl.begin):
-            m.d.sync += [count_phase.eq(~ranks_zero), offsets_phase.eq(ranks_zero)]
+        with m.If(ctl.decide):
+            m.d.sync += [count_phase.eq(ctl.begin & ~ranks_zero),
+                         offsets_phase.eq(ctl.begin & ranks_zero)]
         with m.If(ctl.accept):
             m.d.sync += [
                 cumsum_mode.eq(~self.expert_token_num_type), scatter_idx.eq(self.idx_type),
