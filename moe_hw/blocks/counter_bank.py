@@ -155,11 +155,15 @@ class CounterBank(wiring.Component):
         # bank. Copy g holds the address XOR g (so that Yosys cannot merge the copies) and
         # its group stores each counter at that address. A bank built with ``copy`` c > 0
         # has copies of its own for every group: the address XOR g, and XOR all ones when
-        # c is 2 or 3; reset to all ones when c is odd. Banks of different ``copy`` then
-        # differ in every bit of every copy (Yosys merges a register bit with another of the
-        # same input and reset value: four banks given one index had one set of address
-        # registers, and bank 0's drove bank 3's cells over a 2.0 ns net, 217.5 MHz). The
-        # reset value is never read: a request is read only after it has entered.
+        # c is 2 or 3; reset to all ones when c is odd. (Yosys merges a register bit with
+        # another of the same input and reset value: four banks given one index had one set
+        # of address registers, and bank 0's drove bank 3's cells over a 2.0 ns net, 217.5
+        # MHz.) A bit has only four kinds (the address bit or its inverse, reset 0 or 1), so
+        # with two groups the copies of banks c and c + 2 still meet: in re-routing's netlist
+        # banks 0 and 2 read at one set of address registers, banks 1 and 3 at another. A
+        # kept register per bank and group (``kept_signal``) keeps all eight apart, and
+        # placed worse (docs/timing-log.md, release 51). The reset value is never read: a
+        # request is read only after it has entered.
         word = []
         columns = ring_groups(self.width, self.count, group_bits=GROUP_BITS)
         flip = (1 << len(s1_index)) - 1 if self.copy & 2 else 0

@@ -441,7 +441,6 @@ class CombineScatterUnit(wiring.Component):
         # ---- current slot: walks the addresses of its beats ----------------------------------
         cur_loaded = Signal()
         cur_valid = Signal()
-        cur_gate = Signal(width)
         cur_addr = Signal(p.addr_width)
         cur_lim = Signal(limit_width)           # the slot's in-flight limit
         room_ok = Signal()                      # a slot in hand, dropped or with room
@@ -470,8 +469,21 @@ class CombineScatterUnit(wiring.Component):
                 m.d.sync += [cur_loaded.eq(0), slots_left.eq(slots_left - 1),
                              no_slots.eq(slots_left == 1)]
         with m.If(load):
-            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid), cur_gate.eq(slot.gate),
+            m.d.sync += [cur_loaded.eq(1), cur_valid.eq(slot.valid),
                          cur_addr.eq(slot.base), cur_lim.eq(slot.limit)]
+        # The slot's gate, in two registers used in turn: the one not in use loads the header
+        # skid buffer's gate in every cycle, and a load flips which one is in use
+        # (``gate_sel``), so that the beat's take reaches that flag alone, not the clock
+        # enable of a word (the gate loaded at ``load``: one seed's path of six, 229.3 MHz).
+        gates = [Signal(width, name=f"cur_gate{i}", reset_less=True) for i in range(2)]
+        gate_sel = Signal()
+        with m.If(gate_sel):
+            m.d.sync += gates[0].eq(slot.gate)
+        with m.Else():
+            m.d.sync += gates[1].eq(slot.gate)
+        with m.If(load):
+            m.d.sync += gate_sel.eq(~gate_sel)
+        cur_gate = Mux(gate_sel, gates[1], gates[0])
 
         # ---- in-flight count and the room flag ------------------------------------------------
         # ``count`` is the number of beats in flight (issued, write not yet taken) at the start
