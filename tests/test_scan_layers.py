@@ -153,7 +153,7 @@ def test_cycle_formula_full_rate():
     assert params.interleave == params.loop_latency + 1 == params.latency + 2 == 8
     groups = 2 + 4 * ((layers - 1) * 8 + 8)        # the groups follow without a gap
     assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
-                              + params.loop_latency + 2 + 1 + 1)
+                              + params.loop_latency + 1 + 2 + 1 + 1)
     assert outcome.ideal_cycles == tokens * beats * layers
 
 
@@ -168,7 +168,7 @@ def test_cycle_formula_full_rate_int8():
     assert params.latency == 4 and params.loop_latency == 5 and params.interleave == 6
     groups = 2 + 6 * ((layers - 1) * 6 + 6)
     assert outcome.cycles == (params.setup + 1 + layers * beats + 1 + 3 + 2 + groups
-                              + params.loop_latency + 2 + 1 + 1)
+                              + params.loop_latency + 1 + 2 + 1 + 1)
     assert outcome.ideal_cycles == tokens * beats * layers
 
 

@@ -49,9 +49,10 @@ period are worked out while a group issues, so the groups follow each other with
 (a group that issues for fewer than :data:`PENDING_LATENCY` cycles leaves the difference).
 Stall-free, a run takes exactly :func:`scan_cycles` = ``START_LATENCY + GROUP_SETUP + sum
 over groups of span_g + sum over all groups but the last of max(0, PENDING_LATENCY -
-span_g) + D + QUEUE_LATENCY + IDLE_LATENCY + 1`` cycles, with ``span_g = (T - 1) *
-period_g + n_g`` (the last two latencies of :class:`~moe_hw.stream.CreditPipeline`, 2 + 1,
-and the done register) from the start cycle to the cycle ``done`` is first seen, the last
+span_g) + D + CARRY_READ_LATENCY + QUEUE_LATENCY + IDLE_LATENCY + 1`` cycles, with
+``span_g = (T - 1) * period_g + n_g`` (:data:`CARRY_READ_LATENCY`, 1: the issue registered
+before the carry store's read; the last two latencies of
+:class:`~moe_hw.stream.CreditPipeline`, 2 + 1, and the done register) from the start cycle to the cycle ``done`` is first seen, the last
 beat being taken as soon as it is offered.
 """
 
@@ -65,7 +66,8 @@ from ..stream import CreditPipeline, RegisterCopies, delay, lut_increment
 from .run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 
 __all__ = ["Scan", "scan_cycles", "scan_groups", "CountingStep", "PrefixSumStep",
-           "FloatSumStep", "GROUP_SETUP", "PENDING_LATENCY", "INPUT_LATENCY"]
+           "FloatSumStep", "GROUP_SETUP", "PENDING_LATENCY", "INPUT_LATENCY",
+           "CARRY_READ_LATENCY"]
 
 #: Cycles from ``begin`` to the first group's first issue, beyond the one of ``begin``:
 #: the group size and its period are each a register (no compare chain between them and the
@@ -76,6 +78,11 @@ GROUP_SETUP = 2
 PENDING_LATENCY = 3
 #: The register in front of the step's inputs: a scan's loop latency is the step's plus this.
 INPUT_LATENCY = 1
+#: The register in front of the carry store's read (the issue's slot, first-round flag, init
+#: and x): a cycle from the take to the read, beside the loop (a carry written back at the end
+#: of cycle ``issue + D + 1`` is read in cycle ``next issue + 1``), so it adds a cycle to a
+#: run, not to the period.
+CARRY_READ_LATENCY = 1
 #: The carry store is split into memories of about this many bits (two at most), each read
 #: at a copy of the slot of its own.
 CARRY_GROUP_BITS = 48
@@ -96,7 +103,7 @@ def scan_cycles(latency, max_interleave, sequences, length):
     spans = [(length - 1) * max(n, latency + 1) + n
              for n in scan_groups(max_interleave, sequences)]
     issue = GROUP_SETUP + sum(spans) + sum(max(0, PENDING_LATENCY - d) for d in spans[:-1])
-    return (START_LATENCY + issue + latency + CreditPipeline.QUEUE_LATENCY
+    return (START_LATENCY + issue + latency + CARRY_READ_LATENCY + CreditPipeline.QUEUE_LATENCY
             + CreditPipeline.IDLE_LATENCY + 1)
 
 
@@ -177,7 +184,7 @@ class Scan(wiring.Component):
         length = ctl.size("length")
 
         pipe = m.submodules.pipeline = CreditPipeline(
-            latency, self.out_layout, keep=None if self.ys else "last")
+            latency + CARRY_READ_LATENCY, self.out_layout, keep=None if self.ys else "last")
         wiring.connect(m, pipe.o, wiring.flipped(self.o))
 
         # ---- the schedule: groups, rounds (t) and slots ----------------------------------------
@@ -185,14 +192,8 @@ class Scan(wiring.Component):
         group = Signal(range(interleave + 1))              # n
         period = Signal(range(max(interleave, latency + 1) + 1))
         slot = Signal(range(max(interleave, latency + 1)))
-        # Copies of the slot, one per half of the carry store's bits (each half a memory of
-        # its own), for its read address alone: the slot's own net then does not reach every
-        # LUT RAM cell of a wide carry. Not inverted copies (those put a LUT in front of the
-        # RAM's address pins): copy 0 is the slot's register itself (Yosys merges the two).
         carry_width = Shape.cast(self.carry_shape).width
         store_groups = min(2, -(-carry_width // CARRY_GROUP_BITS))
-        slot_copies = RegisterCopies(len(slot), name="slot_copy", copies=store_groups,
-                                     apart=False)
         round_ = Signal(range(self.max_length))            # t
         first_round = Signal()                             # t == 0
         last_round = Signal()                              # t == T - 1
@@ -200,6 +201,9 @@ class Scan(wiring.Component):
         issuing = Signal()                                 # slot < n
         last_issue = Signal()                              # slot == n - 1
         rounds = Signal()                                  # a group is issuing
+        # rounds & issuing, a register of its own (set and cleared with them), so that the
+        # take, which every register of the schedule waits for, is one gate of five flags.
+        issue_now = Signal()
         final_group = Signal()
         # The next group, worked out while the current one runs (from ``left``, in two
         # register stages: ``pending_ready`` is high PENDING_LATENCY cycles after a group is
@@ -213,9 +217,9 @@ class Scan(wiring.Component):
         waiting = Signal()                                 # no group: load one when ready
 
         m.d.comb += [
-            pipe.i_valid.eq(rounds & issuing & self.x.valid & (self.init.valid | ~first_round)),
-            self.x.ready.eq(rounds & issuing & pipe.i_ready & (self.init.valid | ~first_round)),
-            self.init.ready.eq(rounds & issuing & pipe.i_ready & first_round & self.x.valid),
+            pipe.i_valid.eq(issue_now & self.x.valid & (self.init.valid | ~first_round)),
+            self.x.ready.eq(issue_now & pipe.i_ready & (self.init.valid | ~first_round)),
+            self.init.ready.eq(issue_now & pipe.i_ready & first_round & self.x.valid),
         ]
         take = pipe.take
 
@@ -226,13 +230,19 @@ class Scan(wiring.Component):
                          compute.eq(1)]
         with m.If(ctl.begin):
             m.d.sync += waiting.eq(1)
+        # Stage 1 compares ``left`` with the two constants, stage 2 chooses among registers
+        # and constants (``left`` holds meanwhile: no group is loaded before
+        # ``pending_ready``), so that no compare's carry chain feeds a choice in one cycle.
+        over = Signal()                                    # left > max_interleave
+        over_loop = Signal()                               # left > D + 1
         with m.If(compute):
-            m.d.sync += [pending_group.eq(Mux(left > interleave, interleave, left)),
-                         pending_final.eq(left <= interleave),
+            m.d.sync += [over.eq(left > interleave), over_loop.eq(left > latency + 1),
                          compute.eq(0), compute_period.eq(1)]
         with m.If(compute_period):
-            m.d.sync += [pending_period.eq(Mux(pending_group > latency + 1, pending_group,
-                                               latency + 1)),
+            m.d.sync += [pending_group.eq(Mux(over, interleave, left)),
+                         pending_final.eq(~over),
+                         pending_period.eq(Mux(over, max(interleave, latency + 1),
+                                               Mux(over_loop, left, latency + 1))),
                          compute_period.eq(0), pending_ready.eq(1)]
         all_issued = Signal()
         with m.If(ctl.accept):
@@ -244,38 +254,50 @@ class Scan(wiring.Component):
         length_m2 = Signal(signed(len(length) + 1), name="length_m2")
         with m.If(ctl.decide):
             m.d.sync += length_m2.eq(length - 2)
+        # round == T - 2, registered in every cycle: the round steps only at a round's last
+        # slot, and a round has two slots at least (D >= 1), so the flag has caught up with a
+        # step (or a load) by the next round's last slot.
+        round_is_m2 = Signal()
+
+        m.d.sync += round_is_m2.eq(round_ == length_m2)
 
         def schedule(taken):
             # The schedule's next state when the pipeline takes a step (``taken``) and when it
             # does not. It is given twice, under ``take`` and under its complement, so that
             # ``take`` (the x and init handshake) is the last choice before each register, not
             # the head of a chain of decisions (advance, the group's end, the next load).
-            advance = rounds & (Const(int(taken)) | ~issuing)
+            # A take implies ``rounds`` and ``issuing`` (``issue_now``); without one the slot
+            # advances only over a bubble, where the group cannot end. Written with those
+            # constants, so that no register's next value tests them behind the take again.
+            advance = Const(1) if taken else rounds & ~issuing
             # The group ends with its last issue: the bubbles after it would only wait for
             # carries that no step of this group reads any more.
-            group_ends = advance & last_round & last_issue & issuing
+            group_ends = last_round & last_issue if taken else Const(0)
             load = pending_ready & (waiting | (group_ends & ~final_group))
             with m.If(advance):
+                # (The slot's registers step at the group's end too: nothing reads them until
+                # the next load, which sets them, so the end is not a test in their next
+                # values; it clears the issue flags after them, and wins.)
+                with m.If(last_slot):
+                    m.d.sync += [slot.eq(0),
+                                 issuing.eq(1), issue_now.eq(1), last_issue.eq(group == 1),
+                                 last_slot.eq(period == 1),
+                                 round_.eq(round_ + 1), first_round.eq(0),
+                                 last_round.eq(round_is_m2)]
+                with m.Else():
+                    # (LUTs, not a carry chain: see lut_increment.)
+                    slot_next = lut_increment(slot)
+                    m.d.sync += [slot.eq(slot_next),
+                                 last_slot.eq(slot == period_m2),
+                                 last_issue.eq(slot == group_m2)]
+                    with m.If(last_issue):
+                        m.d.sync += [issuing.eq(0), issue_now.eq(0)]
                 with m.If(group_ends):
-                    m.d.sync += rounds.eq(0)
+                    m.d.sync += [rounds.eq(0), issue_now.eq(0)]
                     with m.If(final_group):
                         m.d.sync += all_issued.eq(1)
                     with m.Else():
                         m.d.sync += waiting.eq(1)
-                with m.Elif(last_slot):
-                    m.d.sync += [slot.eq(0), *slot_copies.eq(0),
-                                 issuing.eq(1), last_issue.eq(group == 1),
-                                 last_slot.eq(period == 1),
-                                 round_.eq(round_ + 1), first_round.eq(0),
-                                 last_round.eq(round_ == length_m2)]
-                with m.Else():
-                    # (LUTs, not a carry chain: see lut_increment.)
-                    slot_next = lut_increment(slot)
-                    m.d.sync += [slot.eq(slot_next), *slot_copies.eq(slot_next),
-                                 last_slot.eq(slot == period_m2),
-                                 last_issue.eq(slot == group_m2)]
-                    with m.If(last_issue):
-                        m.d.sync += issuing.eq(0)
             # Loading a group (after the above: it wins over the group's end). The flags of the
             # next slot are registers (``last_slot``, ``last_issue``, ``issuing``): loaded here
             # for the group's first slot, then as the slots advance.
@@ -283,7 +305,8 @@ class Scan(wiring.Component):
                 m.d.sync += [group.eq(pending_group), period.eq(pending_period),
                              final_group.eq(pending_final), left.eq(left - pending_group),
                              pending_ready.eq(0), compute.eq(1), waiting.eq(0), rounds.eq(1),
-                             slot.eq(0), *slot_copies.eq(0), round_.eq(0), first_round.eq(1),
+                             issue_now.eq(1),
+                             slot.eq(0), round_.eq(0), first_round.eq(1),
                              last_round.eq(length == 1), issuing.eq(1),
                              last_issue.eq(pending_group == 1), last_slot.eq(pending_period == 1),
                              group_m2.eq(pending_group - 2), period_m2.eq(pending_period - 2)]
@@ -294,14 +317,28 @@ class Scan(wiring.Component):
             schedule(False)
 
         # ---- the carry store and the step -----------------------------------------------------
-        arrives = delay(m, take, latency, 1, name="arrives")
-        slot_out = delay(m, slot, latency, 1, name="slot_out", reset_less=True)
-        last_out = delay(m, last_round, latency, 1, name="last_out", reset_less=True)
+        # The issue's slot, first-round flag and init payload are registered before the carry
+        # store is read (CARRY_READ_LATENCY): the schedule's slot register then reaches only
+        # its own logic and these registers, not the LUT RAM's address pins (the take's path
+        # into the slot ended in a 1 ns net to a register the RAM had pulled away). Copies of
+        # the read slot, one per half of the carry store's bits (each half a memory of its
+        # own): no single net reaches every LUT RAM cell of a wide carry. Not inverted copies
+        # (those put a LUT in front of the RAM's address pins): they differ in reset value.
+        read_slot = RegisterCopies(len(slot), name="read_slot", copies=store_groups,
+                                   apart=False)
+        m.d.sync += read_slot.eq(slot)
+        read_first = delay(m, first_round, 1, 1, name="read_first", reset_less=True)
+        read_init = delay(m, self.init.payload, 1, 1, name="read_init", reset_less=True)
+        x_read = delay(m, self.x.payload, 1, 1, name="x_read", reset_less=True)
+        out_latency = latency + CARRY_READ_LATENCY
+        arrives = delay(m, take, out_latency, 1, name="arrives")
+        slot_out = delay(m, slot, out_latency, 1, name="slot_out", reset_less=True)
+        last_out = delay(m, last_round, out_latency, 1, name="last_out", reset_less=True)
         carry_in = Signal(carry_width, name="carry_in", reset_less=True)
         x_in = Signal(Shape.cast(self.x_shape).width, name="x_in", reset_less=True)
         carry_read = []
         bits = -(-carry_width // store_groups)
-        for index, (address, low) in enumerate(zip(slot_copies.values,
+        for index, (address, low) in enumerate(zip(read_slot.values,
                                                    range(0, carry_width, bits))):
             high = min(low + bits, carry_width)
             store = m.submodules[f"carry_store{index}"] = memory.Memory(
@@ -311,8 +348,8 @@ class Scan(wiring.Component):
             m.d.comb += [read.addr.eq(address), write.addr.eq(slot_out), write.en.eq(arrives),
                          write.data.eq(Value.cast(step.carry_next)[low:high])]
             carry_read.append(read.data)
-        m.d.sync += [carry_in.eq(Mux(first_round, self.init.payload, Cat(*carry_read))),
-                     x_in.eq(self.x.payload)]
+        m.d.sync += [carry_in.eq(Mux(read_first, read_init, Cat(*carry_read))),
+                     x_in.eq(x_read)]
         m.d.comb += [
             step.carry.eq(carry_in),
             step.x.eq(x_in),

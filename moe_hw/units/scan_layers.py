@@ -63,7 +63,7 @@ LOAD_TO_SCAN = 1, ``fetch_start`` = FETCH_START (3) + the parameter memory's add
 levels and, with a tree, its read data's register (:attr:`ScanLayersParams.fetch_start`: none
 up to 64 blocks, 3 up to 512), and
 ``scan_cycles(K, L) = START_LATENCY + GROUP_SETUP + sum over groups ((L-1) * max(n, D+1) + n) +
-D + 4`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose
+D + 5`` (D the loop latency above) (plus ``PENDING_LATENCY - span`` between two groups whose
 first spans fewer than PENDING_LATENCY = 3 cycles), groups of ``n = min(max_interleave, beats
 left)``. At full interleave that is ``L*B + S*B*L`` cycles plus a constant: one layer-beat per
 cycle.
@@ -392,8 +392,12 @@ class ScanLayersUnit(wiring.Component):
             m.d.sync += [beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                          relu.eq(self.relu)]
         # S * B, ready by ``begin`` (RunControl's setup covers the product's stages).
-        sequences = pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp=p.dsp,
-                                      name="sequences")[:bits_for(max_sequences)]
+        # Registered once more in the fabric (the scan starts after the parameters are loaded,
+        # at least two cycles after ``begin``): the scan's size checks start at a flop beside
+        # them, not at the DSP's output register across the chip.
+        sequences = delay(m, pipelined_product(m, ctl.size("tokens"), beats, en=1, dsp=p.dsp,
+                                               name="sequences")[:bits_for(max_sequences)],
+                          1, 1, name="sequences_fabric", reset_less=True)
 
         # ---- the parameter memory: L rows of B beats, at a power-of-two stride -----------
         # Layer l's beat b is at address (l << stride_log2) | b: the read address is the
@@ -428,14 +432,19 @@ class ScanLayersUnit(wiring.Component):
             store.write_en.eq(self.layer_params.valid & loading),
         ]
         scan_start = Signal()
-        # (The count loads from the product's DSP register and the last-beat flag is a compare
-        # of the count: no compare follows the DSP's output in the cycle it loads.)
-        m.d.comb += load_last.eq(load_left == 1)
+        # (The count loads from the product's DSP register, and the last-beat flag is a
+        # register: L * B == 1 from the sizes at the start, then the count's compare with 2
+        # at each beat taken, so that neither a compare after the DSP's output nor one of the
+        # count reaches ``loading``.)
+        total_one = Signal()
+        with m.If(ctl.decide):
+            m.d.sync += total_one.eq((beats == 1) & (layers == 1))
         with m.If(ctl.begin):
             m.d.sync += [loading.eq(1), load_beat.eq(0), load_layer.eq(0),
-                         load_row_last.eq(beats == 1), load_left.eq(total)]
+                         load_row_last.eq(beats == 1), load_left.eq(total),
+                         load_last.eq(total_one)]
         with m.If(self.layer_params.valid & loading):
-            m.d.sync += load_left.eq(load_left - 1)
+            m.d.sync += [load_left.eq(load_left - 1), load_last.eq(load_left == 2)]
             with m.If(load_row_last):
                 m.d.sync += [load_beat.eq(0), load_layer.eq(load_layer + 1),
                              load_row_last.eq(beats_one)]
