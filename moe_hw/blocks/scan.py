@@ -36,10 +36,11 @@ Order: the K sequences are taken in *groups* of ``n = min(max_interleave, sequen
 consecutive sequences. A group runs T rounds; round t issues step t of each of the group's n
 sequences in sequence order, then ``period - n`` bubbles, where ``period = max(n, D + 1)``
 and D is the loop latency (:attr:`Scan.latency`: the step's latency plus
-:data:`INPUT_LATENCY`, the input register): a carry written back at the end of cycle
-``issue + D`` is read by the same sequence's next step no earlier than cycle
-``issue + period``. So ``x`` holds, per group, the group's
-sequences' steps round by round: ``x[g, t, s]`` for t in 0..T-1, s in 0..n-1. The group
+:data:`INPUT_LATENCY`, the input register): the carry store is read a cycle after the
+issue (:data:`CARRY_READ_LATENCY`), so a carry written back at the end of cycle
+``issue + D + 1`` is read by the same sequence's next step no earlier than cycle
+``issue + period + 1``. So ``x`` holds, per group, the group's sequences' steps round by
+round: ``x[g, t, s]`` for t in 0..T-1, s in 0..n-1. The group
 ends with its last issue (the last round's bubbles are skipped: no step of the group reads
 a carry after it).
 
@@ -52,8 +53,8 @@ over groups of span_g + sum over all groups but the last of max(0, PENDING_LATEN
 span_g) + D + CARRY_READ_LATENCY + QUEUE_LATENCY + IDLE_LATENCY + 1`` cycles, with
 ``span_g = (T - 1) * period_g + n_g`` (:data:`CARRY_READ_LATENCY`, 1: the issue registered
 before the carry store's read; the last two latencies of
-:class:`~moe_hw.stream.CreditPipeline`, 2 + 1, and the done register) from the start cycle to the cycle ``done`` is first seen, the last
-beat being taken as soon as it is offered.
+:class:`~moe_hw.stream.CreditPipeline`, 2 + 1, and the done register) from the start cycle
+to the cycle ``done`` is first seen, the last beat being taken as soon as it is offered.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
@@ -258,7 +259,6 @@ class Scan(wiring.Component):
         # slot, and a round has two slots at least (D >= 1), so the flag has caught up with a
         # step (or a load) by the next round's last slot.
         round_is_m2 = Signal()
-
         m.d.sync += round_is_m2.eq(round_ == length_m2)
 
         def schedule(taken):
