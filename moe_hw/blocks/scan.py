@@ -317,8 +317,8 @@ class Scan(wiring.Component):
             schedule(False)
 
         # ---- the carry store and the step -----------------------------------------------------
-        # The slot, first-round flag and init payload are registered before the carry
-        # store is read (CARRY_READ_LATENCY): the schedule's slot register then reaches only
+        # The slot, first-round flag, init and x payloads are registered before the
+        # carry store is read (CARRY_READ_LATENCY): the schedule's slot register then reaches only
         # its own logic and these registers, not the LUT RAM's address pins (the take's path
         # into the slot ended in a 1 ns net to a register the RAM had pulled away). Copies of
         # the read slot, one per half of the carry store's bits (each half a memory of its
