@@ -28,7 +28,9 @@ up to 4 lanes, 4 up to 16.
   that cannot grow. The decision is made from registers: each word comes in through a
   register stage that holds its bus address (``base_word`` added) and whether it follows
   the word before and starts a 4 KiB page; the burst's length limit and the FIFO's room are
-  registers of their own.
+  registers of their own. A closed burst's command waits a cycle in a register before the
+  command queue (five deep; the former's room for it is a register too), so that the
+  queue's head never loads in the cycle of the close.
 * The FIFO is a :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for
   DP16KD blocks with their output registers), written through a register and read ahead
   (two cycles) into a :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM
@@ -39,10 +41,10 @@ up to 4 lanes, 4 up to 16.
 * B is always accepted (``bready`` is 1); a response other than OKAY raises
   ``bus_error`` for one cycle.
 
-``idle`` is high when nothing is held: no open burst, the FIFO and the command queue empty,
-and every issued burst answered. ``base_word`` (the buffer's base address in bus words) is
-added to every word address; it must hold while the master is not idle, and from the cycle
-before the first word (its page position is registered).
+``idle`` is high when nothing is held: no open burst or waiting command, the FIFO and the
+command queue empty, and every issued burst answered. ``base_word`` (the buffer's base
+address in bus words) is added to every word address; it must hold while the master is not
+idle, and from the cycle before the first word (its page position is registered).
 
 Every AXI output is a register (skid buffers on AW and W, constants elsewhere).
 
@@ -51,6 +53,8 @@ The pieces :class:`~moe_hw.axi.read_master.AxiReadMaster` uses too are functions
 continuation), :func:`rotate` (one stage of the rotation), :func:`form_bursts` (the burst
 former) and :func:`block_fifo` (the block RAM FIFO read ahead).
 """
+
+from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, stream, wiring
@@ -382,11 +386,23 @@ class AxiWriteMaster(wiring.Component):
 
         # ---- burst former --------------------------------------------------------------------
         command = data.StructLayout({"word": self.bus_word_width, "len": 8})
-        cmd = m.submodules.commands = RegisteredFIFO(command, 4)
+        # A closed burst's command waits a cycle in a register before the queue, so that
+        # the queue's head does not load in the cycle of the close (the input's flags
+        # through the close into the head's clock enable: 4 levels, 217.2 MHz). The former
+        # sees room while the queue, with the command waiting, has two free entries (a
+        # register): a command it closes then always finds room a cycle later.
+        cmd = m.submodules.commands = RegisteredFIFO(command, 5)
+        closing = SimpleNamespace(w_en=Signal(name="closing"), w_data=Signal(command),
+                                  w_rdy=Signal(init=1, name="closing_room"))
+        waiting = Signal()                          # a closed command waits for the queue
+        waiting_data = Signal(command)
+        m.d.sync += [waiting.eq(closing.w_en), waiting_data.eq(closing.w_data),
+                     closing.w_rdy.eq(cmd.level + waiting <= cmd.depth - 2)]
+        m.d.comb += [cmd.w_en.eq(waiting), cmd.w_data.eq(waiting_data)]
         fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
         ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
                                            continues=word.follows & ~word.page,
-                                           room=fifo_room, commands=cmd,
+                                           room=fifo_room, commands=closing,
                                            max_burst=self.max_burst)
         m.d.comb += inp.o.ready.eq(ready)
 
@@ -446,7 +462,7 @@ class AxiWriteMaster(wiring.Component):
         m.d.comb += p("bready").eq(1)
         m.d.sync += self.bus_error.eq(answered & (p("bresp") != 0))
         count_level(m, in_flight, issue, answered, [(slot, False, self.outstanding)])
-        m.d.comb += self.idle.eq(~inp.held & ~is_open & empty & ~ahead.busy &
+        m.d.comb += self.idle.eq(~inp.held & ~is_open & ~waiting & empty & ~ahead.busy &
                                  ~cmd.r_rdy & (in_flight == 0))
         return m
 
