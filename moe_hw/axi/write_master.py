@@ -394,10 +394,10 @@ class AxiWriteMaster(wiring.Component):
         cmd = m.submodules.commands = RegisteredFIFO(command, 5)
         closing = SimpleNamespace(w_en=Signal(name="closing"), w_data=Signal(command),
                                   w_rdy=Signal(init=1, name="closing_room"))
-        waiting = Signal()                          # a closed command waits for the queue
-        waiting_data = Signal(command)
-        m.d.sync += [waiting.eq(closing.w_en), waiting_data.eq(closing.w_data),
-                     closing.w_rdy.eq(cmd.level + waiting <= cmd.depth - 2)]
+        # (a closed command waits for the queue; its data is read only beside the flag)
+        waiting = delay(m, closing.w_en, 1, 1, name="waiting")
+        waiting_data = delay(m, closing.w_data, 1, 1, name="waiting_data", reset_less=True)
+        m.d.sync += closing.w_rdy.eq(cmd.level + waiting <= cmd.depth - 2)
         m.d.comb += [cmd.w_en.eq(waiting), cmd.w_data.eq(waiting_data)]
         fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
         ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
