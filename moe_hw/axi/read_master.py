@@ -59,7 +59,7 @@ from amaranth.utils import exact_log2
 from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
-from .write_master import (AWBURST_INCR, AWCACHE, WriteRealign, beat_position, block_fifo,
+from .write_master import (AWBURST_INCR, AWCACHE, beat_position, block_fifo,
                            check_bus, count_level, form_bursts, page_marks, rotate,
                            rotation_stages)
 
@@ -84,6 +84,9 @@ class AxiReadMaster(wiring.Component):
     :class:`~moe_hw.blocks.row_reader.RowReader`'s) served by AXI4 read bursts on
     ``<prefix>_*``; see the module docstring. ``bram``: how the plan queue and the response
     FIFO are built (a :class:`~moe_hw.blocks.block_memory.BlockMemory` target)."""
+
+    #: Lane-offset bits each rotation stage resolves (a 4:1 choice per bit).
+    STAGE_BITS = 2
 
     def __init__(self, prefix, request_layout, response_layout, *, addr_width=32,
                  max_burst=256, outstanding=4, fifo_depth=512, id_width=1, bram="generic"):
@@ -268,12 +271,12 @@ class AxiReadMaster(wiring.Component):
         turning = data.StructLayout({"data": bits, "offset": max(1, shift)})
         valid, ready, source = merge.o.valid, merge.o.ready, merge.o.payload
         stages = []
-        for stage in range(rotation_stages(shift)):
+        for stage in range(rotation_stages(shift, self.STAGE_BITS)):
             rot = m.submodules[f"rotate{stage}"] = SkidBuffer(
                 turning, alternate=("data",), group_bits=ALTERNATE_GROUP_BITS)
             stages.append(rot)
-            low_bit = stage * WriteRealign.STAGE_BITS
-            turn = source.offset[low_bit:min(shift, low_bit + WriteRealign.STAGE_BITS)]
+            low_bit = stage * self.STAGE_BITS
+            turn = source.offset[low_bit:min(shift, low_bit + self.STAGE_BITS)]
             m.d.comb += [
                 rot.i.valid.eq(valid), ready.eq(rot.i.ready),
                 rot.i.payload.data.eq(rotate(source.data, width, turn, low_bit, down=True)),

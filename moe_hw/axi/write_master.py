@@ -13,24 +13,29 @@ when the next beat does not continue it or when no beat is waiting. Aligned beat
 per cycle; an unaligned run of consecutive beats costs one word more than its beats. Every
 step starts from registers (skid buffers between them, their bus-wide data in alternate
 registers with a copy of the pointers per 64 bits): the beat is registered as it comes
-in, the rotation is a 4:1 choice per bit for each two bits of the lane offset, one
-registered stage each (one stage up to 4 lanes, two up to 16), and the merge with the carry
-decides from the last stage's registers. Latency (:attr:`WriteRealign.latency`): 3 cycles
-up to 4 lanes, 4 up to 16.
+in, the rotation is a 2:1 choice per bit for each bit of the lane offset, one registered
+stage each (one stage up to 2 lanes, three at 8, four at 16: the choice beside the alternate
+registers' own is then one LUT, where a 4:1 choice made it three levels), and the merge with
+the carry decides from the last stage's registers, which also say whether the beat spills
+into the next word (reduced over the stages). Latency (:attr:`WriteRealign.latency`): 2
+cycles and one per rotation stage (3 up to 2 lanes, 5 at 8, 6 at 16).
 
 :class:`AxiWriteMaster` groups consecutive words into INCR bursts and issues them:
 
 * A burst grows while words arrive one after another at consecutive addresses; it closes
   (its address and length go to the command queue) when a word does not continue it, when it
   holds ``max_burst`` beats, when the next word would start a new 4 KiB page, or in a cycle
-  in which no word arrives. Its words wait in a data FIFO (``fifo_depth`` words, a block
-  RAM); a full FIFO stops the input, which then closes the burst: nothing waits on a burst
-  that cannot grow. The decision is made from registers: each word comes in through a
-  register stage that holds its bus address (``base_word`` added) and whether it follows
-  the word before and starts a 4 KiB page; the burst's length limit and the FIFO's room are
-  registers of their own. A closed burst's command waits a cycle in a register before the
+  in which no word arrives. Its words wait in a data FIFO (a block RAM of ``fifo_depth``
+  words, of which it fills one less); a full FIFO stops the input, which then closes the
+  burst: nothing waits on a burst that cannot grow. The decision is made from registers:
+  each word comes in through a register stage that holds its word address (``base_word``
+  is added to a burst's start as it closes) and whether it follows the word before and
+  starts a 4 KiB page; the burst's length limit and the FIFO's room are registers of their
+  own. A closed burst's command waits a cycle in a register before the
   command queue (five deep; the former's room for it is a register too), so that the
-  queue's head never loads in the cycle of the close.
+  queue's head never loads in the cycle of the close. The input waits while an open burst
+  could not close (no room for its command), even for a word that would extend it: the
+  input's ready is then a gate of three registers, not of the word's own flags.
 * The FIFO is a :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for
   DP16KD blocks with their output registers), written through a register and read ahead
   (two cycles) into a :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM
@@ -120,18 +125,21 @@ def check_bus(master, *, lanes, width, addr_width, max_burst, outstanding, fifo_
     master.max_burst, master.outstanding, master.fifo_depth = max_burst, outstanding, fifo_depth
 
 
-def beat_position(m, addr, lanes, take):
+def beat_position(m, addr, lanes, take=None):
     """Where an element-addressed beat of ``lanes`` elements at ``addr`` falls on the bus
     words: ``offset`` (its lane 0's lane in the word: element l goes to lane
     ``(l + offset) mod lanes``), ``low`` (the lanes below the offset, those of the next word,
     as one compare per lane) and ``follows`` (the beat's address is the previous taken beat's
-    plus ``lanes``: it continues that beat). ``take``: the beat is taken this cycle."""
+    plus ``lanes``: it continues that beat). ``take``: the beat is taken this cycle (without
+    it, ``follows`` is None)."""
     shift = exact_log2(lanes)
     offset = addr[:shift] if shift else Const(0, 1)
+    low = Cat(offset > n for n in range(lanes))
+    if take is None:
+        return offset, low, None
     previous = Signal.like(addr)              # the address of the last beat taken, + lanes
     with m.If(take):
         m.d.sync += previous.eq(addr + lanes)
-    low = Cat(offset > n for n in range(lanes))
     return offset, low, addr == previous
 
 
@@ -175,13 +183,13 @@ def rotate(value, width, bits, low_bit=0, *, down=False):
     return Cat(out)
 
 
-def rotation_stages(shift):
+def rotation_stages(shift, stage_bits):
     """Registered stages (at least one) that rotate by a lane offset of ``shift`` bits,
-    :attr:`WriteRealign.STAGE_BITS` bits each."""
-    return max(1, -(-shift // WriteRealign.STAGE_BITS))
+    ``stage_bits`` bits each."""
+    return max(1, -(-shift // stage_bits))
 
 
-def form_bursts(m, *, valid, word, continues, room, commands, max_burst):
+def form_bursts(m, *, valid, word, continues, room, commands, max_burst, wait_to_close=False):
     """Group bus words arriving in order (``word``, absolute, when ``valid``) into INCR
     bursts: a burst grows while words arrive one after another at consecutive addresses and
     closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
@@ -189,14 +197,22 @@ def form_bursts(m, *, valid, word, continues, room, commands, max_burst):
     or in a cycle in which no word arrives. ``continues`` (a register, worked out by the
     caller a stage earlier): the word is the previous word plus one and starts no new page,
     so that the choice to extend is made from registers alone; the burst's being full is a
-    register too. ``room`` (a register): the caller can take a word. Returns ``(ready,
-    take, is_open)``: a word can be taken, a word is taken, a burst is open."""
+    register too. ``room`` (a register): the caller can take a word. ``wait_to_close``: a
+    word waits while an open burst could not close (``commands`` has no room), even one
+    that would extend it, so that ``ready`` is a gate of registers alone (else ``extend``
+    is in it). Returns ``(ready, take, is_open)``: a word can be taken, a word is taken, a
+    burst is open."""
     is_open = Signal()
     start = Signal.like(word)
     length = Signal(8)                          # AxLEN: beats - 1
     at_max = Signal()                           # the open burst holds max_burst beats
     extend = is_open & continues & ~at_max
-    ready = room & (extend | ~is_open | commands.w_rdy)
+    # (with ``extend`` in it, the word's own flags ran through ``ready`` into the write
+    # master's input read pointers: 4 levels)
+    if wait_to_close:
+        ready = room & (~is_open | commands.w_rdy)
+    else:
+        ready = room & (extend | ~is_open | commands.w_rdy)
     take = valid & ready
     close = is_open & Mux(take, ~extend, commands.w_rdy)
     m.d.comb += [commands.w_en.eq(close), commands.w_data.word.eq(start),
@@ -216,8 +232,8 @@ class WriteRealign(wiring.Component):
     """Element-addressed write beats (``i``: ``addr``, ``data``, ``enable``) onto bus words
     (``o``: :func:`word_layout`); see the module docstring. ``busy``: a word is held."""
 
-    #: Lane-offset bits each rotation stage resolves (a 4:1 choice per bit).
-    STAGE_BITS = 2
+    #: Lane-offset bits each rotation stage resolves (a 2:1 choice per bit).
+    STAGE_BITS = 1
 
     def __init__(self, write_layout):
         self.write_layout = write_layout
@@ -236,7 +252,7 @@ class WriteRealign(wiring.Component):
     @property
     def rotation_stages(self):
         """Registered stages of the rotation (at least one)."""
-        return rotation_stages(self.shift)
+        return rotation_stages(self.shift, self.STAGE_BITS)
 
     @property
     def latency(self):
@@ -253,9 +269,25 @@ class WriteRealign(wiring.Component):
         # Every bus-wide field of the realigner's stages is held in two registers written in
         # turn (SkidBuffer's ``alternate``): their loads are registers, not a decision
         # fanned out to a bus-wide clock enable (the merge's flush, a stage's ready).
-        inp = m.submodules.input = SkidBuffer(self.write_layout, alternate=("data",),
+        # ``same``: for each two bits of the address, whether the beat's are those of the
+        # last beat taken plus ``lanes``, one LUT each as the beat comes in, so that the
+        # beat's following that one is a gate of registers in the next stage (a 24-bit
+        # compare there, behind the input register, was 4 levels).
+        addr_width = len(self.i.payload.addr)
+        arrival = data.StructLayout({**self.write_layout.members,
+                                     "same": -(-addr_width // 2)})
+        inp = m.submodules.input = SkidBuffer(arrival, alternate=("data",),
                                               group_bits=ALTERNATE_GROUP_BITS)
-        wiring.connect(m, wiring.flipped(self.i), inp.i)
+        expected = Signal(addr_width)           # the last beat taken's address, + lanes
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += expected.eq(self.i.payload.addr + lanes)
+        m.d.comb += [
+            inp.i.valid.eq(self.i.valid), self.i.ready.eq(inp.i.ready),
+            *(inp.i.payload[name].eq(self.i.payload[name])
+              for name in self.write_layout.members),
+            inp.i.payload.same.eq(Cat(self.i.payload.addr[k:k + 2] == expected[k:k + 2]
+                                      for k in range(0, addr_width, 2))),
+        ]
         skids.append(inp)
         beat = inp.o.payload
 
@@ -264,15 +296,24 @@ class WriteRealign(wiring.Component):
         # the offset, which a continuing beat takes from the carry; ``follows``: the beat's
         # address is the previous beat's plus ``lanes`` (it continues that beat); ``rest``:
         # the offset bits the later stages resolve.
-        rotation = data.StructLayout({"word": self.word_width, "data": lanes * width,
-                                      "strb": lanes, "low": lanes, "follows": 1,
-                                      "rest": max(1, shift)})
+        # ``spill``: whether the beat has enabled elements in the next word (``low`` lanes),
+        # as an OR over the elements that first marks each one (element l spills when
+        # l + offset >= lanes) and then reduces four to one in each stage, so that the merge
+        # reads it from a register rather than as a gate of all the lanes.
         addr = beat.addr
-        offset, low, follows = beat_position(m, addr, lanes, inp.o.valid & inp.o.ready)
+        offset, low, _ = beat_position(m, addr, lanes)
+        follows = beat.same.all()
         source = {"word": addr[shift:], "data": Cat(beat.data[n] for n in range(lanes)),
-                  "strb": beat.enable, "low": low, "follows": follows, "rest": offset}
+                  "strb": beat.enable, "low": low, "follows": follows, "rest": offset,
+                  "spill": beat.enable & Cat(low[lanes - 1 - n] for n in range(lanes))}
         valid, ready = inp.o.valid, inp.o.ready
         for stage in range(self.rotation_stages):
+            spill = source["spill"]
+            if stage:
+                spill = Cat(spill[n:n + 4].any() for n in range(0, len(spill), 4))
+            rotation = data.StructLayout({"word": self.word_width, "data": lanes * width,
+                                          "strb": lanes, "low": lanes, "follows": 1,
+                                          "rest": max(1, shift), "spill": len(spill)})
             rot = m.submodules[f"rotate{stage}"] = SkidBuffer(
                 rotation, alternate=("data",), group_bits=ALTERNATE_GROUP_BITS)
             skids.append(rot)
@@ -284,7 +325,7 @@ class WriteRealign(wiring.Component):
                 rot.i.payload.data.eq(rotate(source["data"], width, bits, low_bit)),
                 rot.i.payload.strb.eq(rotate(source["strb"], 1, bits, low_bit)),
                 rot.i.payload.low.eq(source["low"]), rot.i.payload.follows.eq(source["follows"]),
-                rot.i.payload.rest.eq(source["rest"]),
+                rot.i.payload.rest.eq(source["rest"]), rot.i.payload.spill.eq(spill),
             ]
             r = rot.o.payload
             source = {name: r[name] for name in rotation.members}
@@ -319,19 +360,18 @@ class WriteRealign(wiring.Component):
             skid.i.payload.strb.eq(merged_en),
             self.busy.eq(carry_valid | Cat(s.held for s in skids).any()),
         ]
-        spill = r["strb"] & r["low"]
+        spills = r["spill"].any()
         with m.If(skid.i.ready):
             with m.If(flush):
                 m.d.sync += [carry_valid.eq(0), carry_low.eq(0)]
             with m.Elif(valid):
-                m.d.sync += [carry_valid.eq(spill.any()),
-                             carry_low.eq(Mux(spill.any(), r["low"], 0)),
-                             carry_en.eq(spill), carry_word.eq(r["word"] + 1)]
-        # The carry's data loads without the flush decision: a flushed carry is not read
-        # again (its lanes are cleared), and the beat that waits behind the flush loads it
-        # again when it is taken.
+                m.d.sync += [carry_valid.eq(spills), carry_low.eq(Mux(spills, r["low"], 0))]
+        # The carry's data, lanes and word load without the flush decision: a flushed carry
+        # is not read again (its flag and lanes are cleared), and the beat that waits behind
+        # the flush loads them again when it is taken.
         with m.If(skid.i.ready & valid):
-            m.d.sync += carry_data.eq(r["data"])
+            m.d.sync += [carry_data.eq(r["data"]), carry_en.eq(r["strb"] & r["low"]),
+                         carry_word.eq(r["word"] + 1)]
         return m
 
 
@@ -377,7 +417,7 @@ class AxiWriteMaster(wiring.Component):
         page, _ = page_marks(m, beat.word, self.base_word, page_bits, last=False)
         m.d.comb += [
             inp.i.valid.eq(self.i.valid), self.i.ready.eq(inp.i.ready),
-            inp.i.payload.word.eq(self.base_word + beat.word),
+            inp.i.payload.word.eq(beat.word),          # base_word is added at the close
             inp.i.payload.follows.eq(beat.word == after),
             inp.i.payload.page.eq(page),               # the word starts a 4 KiB page
             inp.i.payload.entry.eq(Cat(beat.data, beat.strb)),
@@ -395,22 +435,29 @@ class AxiWriteMaster(wiring.Component):
         closing = SimpleNamespace(w_en=Signal(name="closing"), w_data=Signal(command),
                                   w_rdy=Signal(init=1, name="closing_room"))
         # (a closed command waits for the queue; its data is read only beside the flag)
+        # The former counts words from the buffer's base: a burst's bus address is the
+        # base's add into the waiting register (an add in front of the input register, a
+        # carry chain then the skid buffer's choice, was as long as the former's paths).
+        absolute = Signal(command)
+        m.d.comb += [absolute.word.eq(closing.w_data.word + self.base_word),
+                     absolute.len.eq(closing.w_data.len)]
         waiting = delay(m, closing.w_en, 1, 1, name="waiting")
-        waiting_data = delay(m, closing.w_data, 1, 1, name="waiting_data", reset_less=True)
+        waiting_data = delay(m, absolute, 1, 1, name="waiting_data", reset_less=True)
         m.d.sync += closing.w_rdy.eq(cmd.level + waiting <= cmd.depth - 2)
         m.d.comb += [cmd.w_en.eq(waiting), cmd.w_data.eq(waiting_data)]
         fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
         ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
                                            continues=word.follows & ~word.page,
                                            room=fifo_room, commands=closing,
-                                           max_burst=self.max_burst)
+                                           max_burst=self.max_burst, wait_to_close=True)
         m.d.comb += inp.o.ready.eq(ready)
 
         # ---- the word FIFO: a block RAM (registered write, two-cycle read) read ahead into
         # a credit-counted queue; every flag is a register -----------------------------------
         ahead, empty = block_fifo(m, "", width=entry_width, depth=self.fifo_depth,
                                   target=self.bram, write=take, data=word.entry,
-                                  room=fifo_room, wide=True, group_bits=ALTERNATE_GROUP_BITS)
+                                  room=fifo_room, room_ahead=True, wide=True,
+                                  group_bits=ALTERNATE_GROUP_BITS)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -431,11 +478,15 @@ class AxiWriteMaster(wiring.Component):
         # ---- W: each issued burst's words, wlast on the last --------------------------------
         w = m.submodules.w = SkidBuffer(data.StructLayout({
             "data": lanes * width, "strb": self.bus_bytes, "last": 1}))
+        # The next burst's length comes through a skid buffer, so that the W side's load
+        # (a gate of its flags) reaches that buffer's flags, not the length queue's fill
+        # (4 levels from the W register's flag).
+        next_len = m.submodules.next_len = SkidBuffer(8)
         active = Signal()
         left = Signal(8)                            # beats after the one in hand
         last = Signal()                             # left == 0 (a register)
         sending = active & ahead.o.valid & w.i.ready
-        load = lengths.r_rdy & (~active | (sending & last))
+        load = next_len.o.valid & (~active | (sending & last))
         lane_bytes = width // 8
         entry = ahead.o.payload.data
         strb = entry[lanes * width:]
@@ -444,7 +495,8 @@ class AxiWriteMaster(wiring.Component):
             w.i.payload.data.eq(entry[:lanes * width]),
             w.i.payload.strb.eq(Cat(strb[n].replicate(lane_bytes) for n in range(lanes))),
             w.i.payload.last.eq(last),
-            lengths.r_en.eq(load),
+            next_len.i.valid.eq(lengths.r_rdy), next_len.i.payload.eq(lengths.r_data),
+            lengths.r_en.eq(next_len.i.ready), next_len.o.ready.eq(~active | (sending & last)),
             p("wdata").eq(w.o.payload.data), p("wstrb").eq(w.o.payload.strb),
             p("wlast").eq(w.o.payload.last), p("wvalid").eq(w.o.valid),
             w.o.ready.eq(p("wready")),
@@ -454,8 +506,8 @@ class AxiWriteMaster(wiring.Component):
             with m.If(last):
                 m.d.sync += active.eq(0)
         with m.If(load):
-            m.d.sync += [active.eq(1), left.eq(lengths.r_data),
-                         last.eq(lengths.r_data == 0)]
+            m.d.sync += [active.eq(1), left.eq(next_len.o.payload),
+                         last.eq(next_len.o.payload == 0)]
 
         # ---- B -------------------------------------------------------------------------------
         answered = p("bvalid")
@@ -467,22 +519,25 @@ class AxiWriteMaster(wiring.Component):
         return m
 
 
-def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=False,
-               group_bits=None):
+def block_fifo(m, name, *, width, depth, target, write, data, room=None, room_ahead=False,
+               wide=False, group_bits=None):
     """A FIFO of ``depth`` entries of ``width`` bits in a
     :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
     register, read in two cycles) read ahead into a
     :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM output and no flag
     is combinational logic's input. ``write``, ``data``: an entry goes in (the caller makes
     sure there is room); ``room`` (optional, a register the caller made with init 1): set
-    to whether the next entry fits. Its submodules are ``<name>_store`` and
-    ``<name>_ahead`` (``store`` and ``ahead`` without a name). ``wide``: the output is a bus
-    word whose consumer registers it: the output skid buffer holds it in two registers
-    written in turn (its ``alternate``), so that the consumer's take reaches no bus-wide
-    clock enable; ``o.payload`` is then a layout of one field, ``data``; ``group_bits``:
-    the skid buffer's, for an early ``o.ready`` (see :class:`~moe_hw.stream.SkidBuffer`). Returns
-    ``(ahead, empty)``: the pipeline (its ``o`` the FIFO's output stream, ``busy`` an entry
-    in its queue) and a register that is high while the block RAM holds no entry."""
+    to whether the next entry fits; with ``room_ahead``, whether an entry fits in the next
+    cycle, from this cycle's count (a compare of a register, which no handshake reaches),
+    so that the FIFO then holds up to ``depth - 1`` entries. Its submodules are
+    ``<name>_store`` and ``<name>_ahead`` (``store`` and ``ahead`` without a name).
+    ``wide``: the output is a bus word whose consumer registers it: the output skid buffer
+    holds it in two registers written in turn (its ``alternate``), so that the consumer's take
+    reaches no bus-wide clock enable; ``o.payload`` is then a layout of one field, ``data``;
+    ``group_bits``: the skid buffer's, for an early ``o.ready`` (see
+    :class:`~moe_hw.stream.SkidBuffer`). Returns ``(ahead, empty)``: the pipeline (its ``o``
+    the FIFO's output stream, ``busy`` an entry in its queue) and a register that is high while
+    the block RAM holds no entry."""
     prefix = f"{name}_" if name else ""
     store = m.submodules[f"{prefix}store"] = BlockMemory(width, depth, target=target,
                                                           registered_write=True)
@@ -508,7 +563,11 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=Fa
     with m.If(read):
         m.d.sync += r_ptr.eq(_next(r_ptr, depth))
     flags = [(empty, True, 0)]
-    if room is not None:
+    if room is not None and room_ahead:
+        # (as the next count's flag, the take and the FIFO's read ran through the count's
+        # choice into it: 4 levels in the write master)
+        m.d.sync += room.eq(used < depth - 1)
+    elif room is not None:
         flags.insert(0, (room, False, depth))
     count_level(m, used, write, read, flags)
     count_level(m, readable, written, read, [(nonempty, False, 0)])
