@@ -31,11 +31,11 @@ cycles and one per rotation stage (3 up to 2 lanes, 5 at 8, 6 at 16).
   each word comes in through a register stage that holds its word address (``base_word``
   is added to a burst's start as it closes) and whether it follows the word before and
   starts a 4 KiB page; the burst's length limit and the FIFO's room are registers of their
-  own. A closed burst's command waits a cycle in a register before the
-  command queue (five deep; the former's room for it is a register too), so that the
-  queue's head never loads in the cycle of the close. The input waits while an open burst
-  could not close (no room for its command), even for a word that would extend it: the
-  input's ready is then a gate of three registers, not of the word's own flags.
+  own. A closed burst's command waits a cycle in a register before the command queue (five
+  deep; the former's room for it is a register too), so that the queue's head never loads
+  in the cycle of the close. The input waits while an open burst could not close (no room
+  for its command), even for a word that would extend it: the input's ready is then a gate
+  of three registers, not of the word's own flags.
 * The FIFO is a :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for
   DP16KD blocks with their output registers), written through a register and read ahead
   (two cycles) into a :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM
@@ -486,7 +486,8 @@ class AxiWriteMaster(wiring.Component):
         left = Signal(8)                            # beats after the one in hand
         last = Signal()                             # left == 0 (a register)
         sending = active & ahead.o.valid & w.i.ready
-        load = next_len.o.valid & (~active | (sending & last))
+        wants = ~active | (sending & last)          # the W side can take the next length
+        load = next_len.o.valid & wants
         lane_bytes = width // 8
         entry = ahead.o.payload.data
         strb = entry[lanes * width:]
@@ -496,7 +497,7 @@ class AxiWriteMaster(wiring.Component):
             w.i.payload.strb.eq(Cat(strb[n].replicate(lane_bytes) for n in range(lanes))),
             w.i.payload.last.eq(last),
             next_len.i.valid.eq(lengths.r_rdy), next_len.i.payload.eq(lengths.r_data),
-            lengths.r_en.eq(next_len.i.ready), next_len.o.ready.eq(~active | (sending & last)),
+            lengths.r_en.eq(next_len.i.ready), next_len.o.ready.eq(wants),
             p("wdata").eq(w.o.payload.data), p("wstrb").eq(w.o.payload.strb),
             p("wlast").eq(w.o.payload.last), p("wvalid").eq(w.o.valid),
             w.o.ready.eq(p("wready")),
