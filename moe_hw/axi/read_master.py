@@ -13,16 +13,21 @@ of the lanes) straddles two bus words when its enabled lanes reach past the firs
 continues the previous request (its address is the previous one's plus ``lanes``) and that
 one spilled (the word was read then), and the next word if it spills. An aligned request is
 one word; an unaligned run of consecutive requests costs one word more than its requests.
-What the response side needs to put the beat back together (where the first word comes
-from, whether a second follows, the offset) goes to the plan queue, one entry per request.
-Registered stages: the request's position (:func:`~moe_hw.axi.write_master.beat_position`,
-the base address added, whether its word starts or ends a 4 KiB page), then the words one
-per cycle, each with whether it continues the word before on the same page (so the burst
-former decides from registers).
+What the response side needs to put the beat back together (whether the step takes a word,
+whether it only keeps it, where the first word comes from, the offset) goes to the plan
+queue, one entry per word step. Registered stages: the request's position
+(:func:`~moe_hw.axi.write_master.beat_position`, whether its word starts or ends a 4 KiB
+page, and its word address compared with the last request's plus one and plus two, per two
+bits), then those compares joined (whether it continues the last request's spill, whether
+its first word follows the last word read), then the words one per cycle, each with whether
+it continues the word before on the same page (so the burst former decides from
+registers). A step waits for room in both the word and the plan queues, so that it is a
+gate of registers. Word addresses are counted from the buffer's base until a burst closes.
 
 **Bursts** (:func:`~moe_hw.axi.write_master.form_bursts`, the write master's burst former):
 consecutive words become INCR bursts of at most ``max_burst`` beats that never cross a 4 KiB
-boundary; their commands wait in a queue.
+boundary; their commands, with the base added, wait in a queue
+(:func:`~moe_hw.axi.write_master.burst_commands`, the write master's).
 
 **AR**: a burst is issued when fewer than ``outstanding`` bursts are in flight (issued and
 not finished by ``rlast``) and the response FIFO (``fifo_depth`` words, a block RAM) has
@@ -35,14 +40,15 @@ their output registers) read ahead into a :class:`~moe_hw.stream.CreditPipeline`
 so that the assembly decides from registers. A response other
 than OKAY raises ``bus_error`` for one cycle (the data is passed on as it came).
 
-**Assemble** (the response side of the realignment): per plan entry, the first word is the
+**Assemble** (the response side of the realignment): per request, the first word is the
 previous word (the *carry*: the word the previous request spilled into) or the next word off
-the FIFO, and a spilling request takes one word more. The two words are merged per lane (the
-lanes below the offset from the second) in a registered stage, then rotated by the offset
-into the response's lane order with the write path's
-:func:`~moe_hw.axi.write_master.rotate`, a 4:1 choice per bit for each two bits of the
-offset, one registered stage each (one stage up to 4 lanes, two up to 16): the response
-leaves from the last stage's skid buffer.
+the FIFO, and a spilling request takes one word more (a plan entry that only keeps the first
+word, then one that takes the second). The two words are merged per lane (the lanes below
+the offset from the second) in a registered stage, then rotated by the offset into the
+response's lane order with the write path's :func:`~moe_hw.axi.write_master.rotate`, a 2:1
+choice per bit for each bit of the offset, one registered stage each (three at 8 lanes, four
+at 16: beside the alternate registers' own choice one LUT, where a 4:1 choice made three
+levels): the response leaves from the last stage's skid buffer.
 
 ``idle``: nothing is held (no request, word, burst, plan or response inside). ``base_word``
 (the buffer's base address in bus words) is added to every word address; it must hold while
@@ -56,12 +62,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer
+from ..stream import ALTERNATE_GROUP_BITS, SkidBuffer
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
 from .write_master import (AWBURST_INCR, AWCACHE, beat_position, block_fifo,
-                           check_bus, count_level, form_bursts, page_marks, rotate,
-                           rotation_stages)
+                           burst_commands, check_bus, count_level, form_bursts, page_marks,
+                           pairwise_equal, rotate, rotation_stages)
 
 __all__ = ["AxiReadMaster", "axi_read_members"]
 
@@ -85,8 +91,8 @@ class AxiReadMaster(wiring.Component):
     ``<prefix>_*``; see the module docstring. ``bram``: how the plan queue and the response
     FIFO are built (a :class:`~moe_hw.blocks.block_memory.BlockMemory` target)."""
 
-    #: Lane-offset bits each rotation stage resolves (a 4:1 choice per bit).
-    STAGE_BITS = 2
+    #: Lane-offset bits each rotation stage resolves (a 2:1 choice per bit).
+    STAGE_BITS = 1
 
     def __init__(self, prefix, request_layout, response_layout, *, addr_width=32,
                  max_burst=256, outstanding=4, fifo_depth=512, id_width=1, bram="generic"):
@@ -117,76 +123,117 @@ class AxiReadMaster(wiring.Component):
         bits = lanes * width
         word_width = self.bus_word_width
 
-        # ---- split, stage 1: the request's position on the bus words (registered) --------
-        position = data.StructLayout({"word": word_width, "offset": max(1, shift),
-                                      "low": lanes, "spill": 1, "follows": 1,
-                                      "page_first": 1, "page_last": 1})
-        pre = m.submodules.position = SkidBuffer(position)
+        # ---- split, stage 1: the request's position on the bus words (registered), and
+        # how it follows the one before, as compares per two bits of its word address ------
+        # Word addresses are counted from the buffer's base (a burst's bus address is the
+        # base's add as it closes, :func:`burst_commands`). ``after1``, ``after2``: the last
+        # request's word plus one and plus two. The request follows the last one (its address
+        # is that one's plus ``lanes``) when its offset is the last one's and its word is
+        # ``after1``; its first word continues the last word read (``after``, as a word
+        # address) when its word is ``after2`` if the last request spilled, else ``after1``.
         req = self.request.payload
-        offset, low, follows = beat_position(m, req.addr, lanes,
-                                             self.request.valid & self.request.ready)
-        word = Signal(word_width)
-        m.d.comb += word.eq(self.base_word + req.addr[shift:])
+        take = self.request.valid & self.request.ready
+        rel = Signal(word_width)
+        word1 = Signal(word_width)
+        m.d.comb += [rel.eq(req.addr[shift:]), word1.eq(rel + 1)]
+        offset, low = beat_position(req.addr, lanes)
+        # An enabled lane lands below the offset once rotated (element l does when
+        # l + offset >= lanes: lane lanes - 1 - l is below the offset): the next word.
+        spill = (req.enable & Cat(low[lanes - 1 - n] for n in range(lanes))).any()
+        after1 = Signal(word_width)
+        after2 = Signal(word_width)
+        after_spill = Signal()                   # the last request spilled
+        last_offset = Signal.like(offset)
+        with m.If(take):
+            m.d.sync += [after1.eq(word1), after2.eq(rel + 2), after_spill.eq(spill),
+                         last_offset.eq(offset)]
         page_bits = 12 - self.size
         # The word starts a 4 KiB page; it is a page's last (its next starts one).
-        page_first, page_last = page_marks(m, req.addr[shift:], self.base_word, page_bits)
+        page_first, page_last = page_marks(m, rel, self.base_word, page_bits)
+        position = data.StructLayout({"word": word_width, "word1": word_width,
+                                      "offset": max(1, shift), "low": lanes, "spill": 1,
+                                      "same1": -(-word_width // 2),
+                                      "same2": -(-word_width // 2),
+                                      "same_offset": 1, "after_spill": 1,
+                                      "page_first": 1, "page_last": 1})
+        pre = m.submodules.position = SkidBuffer(position)
         m.d.comb += [
             pre.i.valid.eq(self.request.valid), self.request.ready.eq(pre.i.ready),
-            pre.i.payload.word.eq(word),
+            pre.i.payload.word.eq(rel), pre.i.payload.word1.eq(word1),
             pre.i.payload.page_first.eq(page_first),
             pre.i.payload.page_last.eq(page_last),
             pre.i.payload.offset.eq(offset), pre.i.payload.low.eq(low),
-            # An enabled lane lands below the offset once rotated (element l does when
-            # l + offset >= lanes: lane lanes - 1 - l is below the offset): the next word.
-            pre.i.payload.spill.eq((req.enable & Cat(low[lanes - 1 - n]
-                                                     for n in range(lanes))).any()),
-            pre.i.payload.follows.eq(follows),
+            pre.i.payload.spill.eq(spill),
+            pre.i.payload.same1.eq(pairwise_equal(rel, after1)),
+            pre.i.payload.same2.eq(pairwise_equal(rel, after2)),
+            pre.i.payload.same_offset.eq(offset == last_offset),
+            pre.i.payload.after_spill.eq(after_spill),
         ]
 
-        # ---- split, stage 2: the words, one per cycle, and the plan ----------------------
-        plan_layout = data.StructLayout({"carry": 1, "spill": 1, "low": lanes,
+        # ---- split, stage 2: the compares joined (registered) ------------------------------
+        joined = data.StructLayout({"word": word_width, "word1": word_width,
+                                    "offset": max(1, shift), "low": lanes, "spill": 1,
+                                    "carry": 1, "after": 1,
+                                    "page_first": 1, "page_last": 1})
+        joins = m.submodules.joins = SkidBuffer(joined)
+        q = pre.o.payload
+        m.d.comb += [
+            joins.i.valid.eq(pre.o.valid), pre.o.ready.eq(joins.i.ready),
+            *(joins.i.payload[name].eq(q[name])
+              for name in ("word", "word1", "offset", "low", "spill", "page_first",
+                           "page_last")),
+            # The request's first word is the one the last request spilled into.
+            joins.i.payload.carry.eq(q.after_spill & q.same_offset & q.same1.all()),
+            joins.i.payload.after.eq(Mux(q.after_spill, q.same2.all(), q.same1.all())),
+        ]
+
+        # ---- split, stage 3: the words, one per cycle, and the plan ----------------------
+        # One plan entry per step: ``word``, the step takes a word off the response FIFO;
+        # ``store``, it only keeps it (the first of a request's two words); ``kept``, the
+        # request's first word is the one kept (a carry, or the word the step before
+        # stored): the assembly's step is then a gate of registers.
+        plan_layout = data.StructLayout({"word": 1, "store": 1, "kept": 1, "low": lanes,
                                          "offset": max(1, shift)})
         plan_room = Signal(init=1)               # the plan queue has room (a register)
         # ``continues``: the word is the previous word plus one and starts no new page (for
         # the burst former, from registers).
         words = m.submodules.words = SkidBuffer(data.StructLayout({"word": word_width,
                                                                    "continues": 1}))
-        r = pre.o.payload
-        last_spill = Signal()                    # the previous request read its next word
+        r = joins.o.payload
         half = Signal()                          # this request's first word is issued
-        carry = r.follows & last_spill
+        carry = r.carry
         first = ~carry & ~half                   # the request's first word is to be read
         has_word = first | r.spill
         final = ~(first & r.spill)               # this step ends the request
-        plan_ok = plan_room | ~final
-        go = pre.o.valid & plan_ok & (words.i.ready | ~has_word)
+        # A step waits for room for a word and a plan entry even when it has no use for
+        # one of them (both queues are full only behind a stalled bus), so that it is a
+        # gate of three registers (with the room it needs, the request's flags and the
+        # step's count reached the skid buffers' loads: 4 levels).
+        go = joins.o.valid & plan_room & words.i.ready
         plan = Signal(plan_layout)
-        after = Signal(word_width)               # the last word issued, plus one
         m.d.comb += [
-            words.i.valid.eq(pre.o.valid & has_word & plan_ok),
-            words.i.payload.word.eq(Mux(first, r.word, r.word + 1)),
-            words.i.payload.continues.eq(Mux(first, (r.word == after) & ~r.page_first,
+            words.i.valid.eq(joins.o.valid & has_word & plan_room),
+            words.i.payload.word.eq(Mux(first, r.word, r.word1)),
+            words.i.payload.continues.eq(Mux(first, r.after & ~r.page_first,
                                              ~r.page_last)),
-            plan.carry.eq(carry), plan.spill.eq(r.spill), plan.low.eq(r.low),
-            plan.offset.eq(r.offset),
-            pre.o.ready.eq(go & final),
+            plan.word.eq(has_word), plan.store.eq(~final), plan.kept.eq(carry | half),
+            plan.low.eq(r.low), plan.offset.eq(r.offset),
+            joins.o.ready.eq(go & final),
         ]
         plans, plans_empty = block_fifo(m, "plans", width=plan_layout.size,
                                         depth=self.fifo_depth, target=self.bram,
-                                        write=go & final, data=plan, room=plan_room)
-        with m.If(words.i.valid & words.i.ready):
-            m.d.sync += after.eq(Mux(first, r.word + 1, r.word + 2))
+                                        write=go, data=plan, room=plan_room,
+                                        room_ahead=True)
         with m.If(go):
             m.d.sync += half.eq(~final)
-            with m.If(final):
-                m.d.sync += last_spill.eq(r.spill)
 
         # ---- bursts ------------------------------------------------------------------------
         command = data.StructLayout({"word": word_width, "len": 8})
-        cmd = m.submodules.commands = RegisteredFIFO(command, 4)
+        cmd, closing, waiting = burst_commands(m, command, self.base_word)
         ready, _, is_open = form_bursts(m, valid=words.o.valid, word=words.o.payload.word,
                                         continues=words.o.payload.continues, room=1,
-                                        commands=cmd, max_burst=self.max_burst)
+                                        commands=closing, max_burst=self.max_burst,
+                                        wait_to_close=True)
         m.d.comb += words.o.ready.eq(ready)
 
         # ---- AR: issued while bursts and the FIFO's room allow -----------------------------
@@ -231,21 +278,19 @@ class AxiReadMaster(wiring.Component):
         m.d.comb += head.eq(plans.o.payload)
         word_in = fifo.o.payload.data
         kept = Signal(bits, reset_less=True)     # the last word taken off the FIFO
-        got_first = Signal()                     # the head's first word is in ``kept``
-        first_ready = head.carry | got_first
-        need_word = ~first_ready | head.spill
-        store_only = ~first_ready & head.spill   # this step only keeps the first word
+        need_word = head.word
         step_ok = plans.o.valid & (~need_word | fifo.o.valid)
-        step = step_ok & (store_only | merge.i.ready)
-        low_word = Mux(first_ready, kept, word_in)
+        # (a step that only stores waits for the merge's room too: the step is then one LUT)
+        step = step_ok & merge.i.ready
+        low_word = Mux(head.kept, kept, word_in)
         m.d.comb += [
-            merge.i.valid.eq(step_ok & ~store_only),
+            merge.i.valid.eq(step_ok & ~head.store),
             merge.i.payload.data.eq(Cat(
                 Mux(head.low[n], word_in.word_select(n, width),
                     low_word.word_select(n, width)) for n in range(lanes))),
             merge.i.payload.offset.eq(head.offset),
             fifo.o.ready.eq(step & need_word),
-            plans.o.ready.eq(step & ~store_only),
+            plans.o.ready.eq(step),
         ]
         # A word taken off the FIFO is counted free a cycle later (``popped``, a register):
         # the count's adders and the room's compares then start from registers alone.
@@ -261,10 +306,8 @@ class AxiReadMaster(wiring.Component):
         # word was popped), the handshakes choose.
         m.d.sync += fits.eq(Mux(issue, Mux(popped, spare >= length, spare > length),
                                 Mux(popped, spare >= -1, spare >= 0)))
-        with m.If(step):
-            m.d.sync += got_first.eq(store_only)
-            with m.If(need_word):
-                m.d.sync += kept.eq(word_in)
+        with m.If(step & need_word):
+            m.d.sync += kept.eq(word_in)
 
         # ---- assemble, stage 2: rotated into the response's lane order, the offset's bits
         # resolved a few per registered stage as in the write path ------------------------
@@ -288,8 +331,8 @@ class AxiReadMaster(wiring.Component):
             self.response.payload.data.eq(source.data),
         ]
 
-        m.d.comb += self.idle.eq(~pre.held & ~half & ~words.held & ~is_open &
-                                 ~cmd.r_rdy & (in_flight == 0) & fifo_empty &
+        m.d.comb += self.idle.eq(~pre.held & ~joins.held & ~half & ~words.held & ~is_open &
+                                 ~waiting & ~cmd.r_rdy & (in_flight == 0) & fifo_empty &
                                  ~fifo.busy & plans_empty & ~plans.busy & ~merge.held &
                                  ~Cat(rot.held for rot in stages).any())
         return m

@@ -73,8 +73,8 @@ from ..stream import (ALTERNATE_GROUP_BITS, CreditPipeline, RegisteredFIFO, Skid
                       delay)
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
-           "block_fifo", "check_bus", "count_level", "form_bursts", "page_marks", "rotate",
-           "rotation_stages", "word_layout"]
+           "block_fifo", "burst_commands", "check_bus", "count_level", "form_bursts",
+           "page_marks", "pairwise_equal", "rotate", "rotation_stages", "word_layout"]
 
 #: AXI4 constants of every burst: INCR, normal access, bufferable and modifiable.
 AWBURST_INCR = 0b01
@@ -125,22 +125,21 @@ def check_bus(master, *, lanes, width, addr_width, max_burst, outstanding, fifo_
     master.max_burst, master.outstanding, master.fifo_depth = max_burst, outstanding, fifo_depth
 
 
-def beat_position(m, addr, lanes, take=None):
+def beat_position(addr, lanes):
     """Where an element-addressed beat of ``lanes`` elements at ``addr`` falls on the bus
-    words: ``offset`` (its lane 0's lane in the word: element l goes to lane
-    ``(l + offset) mod lanes``), ``low`` (the lanes below the offset, those of the next word,
-    as one compare per lane) and ``follows`` (the beat's address is the previous taken beat's
-    plus ``lanes``: it continues that beat). ``take``: the beat is taken this cycle (without
-    it, ``follows`` is None)."""
+    words: ``(offset, low)``, its lane 0's lane in the word (element l goes to lane
+    ``(l + offset) mod lanes``) and the lanes below the offset (those of the next word), as
+    one compare per lane."""
     shift = exact_log2(lanes)
     offset = addr[:shift] if shift else Const(0, 1)
-    low = Cat(offset > n for n in range(lanes))
-    if take is None:
-        return offset, low, None
-    previous = Signal.like(addr)              # the address of the last beat taken, + lanes
-    with m.If(take):
-        m.d.sync += previous.eq(addr + lanes)
-    return offset, low, addr == previous
+    return offset, Cat(offset > n for n in range(lanes))
+
+
+def pairwise_equal(a, b):
+    """Whether ``a`` and ``b`` are equal in each two bits (bit k: bits 2k and 2k + 1), one
+    LUT each: registered, their AND is the equality a stage later, as a gate of registers
+    rather than a compare's tree behind a register."""
+    return Cat(a[k:k + 2] == b[k:k + 2] for k in range(0, len(a), 2))
 
 
 def page_marks(m, word, base_word, page_bits, *, last=True):
@@ -228,6 +227,35 @@ def form_bursts(m, *, valid, word, continues, room, commands, max_burst, wait_to
     return ready, take, is_open
 
 
+def burst_commands(m, command, base_word, depth=5):
+    """The queue of closed bursts' commands (``command``: ``word``, ``len``), fed by
+    :func:`form_bursts` through a register. Returns ``(cmd, closing, waiting)``: the queue (a
+    :class:`~moe_hw.stream.RegisteredFIFO` of ``depth``, submodule ``commands``), the
+    former's ``commands`` argument (``w_en``, ``w_data``, ``w_rdy``) and the register that
+    holds a closed command.
+
+    A closed burst's command waits a cycle in a register before the queue, so that the
+    queue's head does not load in the cycle of the close (the input's flags through the
+    close into the head's clock enable: 4 levels, 217.2 MHz in the write master). The former
+    sees room while the queue, with the command waiting, has two free entries (a register): a
+    command it closes then always finds room a cycle later. The former counts words from the
+    buffer's base: a burst's bus address is the base's add into the waiting register (an add
+    in front of the former's input register, a carry chain then the skid buffer's choice, was
+    as long as the former's paths)."""
+    cmd = m.submodules.commands = RegisteredFIFO(command, depth)
+    closing = SimpleNamespace(w_en=Signal(name="closing"), w_data=Signal(command),
+                              w_rdy=Signal(init=1, name="closing_room"))
+    # (a closed command waits for the queue; its data is read only beside the flag)
+    absolute = Signal(command)
+    m.d.comb += [absolute.word.eq(closing.w_data.word + base_word),
+                 absolute.len.eq(closing.w_data.len)]
+    waiting = delay(m, closing.w_en, 1, 1, name="waiting")
+    waiting_data = delay(m, absolute, 1, 1, name="waiting_data", reset_less=True)
+    m.d.sync += closing.w_rdy.eq(cmd.level + waiting <= cmd.depth - 2)
+    m.d.comb += [cmd.w_en.eq(waiting), cmd.w_data.eq(waiting_data)]
+    return cmd, closing, waiting
+
+
 class WriteRealign(wiring.Component):
     """Element-addressed write beats (``i``: ``addr``, ``data``, ``enable``) onto bus words
     (``o``: :func:`word_layout`); see the module docstring. ``busy``: a word is held."""
@@ -285,8 +313,7 @@ class WriteRealign(wiring.Component):
             inp.i.valid.eq(self.i.valid), self.i.ready.eq(inp.i.ready),
             *(inp.i.payload[name].eq(self.i.payload[name])
               for name in self.write_layout.members),
-            inp.i.payload.same.eq(Cat(self.i.payload.addr[k:k + 2] == expected[k:k + 2]
-                                      for k in range(0, addr_width, 2))),
+            inp.i.payload.same.eq(pairwise_equal(self.i.payload.addr, expected)),
         ]
         skids.append(inp)
         beat = inp.o.payload
@@ -301,7 +328,7 @@ class WriteRealign(wiring.Component):
         # l + offset >= lanes) and then reduces four to one in each stage, so that the merge
         # reads it from a register rather than as a gate of all the lanes.
         addr = beat.addr
-        offset, low, _ = beat_position(m, addr, lanes)
+        offset, low = beat_position(addr, lanes)
         follows = beat.same.all()
         source = {"word": addr[shift:], "data": Cat(beat.data[n] for n in range(lanes)),
                   "strb": beat.enable, "low": low, "follows": follows, "rest": offset,
@@ -426,25 +453,7 @@ class AxiWriteMaster(wiring.Component):
 
         # ---- burst former --------------------------------------------------------------------
         command = data.StructLayout({"word": self.bus_word_width, "len": 8})
-        # A closed burst's command waits a cycle in a register before the queue, so that
-        # the queue's head does not load in the cycle of the close (the input's flags
-        # through the close into the head's clock enable: 4 levels, 217.2 MHz). The former
-        # sees room while the queue, with the command waiting, has two free entries (a
-        # register): a command it closes then always finds room a cycle later.
-        cmd = m.submodules.commands = RegisteredFIFO(command, 5)
-        closing = SimpleNamespace(w_en=Signal(name="closing"), w_data=Signal(command),
-                                  w_rdy=Signal(init=1, name="closing_room"))
-        # (a closed command waits for the queue; its data is read only beside the flag)
-        # The former counts words from the buffer's base: a burst's bus address is the
-        # base's add into the waiting register (an add in front of the input register, a
-        # carry chain then the skid buffer's choice, was as long as the former's paths).
-        absolute = Signal(command)
-        m.d.comb += [absolute.word.eq(closing.w_data.word + self.base_word),
-                     absolute.len.eq(closing.w_data.len)]
-        waiting = delay(m, closing.w_en, 1, 1, name="waiting")
-        waiting_data = delay(m, absolute, 1, 1, name="waiting_data", reset_less=True)
-        m.d.sync += closing.w_rdy.eq(cmd.level + waiting <= cmd.depth - 2)
-        m.d.comb += [cmd.w_en.eq(waiting), cmd.w_data.eq(waiting_data)]
+        cmd, closing, waiting = burst_commands(m, command, self.base_word)
         fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
         ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
                                            continues=word.follows & ~word.page,
