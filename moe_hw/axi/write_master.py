@@ -54,9 +54,11 @@ idle, and from the cycle before the first word (its page position is registered)
 Every AXI output is a register (skid buffers on AW and W, constants elsewhere).
 
 The pieces :class:`~moe_hw.axi.read_master.AxiReadMaster` uses too are functions here:
-:func:`check_bus` (the parameters), :func:`beat_position` (a beat's offset, low lanes and
-continuation), :func:`rotate` (one stage of the rotation), :func:`form_bursts` (the burst
-former) and :func:`block_fifo` (the block RAM FIFO read ahead).
+:func:`check_bus` (the parameters), :func:`beat_position` (a beat's offset and low lanes),
+:func:`pairwise_equal` (an equality in two-bit parts, joined a stage later),
+:func:`page_marks` (a word's 4 KiB page ends), :func:`rotate` (one stage of the rotation),
+:func:`form_bursts` (the burst former), :func:`burst_commands` (its command register and
+queue) and :func:`block_fifo` (the block RAM FIFO read ahead).
 """
 
 from types import SimpleNamespace
