@@ -91,9 +91,6 @@ class AxiReadMaster(wiring.Component):
     ``<prefix>_*``; see the module docstring. ``bram``: how the plan queue and the response
     FIFO are built (a :class:`~moe_hw.blocks.block_memory.BlockMemory` target)."""
 
-    #: Lane-offset bits each rotation stage resolves (a 2:1 choice per bit).
-    STAGE_BITS = 1
-
     def __init__(self, prefix, request_layout, response_layout, *, addr_width=32,
                  max_burst=256, outstanding=4, fifo_depth=512, id_width=1, bram="generic"):
         array = response_layout["data"].shape
@@ -136,10 +133,8 @@ class AxiReadMaster(wiring.Component):
         rel = Signal(word_width)
         word1 = Signal(word_width)
         m.d.comb += [rel.eq(req.addr[shift:]), word1.eq(rel + 1)]
-        offset, low = beat_position(req.addr, lanes)
-        # An enabled lane lands below the offset once rotated (element l does when
-        # l + offset >= lanes: lane lanes - 1 - l is below the offset): the next word.
-        spill = (req.enable & Cat(low[lanes - 1 - n] for n in range(lanes))).any()
+        offset, low, spills = beat_position(req.addr, req.enable, lanes)
+        spill = spills.any()                     # the request reads the next word too
         after1 = Signal(word_width)
         after2 = Signal(word_width)
         after_spill = Signal()                   # the last request spilled
@@ -222,8 +217,7 @@ class AxiReadMaster(wiring.Component):
         ]
         plans, plans_empty = block_fifo(m, "plans", width=plan_layout.size,
                                         depth=self.fifo_depth, target=self.bram,
-                                        write=go, data=plan, room=plan_room,
-                                        room_ahead=True)
+                                        write=go, data=plan, room=plan_room)
         with m.If(go):
             m.d.sync += half.eq(~final)
 
@@ -232,8 +226,7 @@ class AxiReadMaster(wiring.Component):
         cmd, closing, waiting = burst_commands(m, command, self.base_word)
         ready, _, is_open = form_bursts(m, valid=words.o.valid, word=words.o.payload.word,
                                         continues=words.o.payload.continues, room=1,
-                                        commands=closing, max_burst=self.max_burst,
-                                        wait_to_close=True)
+                                        commands=closing, max_burst=self.max_burst)
         m.d.comb += words.o.ready.eq(ready)
 
         # ---- AR: issued while bursts and the FIFO's room allow -----------------------------
@@ -314,15 +307,14 @@ class AxiReadMaster(wiring.Component):
         turning = data.StructLayout({"data": bits, "offset": max(1, shift)})
         valid, ready, source = merge.o.valid, merge.o.ready, merge.o.payload
         stages = []
-        for stage in range(rotation_stages(shift, self.STAGE_BITS)):
+        for stage in range(rotation_stages(shift)):
             rot = m.submodules[f"rotate{stage}"] = SkidBuffer(
                 turning, alternate=("data",), group_bits=ALTERNATE_GROUP_BITS)
             stages.append(rot)
-            low_bit = stage * self.STAGE_BITS
-            turn = source.offset[low_bit:min(shift, low_bit + self.STAGE_BITS)]
             m.d.comb += [
                 rot.i.valid.eq(valid), ready.eq(rot.i.ready),
-                rot.i.payload.data.eq(rotate(source.data, width, turn, low_bit, down=True)),
+                rot.i.payload.data.eq(rotate(source.data, width, source.offset, stage,
+                                             down=True)),
                 rot.i.payload.offset.eq(source.offset),
             ]
             valid, ready, source = rot.o.valid, rot.o.ready, rot.o.payload

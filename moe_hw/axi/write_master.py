@@ -78,6 +78,10 @@ __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position
            "block_fifo", "burst_commands", "check_bus", "count_level", "form_bursts",
            "page_marks", "pairwise_equal", "rotate", "rotation_stages", "word_layout"]
 
+#: Lane-offset bits each registered stage of a rotation resolves (a 2:1 choice per bit;
+#: beside the alternate registers' own choice one LUT, where a 4:1 choice made three levels).
+STAGE_BITS = 1
+
 #: AXI4 constants of every burst: INCR, normal access, bufferable and modifiable.
 AWBURST_INCR = 0b01
 AWCACHE = 0b0011
@@ -127,14 +131,17 @@ def check_bus(master, *, lanes, width, addr_width, max_burst, outstanding, fifo_
     master.max_burst, master.outstanding, master.fifo_depth = max_burst, outstanding, fifo_depth
 
 
-def beat_position(addr, lanes):
-    """Where an element-addressed beat of ``lanes`` elements at ``addr`` falls on the bus
-    words: ``(offset, low)``, its lane 0's lane in the word (element l goes to lane
-    ``(l + offset) mod lanes``) and the lanes below the offset (those of the next word), as
-    one compare per lane."""
+def beat_position(addr, enable, lanes):
+    """Where an element-addressed beat of ``lanes`` elements at ``addr`` (``enable``: its
+    elements wanted) falls on the bus words: ``(offset, low, spills)``, its lane 0's lane in
+    the word (element l goes to lane ``(l + offset) mod lanes``), the lanes below the offset
+    (those of the next word), as one compare per lane, and the enabled elements that land
+    there, in the next word (element l does when l + offset >= lanes: lane lanes - 1 - l is
+    below the offset)."""
     shift = exact_log2(lanes)
     offset = addr[:shift] if shift else Const(0, 1)
-    return offset, Cat(offset > n for n in range(lanes))
+    low = Cat(offset > n for n in range(lanes))
+    return offset, low, enable & Cat(low[lanes - 1 - n] for n in range(lanes))
 
 
 def pairwise_equal(a, b):
@@ -165,13 +172,16 @@ def page_marks(m, word, base_word, page_bits, *, last=True):
     return low == page_base, low == page_end
 
 
-def rotate(value, width, bits, low_bit=0, *, down=False):
-    """``value`` (lanes of ``width`` bits) rotated towards the high lanes (towards the low
-    ones when ``down``) by ``bits`` (a slice of a lane offset starting at its bit
-    ``low_bit``) << ``low_bit`` lanes: a choice per output lane among 2 ** len(bits) input
-    lanes (a 4:1 choice per bit for two bits). A whole offset resolved in registered stages
-    of a few bits each is the offset's rotation."""
+def rotate(value, width, offset, stage, *, down=False):
+    """Stage ``stage`` of the rotation of ``value`` (lanes of ``width`` bits) towards the high
+    lanes (towards the low ones when ``down``) by the lane offset ``offset``: by its
+    :data:`STAGE_BITS` bits from bit ``stage * STAGE_BITS`` on, shifted up as far, a choice
+    per output lane among 2 ** STAGE_BITS input lanes. The :func:`rotation_stages` stages,
+    each registered, are the offset's rotation."""
     lanes = len(value) // width
+    shift = exact_log2(lanes)
+    low_bit = stage * STAGE_BITS
+    bits = offset[low_bit:min(shift, low_bit + STAGE_BITS)]
     sign = 1 if down else -1
     out = []
     for n in range(lanes):
@@ -184,13 +194,13 @@ def rotate(value, width, bits, low_bit=0, *, down=False):
     return Cat(out)
 
 
-def rotation_stages(shift, stage_bits):
+def rotation_stages(shift):
     """Registered stages (at least one) that rotate by a lane offset of ``shift`` bits,
-    ``stage_bits`` bits each."""
-    return max(1, -(-shift // stage_bits))
+    :data:`STAGE_BITS` bits each."""
+    return max(1, -(-shift // STAGE_BITS))
 
 
-def form_bursts(m, *, valid, word, continues, room, commands, max_burst, wait_to_close=False):
+def form_bursts(m, *, valid, word, continues, room, commands, max_burst):
     """Group bus words arriving in order (``word``, absolute, when ``valid``) into INCR
     bursts: a burst grows while words arrive one after another at consecutive addresses and
     closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
@@ -198,11 +208,10 @@ def form_bursts(m, *, valid, word, continues, room, commands, max_burst, wait_to
     or in a cycle in which no word arrives. ``continues`` (a register, worked out by the
     caller a stage earlier): the word is the previous word plus one and starts no new page,
     so that the choice to extend is made from registers alone; the burst's being full is a
-    register too. ``room`` (a register): the caller can take a word. ``wait_to_close``: a
-    word waits while an open burst could not close (``commands`` has no room), even one
-    that would extend it, so that ``ready`` is a gate of registers alone (else ``extend``
-    is in it). Returns ``(ready, take, is_open)``: a word can be taken, a word is taken, a
-    burst is open."""
+    register too. ``room`` (a register): the caller can take a word. A word waits while an
+    open burst could not close (``commands`` has no room), even one that would extend it,
+    so that ``ready`` is a gate of registers alone. Returns ``(ready, take, is_open)``: a
+    word can be taken, a word is taken, a burst is open."""
     is_open = Signal()
     start = Signal.like(word)
     length = Signal(8)                          # AxLEN: beats - 1
@@ -210,10 +219,7 @@ def form_bursts(m, *, valid, word, continues, room, commands, max_burst, wait_to
     extend = is_open & continues & ~at_max
     # (with ``extend`` in it, the word's own flags ran through ``ready`` into the write
     # master's input read pointers: 4 levels)
-    if wait_to_close:
-        ready = room & (~is_open | commands.w_rdy)
-    else:
-        ready = room & (extend | ~is_open | commands.w_rdy)
+    ready = room & (~is_open | commands.w_rdy)
     take = valid & ready
     close = is_open & Mux(take, ~extend, commands.w_rdy)
     m.d.comb += [commands.w_en.eq(close), commands.w_data.word.eq(start),
@@ -262,9 +268,6 @@ class WriteRealign(wiring.Component):
     """Element-addressed write beats (``i``: ``addr``, ``data``, ``enable``) onto bus words
     (``o``: :func:`word_layout`); see the module docstring. ``busy``: a word is held."""
 
-    #: Lane-offset bits each rotation stage resolves (a 2:1 choice per bit).
-    STAGE_BITS = 1
-
     def __init__(self, write_layout):
         self.write_layout = write_layout
         array = write_layout["data"].shape
@@ -282,7 +285,7 @@ class WriteRealign(wiring.Component):
     @property
     def rotation_stages(self):
         """Registered stages of the rotation (at least one)."""
-        return rotation_stages(self.shift, self.STAGE_BITS)
+        return rotation_stages(self.shift)
 
     @property
     def latency(self):
@@ -320,7 +323,7 @@ class WriteRealign(wiring.Component):
         skids.append(inp)
         beat = inp.o.payload
 
-        # ---- the rotation, STAGE_BITS of the lane offset per registered stage -------------
+        # ---- the rotation, :data:`STAGE_BITS` of the lane offset per registered stage ----
         # Element l of the beat goes to lane (l + offset) mod lanes. ``low``: the lanes below
         # the offset, which a continuing beat takes from the carry; ``follows``: the beat's
         # address is the previous beat's plus ``lanes`` (it continues that beat); ``rest``:
@@ -330,11 +333,11 @@ class WriteRealign(wiring.Component):
         # l + offset >= lanes) and then reduces four to one in each stage, so that the merge
         # reads it from a register rather than as a gate of all the lanes.
         addr = beat.addr
-        offset, low = beat_position(addr, lanes)
+        offset, low, spills = beat_position(addr, beat.enable, lanes)
         follows = beat.same.all()
         source = {"word": addr[shift:], "data": Cat(beat.data[n] for n in range(lanes)),
                   "strb": beat.enable, "low": low, "follows": follows, "rest": offset,
-                  "spill": beat.enable & Cat(low[lanes - 1 - n] for n in range(lanes))}
+                  "spill": spills}
         valid, ready = inp.o.valid, inp.o.ready
         for stage in range(self.rotation_stages):
             spill = source["spill"]
@@ -346,13 +349,11 @@ class WriteRealign(wiring.Component):
             rot = m.submodules[f"rotate{stage}"] = SkidBuffer(
                 rotation, alternate=("data",), group_bits=ALTERNATE_GROUP_BITS)
             skids.append(rot)
-            low_bit = stage * self.STAGE_BITS
-            bits = source["rest"][low_bit:min(shift, low_bit + self.STAGE_BITS)]
             m.d.comb += [
                 rot.i.valid.eq(valid), ready.eq(rot.i.ready),
                 rot.i.payload.word.eq(source["word"]),
-                rot.i.payload.data.eq(rotate(source["data"], width, bits, low_bit)),
-                rot.i.payload.strb.eq(rotate(source["strb"], 1, bits, low_bit)),
+                rot.i.payload.data.eq(rotate(source["data"], width, source["rest"], stage)),
+                rot.i.payload.strb.eq(rotate(source["strb"], 1, source["rest"], stage)),
                 rot.i.payload.low.eq(source["low"]), rot.i.payload.follows.eq(source["follows"]),
                 rot.i.payload.rest.eq(source["rest"]), rot.i.payload.spill.eq(spill),
             ]
@@ -460,15 +461,14 @@ class AxiWriteMaster(wiring.Component):
         ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
                                            continues=word.follows & ~word.page,
                                            room=fifo_room, commands=closing,
-                                           max_burst=self.max_burst, wait_to_close=True)
+                                           max_burst=self.max_burst)
         m.d.comb += inp.o.ready.eq(ready)
 
         # ---- the word FIFO: a block RAM (registered write, two-cycle read) read ahead into
         # a credit-counted queue; every flag is a register -----------------------------------
         ahead, empty = block_fifo(m, "", width=entry_width, depth=self.fifo_depth,
                                   target=self.bram, write=take, data=word.entry,
-                                  room=fifo_room, room_ahead=True, wide=True,
-                                  group_bits=ALTERNATE_GROUP_BITS)
+                                  room=fifo_room, wide=True, group_bits=ALTERNATE_GROUP_BITS)
 
         # ---- AW: bursts go out while fewer than ``outstanding`` await their response -------
         in_flight = Signal(range(self.outstanding + 1))
@@ -531,17 +531,17 @@ class AxiWriteMaster(wiring.Component):
         return m
 
 
-def block_fifo(m, name, *, width, depth, target, write, data, room=None, room_ahead=False,
-               wide=False, group_bits=None):
+def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=False,
+               group_bits=None):
     """A FIFO of ``depth`` entries of ``width`` bits in a
     :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
     register, read in two cycles) read ahead into a
     :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM output and no flag
     is combinational logic's input. ``write``, ``data``: an entry goes in (the caller makes
     sure there is room); ``room`` (optional, a register the caller made with init 1): set
-    to whether the next entry fits; with ``room_ahead``, whether an entry fits in the next
-    cycle, from this cycle's count (a compare of a register, which no handshake reaches),
-    so that the FIFO then holds up to ``depth - 1`` entries. Its submodules are
+    to whether an entry fits in the next cycle, from this cycle's count (a compare of a
+    register, which no handshake reaches), so that the FIFO holds up to ``depth - 1``
+    entries. Its submodules are
     ``<name>_store`` and ``<name>_ahead`` (``store`` and ``ahead`` without a name).
     ``wide``: the output is a bus word whose consumer registers it: the output skid buffer
     holds it in two registers written in turn (its ``alternate``), so that the consumer's take
@@ -574,14 +574,11 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None, room_ah
         m.d.sync += w_ptr.eq(_next(w_ptr, depth))
     with m.If(read):
         m.d.sync += r_ptr.eq(_next(r_ptr, depth))
-    flags = [(empty, True, 0)]
-    if room is not None and room_ahead:
+    if room is not None:
         # (as the next count's flag, the take and the FIFO's read ran through the count's
         # choice into it: 4 levels in the write master)
         m.d.sync += room.eq(used < depth - 1)
-    elif room is not None:
-        flags.insert(0, (room, False, depth))
-    count_level(m, used, write, read, flags)
+    count_level(m, used, write, read, [(empty, True, 0)])
     count_level(m, readable, written, read, [(nonempty, False, 0)])
     return ahead, empty
 
