@@ -103,13 +103,17 @@ def test_combine_gather_cases(sim, name, stall):
 
 
 @pytest.mark.parametrize("stall", STALLS)
-@pytest.mark.parametrize("name", ["k2_drops", "one_beat_rows"])
-def test_combine_gather_deep_inflight_queue(name, stall):
-    """64 reads in flight (behind an AXI master 256: the row reader's tags then wait in a
-    RegisteredFIFO, not a plain LUT-RAM ring) at a memory latency of 40: bit-exact, clean
-    scoreboards and, stall-free, exactly the formula's cycles (full rate: L < 64)."""
+@pytest.mark.parametrize("name, latency, bram", [
+    ("k2_drops", 40, "generic"), ("one_beat_rows", 40, "generic"), ("k2_drops", 40, "ecp5"),
+    ("k2_drops", 1, "generic"), ("out_of_range", 40, "generic")])
+def test_combine_gather_deep_inflight_queue(name, latency, bram, stall):
+    """64 beats in flight (behind an AXI master 256: the row reader's in-flight entries and
+    tags then wait in a block RAM FIFO, not in LUT RAM): bit-exact, clean scoreboards and,
+    stall-free, exactly the formula's cycles: full rate at a memory latency of 40 (L < 64);
+    with a memory quicker than the FIFO (L = 1), or no read at all (every pair out of range),
+    the FIFO's latency in its place (``RowReader.join_latency``)."""
     check(problem(name), SIM, stall,
-          params=dataclasses.replace(PARAMS, max_outstanding=64), latency=40)
+          params=dataclasses.replace(PARAMS, max_outstanding=64, bram=bram), latency=latency)
 
 
 def test_combine_gather_cycle_formula():

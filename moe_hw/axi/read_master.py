@@ -33,8 +33,8 @@ boundary; their commands, with the base added, wait in a queue
 not finished by ``rlast``) and the response FIFO (``fifo_depth`` words, a block RAM) has
 ``max_burst`` words not yet reserved (so room for all its beats: they are reserved at the
 issue), so ``rready`` is always 1 and R never waits. Both are registers. The response FIFO
-and the plan queue (``fifo_depth`` entries) are the write master's
-:func:`~moe_hw.axi.write_master.block_fifo`: a
+and the plan queue (``fifo_depth`` entries) are
+:func:`~moe_hw.blocks.block_fifo.block_fifo`: a
 :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for DP16KD blocks with
 their output registers) read ahead into a :class:`~moe_hw.stream.CreditPipeline`'s queue,
 so that the assembly decides from registers. A response other
@@ -63,11 +63,11 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..stream import ALTERNATE_GROUP_BITS, SkidBuffer
+from ..blocks.block_fifo import block_fifo, count_level
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
-from .write_master import (AWBURST_INCR, AWCACHE, beat_position, block_fifo,
-                           burst_commands, check_bus, count_level, form_bursts, page_marks,
-                           pairwise_equal, rotate, rotation_stages)
+from .write_master import (AWBURST_INCR, AWCACHE, beat_position, burst_commands, check_bus,
+                           form_bursts, page_marks, pairwise_equal, rotate, rotation_stages)
 
 __all__ = ["AxiReadMaster", "axi_read_members"]
 

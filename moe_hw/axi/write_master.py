@@ -58,25 +58,25 @@ The pieces :class:`~moe_hw.axi.read_master.AxiReadMaster` uses too are functions
 :func:`pairwise_equal` (an equality in two-bit parts, joined a stage later),
 :func:`page_marks` (a word's 4 KiB page ends), :func:`rotate` (one stage of the rotation),
 :func:`form_bursts` (the burst former), :func:`burst_commands` (its command register and
-queue) and :func:`block_fifo` (the block RAM FIFO read ahead).
+queue); both masters' FIFOs are :func:`~moe_hw.blocks.block_fifo.block_fifo` (a block RAM
+read ahead).
 """
 
 from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from ..blocks.block_memory import MEMORY_TARGETS, BlockMemory
+from ..blocks.block_fifo import block_fifo, count_level
+from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
-from ..stream import (ALTERNATE_GROUP_BITS, CreditPipeline, RegisteredFIFO, SkidBuffer,
-                      delay)
+from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer, delay
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
-           "block_fifo", "burst_commands", "check_bus", "count_level", "form_bursts",
-           "page_marks", "pairwise_equal", "rotate", "rotation_stages", "word_layout"]
+           "burst_commands", "check_bus", "form_bursts", "page_marks", "pairwise_equal",
+           "rotate", "rotation_stages", "word_layout"]
 
 #: Lane-offset bits each registered stage of a rotation resolves (a 2:1 choice per bit;
 #: beside the alternate registers' own choice one LUT, where a 4:1 choice made three levels).
@@ -529,79 +529,3 @@ class AxiWriteMaster(wiring.Component):
         m.d.comb += self.idle.eq(~inp.held & ~is_open & ~waiting & empty & ~ahead.busy &
                                  ~cmd.r_rdy & (in_flight == 0))
         return m
-
-
-def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=False,
-               group_bits=None):
-    """A FIFO of ``depth`` entries of ``width`` bits in a
-    :class:`~moe_hw.blocks.block_memory.BlockMemory` (``target``; written through a
-    register, read in two cycles) read ahead into a
-    :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM output and no flag
-    is combinational logic's input. ``write``, ``data``: an entry goes in (the caller makes
-    sure there is room); ``room`` (optional, a register the caller made with init 1): set
-    to whether an entry fits in the next cycle, from this cycle's count (a compare of a
-    register, which no handshake reaches), so that the FIFO holds up to ``depth - 1``
-    entries. Its submodules are
-    ``<name>_store`` and ``<name>_ahead`` (``store`` and ``ahead`` without a name).
-    ``wide``: the output is a bus word whose consumer registers it: the output skid buffer
-    holds it in two registers written in turn (its ``alternate``), so that the consumer's take
-    reaches no bus-wide clock enable; ``o.payload`` is then a layout of one field, ``data``;
-    ``group_bits``: the skid buffer's, for an early ``o.ready`` (see
-    :class:`~moe_hw.stream.SkidBuffer`). Returns ``(ahead, empty)``: the pipeline (its ``o``
-    the FIFO's output stream, ``busy`` an entry in its queue) and a register that is high while
-    the block RAM holds no entry."""
-    prefix = f"{name}_" if name else ""
-    store = m.submodules[f"{prefix}store"] = BlockMemory(width, depth, target=target,
-                                                          registered_write=True)
-    ahead = m.submodules[f"{prefix}ahead"] = (
-        CreditPipeline(BlockMemory.latency, StructLayout({"data": width}),
-                       alternate=("data",), group_bits=group_bits) if wide
-        else CreditPipeline(BlockMemory.latency, width))
-    w_ptr = Signal(range(depth), name=f"{prefix}w_ptr")
-    r_ptr = Signal(range(depth), name=f"{prefix}r_ptr")
-    used = Signal(range(depth + 1), name=f"{prefix}used")     # written and not yet read
-    empty = Signal(init=1, name=f"{prefix}empty")               # used == 0 (a register)
-    readable = Signal(range(depth + 1), name=f"{prefix}readable")   # the RAM can be read for
-    nonempty = Signal(name=f"{prefix}nonempty")                 # readable != 0 (a register)
-    written = delay(m, write, 1, 1, name=f"{prefix}written")   # an entry reaches the RAM
-    read = ahead.take
-    m.d.comb += [
-        store.write_addr.eq(w_ptr), store.write_data.eq(data), store.write_en.eq(write),
-        store.read_addr.eq(r_ptr), store.read_en.eq(1),
-        ahead.i_valid.eq(nonempty), ahead.payload.eq(store.read_data),
-    ]
-    with m.If(write):
-        m.d.sync += w_ptr.eq(_next(w_ptr, depth))
-    with m.If(read):
-        m.d.sync += r_ptr.eq(_next(r_ptr, depth))
-    if room is not None:
-        # (as the next count's flag, the take and the FIFO's read ran through the count's
-        # choice into it: 4 levels in the write master)
-        m.d.sync += room.eq(used < depth - 1)
-    count_level(m, used, write, read, [(empty, True, 0)])
-    count_level(m, readable, written, read, [(nonempty, False, 0)])
-    return ahead, empty
-
-
-def _next(ptr, depth):
-    """The slot after ``ptr`` in a ring of ``depth`` slots."""
-    if depth & (depth - 1):
-        return Mux(ptr == depth - 1, 0, ptr + 1)
-    return (ptr + 1)[:len(ptr)]
-
-
-def count_level(m, level, grows_by, shrinks_by, flags):
-    """``level`` (a register) counts ``grows_by`` up and ``shrinks_by`` down; each of
-    ``flags`` (``(register, equal, constant)``) is whether the next level equals ``constant``
-    (differs from it, when not ``equal``): a choice by the two among three compares of the
-    level with constants (``constant`` - 1, + 1 and itself), so that no carry chain lies
-    between the level and the flag."""
-    grows = grows_by & ~shrinks_by
-    shrinks = shrinks_by & ~grows_by
-    m.d.sync += level.eq(Mux(grows, level + 1, Mux(shrinks, level - 1, level)))
-    for flag, equal, constant in flags:
-        def at(value):
-            hit = (level == value) if 0 <= value < 1 << len(level) else Const(0, 1)
-            return hit if equal else ~hit
-        m.d.sync += flag.eq(Mux(grows, at(constant - 1),
-                                Mux(shrinks, at(constant + 1), at(constant))))

@@ -39,8 +39,11 @@ latency costs throughput, never correctness. A pause anywhere costs only its own
 Latency (stall-free): a command taken at the end of cycle t issues its first request in cycle
 t + 1; the response to a request taken at the end of cycle u, delivered L cycles after it
 (``response.valid`` from cycle u + L), leaves on ``beats`` from cycle u + L + 1 (one skid
-buffer register). ``response.ready`` and ``beats.valid`` do not depend combinationally on
-``beats.ready``.
+buffer register). A deep in-flight queue (``outstanding`` above 16, as behind an AXI master)
+is a block RAM FIFO whose head is a beat's entry from
+:data:`~moe_hw.blocks.block_fifo.BLOCK_FIFO_LATENCY` cycles after its issue, so there L
+counts as at least that (:meth:`RowReader.join_latency`; a skipped beat's L as that too).
+``response.ready`` and ``beats.valid`` do not depend combinationally on ``beats.ready``.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -49,6 +52,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..params import LANES, check_choice, check_int
+from .block_fifo import BLOCK_FIFO_AHEAD, BLOCK_FIFO_LATENCY, block_fifo
+from .block_memory import MEMORY_TARGETS
 from ..stream import RegisteredFIFO, SkidBuffer
 from ..stream.credit import Ring
 
@@ -89,11 +94,13 @@ class RowReader(wiring.Component):
     registers the data, so that ``beats.ready`` reaches no clock enable of the data),
     ``step_tag`` (the name of an unsigned tag field that is ``tag.FIELD + k*lanes`` on the
     segment's beat k: a second address, a write address for the beats, counted beside the
-    read address rather than added after the reader).
+    read address rather than added after the reader), ``bram`` (the
+    :class:`~moe_hw.blocks.block_memory.BlockMemory` target of a deep in-flight queue, one
+    of more than :attr:`SHALLOW` beats: ``generic`` or ``ecp5``).
     """
 
     def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16,
-                 alternate_data=False, step_tag=None):
+                 alternate_data=False, step_tag=None, bram="generic"):
         self.lanes = check_choice("lanes", lanes, LANES)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.addr_width = check_int("addr_width", addr_width, minimum=1, maximum=64)
@@ -104,6 +111,7 @@ class RowReader(wiring.Component):
         if step_tag is not None and (tag_layout is None or step_tag not in tag_layout.members):
             raise ValueError(f"step_tag: no field {step_tag!r} in the tag layout {tag_layout!r}")
         self.step_tag = step_tag
+        self.bram = check_choice("bram", bram, MEMORY_TARGETS)
         command = {"addr": addr_width, "count": range(max_count + 1), "tail": 1, "skip": 1}
         beat = {"data": data.ArrayLayout(width, lanes), "enable": lanes, "last": 1}
         if tag_layout is not None:
@@ -118,14 +126,25 @@ class RowReader(wiring.Component):
             "busy": Out(1),
         })
 
-    #: The deepest in-flight queue whose tags wait in a plain :class:`Ring` (one LUT-RAM
-    #: cell of 16 entries per bit group); deeper ones use a :class:`RegisteredFIFO`.
+    #: The deepest in-flight queue held in LUT RAM (its tags in a plain :class:`Ring`, one
+    #: LUT-RAM cell of 16 entries per bit group); deeper ones are a block RAM FIFO.
     SHALLOW = 16
 
     @property
     def latency(self):
         """Cycles from a response being taken to its beat leaving (the output skid buffer)."""
         return 1
+
+    @staticmethod
+    def join_latency(outstanding, memory_latency):
+        """The memory latency that a reader of ``outstanding`` beats in flight runs at,
+        stall-free, with a memory that answers from ``memory_latency`` cycles after a
+        request is taken: a response is joined with its beat's entry, the in-flight queue's
+        head from 1 cycle after the beat's issue in LUT RAM (up to :attr:`SHALLOW`), from
+        :data:`~moe_hw.blocks.block_fifo.BLOCK_FIFO_LATENCY` cycles after it in block RAM;
+        a quicker memory counts as that (the units' cycle formulas)."""
+        return max(memory_latency,
+                   1 if outstanding <= RowReader.SHALLOW else BLOCK_FIFO_LATENCY)
 
     def elaborate(self, platform):
         m = Module()
@@ -144,40 +163,59 @@ class RowReader(wiring.Component):
 
         # Every issued beat, read or skipped, waits here for its data, in order. The queue's
         # flags and head are registers: the join below looks at the head's ``read`` and
-        # takes it in the same cycle, and the issue is gated by ``w_rdy``. The beat's tag
-        # waits beside it in a ring of its own, read at its read pointer (distributed RAM):
-        # the tag only passes to the output register, and so the join reaches the clock
-        # enable of the head's few flag and enable bits and the tag ring's pointer copies,
-        # not a head register as wide as the tag (in moe_layer's expert reader, a gate, a
-        # bias and an address: 84 bits, a net that took 2.8 ns to route).
-        # A deep queue (behind an AXI master: 256) is another matter: its LUT-RAM read is a
-        # 16:1 choice and more, so there the tags wait in a RegisteredFIFO, whose read of
-        # the ring ends in its head register (the same cycles: an entry written in cycle c
-        # is the head from cycle c + 1).
+        # takes it in the same cycle, and the issue is gated by a register (``w_rdy``).
+        # Shallow (on chip: 16), the beat's tag waits beside it in a ring of its own, read at
+        # its read pointer (distributed RAM): the tag only passes to the output register, and
+        # so the join reaches the clock enable of the head's few flag and enable bits and the
+        # tag ring's pointer copies, not a head register as wide as the tag (in moe_layer's
+        # expert reader, a gate, a bias and an address: 84 bits, a net that took 2.8 ns to
+        # route). Deep (behind an AXI master: 256), a LUT-RAM read is a 16:1 choice and more
+        # (the wrapped units' critical path), so there the entry and its tag wait together
+        # in a block RAM FIFO read ahead into registers (``block_fifo``): an entry written
+        # in cycle c is the head from cycle c + ``BLOCK_FIFO_LATENCY``, long before its
+        # response behind a bus. The RAM holds ``outstanding - BLOCK_FIFO_AHEAD + 1``
+        # entries at most, the read-ahead queue the rest: ``outstanding`` beats in all.
         entry_layout = data.StructLayout({"read": 1, "enable": lanes, "last": 1})
-        inflight = m.submodules.inflight = RegisteredFIFO(entry_layout, self.outstanding)
-        if self.tag_layout is not None:
-            tags = m.submodules.tags = (
-                Ring(self.tag_layout, self.outstanding) if self.outstanding <= self.SHALLOW
-                else RegisteredFIFO(self.tag_layout, self.outstanding))
+        queued = data.StructLayout({"entry": entry_layout, **(
+            {"tag": self.tag_layout} if self.tag_layout is not None else {})})
+        tag = head_tag = None
+        if self.outstanding <= self.SHALLOW:
+            inflight = m.submodules.inflight = RegisteredFIFO(entry_layout, self.outstanding)
+            w_rdy, push, entry = inflight.w_rdy, inflight.w_en, inflight.w_data
+            r_rdy, take, head = inflight.r_rdy, inflight.r_en, inflight.r_data
+            if self.tag_layout is not None:
+                tags = m.submodules.tags = Ring(self.tag_layout, self.outstanding)
+                tag, head_tag = tags.w_data, tags.r_data
+            queue_busy = inflight.r_rdy
+        else:
+            w_rdy = Signal(init=1)                      # an entry fits (a register)
+            push = Signal()
+            pushed = Signal(queued)
+            ahead, empty = block_fifo(m, "inflight", width=queued.size,
+                                      depth=self.outstanding - BLOCK_FIFO_AHEAD + 1,
+                                      target=self.bram, write=push, data=pushed, room=w_rdy)
+            popped = data.View(queued, ahead.o.payload)
+            entry, r_rdy, take, head = pushed.entry, ahead.o.valid, ahead.o.ready, popped.entry
+            if self.tag_layout is not None:
+                tag, head_tag = pushed.tag, popped.tag
+            queue_busy = ~empty | ahead.busy
 
-        issue = cur_loaded & inflight.w_rdy & (cur_skip | self.request.ready)
+        issue = cur_loaded & w_rdy & (cur_skip | self.request.ready)
         enable = Mux(cur_last & cur_tail, self.last_enable, all_lanes)
         m.d.comb += [
-            self.request.valid.eq(cur_loaded & ~cur_skip & inflight.w_rdy),
+            self.request.valid.eq(cur_loaded & ~cur_skip & w_rdy),
             self.request.payload.addr.eq(cur_addr),
             self.request.payload.enable.eq(enable),
             self.command.ready.eq(~cur_loaded | (issue & cur_last)),
-        ]
-        entry = inflight.w_data                         # the issued beat's entry
-        m.d.comb += [
-            entry.read.eq(~cur_skip),
+            entry.read.eq(~cur_skip),                   # the issued beat's entry and tag
             entry.enable.eq(enable),
             entry.last.eq(cur_last),
-            inflight.w_en.eq(issue),
+            push.eq(issue),
         ]
         if self.tag_layout is not None:
-            m.d.comb += [tags.w_en.eq(issue), tags.w_data.eq(cur_tag)]
+            if self.outstanding <= self.SHALLOW:
+                m.d.comb += tags.w_en.eq(issue)
+            m.d.comb += tag.eq(cur_tag)
 
         # The segment registers change when a beat issues or while none is loaded, and then
         # load the next command (the current one ends, or none was loaded) or step. The choice
@@ -200,25 +238,25 @@ class RowReader(wiring.Component):
                     m.d.sync += field.eq(field + lanes)
 
         # ---- join the head of the queue with its response ---------------------------------
-        head = inflight.r_data
         skid = m.submodules.skid = SkidBuffer(
             self.beats.payload.shape(), alternate=("data",) if self.alternate_data else ())
-        joined = inflight.r_rdy & (~head.read | self.response.valid)
+        joined = r_rdy & (~head.read | self.response.valid)
         m.d.comb += [
             skid.i.valid.eq(joined),
             skid.i.payload.data.eq(Mux(head.read, self.response.payload.data, 0)),
             skid.i.payload.enable.eq(head.enable),
             skid.i.payload.last.eq(head.last),
-            self.response.ready.eq(inflight.r_rdy & head.read & skid.i.ready),
-            inflight.r_en.eq(joined & skid.i.ready),
+            self.response.ready.eq(r_rdy & head.read & skid.i.ready),
+            take.eq(joined & skid.i.ready),
         ]
         if self.tag_layout is not None:
-            # (the two queues hold the same beats: the tag ring is read with the head)
-            m.d.comb += [tags.r_en.eq(joined & skid.i.ready),
-                         skid.i.payload.tag.eq(tags.r_data)]
+            if self.outstanding <= self.SHALLOW:
+                # (the two queues hold the same beats: the tag ring is read with the head)
+                m.d.comb += tags.r_en.eq(joined & skid.i.ready)
+            m.d.comb += skid.i.payload.tag.eq(head_tag)
         wiring.connect(m, skid.o, wiring.flipped(self.beats))
 
-        m.d.comb += self.busy.eq(cur_loaded | inflight.r_rdy | skid.o.valid)
+        m.d.comb += self.busy.eq(cur_loaded | queue_busy | skid.o.valid)
         return m
 
 

@@ -99,6 +99,7 @@ from ..arith.fadd import FloatAdderCore
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_memory import bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, slot_latency
@@ -135,6 +136,7 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
                                doc="items per window; None: add_stages + 2 (full rate)")
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
+    bram: str = bram_param()
 
     @property
     def command_latency(self):
@@ -219,11 +221,12 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
     def cycles(self, tokens, hidden, top_k, memory_latency=1, *, reads=True):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
         ``reads``: whether any pair is valid; a run that reads nothing never waits for the
-        memory, so it costs what it would with a one-cycle memory."""
+        memory, so it costs what it would with a one-cycle memory. A memory quicker than the
+        row reader's in-flight queue counts as that (:meth:`RowReader.join_latency`)."""
         if tokens == 0 or hidden == 0:
             return EMPTY_CYCLES
-        return (self.schedule_cycles(tokens, hidden, top_k) +
-                self.overhead(memory_latency if reads else 1))
+        return (self.schedule_cycles(tokens, hidden, top_k) + self.overhead(
+            RowReader.join_latency(self.max_outstanding, memory_latency if reads else 1)))
 
     # ---- payload layouts -------------------------------------------------------------
     def header_layout(self):
@@ -502,7 +505,7 @@ class CombineGatherUnit(wiring.Component):
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
             max_count=min(window, p.max_beats), tag_layout=tag_layout,
-            outstanding=p.max_outstanding, alternate_data=True)
+            outstanding=p.max_outstanding, alternate_data=True, bram=p.bram)
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
         cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)

@@ -314,7 +314,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
                                    max_experts=self.max_experts, max_top_k=self.max_top_k,
                                    index_width=self.index_width, mul_stages=self.mul_stages,
                                    dsp=self.dsp, add_stages=self.add_stages,
-                                   max_outstanding=self.max_outstanding)
+                                   max_outstanding=self.max_outstanding, bram=self.bram)
 
     # ---- exact stall-free timing ---------------------------------------------------------
     def phase_cycles(self, *, tokens, hidden, top_k, num_experts, capacity, rows, affine,
@@ -338,8 +338,10 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
             if affine and hidden and layers:
                 experts = self.stack_cycles(hidden, filled, layers)
         elif affine and hidden and rows:
-            experts = (rows * beats + memory_latency + self.mul_latency + self.add_latency +
-                       self.EXPERT_OVERHEAD + 2 * self.PORT_LATENCY + self.PHASE_EXIT)
+            experts = (rows * beats + RowReader.join_latency(self.reader_outstanding,
+                                                             memory_latency) +
+                       self.mul_latency + self.add_latency + self.EXPERT_OVERHEAD +
+                       2 * self.PORT_LATENCY + self.PHASE_EXIT)
         combine = self.COMBINE_START + self.combine.cycles(
             tokens, hidden, top_k, memory_latency + self.PORT_LATENCY, reads=reads)
         if hidden:           # (with H = 0 the combine unit takes no header)
@@ -773,7 +775,7 @@ class MoELayer(wiring.Component):
                                         "base": p.addr_width})
         reader = m.submodules.expert_reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
-            tag_layout=tag_layout, outstanding=p.reader_outstanding)
+            tag_layout=tag_layout, outstanding=p.reader_outstanding, bram=p.bram)
         x_loaded = Signal()
         x_addr = Signal(p.addr_width)
         x_rows = Signal(range(p.max_capacity + 1))

@@ -98,6 +98,7 @@ from ..arith.params import dsp_param
 from ..arith.product import pipelined_product, product_latency
 from ..blocks.banked_memory import BankedMemory
 from ..blocks.counter_bank import CounterBank
+from ..blocks.block_memory import bram_param
 from ..blocks.prefix_sum import PrefixSum
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
@@ -137,6 +138,7 @@ class MoeReRoutingParams(UnitParams):
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
     dsp: str = dsp_param()
+    bram: str = bram_param()
 
     COUNT_OVERHEAD = START_LATENCY + 11
     """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (13): start and
@@ -212,7 +214,8 @@ class MoeReRoutingParams(UnitParams):
     def cycles(self, tokens, hidden, num_ranks, num_experts, memory_latency=1, *, valid=True):
         """Exact stall-free cycles from the start cycle to the first cycle ``done`` is high.
         ``valid``: the counts are valid (non-negative, summing to ``tokens``), so the run
-        moves the tokens (when A, H and N are not 0)."""
+        moves the tokens (when A, H and N are not 0). A memory quicker than the row reader's
+        in-flight queue counts as that (:meth:`RowReader.join_latency`)."""
         too_big = any(value > maximum for value, maximum in
                       zip((tokens, hidden, num_ranks, num_experts), self.sizes.values()))
         if num_experts == 0 or too_big:
@@ -221,7 +224,8 @@ class MoeReRoutingParams(UnitParams):
         if not (valid and self.moves(tokens, hidden, num_ranks, num_experts)):
             return passes + self.COUNT_OVERHEAD
         return (tokens * -(-hidden // self.lanes) + passes + self.move_overhead +
-                self.product_latency + memory_latency)
+                self.product_latency + RowReader.join_latency(self.max_outstanding,
+                                                              memory_latency))
 
     def count_layout(self):
         return data.StructLayout({"count": self.count_bits})
@@ -534,7 +538,7 @@ class MoeReRoutingUnit(wiring.Component):
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=p.element_width, addr_width=p.addr_width,
             max_count=p.max_beats, outstanding=p.max_outstanding,
-            tag_layout=data.StructLayout({"elem": p.addr_width}), step_tag="elem")
+            tag_layout=data.StructLayout({"elem": p.addr_width}), step_tag="elem", bram=p.bram)
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         m.d.comb += reader.last_enable.eq(last_en)

@@ -56,6 +56,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import FORMAT_NAMES, dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_memory import bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
@@ -86,6 +87,7 @@ class SparseGatherParams(UnitParams):
     max_outstanding: int = param(16, minimum=4, maximum=4096,
                                  doc="beats in flight; full rate needs memory latency <= this - 1")
     dsp: str = dsp_param()
+    bram: str = bram_param()
 
     def __post_init__(self):
         # The alias ``width`` arrives here as ``format`` with its old value: convert it.
@@ -130,10 +132,12 @@ class SparseGatherParams(UnitParams):
     def cycles(self, slots, hidden, memory_latency=1, *, reads=True):
         """Exact stall-free cycles of a run (start cycle to the first cycle ``done`` is high).
         ``reads``: whether any slot is in range; a run that reads nothing never waits for
-        the memory, so it costs what it would with a one-cycle memory."""
+        the memory, so it costs what it would with a one-cycle memory. A memory quicker than
+        the row reader's in-flight queue counts as that (:meth:`RowReader.join_latency`)."""
         if slots == 0 or hidden == 0:
             return EMPTY_CYCLES
-        return slots * -(-hidden // self.lanes) + self.overhead(memory_latency if reads else 1)
+        return slots * -(-hidden // self.lanes) + self.overhead(
+            RowReader.join_latency(self.max_outstanding, memory_latency if reads else 1))
 
     def header_layout(self):
         return data.StructLayout({"index": signed(self.index_width)})
@@ -181,7 +185,7 @@ class SparseGatherUnit(wiring.Component):
 
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=p.fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
-            outstanding=p.max_outstanding)
+            outstanding=p.max_outstanding, bram=p.bram)
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         m.d.comb += [
