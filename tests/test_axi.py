@@ -60,9 +60,16 @@ def test_register_file():
         assert await axil_read(ctx, dut, 0x0) == 5 << 4            # rw reset value
         assert await axil_read(ctx, dut, 0x4) == 0xA7 << 16 | 0x123
         await axil_write(ctx, dut, 0x0, 0x31)                      # go, mode = 3
+        # a write lands at the end of the cycle bvalid rises in: go pulses in the next
+        assert (ctx.get(dut.go), ctx.get(dut.mode)) == (0, 5)
+        await ctx.tick()
+        assert (ctx.get(dut.go), ctx.get(dut.mode)) == (1, 3)
+        await ctx.tick()
+        assert ctx.get(dut.go) == 0
         assert await axil_read(ctx, dut, 0x0) == 3 << 4            # go reads 0
         assert ctx.get(dut.mode) == 3
         await axil_write(ctx, dut, 0x20, 0xABCDE, strb=0b0001)     # low byte only
+        await ctx.tick()
         assert ctx.get(dut.size) == 0xDE
         await axil_write(ctx, dut, 0x20, 0xABCDE, strb=0b0110)
         assert await axil_read(ctx, dut, 0x20) == 0xABCDE

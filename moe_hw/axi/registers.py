@@ -22,7 +22,11 @@ A :class:`Register` is one 32-bit word at a fixed offset, made of :class:`Field`
 are seen and no response waits, ``arready`` likewise for reads; ``bvalid``, ``rvalid`` and
 ``rdata`` are registers. Every output port is a register, and no input reaches an output
 port in the same cycle. An offset with no register reads 0 and ignores writes (response
-OKAY).
+OKAY). A read's ``rvalid`` and ``rdata`` come three cycles after its handshake (the address
+passes a register, the word two registered choices). A write lands a cycle after its handshake (in the cycle ``bvalid`` rises; a ``w1p``
+pulse is high in the cycle after that), from registers: the written register's hit flag,
+the data and the byte mask, so that the handshake and the address decode do not reach the
+fields' clock enables and set/reset inputs.
 """
 
 from dataclasses import dataclass
@@ -144,19 +148,32 @@ class AxiLiteRegisters(wiring.Component):
         with m.Elif(p("bready")):
             m.d.sync += p("bvalid").eq(0)
         m.d.comb += p("bresp").eq(0)
-        byte_mask = Cat(p("wstrb")[i].replicate(8) for i in range(4))
+        # (the write's data and byte mask, a cycle after the handshake, as its hit flags)
+        w_data = Signal(32)
+        w_mask = Signal(32)
+        m.d.sync += [w_data.eq(p("wdata")),
+                     w_mask.eq(Cat(p("wstrb")[i].replicate(8) for i in range(4)))]
         w_index = p("awaddr")[2:]
 
         # ---- read --------------------------------------------------------------------------
+        # The address is registered at the handshake, and the word is chosen in two
+        # registered steps (among the words of each group of four, then among the groups),
+        # so that neither the port's address nor a choice of every word reaches ``rdata``.
         read = Signal()
+        reading = Signal()                   # the read's word is chosen in its group
+        grouped = Signal()                   # the read's group is chosen
+        r_index = Signal(len(p("araddr")) - 2)
+        r_group = Signal(max(len(r_index) - 2, 0))
         m.d.comb += read.eq(p("arready") & p("arvalid"))
-        m.d.sync += p("arready").eq(~p("arready") & p("arvalid") & ~p("rvalid"))
-        with m.If(read):
+        m.d.sync += [p("arready").eq(~p("arready") & p("arvalid") & ~p("rvalid") & ~reading &
+                                     ~grouped),
+                     reading.eq(read), grouped.eq(reading), r_index.eq(p("araddr")[2:]),
+                     r_group.eq(r_index[2:])]
+        with m.If(grouped):
             m.d.sync += p("rvalid").eq(1)
         with m.Elif(p("rready")):
             m.d.sync += p("rvalid").eq(0)
         m.d.comb += p("rresp").eq(0)
-        r_index = p("araddr")[2:]
 
         # w1p fields fall after one cycle; rw, w1c fields hold.
         for reg in self.registers:
@@ -166,10 +183,11 @@ class AxiLiteRegisters(wiring.Component):
         words = {}
         for reg in self.registers:
             word = Signal(32, name=f"{reg.name.lower()}_word")
-            hit = write & (w_index == reg.offset // 4)
+            hit = Signal(name=f"{reg.name.lower()}_hit")    # written in the cycle before
+            m.d.sync += hit.eq(write & (w_index == reg.offset // 4))
             for f in reg.fields:
                 bits = slice(f.bit, f.bit + f.width)
-                data, mask = p("wdata")[bits], byte_mask[bits]
+                data, mask = w_data[bits], w_mask[bits]
                 if f.access == "const":
                     m.d.comb += word[bits].eq(Const(f.value, f.width))
                     continue
@@ -188,11 +206,24 @@ class AxiLiteRegisters(wiring.Component):
                     m.d.sync += port.eq((port & ~cleared) | getattr(self, f"{f.name}_set"))
                     m.d.comb += word[bits].eq(port)
             words[reg.offset // 4] = word
-        with m.If(read):
-            with m.Switch(r_index):
-                for index, word in words.items():
-                    with m.Case(index):
-                        m.d.sync += p("rdata").eq(word)
+        groups = {}
+        for index in sorted(words):
+            groups.setdefault(index // 4, {})[index % 4] = words[index]
+        group_words = {}
+        for group, members in groups.items():
+            group_word = group_words[group] = Signal(32, name=f"group{group}_word")
+            with m.If(reading):
+                with m.Switch(r_index[:2]):
+                    for index, word in members.items():
+                        with m.Case(index):
+                            m.d.sync += group_word.eq(word)
+                    with m.Default():
+                        m.d.sync += group_word.eq(0)
+        with m.If(grouped):
+            with m.Switch(r_group):
+                for group, group_word in group_words.items():
+                    with m.Case(group):
+                        m.d.sync += p("rdata").eq(group_word)
                 with m.Default():
                     m.d.sync += p("rdata").eq(0)
         return m

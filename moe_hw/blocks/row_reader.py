@@ -176,9 +176,12 @@ class RowReader(wiring.Component):
         # response behind a bus. The RAM holds ``outstanding - BLOCK_FIFO_AHEAD + 1``
         # entries at most, the read-ahead queue the rest: ``outstanding`` beats in all.
         entry_layout = data.StructLayout({"read": 1, "enable": lanes, "last": 1})
-        queued = data.StructLayout({"entry": entry_layout, **(
+        # (deep: ``reads`` is ``read`` again per lane, so that each lane's choice of the data
+        # or zeros has a flag of its own, not one register reaching every data bit)
+        queued = data.StructLayout({"entry": entry_layout, "reads": lanes, **(
             {"tag": self.tag_layout} if self.tag_layout is not None else {})})
         tag = head_tag = None
+        reads = lane_reads = None
         if self.outstanding <= self.SHALLOW:
             inflight = m.submodules.inflight = RegisteredFIFO(entry_layout, self.outstanding)
             w_rdy, push, entry = inflight.w_rdy, inflight.w_en, inflight.w_data
@@ -196,6 +199,7 @@ class RowReader(wiring.Component):
                                       target=self.bram, write=push, data=pushed, room=w_rdy)
             popped = data.View(queued, ahead.o.payload)
             entry, r_rdy, take, head = pushed.entry, ahead.o.valid, ahead.o.ready, popped.entry
+            reads, lane_reads = pushed.reads, popped.reads
             if self.tag_layout is not None:
                 tag, head_tag = pushed.tag, popped.tag
             queue_busy = ~empty | ahead.busy
@@ -216,6 +220,8 @@ class RowReader(wiring.Component):
             if self.outstanding <= self.SHALLOW:
                 m.d.comb += tags.w_en.eq(issue)
             m.d.comb += tag.eq(cur_tag)
+        if reads is not None:
+            m.d.comb += reads.eq((~cur_skip).replicate(lanes))
 
         # The segment registers change when a beat issues or while none is loaded, and then
         # load the next command (the current one ends, or none was loaded) or step. The choice
@@ -243,7 +249,10 @@ class RowReader(wiring.Component):
         joined = r_rdy & (~head.read | self.response.valid)
         m.d.comb += [
             skid.i.valid.eq(joined),
-            skid.i.payload.data.eq(Mux(head.read, self.response.payload.data, 0)),
+            skid.i.payload.data.eq(
+                Mux(head.read, self.response.payload.data, 0) if lane_reads is None else
+                Cat(Mux(lane_reads[lane], self.response.payload.data[lane], 0)
+                    for lane in range(lanes))),
             skid.i.payload.enable.eq(head.enable),
             skid.i.payload.last.eq(head.last),
             self.response.ready.eq(r_rdy & head.read & skid.i.ready),
