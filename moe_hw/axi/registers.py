@@ -23,10 +23,11 @@ are seen and no response waits, ``arready`` likewise for reads; ``bvalid``, ``rv
 ``rdata`` are registers. Every output port is a register, and no input reaches an output
 port in the same cycle. An offset with no register reads 0 and ignores writes (response
 OKAY). A read's ``rvalid`` and ``rdata`` come three cycles after its handshake (the address
-passes a register, the word two registered choices). A write lands a cycle after its handshake (in the cycle ``bvalid`` rises; a ``w1p``
-pulse is high in the cycle after that), from registers: the written register's hit flag,
-the data and the byte mask, so that the handshake and the address decode do not reach the
-fields' clock enables and set/reset inputs.
+passes a register, the word two registered choices). A write lands a cycle after its
+handshake (at the end of the cycle ``bvalid`` rises in; a ``w1p`` pulse is high in the
+cycle after that), from registers: the written register's hit flag, the data and the byte
+mask, so that the handshake and the address decode do not reach the fields' clock enables
+and set/reset inputs.
 """
 
 from dataclasses import dataclass
