@@ -18,7 +18,8 @@ Streams and ports (payload fields are listed least significant first):
     ``ceil(H / lanes)`` beats per slot, in slot order: ``data`` (``lanes`` elements, lane 0
     first), ``enable`` (lane enables: partial on a row's last beat when H is not a multiple of
     ``lanes``; the disabled lanes carry whatever the memory returned for them, zeros for a
-    skipped row) and ``last`` (a row's last beat).
+    skipped row) and ``last`` (a row's last beat). The data is one LUT from two registers
+    written in turn (the row reader's ``alternate_data``), for a consumer that registers it.
 ``start``, ``slots``, ``tokens``, ``hidden`` (in)
     Run-time problem size, sampled when ``start`` is high while idle (the shared
     :class:`~moe_hw.blocks.run_control.RunControl`): ``slots`` (the number of headers, n),
@@ -38,7 +39,8 @@ costs only the cycles it lasts. Stall-free, with a memory that answers a request
 end of cycle u from cycle u + L, a run takes exactly :meth:`SparseGatherParams.cycles` =
 ``slots * ceil(H / lanes) + overhead(L)`` cycles from the start cycle to the cycle ``done`` is
 first seen, with ``overhead(L) = START_LATENCY + header_latency + L + 4`` (= L + 8 at the
-default maxima; L counts as 1 when no slot is in range, as nothing waits for the memory then).
+default maxima; L counts as 1 when no slot is in range, as nothing waits for the memory then,
+and as at least 6 with more than 16 beats in flight: :meth:`RowReader.join_latency`).
 
 Pipeline: the header stage checks the range and forms the row address ``index*H`` on a
 registered multiplier (:func:`~moe_hw.arith.product.pipelined_product`, ``dsp`` chooses its
@@ -183,9 +185,14 @@ class SparseGatherUnit(wiring.Component):
         beats = Signal(range(p.max_beats + 1))
         headers_left = Signal.like(self.slots)
 
+        # The beats' data leaves the reader from two registers written in turn (its
+        # ``alternate_data``; whoever takes ``data`` registers it): the choice of the response
+        # or zeros then ends in a register whose clock enable no handshake reaches (behind
+        # AXI, the wrapped unit's paths ran from the in-flight queue's head through that
+        # choice into the output register's clock-enabled data).
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=p.fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
-            outstanding=p.max_outstanding, bram=p.bram)
+            outstanding=p.max_outstanding, bram=p.bram, alternate_data=True)
         wiring.connect(m, reader.request, wiring.flipped(self.read_request))
         wiring.connect(m, wiring.flipped(self.read_response), reader.response)
         m.d.comb += [
