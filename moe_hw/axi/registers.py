@@ -212,22 +212,22 @@ class AxiLiteRegisters(wiring.Component):
             groups.setdefault(index // 4, {})[index % 4] = words[index]
         group_words = {}
         for group, members in groups.items():
-            group_word = group_words[group] = Signal(32, name=f"group{group}_word")
-            with m.If(reading):
-                with m.Switch(r_index[:2]):
-                    for index, word in members.items():
-                        with m.Case(index):
-                            m.d.sync += group_word.eq(word)
-                    with m.Default():
-                        m.d.sync += group_word.eq(0)
-        with m.If(grouped):
-            with m.Switch(r_group):
-                for group, group_word in group_words.items():
-                    with m.Case(group):
-                        m.d.sync += p("rdata").eq(group_word)
-                with m.Default():
-                    m.d.sync += p("rdata").eq(0)
+            group_words[group] = Signal(32, name=f"group{group}_word")
+            _choose(m, reading, group_words[group], r_index[:2], members)
+        _choose(m, grouped, p("rdata"), r_group, group_words)
         return m
+
+
+def _choose(m, load, target, index, words):
+    """``target`` (a register) loads, when ``load``, the word of ``words`` (a dict) at
+    ``index``, or 0 where it has none."""
+    with m.If(load):
+        with m.Switch(index):
+            for key, word in words.items():
+                with m.Case(key):
+                    m.d.sync += target.eq(word)
+            with m.Default():
+                m.d.sync += target.eq(0)
 
 
 def _bits(f):

@@ -201,7 +201,8 @@ def rotation_stages(shift):
 
 
 def form_bursts(m, *, valid, word, continues, room, commands, max_burst):
-    """Group bus words arriving in order (``word``, absolute, when ``valid``) into INCR
+    """Group bus words arriving in order (``word``, counted from the buffer's base: the
+    commands' queue adds it, :func:`burst_commands`; when ``valid``) into INCR
     bursts: a burst grows while words arrive one after another at consecutive addresses and
     closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
     continue it, when it holds ``max_burst`` beats, when the word starts a new 4 KiB page,

@@ -25,7 +25,8 @@ __all__ = ["block_fifo", "count_level", "next_slot", "BLOCK_FIFO_AHEAD", "BLOCK_
 BLOCK_FIFO_LATENCY = 2 + BlockMemory.latency + CreditPipeline.QUEUE_LATENCY
 
 #: Entries the read-ahead queue holds at most, beside the block RAM's ``depth - 1``: its
-#: credits (:class:`~moe_hw.stream.CreditPipeline`'s default depth for the RAM's latency).
+#: credits, the :class:`~moe_hw.stream.CreditPipeline`'s depth (the least for one entry per
+#: cycle at the RAM's latency), which :func:`block_fifo` gives it.
 BLOCK_FIFO_AHEAD = BlockMemory.latency + 3
 
 
@@ -53,8 +54,8 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=Fa
                                                           registered_write=True)
     ahead = m.submodules[f"{prefix}ahead"] = (
         CreditPipeline(BlockMemory.latency, StructLayout({"data": width}),
-                       alternate=("data",), group_bits=group_bits) if wide
-        else CreditPipeline(BlockMemory.latency, width))
+                       depth=BLOCK_FIFO_AHEAD, alternate=("data",), group_bits=group_bits)
+        if wide else CreditPipeline(BlockMemory.latency, width, depth=BLOCK_FIFO_AHEAD))
     w_ptr = Signal(range(depth), name=f"{prefix}w_ptr")
     r_ptr = Signal(range(depth), name=f"{prefix}r_ptr")
     used = Signal(range(depth + 1), name=f"{prefix}used")     # written and not yet read

@@ -176,10 +176,6 @@ class RowReader(wiring.Component):
         # response behind a bus. The RAM holds ``outstanding - BLOCK_FIFO_AHEAD + 1``
         # entries at most, the read-ahead queue the rest: ``outstanding`` beats in all.
         entry_layout = data.StructLayout({"read": 1, "enable": lanes, "last": 1})
-        # (deep: ``reads`` is ``read`` again per lane, so that each lane's choice of the data
-        # or zeros has a flag of its own, not one register reaching every data bit)
-        queued = data.StructLayout({"entry": entry_layout, "reads": lanes, **(
-            {"tag": self.tag_layout} if self.tag_layout is not None else {})})
         tag = head_tag = None
         reads = lane_reads = None
         if self.outstanding <= self.SHALLOW:
@@ -191,6 +187,10 @@ class RowReader(wiring.Component):
                 tag, head_tag = tags.w_data, tags.r_data
             queue_busy = inflight.r_rdy
         else:
+            # (``reads`` is ``read`` again per lane, so that each lane's choice of the data or
+            # zeros has a flag of its own, not one register reaching every data bit)
+            queued = data.StructLayout({"entry": entry_layout, "reads": lanes, **(
+                {"tag": self.tag_layout} if self.tag_layout is not None else {})})
             w_rdy = Signal(init=1)                      # an entry fits (a register)
             push = Signal()
             pushed = Signal(queued)
