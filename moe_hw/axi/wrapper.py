@@ -41,13 +41,14 @@ port: (request stream, response stream)}``, for a read port whose streams are no
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, ClockDomain, Module, Shape, Signal
+from amaranth.hdl import Cat, ClockDomain, Const, Module, Shape, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..blocks.block_memory import bram_param
 from ..params import UnitParams, param
+from ..stream import replicated
 from .registers import AxiLiteRegisters, Field, Register, axil_members, layout_registers
 from .streams import AxisToStream, StreamToAxis, axis_members, tdata_width
 from .read_master import AxiReadMaster, axi_read_members
@@ -203,6 +204,12 @@ class AxiWrapper(wiring.Component):
         return _lanes_of(self.unit.signature.members[self.read_ports[port][1]].signature
                          .members["payload"].shape)
 
+    def _row_beats_width(self, port, lanes):
+        """Bits of row stream ``port``'s beat count: the most beats of ``lanes`` elements
+        that its row size's register can hold."""
+        size_bits = max(1, self.unit.sizes[self.rows[port]].bit_length())
+        return max(1, (((1 << size_bits) - 1 + lanes - 1) >> exact_log2(lanes)).bit_length())
+
     def _width(self, port):
         member = self.unit.signature.members[port]
         width = Shape.cast(member.shape).width
@@ -340,7 +347,10 @@ class AxiWrapper(wiring.Component):
             lanes = _lanes_of(self._shape(port))[0] if port in self.rows else 0
             adapter_class = AxisToStream if slave else StreamToAxis
             prefix = self.bus(port, "s_axis" if slave else "m_axis")
-            adapter = adapter_class(prefix, shape, rows=lanes, row_beats_width=32)
+            # A row stream counts beats in the width of its row's size register, not 32
+            # bits: the beat counter's carry chain was the wrapped dispatch's path.
+            row_bits = self._row_beats_width(port, lanes) if lanes else 1
+            adapter = adapter_class(prefix, shape, rows=lanes, row_beats_width=row_bits)
             m.submodules[f"axis_{port}"] = adapter
             self._forward(m, adapter, axis_members(prefix, shape, In if slave else Out))
             if slave:
@@ -354,7 +364,7 @@ class AxiWrapper(wiring.Component):
                              adapter.i.payload.eq(source.payload.data)]
                 drained.append(~adapter.busy)
             if lanes:
-                row_beats = Signal(32, name=f"{port}_row_beats")
+                row_beats = Signal(row_bits, name=f"{port}_row_beats")
                 row = getattr(regs, self.rows[port])
                 shift = exact_log2(lanes)
                 m.d.sync += row_beats.eq((row + lanes - 1) >> shift)
@@ -412,14 +422,19 @@ class AxiWrapper(wiring.Component):
         # and done decisions are then one LUT from flip-flops). While no run is on nothing
         # enters the buses, so a start sees the buses drained as they are; a run finishes
         # once the unit was done and the buses drained in the cycle before (the unit then has
-        # nothing more to give, so they stay drained).
-        all_drained = Signal(init=1)
+        # nothing more to give, so they stay drained). ``all_drained`` is two registers kept
+        # apart, one for the start and one for the done: the drained flags sit by the buses,
+        # the start by the unit and the done by the register file (one register for both
+        # was the wrapped dispatch's path, a net across the unit into the done).
+        # (Copy 1 reads 1 from reset, as the one register did; copy 0 reads 0, but only
+        # while no run is armed.)
+        drained_done, drained_start = replicated(
+            m, Cat(*drained).all() if drained else Const(1), name="all_drained", copies=2)
         unit_done = Signal()
-        m.d.sync += [all_drained.eq(Cat(*drained).all() if drained else 1),
-                     unit_done.eq(unit.done)]
-        m.d.comb += [accept.eq(regs.start & ~unit.busy & ~armed & all_drained),
+        m.d.sync += unit_done.eq(unit.done)
+        m.d.comb += [accept.eq(regs.start & ~unit.busy & ~armed & drained_start),
                      unit.start.eq(accept)]
-        finish = armed & unit.done & unit_done & all_drained
+        finish = armed & unit.done & unit_done & drained_done
         done = Signal()
         with m.If(accept):
             m.d.sync += [armed.eq(1), done.eq(0), bus_error.eq(0), stream_error.eq(0)]

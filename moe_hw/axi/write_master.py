@@ -29,8 +29,9 @@ cycles and one per rotation stage (3 up to 2 lanes, 5 at 8, 6 at 16).
   words, of which it fills one less); a full FIFO stops the input, which then closes the
   burst: nothing waits on a burst that cannot grow. The decision is made from registers:
   each word comes in through a register stage that holds its word address (``base_word``
-  is added to a burst's start as it closes) and whether it follows the word before and
-  starts a 4 KiB page; the burst's length limit and the FIFO's room are registers of their
+  is added to a burst's start as it closes), whether it follows the word before (as
+  :func:`pairwise_equal`'s parts, joined behind the register) and whether it starts a 4 KiB
+  page; the burst's length limit and the FIFO's room are registers of their
   own. A closed burst's command waits a cycle in a register before the command queue (five
   deep; the former's room for it is a register too), so that the queue's head never loads
   in the cycle of the close. The input waits while an open burst could not close (no room
@@ -72,7 +73,7 @@ from amaranth.utils import exact_log2
 from ..blocks.block_fifo import block_fifo, count_level
 from ..blocks.block_memory import MEMORY_TARGETS
 from ..params import check_choice
-from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer, delay
+from ..stream import ALTERNATE_GROUP_BITS, RegisteredFIFO, SkidBuffer, delay, replicated
 
 __all__ = ["WriteRealign", "AxiWriteMaster", "axi_write_members", "beat_position",
            "burst_commands", "check_bus", "form_bursts", "page_marks", "pairwise_equal",
@@ -206,13 +207,13 @@ def form_bursts(m, *, valid, word, continues, room, commands, max_burst):
     bursts: a burst grows while words arrive one after another at consecutive addresses and
     closes (its ``word`` and ``len`` written to ``commands``, a FIFO) when a word does not
     continue it, when it holds ``max_burst`` beats, when the word starts a new 4 KiB page,
-    or in a cycle in which no word arrives. ``continues`` (a register, worked out by the
-    caller a stage earlier): the word is the previous word plus one and starts no new page,
-    so that the choice to extend is made from registers alone; the burst's being full is a
-    register too. ``room`` (a register): the caller can take a word. A word waits while an
-    open burst could not close (``commands`` has no room), even one that would extend it,
-    so that ``ready`` is a gate of registers alone. Returns ``(ready, take, is_open)``: a
-    word can be taken, a word is taken, a burst is open."""
+    or in a cycle in which no word arrives. ``continues`` (a gate of registers, worked out
+    by the caller a stage earlier): the word is the previous word plus one and starts no
+    new page, so that the choice to extend is made from registers alone; the burst's being
+    full is a register too. ``room`` (a register): the caller can take a word. A word waits
+    while an open burst could not close (``commands`` has no room), even one that would
+    extend it, so that ``ready`` is a gate of registers alone. Returns ``(ready, take,
+    is_open)``: a word can be taken, a word is taken, a burst is open."""
     is_open = Signal()
     start = Signal.like(word)
     length = Signal(8)                          # AxLEN: beats - 1
@@ -436,20 +437,24 @@ class AxiWriteMaster(wiring.Component):
 
         # ---- the input register: each word's bus address and its relation to the one
         # before, from registers, so that the burst former decides from flip-flops ----------
+        # ``same``: the word and the last word in plus one, equal in each two bits
+        # (:func:`pairwise_equal`), so that the former's ``continues`` is a gate of registers
+        # (the whole compare in front of this register was the wrapped dispatch's path).
         page_bits = 12 - self.size
-        arrival = data.StructLayout({"word": self.bus_word_width, "follows": 1, "page": 1,
+        after = Signal(self.word_width + 1)        # the last word in, + 1 (no wrap)
+        same = pairwise_equal(Cat(self.i.payload.word, Const(0, 1)), after)
+        arrival = data.StructLayout({"word": self.bus_word_width, "same": len(same), "page": 1,
                                      "entry": entry_width})
         inp = m.submodules.input = SkidBuffer(arrival, alternate=("entry",),
                                               group_bits=ALTERNATE_GROUP_BITS)
         beat = self.i.payload
-        after = Signal(self.word_width + 1)        # the last word in, + 1 (no wrap)
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += after.eq(beat.word + 1)
         page, _ = page_marks(m, beat.word, self.base_word, page_bits, last=False)
         m.d.comb += [
             inp.i.valid.eq(self.i.valid), self.i.ready.eq(inp.i.ready),
             inp.i.payload.word.eq(beat.word),          # base_word is added at the close
-            inp.i.payload.follows.eq(beat.word == after),
+            inp.i.payload.same.eq(same),
             inp.i.payload.page.eq(page),               # the word starts a 4 KiB page
             inp.i.payload.entry.eq(Cat(beat.data, beat.strb)),
         ]
@@ -460,7 +465,7 @@ class AxiWriteMaster(wiring.Component):
         cmd, closing, waiting = burst_commands(m, command, self.base_word)
         fifo_room = Signal(init=1)                  # the word FIFO has room (a register)
         ready, take, is_open = form_bursts(m, valid=inp.o.valid, word=word.word,
-                                           continues=word.follows & ~word.page,
+                                           continues=word.same.all() & ~word.page,
                                            room=fifo_room, commands=closing,
                                            max_burst=self.max_burst)
         m.d.comb += inp.o.ready.eq(ready)
@@ -488,8 +493,13 @@ class AxiWriteMaster(wiring.Component):
         ]
 
         # ---- W: each issued burst's words, wlast on the last --------------------------------
+        # The W side's control reads the W buffer's ready from a copy of its own (the
+        # buffer's flag sits among the bus-wide data registers it chooses, and its net to the
+        # length's load was the wrapped dispatch's path). The copy reads 0 in the cycle
+        # after reset, when nothing is active.
         w = m.submodules.w = SkidBuffer(data.StructLayout({
-            "data": lanes * width, "strb": self.bus_bytes, "last": 1}))
+            "data": lanes * width, "strb": self.bus_bytes, "last": 1}), ready_next=True)
+        w_ready, = replicated(m, w.ready_next, name="w_ready", copies=1, apart=True)
         # The next burst's length comes through a skid buffer, so that the W side's load
         # (a gate of its flags) reaches that buffer's flags, not the length queue's fill
         # (4 levels from the W register's flag).
@@ -497,14 +507,14 @@ class AxiWriteMaster(wiring.Component):
         active = Signal()
         left = Signal(8)                            # beats after the one in hand
         last = Signal()                             # left == 0 (a register)
-        sending = active & ahead.o.valid & w.i.ready
+        sending = active & ahead.o.valid & w_ready
         wants = ~active | (sending & last)          # the W side can take the next length
         load = next_len.o.valid & wants
         lane_bytes = width // 8
         entry = ahead.o.payload.data
         strb = entry[lanes * width:]
         m.d.comb += [
-            w.i.valid.eq(active & ahead.o.valid), ahead.o.ready.eq(active & w.i.ready),
+            w.i.valid.eq(active & ahead.o.valid), ahead.o.ready.eq(active & w_ready),
             w.i.payload.data.eq(entry[:lanes * width]),
             w.i.payload.strb.eq(Cat(strb[n].replicate(lane_bytes) for n in range(lanes))),
             w.i.payload.last.eq(last),
