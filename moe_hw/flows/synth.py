@@ -720,6 +720,12 @@ def format_seeds(result, *, best=""):
                      for seed, mhz in sorted(result.seed_fmax_mhz.items()))
 
 
+def _mean(result):
+    """`` (mean 240.3)``: the mean Fmax of a result's seeds, when more than one finished."""
+    figures = list(result.seed_fmax_mhz.values())
+    return f" (mean {sum(figures) / len(figures):.1f})" if len(figures) > 1 else ""
+
+
 def format_table(report):
     """The report as a plain-text table: one row per design and clock."""
     head = ["design", "clock", "Fmax MHz", "ratio", *RESOURCES.values(), "levels",
@@ -747,14 +753,16 @@ def format_table(report):
     unfinished = [f"{result.name}: seed {', '.join(map(str, result.unfinished_seeds))} did "
                   "not finish place and route in the time limit (skipped)"
                   for result in (report.reference, report.design) if result.unfinished_seeds]
-    # Every seed's figure, so that the spread placement alone gives is in sight.
-    spread = [f"{result.name}: {format_seeds(result, best='*')}"
+    # Every seed's figure, so that the spread placement alone gives is in sight, and their
+    # mean: two builds compare by it (a change can move the best seed and not the mean).
+    spread = [f"{result.name}: {format_seeds(result, best='*')}{_mean(result)}"
               for result in (report.reference, report.design)] if report.seeds > 1 else []
     return "\n".join([
         f"{report.design.description} on {report.device} ({report.target})",
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
         line(head), line(["-" * width for width in widths]), *(line(row) for row in rows),
-        *([f"Fmax by seed (MHz; * the best, reported above): {'; '.join(spread)}"]
+        *([f"Fmax by seed (MHz; * the best, reported above; the seeds' mean in brackets): "
+           f"{'; '.join(spread)}"]
           if spread else []),
         "ratio: Fmax over the reference adder's in this run. FF includes the wrapper's "
         f"{report.design.wrapper_registers} registers ({report.reference.wrapper_registers} "
