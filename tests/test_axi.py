@@ -384,6 +384,28 @@ def test_read_master_bus_error():
                       fifo_depth=4)
 
 
+def test_row_beat_count_holds_the_longest_row():
+    """A row stream counts a row's beats in as many bits as the largest row its size register
+    can hold needs (``ceil(size / lanes)`` at the register's all-ones value), not more: the
+    count is as wide as the register allows and never wraps inside a row."""
+    from moe_hw.axi.wrapper import _lanes_of
+    from moe_hw.registry import units
+    checked = []
+    for name, unit in units().items():
+        if name in ("fmul", "fadd"):
+            continue
+        wrapper = unit.build_axi(unit.make_params({}, interface="axi"))
+        wrapper._MustUse__silence = wrapper.unit._MustUse__silence = True
+        widths = {f["name"]: f["width"] for r in wrapper.register_map() for f in r["fields"]}
+        for port, size in wrapper.rows.items():
+            lanes = _lanes_of(wrapper._shape(port))[0]
+            bits = wrapper._row_beats_width(port, lanes)
+            longest = -(-((1 << widths[size]) - 1) // lanes)
+            assert longest < 1 << bits <= 2 * longest, (name, port, bits, longest)
+            checked.append(name)
+    assert {"dispatch", "combine_gather", "dispatch_backward_data"} <= set(checked)
+
+
 def test_every_unit_with_run_control_wraps():
     """Every unit with run control goes behind the wrapper: each run-time size is an rw
     register, a memory read or write port an AXI4 master with its base address register;

@@ -31,10 +31,10 @@ cycles and one per rotation stage (3 up to 2 lanes, 5 at 8, 6 at 16).
   each word comes in through a register stage that holds its word address (``base_word``
   is added to a burst's start as it closes), whether it follows the word before (as
   :func:`pairwise_equal`'s parts, joined behind the register) and whether it starts a 4 KiB
-  page; the burst's length limit and the FIFO's room are registers of their
-  own. A closed burst's command waits a cycle in a register before the command queue (five
-  deep; the former's room for it is a register too), so that the queue's head never loads
-  in the cycle of the close. The input waits while an open burst could not close (no room
+  page; the burst's length limit and the FIFO's room are registers of their own. A closed
+  burst's command waits a cycle in a register before the command queue (five deep; the
+  former's room for it is a register too), so that the queue's head never loads in the
+  cycle of the close. The input waits while an open burst could not close (no room
   for its command), even for a word that would extend it: the input's ready is then a gate
   of three registers, not of the word's own flags.
 * The FIFO is a :class:`~moe_hw.blocks.block_memory.BlockMemory` (``bram``: ``ecp5`` for
