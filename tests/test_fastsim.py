@@ -4,7 +4,6 @@ stall-free problem; stalled runs bit-exact with a clean scoreboard; hangs report
 for the many (no build), one Verilator model for dispatch."""
 
 import dataclasses
-import os
 import re
 from pathlib import Path
 

@@ -296,7 +296,7 @@ class BoardTop(Elaboratable):
         restart = Signal()
         m.submodules.fire = fire = io.Buffer("i", platform.request("button_fire", 0, dir="-"))
         m.submodules.fire_sync = FFSynchronizer(fire.i, restart)
-        m.submodules.check = check = ResetInserter(restart)(self.check)
+        m.submodules.check = ResetInserter(restart)(self.check)
         heartbeat = Signal(24)
         m.d.sync += heartbeat.eq(heartbeat + 1)
         for number, value in ((0, self.check.passed), (1, self.check.failed),

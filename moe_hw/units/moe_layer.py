@@ -528,7 +528,6 @@ class MoELayer(wiring.Component):
         ctl = m.submodules.control = RunControl(self.sizes, empty_when_zero=("tokens",),
                                                 setup=p.run_setup - 1)
         ctl.connect(m, self)
-        running = ctl.running
         tokens = ctl.size("tokens")
         hidden = ctl.size("hidden")
         # The last beat's lane enables, a register from the held H (the experts' reads and

@@ -88,7 +88,7 @@ issued only with a credit for it. Stall-free cycle count, start to ``done``:
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
