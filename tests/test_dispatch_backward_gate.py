@@ -6,12 +6,15 @@ golden.dispatch_backward_gate (the lane/tree order) with a scoreboard over both 
 the result stream, exact stall-free cycle counts; the float64 error of the hardware's sums;
 parameter and input errors; a reset in the middle of a run (Amaranth simulator)."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
+from moe_hw.blocks.block_fifo import BLOCK_FIFO_LATENCY
 from moe_hw.blocks.run_control import EMPTY_CYCLES
 from moe_hw.formats import to_bits
 from moe_hw.golden.testing import random_floats
@@ -124,6 +127,23 @@ def test_cycle_formula_whole_groups_and_latencies():
             outcome = check(prob, memory_latency=latency)
             assert outcome.cycles == (tokens * -(-hidden // PARAMS.lanes) +
                                       PARAMS.overhead(latency)), (tokens, hidden, latency)
+
+
+@pytest.mark.parametrize("latency, bram", [(40, "generic"), (40, "ecp5"), (1, "generic")])
+def test_backward_gate_deep_descriptor_queue(latency, bram):
+    """64 items in flight (behind AXI masters 256): the descriptors then wait in a block RAM
+    FIFO, whose head comes 6 cycles after an item's issue. Bit-exact; stall-free exactly
+    the formula's cycles, where a quicker memory's join waits for the FIFO instead (a whole
+    number of groups: P * B + overhead, with the FIFO's latency in the join)."""
+    params = dataclasses.replace(PARAMS, max_outstanding=64, bram=bram)
+    g = params.interleave
+    prob = problem(latency + 7, tokens=2 * g, hidden=16, experts=4, capacity=2 * g)
+    outcome = check(prob, params=params, memory_latency=latency)
+    assert outcome.cycles == 2 * g * 4 + params.overhead(latency)
+    assert params.deep_descriptors and params.descriptor_latency == BLOCK_FIFO_LATENCY
+    assert params.join_delay(latency) == max(BLOCK_FIFO_LATENCY, 1 + latency)
+    check(case_problem("random_k2_drops"), params=params, memory_latency=latency)
+    check(case_problem("out_of_range"), params=params, memory_latency=latency, stall=0.3)
 
 
 @pytest.mark.parametrize("stall", STALLS)

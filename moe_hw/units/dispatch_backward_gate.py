@@ -76,7 +76,8 @@ holds the front pair; the pair's ``i*H`` is counted as it is taken); issue (the 
 G-entry distributed-RAM table, read one item ahead into a register, each item writing back its
 pair's addresses of the next beat; the last-beat flag registered; two read requests into skid
 buffers, which must both have room for any item to issue, a descriptor into a queue of
-``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a datapath); join
+``max_outstanding`` credits, a :class:`~moe_hw.stream.CreditPipeline` without a datapath, or
+past 16 a block RAM FIFO on ``bram``, whose head comes 6 cycles after the issue); join
 (the front descriptor with both responses, in its ring slot); an operand register and ``lanes``
 multipliers; a product register (+0.0 for a lane without data); ``lanes`` adders with their
 feedback registers; the adder tree; all of it free-running into the output queue (a
@@ -86,6 +87,7 @@ buffer's output register.
 """
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
@@ -97,8 +99,10 @@ from ..arith.fadd import FloatAdderCore, adder_tree
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_fifo import BLOCK_FIFO_AHEAD, BLOCK_FIFO_LATENCY, block_fifo
+from ..blocks.block_memory import bram_param
 from ..blocks.row_beats import row_beats
-from ..blocks.row_reader import last_enable_of
+from ..blocks.row_reader import RowReader, last_enable_of
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import header_slot_queue, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
@@ -120,6 +124,7 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
     index_width: int = param(32, minimum=2, maximum=64)
     max_outstanding: int = param(16, minimum=2, maximum=1024, power_of_two=True,
                                  doc="issued items waiting for read data")
+    bram: str = bram_param()
     mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
     dsp: str = dsp_param()
@@ -187,12 +192,26 @@ class DispatchBackwardGateParams(FloatDatapathParams, UnitParams):
         cycles, the header pipeline (``setup + 1 + header_latency``)."""
         return self.setup + 1 + self.header_latency
 
+    @property
+    def deep_descriptors(self):
+        """Whether the descriptor queue is a block RAM FIFO (more than
+        :attr:`~moe_hw.blocks.row_reader.RowReader.SHALLOW` in flight, as behind an AXI
+        master) rather than a LUT-RAM ring."""
+        return self.max_outstanding > RowReader.SHALLOW
+
+    @property
+    def descriptor_latency(self):
+        """Cycles from an item's issue to its descriptor at the queue's head (stall-free):
+        the ring's :attr:`~moe_hw.stream.CreditPipeline.QUEUE_LATENCY`, or the block RAM
+        FIFO's :data:`~moe_hw.blocks.block_fifo.BLOCK_FIFO_LATENCY`."""
+        return BLOCK_FIFO_LATENCY if self.deep_descriptors else CreditPipeline.QUEUE_LATENCY
+
     def join_delay(self, read_latency, reads=True):
         """Stall-free cycles from an item's issue to its join with its read data. Joins are
         in order, so an item without reads waits as long as the reading items before it:
         the read round trip (request skid buffer, memory) if any item of the run reads, else
         the descriptor queue's latency."""
-        queue = CreditPipeline.QUEUE_LATENCY
+        queue = self.descriptor_latency
         return max(queue, 1 + read_latency) if reads else queue
 
     @property
@@ -382,8 +401,29 @@ class DispatchBackwardGateUnit(wiring.Component):
             "first": 1,         # beat 0: the partials start from +0.0
             "result": 1,        # the last beat of a real pair: its partials leave for the tree
         })
-        pending = m.submodules.descriptors = CreditPipeline(0, descriptor_layout,
-                                                            depth=p.max_outstanding)
+        # Deep (behind an AXI master: 256), a LUT-RAM ring's read is a 16:1 choice and more
+        # (the wrapped unit's path, on both seeds placed), so there the descriptors wait in a
+        # block RAM FIFO read ahead into registers (``block_fifo``, the row reader's deep
+        # queue), ``max_outstanding`` in all; an item's descriptor is the head
+        # ``BLOCK_FIFO_LATENCY`` cycles after its issue (:attr:`descriptor_latency`).
+        if p.deep_descriptors:
+            # (the names of a CreditPipeline's ports, for the code below)
+            room = Signal(init=1)                       # a descriptor fits (a register)
+            i_valid, take = Signal(), Signal()
+            pushed = Signal(descriptor_layout)
+            fifo, fifo_empty = block_fifo(
+                m, "descriptors", width=descriptor_layout.size,
+                depth=p.max_outstanding - BLOCK_FIFO_AHEAD + 1, target=p.bram,
+                write=take, data=pushed, room=room)
+            m.d.comb += take.eq(i_valid & room)
+            pending = SimpleNamespace(
+                i_valid=i_valid, i_ready=room, take=take, payload=pushed,
+                o=SimpleNamespace(valid=fifo.o.valid, ready=fifo.o.ready,
+                                  payload=data.View(descriptor_layout, fifo.o.payload)),
+                busy=~fifo_empty | fifo.busy)
+        else:
+            pending = m.submodules.descriptors = CreditPipeline(0, descriptor_layout,
+                                                                depth=p.max_outstanding)
         input_skid = m.submodules.input_skid = SkidBuffer(p.read_layout(p.input_addr_width))
         grad_skid = m.submodules.grad_skid = SkidBuffer(p.read_layout(p.grad_addr_width))
         # An item issues when both request skid buffers have room, whether it reads or not:
