@@ -17,7 +17,8 @@ from amaranth.lib.data import StructLayout
 from ..stream import CreditPipeline, delay
 from .block_memory import BlockMemory
 
-__all__ = ["block_fifo", "count_level", "next_slot", "BLOCK_FIFO_AHEAD", "BLOCK_FIFO_LATENCY"]
+__all__ = ["block_fifo", "block_fifo_depth", "count_level", "next_slot", "BLOCK_FIFO_AHEAD",
+           "BLOCK_FIFO_LATENCY"]
 
 #: Cycles from an entry's write (``write`` high in cycle c) to it on the output (``o.valid``
 #: from cycle c + this, stall-free, the FIFO empty before): the write register, the flag
@@ -80,6 +81,13 @@ def block_fifo(m, name, *, width, depth, target, write, data, room=None, wide=Fa
     count_level(m, used, write, read, [(empty, True, 0)])
     count_level(m, readable, written, read, [(nonempty, False, 0)])
     return ahead, empty
+
+
+def block_fifo_depth(entries):
+    """The ``depth`` to give :func:`block_fifo` for a FIFO that holds ``entries`` in all (a
+    queue of that many credits): ``depth - 1`` in the block RAM (``room``'s bound) and
+    :data:`BLOCK_FIFO_AHEAD` in the read-ahead queue."""
+    return entries - BLOCK_FIFO_AHEAD + 1
 
 
 def next_slot(ptr, depth):

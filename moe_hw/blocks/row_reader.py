@@ -52,7 +52,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..params import LANES, check_choice, check_int
-from .block_fifo import BLOCK_FIFO_AHEAD, BLOCK_FIFO_LATENCY, block_fifo
+from .block_fifo import BLOCK_FIFO_LATENCY, block_fifo, block_fifo_depth
 from .block_memory import MEMORY_TARGETS
 from ..stream import RegisteredFIFO, SkidBuffer
 from ..stream.credit import Ring
@@ -173,8 +173,7 @@ class RowReader(wiring.Component):
         # (the wrapped units' critical path), so there the entry and its tag wait together
         # in a block RAM FIFO read ahead into registers (``block_fifo``): an entry written
         # in cycle c is the head from cycle c + ``BLOCK_FIFO_LATENCY``, long before its
-        # response behind a bus. The RAM holds ``outstanding - BLOCK_FIFO_AHEAD + 1``
-        # entries at most, the read-ahead queue the rest: ``outstanding`` beats in all.
+        # response behind a bus, ``outstanding`` beats in all (``block_fifo_depth``).
         entry_layout = data.StructLayout({"read": 1, "enable": lanes, "last": 1})
         tag = head_tag = None
         reads = lane_reads = None
@@ -195,7 +194,7 @@ class RowReader(wiring.Component):
             push = Signal()
             pushed = Signal(queued)
             ahead, empty = block_fifo(m, "inflight", width=queued.size,
-                                      depth=self.outstanding - BLOCK_FIFO_AHEAD + 1,
+                                      depth=block_fifo_depth(self.outstanding),
                                       target=self.bram, write=push, data=pushed, room=w_rdy)
             popped = data.View(queued, ahead.o.payload)
             entry, r_rdy, take, head = pushed.entry, ahead.o.valid, ahead.o.ready, popped.entry

@@ -99,7 +99,7 @@ from ..arith.fadd import FloatAdderCore, adder_tree
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
-from ..blocks.block_fifo import BLOCK_FIFO_AHEAD, BLOCK_FIFO_LATENCY, block_fifo
+from ..blocks.block_fifo import BLOCK_FIFO_LATENCY, block_fifo, block_fifo_depth
 from ..blocks.block_memory import bram_param
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of
@@ -413,7 +413,7 @@ class DispatchBackwardGateUnit(wiring.Component):
             pushed = Signal(descriptor_layout)
             fifo, fifo_empty = block_fifo(
                 m, "descriptors", width=descriptor_layout.size,
-                depth=p.max_outstanding - BLOCK_FIFO_AHEAD + 1, target=p.bram,
+                depth=block_fifo_depth(p.max_outstanding), target=p.bram,
                 write=take, data=pushed, room=room)
             m.d.comb += take.eq(i_valid & room)
             pending = SimpleNamespace(
