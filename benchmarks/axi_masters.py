@@ -1,8 +1,8 @@
 """The AXI wrapper's two masters synthesized alone, out of context, so that their Fmax is
 read without a unit beside them (README, "AXI wrappers"):
 
-    python benchmarks/axi_masters.py [--lanes 8] [--seeds 1] [--freq 250] [--only write]
-                                     [--work DIR]
+    python benchmarks/axi_masters.py [--lanes 8] [--seeds 1] [--first-seed 1] [--freq 250]
+                                     [--only write] [--work DIR]
 
 ``write``: :class:`~moe_hw.axi.WriteRealign` into :class:`~moe_hw.axi.AxiWriteMaster`, the
 write port of dispatch at ``lanes`` fp32 lanes; ``read``: :class:`~moe_hw.axi.AxiReadMaster`
@@ -59,6 +59,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--first-seed", type=int, default=1,
+                        help="the first placement seed (--seeds 4 --first-seed 5: seeds 5-8)")
     parser.add_argument("--freq", type=float, default=250.0)
     parser.add_argument("--only", choices=("write", "read"), default=None)
     parser.add_argument("--work", default=None,
@@ -77,7 +79,7 @@ def main(argv=None):
         if args.only and name != args.only:
             continue
         report = synthesize(f"{name} master", build, "ecp5-85k", seeds=args.seeds,
-                            freq=args.freq, work_dir=args.work and f"{args.work}/{name}",
+                            first_seed=args.first_seed, freq=args.freq, work_dir=args.work and f"{args.work}/{name}",
                             description=f"AXI {name} master, lanes "
                             f"{args.lanes} fp32",
                             progress=lambda text: print(f"[axi masters] {text}",

@@ -2,8 +2,8 @@
 path and resources, and its Fmax as a ratio to a reference adder in the same run.
 
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
-                           [--jobs J] [--freq MHZ] [--json FILE] [--timeout S] [--work DIR]
-                           [--check]
+                           [--first-seed S] [--jobs J] [--freq MHZ] [--json FILE]
+                           [--timeout S] [--work DIR] [--check]
     python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--paths N]
                            [--json FILE]
 
@@ -103,14 +103,15 @@ def _design(name, target, settings):
 
 
 def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
-          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None):
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None, first_seed=1):
     """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
-    of the design point's) on ``target``; return the
-    :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any tool runs."""
+    of the design point's) on ``target``, placed on ``seeds`` seeds from ``first_seed`` on;
+    return the :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any
+    tool runs."""
     unit, build, description, params = _design(name, target, settings)
     return synthesize(unit, build, target, description=description, params=params,
                       seeds=seeds, freq=freq, timeout=timeout, work_dir=work_dir,
-                      progress=progress, jobs=jobs)
+                      progress=progress, jobs=jobs, first_seed=first_seed)
 
 
 def pack(name, target, settings=None, *, timeout=DEFAULT_TIMEOUT, work_dir=None,
@@ -148,6 +149,9 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, metavar="N",
                         help=f"placement seeds per design; the best is reported "
                              f"(default {DEFAULT_SEEDS})")
+    parser.add_argument("--first-seed", type=int, default=1, metavar="S",
+                        help="the first placement seed (default 1): --seeds 8 --first-seed 9 "
+                             "places seeds 9-16, as the last eight of a run of 16 would")
     parser.add_argument("--jobs", type=int, default=None, metavar="J",
                         help="seeds placed and routed at once (default: one per CPU core, "
                              "at most --seeds; each seed's figures are the same either way)")
@@ -200,7 +204,7 @@ def main(argv=None):
         start = time.perf_counter()
         report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
                        freq=args.freq, timeout=args.timeout, work_dir=args.work,
-                       progress=_progress, jobs=args.jobs)
+                       progress=_progress, jobs=args.jobs, first_seed=args.first_seed)
         print(format_table(report))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

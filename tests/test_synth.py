@@ -270,6 +270,15 @@ def test_seeds_in_parallel_give_each_seed_its_own_figures():
                         for seed, mhz in sorted(together.seed_fmax_mhz.items()))
     mean = sum(together.seed_fmax_mhz.values()) / 3
     assert f"adder: {figures} (mean {mean:.1f})" in spread
+    # ``first_seed``: seeds 2 and 3 alone are the run of three's seeds 2 and 3, and the
+    # table names them
+    later = flow.synthesize("adder", ReferenceAdder, "ecp5-85k", seeds=2, jobs=2,
+                            first_seed=2)
+    assert later.design.seed_fmax_mhz == {seed: alone.seed_fmax_mhz[seed] for seed in (2, 3)}
+    assert later.to_json()["first_seed"] == 2
+    table = flow.format_table(later).splitlines()
+    assert "best of 2 seeds (2-3) each" in table[1]
+    assert [line for line in table if line.startswith("Fmax by seed (seeds 2-3; MHz")]
 
 
 # ---- bad arguments: one line, before any tool runs -----------------------------------------
@@ -288,6 +297,11 @@ def test_bad_target_is_one_line(capsys):
 def test_bad_set_is_one_line(capsys, setting, message):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--set", setting], 2)
     assert lines == [f"{PROG}: error: {message}"]
+
+
+def test_bad_first_seed_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--first-seed", "0"], 2)
+    assert lines == [f"{PROG}: error: first_seed must be a positive integer, not 0"]
 
 
 def test_resources_with_check_is_one_line(capsys):

@@ -242,6 +242,7 @@ class SynthReport:
     tools: dict
     design: DesignResult
     reference: DesignResult
+    first_seed: int = 1       # the seeds placed: first_seed to first_seed + seeds - 1
 
     @property
     def ratio(self):
@@ -250,7 +251,7 @@ class SynthReport:
 
     def to_json(self):
         return {"target": self.target, "device": self.device, "seeds": self.seeds,
-                "freq_mhz": self.freq_mhz, "tools": self.tools, "ratio": self.ratio,
+                "first_seed": self.first_seed, "freq_mhz": self.freq_mhz, "tools": self.tools, "ratio": self.ratio,
                 "design": self.design.to_json(), "reference": self.reference.to_json()}
 
 
@@ -415,9 +416,11 @@ def _check_positive(name, value, kind=float):
 
 def synthesize_design(name, build, target, *, description=None, params=None,
                       seeds=DEFAULT_SEEDS, freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None,
-                      progress=None, jobs=None):
+                      progress=None, jobs=None, first_seed=1):
     """Put the component ``build()`` returns through the flow on ``target`` (a name or a
-    :class:`Target`); return its :class:`DesignResult` for the best of ``seeds`` seeds.
+    :class:`Target`); return its :class:`DesignResult` for the best of ``seeds`` seeds,
+    ``first_seed`` and the ones after it (nextpnr places a netlist the same way for the same
+    options and seed, so seeds 5-8 of a run with ``first_seed=5`` are those of a run of 8).
     ``jobs``: seeds placed and routed at once (default: one per CPU core, at most ``seeds``;
     each seed's result is the same either way, only the wall time changes).
 
@@ -428,13 +431,14 @@ def synthesize_design(name, build, target, *, description=None, params=None,
     """
     target = _target(target)
     seeds = _check_positive("seeds", seeds, int)
+    first_seed = _check_positive("first_seed", first_seed, int)
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
     jobs = _jobs(jobs, seeds)
     with _work_dir(work_dir) as work:
         return _synthesize_in(Path(work), name, build, target, description or name,
-                              params, seeds, freq, timeout, progress or (lambda text: None),
-                              jobs)
+                              params, range(first_seed, first_seed + seeds), freq, timeout,
+                              progress or (lambda text: None), jobs)
 
 
 def _jobs(jobs, seeds):
@@ -517,6 +521,7 @@ def _netlist(work, build, target, where, timeout, say):
 
 def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
                    progress, jobs):
+    # ``seeds``: the seeds to place, a range
     def say(text):
         progress(f"{name}: {text}")
 
@@ -535,7 +540,7 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
 
     def place(seed):
         """One seed's place and route: ``(exit code or None, seconds)``."""
-        say(f"{target.nextpnr_tool} seed {seed}/{seeds} at {freq:g} MHz "
+        say(f"{target.nextpnr_tool} seed {seed}/{seeds[-1]} at {freq:g} MHz "
             f"(limit {timeout:g} s) ...")
         step = time.perf_counter()
         report_path = work / f"seed{seed}.json"
@@ -551,14 +556,14 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         """``(seed, place(seed))`` in seed order, ``jobs`` seeds running at once. Seeds not
         yet started when the caller stops (a failure) are not run."""
         if jobs == 1:
-            for seed in range(1, seeds + 1):
+            for seed in seeds:
                 yield seed, place(seed)
             return
         # The tool once on its own first: its first run compiles it into YoWASP's cache,
         # which runs started together would each write.
         _run_tool(target.nextpnr_tool, ["--version"], work, work / "version.log", timeout)
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {seed: pool.submit(place, seed) for seed in range(1, seeds + 1)}
+            futures = {seed: pool.submit(place, seed) for seed in seeds}
             try:
                 for seed, future in futures.items():
                     yield seed, future.result()
@@ -686,16 +691,18 @@ def pack_design(name, build, target, *, description=None, params=None,
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
-               freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None):
+               freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None,
+               first_seed=1):
     """The reference adder, then the design ``build()`` returns, through the same flow on
     ``target`` with the same seeds; returns a :class:`SynthReport`. The arguments are those
     of :func:`synthesize_design`; ``work_dir`` gets one folder per design."""
     target = _target(target)
     seeds = _check_positive("seeds", seeds, int)
+    first_seed = _check_positive("first_seed", first_seed, int)
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
     common = dict(seeds=seeds, freq=freq, timeout=timeout, progress=progress,
-                  jobs=_jobs(jobs, seeds))
+                  jobs=_jobs(jobs, seeds), first_seed=first_seed)
     with _work_dir(work_dir) as folder:
         work = Path(folder)
         reference = synthesize_design(REFERENCE, ReferenceAdder, target,
@@ -704,7 +711,8 @@ def synthesize(name, build, target, *, description=None, params=None, seeds=DEFA
         design = synthesize_design(name, build, target, description=description,
                                    params=params, work_dir=work / _file_name(name), **common)
     return SynthReport(target=target.name, device=target.device, seeds=seeds, freq_mhz=freq,
-                       tools=tool_versions(target), design=design, reference=reference)
+                       tools=tool_versions(target), design=design, reference=reference,
+                       first_seed=first_seed)
 
 
 def _file_name(name):
@@ -749,7 +757,11 @@ def format_table(report):
                          for i, (cell, width) in enumerate(zip(cells, widths))).rstrip()
 
     tools = ", ".join(f"{tool} {version}" for tool, version in report.tools.items())
+    first, last = report.first_seed, report.first_seed + report.seeds - 1
+    numbers = f"{first}" if first == last else f"{first}-{last}"
     seeds = "1 seed" if report.seeds == 1 else f"best of {report.seeds} seeds"
+    if first != 1:                             # (seeds 1 to N need no numbers)
+        seeds += f" ({numbers})"
     unfinished = [f"{result.name}: seed {', '.join(map(str, result.unfinished_seeds))} did "
                   "not finish place and route in the time limit (skipped)"
                   for result in (report.reference, report.design) if result.unfinished_seeds]
@@ -761,7 +773,8 @@ def format_table(report):
         f"{report.design.description} on {report.device} ({report.target})",
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
         line(head), line(["-" * width for width in widths]), *(line(row) for row in rows),
-        *([f"Fmax by seed (MHz; * the best, reported above; the seeds' mean in brackets): "
+        *([f"Fmax by seed ({'' if first == 1 else f'seeds {numbers}; '}MHz; * the best, "
+           f"reported above; the seeds' mean in brackets): "
            f"{'; '.join(spread)}"]
           if spread else []),
         "ratio: Fmax over the reference adder's in this run. FF includes the wrapper's "
