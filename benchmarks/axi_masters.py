@@ -79,7 +79,8 @@ def main(argv=None):
         if args.only and name != args.only:
             continue
         report = synthesize(f"{name} master", build, "ecp5-85k", seeds=args.seeds,
-                            first_seed=args.first_seed, freq=args.freq, work_dir=args.work and f"{args.work}/{name}",
+                            first_seed=args.first_seed, freq=args.freq,
+                            work_dir=args.work and f"{args.work}/{name}",
                             description=f"AXI {name} master, lanes "
                             f"{args.lanes} fp32",
                             progress=lambda text: print(f"[axi masters] {text}",

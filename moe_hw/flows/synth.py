@@ -251,7 +251,8 @@ class SynthReport:
 
     def to_json(self):
         return {"target": self.target, "device": self.device, "seeds": self.seeds,
-                "first_seed": self.first_seed, "freq_mhz": self.freq_mhz, "tools": self.tools, "ratio": self.ratio,
+                "first_seed": self.first_seed, "freq_mhz": self.freq_mhz,
+                "tools": self.tools, "ratio": self.ratio,
                 "design": self.design.to_json(), "reference": self.reference.to_json()}
 
 
