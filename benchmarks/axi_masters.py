@@ -64,7 +64,8 @@ def main(argv=None):
     parser.add_argument("--freq", type=float, default=250.0)
     parser.add_argument("--only", choices=("write", "read"), default=None)
     parser.add_argument("--work", default=None,
-                        help="keep the netlists, logs and nextpnr reports in WORK/write, WORK/read")
+                        help="keep the netlists, logs and nextpnr reports in WORK/write, "
+                             "WORK/read")
     args = parser.parse_args(argv)
     axi = AxiParams()
     builds = {
