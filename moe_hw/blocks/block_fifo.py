@@ -1,24 +1,29 @@
 """A FIFO in block RAM whose output and flags are registers, and the level counter it
-keeps its flags with: the AXI masters' word and response FIFOs and the row reader's deep
-in-flight queue (256 beats behind an AXI read master).
+keeps its flags with: the AXI masters' word and response FIFOs, the row reader's deep
+in-flight queue (256 beats behind an AXI read master) and dispatch_backward_gate's deep
+descriptor queue (:func:`block_queue`).
 
 :func:`block_fifo` writes the entries into a :class:`~moe_hw.blocks.block_memory.BlockMemory`
 (through a register; a two-cycle read) and reads them ahead into a
 :class:`~moe_hw.stream.CreditPipeline`'s queue, so that no block RAM output and no flag is
 combinational logic's input; an entry written in cycle c is on the output from cycle
-c + :data:`BLOCK_FIFO_LATENCY`. :func:`count_level` keeps a level count and flags of it
+c + :data:`BLOCK_FIFO_LATENCY`. :func:`block_queue` is such a FIFO with the ports of a
+:class:`~moe_hw.stream.CreditPipeline` without a datapath, for a queue too deep for a
+LUT-RAM ring. :func:`count_level` keeps a level count and flags of it
 whose next values are choices among compares of the count with constants (no carry chain
 between the count and a flag). :func:`next_slot` steps a ring pointer.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Const, Mux, Signal
-from amaranth.lib.data import StructLayout
+from amaranth.lib.data import StructLayout, View
 
 from ..stream import CreditPipeline, delay
 from .block_memory import BlockMemory
 
-__all__ = ["block_fifo", "block_fifo_depth", "count_level", "next_slot", "BLOCK_FIFO_AHEAD",
-           "BLOCK_FIFO_LATENCY"]
+__all__ = ["block_fifo", "block_fifo_depth", "block_queue", "count_level", "next_slot",
+           "BLOCK_FIFO_AHEAD", "BLOCK_FIFO_LATENCY"]
 
 #: Cycles from an entry's write (``write`` high in cycle c) to it on the output (``o.valid``
 #: from cycle c + this, stall-free, the FIFO empty before): the write register, the flag
@@ -88,6 +93,29 @@ def block_fifo_depth(entries):
     queue of that many credits): ``depth - 1`` in the block RAM (``room``'s bound) and
     :data:`BLOCK_FIFO_AHEAD` in the read-ahead queue."""
     return entries - BLOCK_FIFO_AHEAD + 1
+
+
+def block_queue(m, name, layout, *, entries, target):
+    """A queue of up to ``entries`` items of ``layout`` (a ``StructLayout``) in block RAM
+    (:func:`block_fifo` on ``target``, ``entries`` in all: :func:`block_fifo_depth`), with
+    the ports of ``CreditPipeline(0, layout, depth=entries)`` for the code that drives it:
+    ``i_valid`` (in), ``i_ready`` (a register: an item fits), ``take``, ``payload`` (in, the
+    item taken), ``o`` (``valid``, ``ready``, ``payload`` as a view of ``layout``) and
+    ``busy`` (an item is inside). An item taken in cycle c is at the head from cycle
+    c + :data:`BLOCK_FIFO_LATENCY` (the ring's is
+    :attr:`~moe_hw.stream.CreditPipeline.QUEUE_LATENCY`)."""
+    room = Signal(init=1)                       # an item fits (a register)
+    i_valid, take = Signal(), Signal()
+    pushed = Signal(layout)
+    fifo, fifo_empty = block_fifo(m, name, width=layout.size,
+                                  depth=block_fifo_depth(entries), target=target,
+                                  write=take, data=pushed, room=room)
+    m.d.comb += take.eq(i_valid & room)
+    return SimpleNamespace(
+        i_valid=i_valid, i_ready=room, take=take, payload=pushed,
+        o=SimpleNamespace(valid=fifo.o.valid, ready=fifo.o.ready,
+                          payload=View(layout, fifo.o.payload)),
+        busy=~fifo_empty | fifo.busy)
 
 
 def next_slot(ptr, depth):

@@ -87,7 +87,6 @@ buffer's output register.
 """
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
@@ -99,7 +98,7 @@ from ..arith.fadd import FloatAdderCore, adder_tree
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
-from ..blocks.block_fifo import BLOCK_FIFO_LATENCY, block_fifo, block_fifo_depth
+from ..blocks.block_fifo import BLOCK_FIFO_LATENCY, block_queue
 from ..blocks.block_memory import bram_param
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of
@@ -403,24 +402,12 @@ class DispatchBackwardGateUnit(wiring.Component):
         })
         # Deep (behind an AXI master: 256), a LUT-RAM ring's read is a 16:1 choice and more
         # (the wrapped unit's path, on both seeds placed), so there the descriptors wait in a
-        # block RAM FIFO read ahead into registers (``block_fifo``, the row reader's deep
-        # queue), ``max_outstanding`` in all; an item's descriptor is the head
-        # ``BLOCK_FIFO_LATENCY`` cycles after its issue (:attr:`descriptor_latency`).
+        # block RAM FIFO read ahead into registers (``block_queue``, a ``block_fifo`` with a
+        # credit pipeline's ports), ``max_outstanding`` in all; an item's descriptor is the
+        # head ``BLOCK_FIFO_LATENCY`` cycles after its issue (:attr:`descriptor_latency`).
         if p.deep_descriptors:
-            # (the names of a CreditPipeline's ports, for the code below)
-            room = Signal(init=1)                       # a descriptor fits (a register)
-            i_valid, take = Signal(), Signal()
-            pushed = Signal(descriptor_layout)
-            fifo, fifo_empty = block_fifo(
-                m, "descriptors", width=descriptor_layout.size,
-                depth=block_fifo_depth(p.max_outstanding), target=p.bram,
-                write=take, data=pushed, room=room)
-            m.d.comb += take.eq(i_valid & room)
-            pending = SimpleNamespace(
-                i_valid=i_valid, i_ready=room, take=take, payload=pushed,
-                o=SimpleNamespace(valid=fifo.o.valid, ready=fifo.o.ready,
-                                  payload=data.View(descriptor_layout, fifo.o.payload)),
-                busy=~fifo_empty | fifo.busy)
+            pending = block_queue(m, "descriptors", descriptor_layout,
+                                  entries=p.max_outstanding, target=p.bram)
         else:
             pending = m.submodules.descriptors = CreditPipeline(0, descriptor_layout,
                                                                 depth=p.max_outstanding)
