@@ -1,0 +1,115 @@
+"""The row reader (``moe_hw.blocks.row_reader``) by itself, in Amaranth's simulator: random
+row segments (read and skipped, one beat and more, partial last beats) against a memory of
+fixed latency, with and without random stalls on every stream. A scoreboard checks every
+beat and every request; without stalls, one beat per cycle."""
+
+from collections import deque
+
+import numpy as np
+import pytest
+from amaranth.hdl import Value
+from amaranth.lib import data
+
+from moe_hw.blocks.row_reader import RowReader
+
+from conftest import STALLS, run_pysim
+
+LANES, WIDTH, ADDR = 4, 16, 12
+LAST_ENABLE = 0b0011
+
+
+def segments(seed, n=60):
+    """Random commands: (addr, count, tail, skip, id)."""
+    rng = np.random.default_rng(seed)
+    return [(int(rng.integers(0, 1 << ADDR - 1)), int(rng.integers(1, 5)),
+             bool(rng.random() < 0.5), bool(rng.random() < 0.25), n_id)
+            for n_id in range(n)]
+
+
+def expected(commands):
+    """The beats (data per lane, enable, last, id) and the reads (addr, enable) the
+    commands make."""
+    beats, reads = [], []
+    for addr, count, tail, skip, n_id in commands:
+        for k in range(count):
+            last = k == count - 1
+            enable = LAST_ENABLE if last and tail else (1 << LANES) - 1
+            at = addr + k * LANES
+            element = [0 if skip else (at + lane) % (1 << WIDTH) for lane in range(LANES)]
+            beats.append((element, enable, last, n_id))
+            if not skip:
+                reads.append((at % (1 << ADDR), enable))
+    return beats, reads
+
+
+def run_reader(commands, p, seed, *, latency=3):
+    dut = RowReader(lanes=LANES, width=WIDTH, addr_width=ADDR, max_count=4,
+                    tag_layout=data.StructLayout({"id": 8}), outstanding=8)
+    rng = np.random.default_rng(seed)
+    got, reads, cycles = [], [], []
+    total = sum(count for _, count, *_ in commands)
+    response_bits = Value.cast(dut.response.payload)
+
+    async def producer(ctx):
+        ctx.set(dut.last_enable, LAST_ENABLE)
+        for addr, count, tail, skip, n_id in commands:
+            while rng.random() < p:
+                await ctx.tick()
+            ctx.set(dut.command.payload, {"addr": addr, "count": count, "tail": tail,
+                                          "skip": skip, "tag": {"id": n_id}})
+            ctx.set(dut.command.valid, 1)
+            await ctx.tick().until(dut.command.ready)
+            ctx.set(dut.command.valid, 0)
+
+    async def memory(ctx):
+        pending = deque()                        # (cycle it may answer, addr)
+        cycle = 0
+        while len(got) < total:
+            ready = not rng.random() < p
+            ctx.set(dut.request.ready, ready)
+            answer = bool(pending) and pending[0][0] <= cycle and not rng.random() < p
+            ctx.set(dut.response.valid, answer)
+            if answer:
+                at = pending[0][1]
+                ctx.set(response_bits, sum(((at + lane) % (1 << WIDTH)) << (lane * WIDTH)
+                                           for lane in range(LANES)))
+            _, _, r_valid, addr, enable, s_ready = await ctx.tick().sample(
+                dut.request.valid, dut.request.payload.addr, dut.request.payload.enable,
+                dut.response.ready)
+            if r_valid and ready:
+                reads.append((addr, enable))
+                pending.append((cycle + latency, addr))
+                assert len(pending) <= 8, "more reads in flight than the reader allows"
+            if answer and s_ready:
+                pending.popleft()
+            cycle += 1
+            assert cycle < 40 * total + 200, "the reader hangs"
+
+    async def consumer(ctx):
+        cycle = 0
+        while len(got) < total:
+            ready = not rng.random() < p
+            ctx.set(dut.beats.ready, ready)
+            _, _, valid, beat = await ctx.tick().sample(dut.beats.valid, dut.beats.payload)
+            if valid and ready:
+                got.append(([int(beat.data[lane]) for lane in range(LANES)], beat.enable,
+                            bool(beat.last), beat.tag.id))
+                cycles.append(cycle)
+            cycle += 1
+            assert cycle < 40 * total + 200, "the reader hangs"
+
+    run_pysim(dut, producer, memory, consumer)
+    return got, reads, cycles
+
+
+@pytest.mark.parametrize("p", STALLS)
+def test_row_reader_beats_and_reads(p):
+    commands = segments(7)
+    got, reads, cycles = run_reader(commands, p, 11)
+    beats, wanted = expected(commands)
+    assert reads == wanted
+    assert got == beats
+    if not p:
+        # one beat per cycle once the first is out (the memory's latency, 3, is below the
+        # 8 beats in flight)
+        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
