@@ -270,6 +270,21 @@ def test_seeds_in_parallel_give_each_seed_its_own_figures():
                         for seed, mhz in sorted(together.seed_fmax_mhz.items()))
     mean = sum(together.seed_fmax_mhz.values()) / 3
     assert f"adder: {figures} (mean {mean:.1f})" in spread
+    # every seed's critical path: the best seed's is the one reported, a seed's the same
+    # placed alone or beside another, and the table lists them and the registers they end in
+    assert together.seed_paths == alone.seed_paths and sorted(together.seed_paths) == [1, 2, 3]
+    assert together.seed_paths[together.best_seed] == together.clocks["clk"].critical_path
+    table = flow.format_table(report).splitlines()
+    at = table.index("Critical path by seed (adder):")
+    for row, seed in enumerate((1, 2, 3), start=at + 1):
+        path = together.seed_paths[seed]
+        assert table[row].startswith(f"  seed {seed}: {together.seed_fmax_mhz[seed]:6.1f} MHz")
+        assert f"{path.start} -> {path.end} ({path.logic_levels} levels" in table[row]
+        assert table[row].endswith("% routing)")
+        assert ("*" in table[row].split("MHz")[1][:1]) == (seed == together.best_seed)
+    ends = {path.end for path in together.seed_paths.values()}
+    assert table[at + 4].startswith("  ends: ") and all(end in table[at + 4] for end in ends)
+    assert report.to_json()["design"]["seed_paths"]["2"]["end"] == together.seed_paths[2].end
     # ``first_seed``: seeds 2 and 3 alone are the run of three's seeds 2 and 3, and the
     # table names them
     later = flow.synthesize("adder", ReferenceAdder, "ecp5-85k", seeds=2, jobs=2,

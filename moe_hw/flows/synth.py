@@ -218,6 +218,10 @@ class DesignResult:
     seconds: float
     unfinished_seeds: tuple = ()   # seeds whose place and route passed the time limit
     bitstream: str | None = None   # top.bit, on a board target (Target.bitstream)
+    #: seed -> the slowest clock's :class:`CriticalPath` at that seed (None if not reported):
+    #: a placement moves the critical path as well as Fmax, and a path that recurs over the
+    #: seeds is the one worth cutting
+    seed_paths: dict = field(default_factory=dict)
 
     @property
     def fmax_mhz(self):
@@ -228,6 +232,8 @@ class DesignResult:
         data = dataclasses.asdict(self)
         data["fmax_mhz"] = self.fmax_mhz
         data["seed_fmax_mhz"] = {str(seed): mhz for seed, mhz in self.seed_fmax_mhz.items()}
+        data["seed_paths"] = {str(seed): None if path is None else dataclasses.asdict(path)
+                              for seed, path in self.seed_paths.items()}
         return data
 
 
@@ -618,6 +624,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         name=name, description=description, params=dict(params or {}), clocks=clocks,
         resources=report_resources(target, report, cell_counts),
         seed_fmax_mhz={seed: min(c.fmax_mhz for c in runs[seed][0].values()) for seed in runs},
+        seed_paths={seed: min(runs[seed][0].values(), key=lambda c: c.fmax_mhz).critical_path
+                    for seed in runs},
         best_seed=best, input_bits=wrapper.input_bits, output_bits=wrapper.output_bits,
         wrapper_registers=wrapper.wrapper_registers,
         seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished),
@@ -729,6 +737,34 @@ def format_seeds(result, *, best=""):
                      for seed, mhz in sorted(result.seed_fmax_mhz.items()))
 
 
+def format_path(path):
+    """A :class:`CriticalPath` in one line: ``start -> end (3 levels, 4.59 ns, 66 %
+    routing)``."""
+    if path is None:
+        return "-"
+    routing = f", {100 * path.routing_ns / path.delay_ns:.0f} % routing" if path.delay_ns else ""
+    return (f"{path.start} -> {path.end} ({path.logic_levels} levels, {path.delay_ns:.2f} ns"
+            f"{routing})")
+
+
+def format_seed_paths(result):
+    """Lines: each seed's Fmax and critical path (the best seed's marked ``*``), then the
+    registers the paths end in, those that recur over the seeds first."""
+    seeds = sorted(result.seed_paths)
+    lines = [f"  seed {seed:>{len(str(seeds[-1]))}}: {result.seed_fmax_mhz[seed]:6.1f} MHz"
+             f"{'*' if seed == result.best_seed else ' '} {format_path(result.seed_paths[seed])}"
+             for seed in seeds]
+    ends = {}
+    for seed in seeds:
+        if result.seed_paths[seed] is not None:
+            ends.setdefault(result.seed_paths[seed].end, []).append(seed)
+    ranked = sorted(ends.items(), key=lambda item: (-len(item[1]), item[1]))
+    lines.append("  ends: " + ", ".join(
+        f"{end} ({len(on)} of {len(seeds)}: seed{'s' * (len(on) > 1)} "
+        f"{', '.join(map(str, on))})" for end, on in ranked))
+    return lines
+
+
 def _mean(result):
     """`` (mean 240.3)``: the mean Fmax of a result's seeds, when more than one finished."""
     figures = list(result.seed_fmax_mhz.values())
@@ -778,6 +814,8 @@ def format_table(report):
            f"reported above; the seeds' mean in brackets): "
            f"{'; '.join(spread)}"]
           if spread else []),
+        *([f"Critical path by seed ({report.design.name}):",
+           *format_seed_paths(report.design)] if spread and report.design.seed_paths else []),
         "ratio: Fmax over the reference adder's in this run. FF includes the wrapper's "
         f"{report.design.wrapper_registers} registers ({report.reference.wrapper_registers} "
         "for the reference). Critical path: from the register driving its first net to the "
