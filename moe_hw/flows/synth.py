@@ -759,9 +759,10 @@ def format_seed_paths(result):
         if result.seed_paths[seed] is not None:
             ends.setdefault(result.seed_paths[seed].end, []).append(seed)
     ranked = sorted(ends.items(), key=lambda item: (-len(item[1]), item[1]))
-    lines.append("  ends: " + ", ".join(
-        f"{end} ({len(on)} of {len(seeds)}: seed{'s' * (len(on) > 1)} "
-        f"{', '.join(map(str, on))})" for end, on in ranked))
+    if ranked:
+        lines.append("  ends: " + ", ".join(
+            f"{end} ({len(on)} of {len(seeds)}: seed{'s' * (len(on) > 1)} "
+            f"{', '.join(map(str, on))})" for end, on in ranked))
     return lines
 
 
