@@ -12,7 +12,9 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
 resources in seconds to a minute, no placement, no Fmax; on the ECP5 targets it also counts
 every register input's logic levels in Yosys's netlist and lists the ``--paths`` deepest
 signals with an estimate of their delay (moe_hw/flows/levels.py): the same figures on every
-run, where a placement's critical path moves from seed to seed.
+run, where a placement's critical path moves from seed to seed. With more than one seed the
+table is followed by every seed's Fmax and critical path, and the registers the paths end
+in, those that recur over the seeds first.
 
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
 ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
