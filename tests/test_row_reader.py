@@ -21,7 +21,7 @@ LAST_ENABLE = 0b0011
 def segments(seed, n=60):
     """Random commands: (addr, count, tail, skip, id)."""
     rng = np.random.default_rng(seed)
-    return [(int(rng.integers(0, 1 << ADDR - 1)), int(rng.integers(1, 5)),
+    return [(int(rng.integers(0, 1 << (ADDR - 1))), int(rng.integers(1, 5)),
              bool(rng.random() < 0.5), bool(rng.random() < 0.25), n_id)
             for n_id in range(n)]
 

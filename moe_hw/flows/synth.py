@@ -579,6 +579,7 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
                     future.cancel()
 
     runs = {}
+    slowest = {}                # seed -> its slowest clock's figures (the design runs at no more)
     unfinished = []
     for seed, (code, seconds) in placed():
         log, report_path = work / f"seed{seed}.log", work / f"seed{seed}.json"
@@ -604,12 +605,12 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
             raise SynthError(f"{where}: {target.nextpnr_tool} (seed {seed}) reported no "
                              f"clock; see {log}")
         runs[seed] = (clocks, report)
-        worst = min(clock.fmax_mhz for clock in clocks.values())
-        say(f"seed {seed}: {worst:.1f} MHz, {seconds:.0f} s")
+        slowest[seed] = min(clocks.values(), key=lambda clock: clock.fmax_mhz)
+        say(f"seed {seed}: {slowest[seed].fmax_mhz:.1f} MHz, {seconds:.0f} s")
 
     if not runs:
         raise SynthError(message)
-    best = max(runs, key=lambda seed: min(c.fmax_mhz for c in runs[seed][0].values()))
+    best = max(runs, key=lambda seed: slowest[seed].fmax_mhz)
     clocks, report = runs[best]
     bitstream = None
     if target.bitstream:
@@ -623,9 +624,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
     return DesignResult(
         name=name, description=description, params=dict(params or {}), clocks=clocks,
         resources=report_resources(target, report, cell_counts),
-        seed_fmax_mhz={seed: min(c.fmax_mhz for c in runs[seed][0].values()) for seed in runs},
-        seed_paths={seed: min(runs[seed][0].values(), key=lambda c: c.fmax_mhz).critical_path
-                    for seed in runs},
+        seed_fmax_mhz={seed: clock.fmax_mhz for seed, clock in slowest.items()},
+        seed_paths={seed: clock.critical_path for seed, clock in slowest.items()},
         best_seed=best, input_bits=wrapper.input_bits, output_bits=wrapper.output_bits,
         wrapper_registers=wrapper.wrapper_registers,
         seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished),
