@@ -18,10 +18,10 @@ LANES, WIDTH, ADDR = 4, 16, 12
 LAST_ENABLE = 0b0011
 
 
-def segments(seed, n=60):
+def segments(seed, n=60, max_count=4):
     """Random commands: (addr, count, tail, skip, id)."""
     rng = np.random.default_rng(seed)
-    return [(int(rng.integers(0, 1 << (ADDR - 1))), int(rng.integers(1, 5)),
+    return [(int(rng.integers(0, 1 << (ADDR - 1))), int(rng.integers(1, max_count + 1)),
              bool(rng.random() < 0.5), bool(rng.random() < 0.25), n_id)
             for n_id in range(n)]
 
@@ -42,8 +42,8 @@ def expected(commands):
     return beats, reads
 
 
-def run_reader(commands, p, seed, *, latency=3):
-    dut = RowReader(lanes=LANES, width=WIDTH, addr_width=ADDR, max_count=4,
+def run_reader(commands, p, seed, *, latency=3, max_count=4):
+    dut = RowReader(lanes=LANES, width=WIDTH, addr_width=ADDR, max_count=max_count,
                     tag_layout=data.StructLayout({"id": 8}), outstanding=8)
     rng = np.random.default_rng(seed)
     got, reads, cycles = [], [], []
@@ -102,10 +102,11 @@ def run_reader(commands, p, seed, *, latency=3):
     return got, reads, cycles
 
 
+@pytest.mark.parametrize("max_count", [4, 1])    # 1: one beat per command (combine_gather)
 @pytest.mark.parametrize("p", STALLS)
-def test_row_reader_beats_and_reads(p):
-    commands = segments(7)
-    got, reads, cycles = run_reader(commands, p, 11)
+def test_row_reader_beats_and_reads(p, max_count):
+    commands = segments(7, max_count=max_count)
+    got, reads, cycles = run_reader(commands, p, 11, max_count=max_count)
     beats, wanted = expected(commands)
     assert reads == wanted
     assert got == beats

@@ -87,7 +87,8 @@ class RowReader(wiring.Component):
     their segments. See the module docstring for the protocol.
 
     Parameters: ``lanes`` (elements per beat), ``width`` (bits per element), ``addr_width``,
-    ``max_count`` (the most beats in one segment), ``tag_layout`` (sideband per segment, or
+    ``max_count`` (the most beats in one segment; 1: every command one beat, its ready the
+    issue alone, no segment count), ``tag_layout`` (sideband per segment, or
     ``None``), ``outstanding`` (the in-flight queue depth: beats issued but not yet out),
     ``alternate_data`` (the beats' data leaves the output skid buffer from two registers
     written in turn, :class:`~moe_hw.stream.SkidBuffer`'s ``alternate``: for a consumer that
@@ -157,7 +158,10 @@ class RowReader(wiring.Component):
         cur_left = Signal(range(self.max_count + 1))    # beats still to issue
         cur_tail = Signal()
         cur_skip = Signal()
-        cur_last = Signal()                             # cur_left == 1, as a register
+        # cur_left == 1, as a register; with one-beat segments (``max_count`` 1) every beat
+        # is its segment's last, and the command's ready is the issue alone
+        single = self.max_count == 1
+        cur_last = Const(1) if single else Signal()
         if self.tag_layout is not None:
             cur_tag = Signal(self.tag_layout)
 
@@ -231,16 +235,19 @@ class RowReader(wiring.Component):
         with m.If(issue | ~cur_loaded):
             with m.If(cur_last | ~cur_loaded):
                 m.d.sync += [cur_loaded.eq(self.command.valid), cur_addr.eq(cmd.addr),
-                             cur_left.eq(cmd.count), cur_last.eq(cmd.count == 1),
-                             cur_tail.eq(cmd.tail), cur_skip.eq(cmd.skip)]
+                             cur_left.eq(cmd.count), cur_tail.eq(cmd.tail),
+                             cur_skip.eq(cmd.skip)]
+                if not single:
+                    m.d.sync += cur_last.eq(cmd.count == 1)
                 if self.tag_layout is not None:
                     m.d.sync += cur_tag.eq(cmd.tag)
-            with m.Else():
-                m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
-                             cur_last.eq(cur_left == 2)]
-                if self.step_tag is not None:
-                    field = cur_tag[self.step_tag]
-                    m.d.sync += field.eq(field + lanes)
+            if not single:
+                with m.Else():
+                    m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
+                                 cur_last.eq(cur_left == 2)]
+                    if self.step_tag is not None:
+                        field = cur_tag[self.step_tag]
+                        m.d.sync += field.eq(field + lanes)
 
         # ---- join the head of the queue with its response ---------------------------------
         skid = m.submodules.skid = SkidBuffer(

@@ -47,17 +47,19 @@ pair is dropped and every output is START's sum of +0.0 terms, which is +0.0.)
 
 Schedule (why one adder per lane keeps one beat per cycle): the work is the item sequence
 n = i*B + b (token i, beat b, B = ceil(H / lanes)), cut into *windows* of ``window`` items
-(the last may be shorter). Within a window the unit makes K passes, pass k reading the k-th
-row segment of every item of the window, so the two terms of one item that meet in the
-adder are ``window`` beats apart, and a window of at least ``add_stages + 2`` items (the
-accumulate loop: the adder, then the write-back and the read into the adder's operand
-register) hides the adder's latency completely. A per-item accumulator of ``window`` entries holds the partial
-sums between passes; the last pass sends its sums out. Rows are read in segments: one
-command per (pass, token) part of a window, at one beat per cycle whatever the segment
-lengths. A scoreboard bit per accumulator entry holds a beat at the datapath's entrance
-while its partial sum is still in the adder, which only happens in a window shorter than
-``add_stages + 2`` items (with the
-default ``window``, only the last window can be).
+(the last may be shorter). Within a window the unit makes K passes, pass k reading the
+beat of the token's k-th row for every item of the window, so the two terms of one item that
+meet in the adder are ``window`` beats apart, and a window of at least ``add_stages + 2``
+items (the accumulate loop: the adder, then the write-back and the read into the adder's
+operand register) hides the adder's latency completely. A per-item accumulator of
+``window`` entries holds the partial sums between passes; the last pass sends its sums out.
+The scheduler steps through the items one beat per cycle, each beat a read command of its
+own (the next beat, the next token's first, the window's first again for the next pass, the
+next window's first): every step is an increment or a choice among registers, whatever the
+row and window lengths. A scoreboard bit per accumulator entry holds a beat at the
+datapath's entrance while its partial sum is still in the adder, which only happens in a
+window shorter than ``add_stages + 2`` items (with the default ``window``, only the last
+window can be).
 
 Throughput and exact cycles: the read port delivers one beat per cycle, and each item needs
 K reads, so the natural ideal is ``K * S * B`` cycles; the unit reaches it but for the last
@@ -70,8 +72,8 @@ then). With the default window the only term above ``K * S * B`` is the last win
 ``(K-1) * max(0, add_stages + 2 - n_w)``, at most ``(K-1) * (add_stages + 1)`` cycles. A stall
 anywhere costs only the cycles it lasts.
 
-Pipeline: header ring (the headers of the current and next windows, replayed once per pass) -> pass
-scheduler -> ring read -> the pass's pair registered | the shared
+Pipeline: header ring (the headers of the current and next windows, replayed once per pass)
+-> item scheduler -> ring read -> the pass's pair registered | the shared
 :class:`~moe_hw.blocks.slot_address.SlotAddress` (mask and ``slot = index*C + location`` | ``addr =
 slot*H + beat*lanes``) -> command queue -> row reader -> operand registers -> ``lanes`` float
 multipliers (gate * element, +0.0 for an invalid pair) -> accumulator read (registered address) ->
@@ -181,8 +183,9 @@ class CombineGatherParams(FloatDatapathParams, UnitParams):
 
     @property
     def setup(self):
-        """The run control's setup cycles: the held sizes (1), ``ceil(H / lanes)`` (1), then
-        ``tokens * beats`` on a pipelined product, from which the first window is sized."""
+        """The run control's setup cycles: the held sizes and ``ceil(H / lanes)`` (1),
+        ``tokens * beats`` on a pipelined product, then that in a register (1), from which
+        the first window is sized."""
         return 2 + product_latency(bits_for(self.max_tokens), bits_for(self.max_beats))
 
     @property
@@ -322,18 +325,20 @@ class CombineGatherUnit(wiring.Component):
         headers_in = Signal(ring_bits)           # headers taken so far
         win_tok = Signal(ring_bits)              # token of the current window's first item
         # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
-        # token on (headers_in - cur_tok) are counters of their own, and the header stream's
-        # ready is a register: the run is on, headers are still to come, and the ring has
-        # room (decided a cycle ahead: the fill grows by one at most), so that a header
-        # taken is one LUT of registers.
-        fill = Signal(range(p.ring_depth + 1))
-        avail = Signal(range(p.ring_depth + 1))
-        avail_some = Signal()                    # avail != 0
+        # token on (headers_in - cur_tok) are counters of their own, in thermometer code (bit
+        # j: more than j), so that a count's step is a shift by one bit and its compares
+        # are its bits; the header stream's ready is a register: the run is on, headers are
+        # still to come, and the ring has room (decided a cycle ahead: the fill grows by one
+        # at most), so that a header taken is one LUT of registers.
+        fill = Signal(p.ring_depth)
+        avail = Signal(p.ring_depth)
+        avail_some = avail[0]                    # avail != 0
         headers_left = Signal.like(self.tokens)
         all_in = Signal()
         header_open = Signal()
         header_take = self.header.valid & header_open
-        all_in_next = Mux(header_take, headers_left == 1, all_in)
+        headers_one = Signal()                   # headers_left == 1
+        all_in_next = Mux(header_take, headers_one, all_in)
         # (the run ends only after the last header is in)
         # The ring holds at most ``ring_depth - 1`` headers (at least the two windows and one
         # more that it needs, as the depth is a power of two above ``2 * window + 1``), so
@@ -343,9 +348,9 @@ class CombineGatherUnit(wiring.Component):
         # of every LUT-RAM cell of the ring (the header's valid through the take into that
         # write enable: the best seed's path before, 228.5 MHz).
         m.d.sync += header_open.eq((running | ctl.begin) & ~all_in_next &
-                                   (fill < p.ring_depth - 2))
+                                   ~fill[p.ring_depth - 3])
         with m.If(header_take):
-            m.d.sync += headers_left.eq(headers_left - 1)
+            m.d.sync += [headers_left.eq(headers_left - 1), headers_one.eq(headers_left == 2)]
         m.d.sync += all_in.eq(all_in_next)
         m.d.comb += [
             self.header.ready.eq(header_open),
@@ -356,231 +361,150 @@ class CombineGatherUnit(wiring.Component):
         with m.If(header_take):
             m.d.sync += headers_in.eq(headers_in + 1)
 
-        # ---- pass scheduler: one row segment per cycle ---------------------------------------
-        # Every compare and difference the next segment needs is taken from registers kept
-        # alongside the position (the beats to the row's end, whether this pass is the last,
-        # the next window's length), so that a step is one carry chain and a choice.
+        # ---- item scheduler: one read beat per cycle -------------------------------------
+        # The scheduler steps through the items (token, beat) of the current window once per
+        # pass, one beat per cycle, each beat a command of its own: every register steps by
+        # one (the next beat, the next token, the next pass back at the window's start, the
+        # next window), and every compare the next step needs is a flag kept beside its
+        # counter, so that a step is an increment and a choice among registers.
         gen_active = Signal()
-        # ``gen`` (the scheduler's take) as a register of its own, decided a cycle ahead from
-        # the next values of its three flags: the position registers load on it, so that
-        # their clock enables are one LUT of registers (a window's switch: this, the
-        # segment's two flags and the first window's sizing).
+        # The scheduler's take as a register of its own (``can_gen``), decided a cycle ahead
+        # from the next values of its three flags: the position registers load on it, so
+        # that their clock enables are one LUT of registers.
         can_gen = Signal()
         can_gen_n = Signal(init=1)               # ~can_gen, a copy
-        win_beat = Signal.like(beats)            # beat of the window's first item
-        win_to_end = Signal.like(beats)          # beats from win_beat to its row's end
-        win_len = Signal(range(window + 1))      # the window's items
-        after = Signal(range(max_items + 1))     # items after the current window
-        # after - window (negative: the next window is the last and shorter)
-        after_less = Signal(signed(max(len(after), bits_for(3 * window)) + 1))
-        after_less2 = Signal.like(after_less)   # after - 2 * window
-        after_less3 = Signal.like(after_less)   # after - 3 * window
-        last_window = Signal()                   # after == 0
-        next_len = Signal(range(window + 1))     # the next window's items, min(after, window)
-
-        follow_len = Signal(range(window + 1))   # the length of the window after the next
-        # its copy for the ``over_less`` sums (reset value all ones, so that Yosys keeps it
-        # apart: no one net reaches all four of a switch's carry chains)
-        follow_len_less = Signal(len(follow_len), init=-1 % (1 << len(follow_len)))
-
-        def window_follows(less, less2, less3, over2, over3, over4):
-            """The sizes kept for the window after the current one, from ``less``, ``less2``
-            and ``less3`` (the items after the current window less one, two and three
-            windows): the next window's length is a register too, so that the next position
-            is one carry chain from registers, and it is chosen by the signs of registers;
-            so is the length of the window after that, so that a switch's sums are one carry
-            chain from registers too. ``over2``, ``over3`` and ``over4`` are the pairs
-            (``less2`` - beats, that less one) and the same for ``less3`` and ``less3`` -
-            window, in the sums' width: the window after the next one's length less beats
-            (and less one) is chosen among registers too, as the next ``len_over`` (and
-            ``len_over_less``)."""
-            short = less[-1]                     # the window after the current is the last
-            follow_len_next = Mux(less2[-1], 0, Mux(less3[-1], less2[:len(follow_len)], window))
-            new_after = Mux(short, 0, less)
-            # (the ``over`` pairs are read only while the window they size is not past the
-            # last, so they need not follow ``short``)
-            return [after.eq(new_after), after_less.eq(Mux(short, -window, less2)),
-                    after_less2.eq(Mux(short, -2 * window, less3)),
-                    after_less3.eq(Mux(short, -3 * window, less3 - window)),
-                    last_window.eq(short | (less == 0)),
-                    next_len.eq(Mux(short | less2[-1], new_after[:len(next_len)], window)),
-                    follow_len.eq(follow_len_next), follow_len_less.eq(follow_len_next),
-                    follow_over.eq(Mux(less2[-1], no_len_over,
-                                       Mux(less3[-1], over2[0], full_len_over))),
-                    follow_over_less.eq(Mux(less2[-1], no_len_over_less,
-                                            Mux(less3[-1], over2[1], full_len_over_less))),
-                    after2_over.eq(over3[0]), after2_over_less.eq(over3[1]),
-                    after3_over.eq(over4[0]), after3_over_less.eq(over4[1])]
-
+        len_bits = bits_for(window)
         pass_k = Signal(range(p.max_top_k))
         last_pass = Signal()                     # pass_k == k_last
-        pass_left = Signal(range(window + 1))    # items of this pass still to schedule
+        pass_end = Signal()                      # the beat in hand is its pass's last item
+        left = Signal(len_bits)                  # items of this pass after the one in hand
         cur_tok = Signal(ring_bits)
         cur_beat = Signal.like(beats)
-        to_end = Signal.like(beats)              # beats - cur_beat
-        # The segment's two compares are the signs of two registers, pass_left - to_end and
-        # that less one, kept alongside the position (with their values at the window's
-        # first item, and beats + 1), so that no carry chain sits between a position register
-        # and the next position's choice.
-        over = Signal(signed(max(len(beats), len(pass_left)) + 1))   # pass_left - to_end
-        over_less = Signal.like(over)            # over - 1
-        win_over = Signal.like(over)
-        win_over_less = Signal.like(over)
-        beats_more = Signal(len(beats) + 1)      # beats + 1
-        m.d.sync += beats_more.eq(beats + 1)
-        # Copies of ``beats`` for the position's steps, one for each register that steps by it
-        # (two levels of two copies: a copy of a copy differs from its twin in its input), so
-        # that no one net carries beats to every carry chain of the scheduler. They follow
-        # ``beats`` two cycles late, long before the first segment (the run control's setup,
-        # then the first window's sizing).
-        assert p.setup >= 2
-        to_end_beats, beats_copy = replicated(m, beats, name="beats_copy", copies=2)
-        over_beats, over_less_beats = replicated(m, to_end_beats, name="beats_over", copies=2)
-        over_len_beats, over_less_len_beats = replicated(m, beats_copy, name="beats_over_len",
-                                                         copies=2)
-        # The next window's ``over`` is ``next_len - beats`` when the window ends at a row's
-        # end, else ``over + next_len``. Both are registers kept alongside (``len_over`` and
-        # ``over_len`` with their ``over_less`` twins), so that a window's switch is a choice
-        # among registers, not a carry chain after the next window's length. Their own next
-        # values at a switch are sums of registers: the window after the next one has its
-        # length kept as a register too (``follow_len``).
-        sum_shape = signed(max(len(beats) + 1, bits_for(2 * window)) + 1)
-        over_len = Signal(sum_shape)              # over + next_len
-        over_less_len = Signal(sum_shape)         # over_less + next_len
-        win_over_len = Signal(sum_shape)
-        win_over_less_len = Signal(sum_shape)
-        len_over = Signal(sum_shape)              # next_len - beats
-        len_over_less = Signal(sum_shape)         # next_len - beats - 1
-        # The next ``len_over`` and ``len_over_less`` at a switch, kept as registers: the
-        # window after the next one's length less beats (and less one), chosen by
-        # ``window_follows`` among registers, from after_less2 and after_less3 less beats
-        # (and less one) kept in the sums' width (their low bits: exact whenever read).
-        follow_over = Signal(sum_shape)           # follow_len - beats
-        follow_over_less = Signal(sum_shape)      # follow_len - beats - 1
-        after2_over = Signal(sum_shape)           # after_less2 - beats
-        after2_over_less = Signal(sum_shape)      # after_less2 - beats - 1
-        after3_over = Signal(sum_shape)           # after_less3 - beats
-        after3_over_less = Signal(sum_shape)      # after_less3 - beats - 1
-        # constants of the run, from the held ``beats`` (for the first window)
-        no_len_over = Signal(sum_shape)           # -beats
-        no_len_over_less = Signal(sum_shape)
-        full_len_over = Signal(sum_shape)         # window - beats
-        full_len_over_less = Signal(sum_shape)
-        two_len_over = Signal(sum_shape)          # 2 * window - beats
-        two_len_over_less = Signal(sum_shape)
-        beats_window = Signal(range(p.max_beats + window + 1))   # beats + window
-        beats_window_more = Signal(range(p.max_beats + window + 2))
-        m.d.sync += [no_len_over.eq(-beats), no_len_over_less.eq(-1 - beats),
-                     full_len_over.eq(window - beats), full_len_over_less.eq(window - 1 - beats),
-                     two_len_over.eq(2 * window - beats),
-                     two_len_over_less.eq(2 * window - 1 - beats),
-                     beats_window.eq(beats + window),
-                     # (one adder: ``beats + window + 1`` became ``beats_more + window``)
-                     beats_window_more.eq(beats + (window + 1))]
+        to_end = Signal.like(beats)              # beats of the row after the one in hand
+        row_end = Signal()                       # to_end == 0: the beat ends its row
+        row_start = Signal()                     # cur_beat == 0
+        # the current window's first item, and its length less one (and whether that is 0)
+        win_beat = Signal.like(beats)
+        win_to_end = Signal.like(beats)
+        win_row_end = Signal()
+        win_row_start = Signal()
+        win_left = Signal(len_bits)
+        win_one = Signal()
+        # The windows after the current one: the items after it less one, two and three
+        # windows (their signs and low bits size the windows to come), the next window's
+        # length less one and its == 1 flag, and whether the current window is the last.
+        less_shape = signed(max(bits_for(max_items), bits_for(4 * window)) + 1)
+        after_less = Signal(less_shape)
+        after_less2 = Signal(less_shape)
+        after_less3 = Signal(less_shape)
+        next_left = Signal(len_bits)
+        next_one = Signal()
+        last_window = Signal()
+        beats_less = Signal.like(beats)          # beats - 1
+        beats_one = Signal()                     # beats == 1
+        m.d.sync += [beats_less.eq(beats - 1), beats_one.eq(beats == 1)]
 
-        tail = ~over[-1]                         # to_end <= pass_left: the segment ends its row
-        count = Mux(tail, to_end, pass_left)
-        end_pass = over_less[-1]                 # to_end >= pass_left: it finishes the pass
-        # (the token's increment in LUTs beside the register, not a carry chain: the chain,
-        # placed apart, was dispatch_backward_data's path, cur_tok -> itself, 221.2 MHz)
+        def windows_from(less1, less2, less3, less4):
+            """The sizes of the windows after one that starts T items before the end (T at
+            least 1), from T less one, two, three and four windows: whether it is the last,
+            the next window's length (less one, and == 1) and the items after it less one,
+            two and three windows. Choices by signs of registers; the low bits of ``less1``
+            are the next window's length when it is the last one."""
+            short = less1[-1]                    # T < window: the window is the last
+            tail_window = less2[-1]              # the next window is the last (or none)
+            return [last_window.eq(short | (tail_window & (less1[:len_bits] == 0))),
+                    next_left.eq(Mux(tail_window, less1[:len_bits] - 1, window - 1)),
+                    next_one.eq(~short & Mux(tail_window, less1[:len_bits] == 1, window == 1)),
+                    after_less.eq(Mux(short, -window, less2)),
+                    after_less2.eq(Mux(short, -2 * window, less3)),
+                    after_less3.eq(Mux(short, -3 * window, less4))]
+
+        # The next item of the pass (and the next window's first): the next beat of the row,
+        # or the next token's first.
         tok_inc = lut_increment(cur_tok)
-        next_tok = Mux(tail, tok_inc, cur_tok)
-        next_beat = Mux(tail, 0, cur_beat + pass_left)
-        next_to_end = Mux(tail, to_end_beats, to_end - pass_left)
-        next_over = Mux(tail, len_over, over_len)
-        next_over_less = Mux(tail, len_over_less, over_less_len)
+        adv_tok = Mux(row_end, tok_inc, cur_tok)
+        adv_beat = Mux(row_end, 0, cur_beat + 1)
+        adv_to_end = Mux(row_end, beats_less, to_end - 1)
+        # (one beat per row: every beat ends its row)
+        adv_row_end = beats_one | (~row_end & (to_end == 1))
+        restart = pass_end & ~last_pass          # the next pass over the same window
 
-        # (a switch makes ``follow_len`` the next window's length: both candidates' sums are
-        # carry chains from registers, and ``tail``, a register bit of wide fan-out, chooses
-        # after them, in the registers' own choice, not before the chains)
-        next_over_len = Mux(tail, len_over + follow_len, over_len + follow_len)
-        next_over_less_len = Mux(tail, len_over_less + follow_len_less,
-                                 over_less_len + follow_len_less)
-
-        # The command pipeline never stalls: a segment is scheduled only when the command
+        # The command pipeline never stalls: a beat is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
         # only the queue's skid buffer.
         tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
                                         "end_pass": 1, "tail": 1})
         reader = m.submodules.reader = RowReader(
-            lanes=p.lanes, width=fmt.width, addr_width=p.addr_width,
-            max_count=min(window, p.max_beats), tag_layout=tag_layout,
-            outstanding=p.max_outstanding, alternate_data=True, bram=p.bram)
+            lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=1,
+            tag_layout=tag_layout, outstanding=p.max_outstanding, alternate_data=True,
+            bram=p.bram)
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
-        cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout)
-        m.d.comb += cmd_pipe.i_valid.eq(gen_active & avail_some)
-        gen = cmd_pipe.take
+        # (the queue's ready decided from registers alone, ``ready_ahead``, so that the
+        # take does not reach it; can_gen is the take itself: the scheduler's registers and
+        # their next values read the one register, not the three flags it is made of)
+        cmd_pipe = m.submodules.cmd_pipe = CreditPipeline(p.command_latency, command_layout,
+                                                          ready_ahead=True)
+        m.d.comb += cmd_pipe.i_valid.eq(can_gen)
         with m.If(can_gen):
-            with m.If(~end_pass):                # (then the segment ends its row)
-                m.d.sync += [cur_tok.eq(tok_inc), cur_beat.eq(0), to_end.eq(to_end_beats),
-                             pass_left.eq(over), over.eq(over - over_beats),
-                             over_less.eq(over_less - over_less_beats),
-                             over_len.eq(over_len - over_len_beats),
-                             over_less_len.eq(over_less_len - over_less_len_beats)]
-            with m.Elif(~last_pass):             # the next pass over the same window
+            with m.If(restart):                  # back to the window's first item
                 m.d.sync += [pass_k.eq(pass_k + 1), last_pass.eq(pass_k + 1 == k_last),
                              cur_tok.eq(win_tok), cur_beat.eq(win_beat), to_end.eq(win_to_end),
-                             pass_left.eq(win_len), over.eq(win_over),
-                             over_less.eq(win_over_less), over_len.eq(win_over_len),
-                             over_less_len.eq(win_over_less_len)]
-            with m.Else():                       # the next window
-                m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
-                             cur_tok.eq(next_tok), cur_beat.eq(next_beat),
-                             to_end.eq(next_to_end), pass_left.eq(next_len),
-                             over.eq(next_over), over_less.eq(next_over_less),
-                             over_len.eq(next_over_len), over_less_len.eq(next_over_less_len)]
-                with m.If(last_window):
-                    m.d.sync += gen_active.eq(0)
-        # The sizes kept for the windows after the next one load at a switch too, on a copy of
-        # can_gen of their own (inverted: Yosys would merge an equal copy), so that the take
-        # reaches them on a net apart from the position registers' one.
-        with m.If(~can_gen_n & end_pass & last_pass):
-            m.d.sync += [len_over.eq(follow_over), len_over_less.eq(follow_over_less),
-                         *window_follows(after_less, after_less2, after_less3,
-                                         (after2_over, after2_over_less),
-                                         (after3_over, after3_over_less),
-                                         (after3_over - window, after3_over_less - window))]
-        # The next window's start (the win_* registers) loads whenever the segment in hand
-        # ends the window's last pass, not on the take: its clock enable is then two
-        # registers, not the scheduler's handshake (a net to eight wide registers). Nothing
-        # reads them on a window's last pass (only the next pass restarts from them), and
-        # while the take waits the state, and so the value loaded, does not change.
-        with m.If(end_pass & last_pass):
-            m.d.sync += [win_tok.eq(next_tok), win_beat.eq(next_beat),
-                         win_to_end.eq(next_to_end), win_len.eq(next_len),
-                         win_over.eq(next_over), win_over_less.eq(next_over_less),
-                         win_over_len.eq(next_over_len),
-                         win_over_less_len.eq(next_over_less_len)]
+                             row_end.eq(win_row_end), row_start.eq(win_row_start),
+                             left.eq(win_left), pass_end.eq(win_one)]
+            with m.Else():                       # the next item, of this window or the next
+                m.d.sync += [cur_tok.eq(adv_tok), cur_beat.eq(adv_beat), to_end.eq(adv_to_end),
+                             row_end.eq(adv_row_end), row_start.eq(row_end)]
+                with m.If(pass_end):             # the next window
+                    m.d.sync += [pass_k.eq(0), last_pass.eq(k_last == 0),
+                                 left.eq(next_left), pass_end.eq(next_one)]
+                    with m.If(last_window):
+                        m.d.sync += gen_active.eq(0)
+                with m.Else():
+                    m.d.sync += [left.eq(left - 1), pass_end.eq(left == 1)]
+        # The sizes of the windows after the next one load at a switch, on a copy of can_gen
+        # of their own (inverted: Yosys would merge an equal copy), so that the take reaches
+        # them on a net apart from the position registers' one.
+        with m.If(~can_gen_n & pass_end & last_pass):
+            m.d.sync += windows_from(after_less, after_less2, after_less3,
+                                     after_less3 - window)
+        # The next window's start (the win_* registers) loads whenever the beat in hand ends
+        # the window's last pass, not on the take: its clock enable is then two registers,
+        # not the scheduler's handshake. Nothing reads them on a window's last pass (only the
+        # next pass restarts from them), and while the take waits the state, and so the
+        # value loaded, does not change.
+        with m.If(pass_end & last_pass):
+            m.d.sync += [win_tok.eq(adv_tok), win_beat.eq(adv_beat), win_to_end.eq(adv_to_end),
+                         win_row_end.eq(adv_row_end), win_row_start.eq(row_end),
+                         win_left.eq(next_left), win_one.eq(next_one)]
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
-        # Their next values are choices among sums of registers alone (avail + 1, avail - 1,
-        # fill + 1, formed beside the handshakes), by the header take and by ``gen`` last: no
-        # carry chain after a handshake. Whether avail is nonzero (the scheduler's valid, so
-        # that ``gen`` is one LUT of registers) is kept as a register, decided from flags
-        # rather than from the sums.
-        next_pass = end_pass & ~last_pass
-        avail_up = Signal.like(avail)
-        avail_down = Signal.like(avail)
-        fill_up = Signal.like(fill)
-        m.d.comb += [avail_up.eq(avail + 1), avail_down.eq(avail - 1), fill_up.eq(fill + 1)]
-        held = Mux(header_take, avail_up, avail)          # no segment scheduled
+        # Their next values are choices among their bits shifted by one, by the header take
+        # and by the scheduler's take: no carry chain, and no compare.
+        def up(count):
+            return Cat(Const(1, 1), count[:-1])
+
+        def down(count):
+            return Cat(count[1:], Const(0, 1))
+        avail_up, avail_down, fill_up = up(avail), down(avail), up(fill)
+        held = Mux(header_take, avail_up, avail)          # no beat scheduled
         refilled = Mux(header_take, fill_up, fill)        # the next pass: the window's start
-        # a segment (avail is nonzero then): header taken - token passed
-        advanced = Mux(header_take, Mux(tail, avail, avail_up), Mux(tail, avail_down, avail))
-        some_next = Mux(gen, Mux(next_pass, (fill != 0) | header_take,
-                                 ~tail | header_take | (avail[1:] != 0)),
+        # a beat (avail is nonzero then): header taken - token passed
+        advanced = Mux(header_take, Mux(row_end, avail, avail_up),
+                       Mux(row_end, avail_down, avail))
+        # (avail's next bit 0, written with avail != 0 whenever a beat is scheduled)
+        some_next = Mux(can_gen, Mux(restart, fill[0] | header_take,
+                                     ~row_end | header_take | avail[1]),
                         avail_some | header_take)
         m.d.sync += [
-            avail.eq(Mux(gen, Mux(next_pass, refilled, advanced), held)),
-            avail_some.eq(some_next),
-            # the next window starts at the current token
-            fill.eq(Mux(gen & end_pass & last_pass, advanced, refilled)),
+            avail.eq(Mux(can_gen, Mux(restart, refilled, advanced), held)),
+            # the next window starts at the next token
+            fill.eq(Mux(can_gen & pass_end & last_pass, advanced, refilled)),
         ]
 
         # ---- command pipeline: ring read | slot address (mask and slot | address) ----------
         m.d.comb += [ring_r.addr.eq(cur_tok), ring_r.en.eq(1)]
-        side = {"pass_k": pass_k, "beat": cur_beat, "count": count, "tail": tail,
-                "end_pass": end_pass, "first": pass_k == 0, "final": last_pass}
+        side = {"pass_k": pass_k, "beat": cur_beat, "row_start": row_start, "tail": row_end,
+                "end_pass": pass_end, "first": pass_k == 0, "final": last_pass}
         s1 = {name: delay(m, value, 1, 1, name=f"{name}_s1") for name, value in side.items()}
         header = ring_r.data
         if p.max_top_k == 1:
@@ -613,11 +537,11 @@ class CombineGatherUnit(wiring.Component):
         command = cmd_pipe.payload.command
         m.d.comb += [
             command.addr.eq(base),
-            command.count.eq(s3["count"]),
+            command.count.eq(1),
             command.tail.eq(s3["tail"]),
             command.skip.eq(~s3["valid"]),
-            # A pair is counted once, at the segment holding its row's first beat.
-            cmd_pipe.payload.counts_drop.eq(~s3["valid"] & (s3["beat"] == 0) & ~k_zero),
+            # A pair is counted once, at its row's first beat.
+            cmd_pipe.payload.counts_drop.eq(~s3["valid"] & s3["row_start"] & ~k_zero),
             reader.command.valid.eq(cmd_pipe.o.valid),
             reader.command.payload.eq(cmd_pipe.o.payload.command),
             cmd_pipe.o.ready.eq(reader.command.ready),
@@ -645,68 +569,31 @@ class CombineGatherUnit(wiring.Component):
         acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout,
                                                           keep="final", alternate=("out",))
         item = Signal(range(window))             # the beat's accumulator entry
-        # The next entry's two candidates, item + 1 and item + 2, are registers kept alongside
-        # (reached only while the pass goes on, so they never pass window + 1).
-        item_inc = Signal(range(window + 2))
-        item_inc2 = Signal(range(window + 2))
-        item_bit = Signal(window)                # 1 << item
-        # pending: the entry's partial sum is not yet readable by a beat entering now.
-        # pending_here: pending[item], kept as a register so that the hazard is one LUT of
-        # registers; pending_inc: pending[item_inc], so that the next pending_here is a
-        # choice between registers' bits (no compare or carry chain on a computed entry).
-        # (Every entry set in a run is freed before its done, so a run starts with none
-        # pending, and ``start`` need not reach these registers.)
-        pending = Signal(window)
-        pending_here = Signal()
-        pending_inc = Signal()
-        hazard = ~tag.first & pending_here
-        m.d.comb += [acc_pipe.i_valid.eq(beat.valid & ~hazard),
-                     beat.ready.eq(acc_pipe.i_ready & ~hazard)]
+        # The pass barrier. An entry's partial sum is written back ``accumulate_latency``
+        # cycles after its beat entered and read ``mul_read`` cycles after a beat entered,
+        # so the beats of two passes that meet in one entry must enter at least
+        # ``accumulate_loop`` cycles apart. Beats enter in order, at most one per cycle, so
+        # in a window of n items that holds for every entry when the first beat of a pass
+        # enters at least ``accumulate_loop - n`` idle cycles after the last beat of the pass
+        # before (stall-free exactly that: the schedule's cycles). Only a window shorter
+        # than the loop waits (with the default ``window``, only the last window can be).
+        # The wait is a thermometer code of the idle cycles still to come, loaded at a
+        # pass's end (its last item is n - 1: bit j is ``n - 1 < loop - 1 - j``) and shifted
+        # down every cycle, so that each bit's next value is the bit above it or a compare
+        # of the item with a constant.
+        loop = p.accumulate_loop
+        hold = Signal(loop - 1)                  # bit j: more than j idle cycles to come
+        holding = hold[0]
+        m.d.comb += [acc_pipe.i_valid.eq(beat.valid & ~holding),
+                     beat.ready.eq(acc_pipe.i_ready & ~holding)]
         take = acc_pipe.take
-        wrap = beat.payload.last & tag.end_pass  # the pass's last item: the next is entry 0
-        # An entry's partial sum is written back ``accumulate_latency`` cycles after its
-        # beat entered, and a beat reads the accumulator ``mul_read`` cycles after it
-        # entered, so an entry frees ``accumulate_loop`` cycles after it was taken.
-        # The entry freed in a cycle is decoded a cycle ahead into a register (cleared), and
-        # the beat's entry is kept one-hot too (item_bit), so that each pending bit's next
-        # value is one LUT of registers and ``take``.
-        ahead = p.accumulate_loop - 2            # (the loop is at least 3 cycles)
-        freed_ahead = delay(m, take & ~tag.final, ahead, 1, name="freed")
-        freed_item_ahead = delay(m, item, ahead, 1, name="freed_item")
-        freed = delay(m, freed_ahead, 1, 1, name="freed_now")
-        freed_item = delay(m, freed_item_ahead, 1, 1, name="freed_item_now")
-        cleared = Signal(window)
-        m.d.sync += cleared.eq(Mux(freed_ahead, Const(1, window) << freed_item_ahead, 0))
+        wrap = tag.end_pass                      # the pass's last item: the next is entry 0
         with m.If(take):
-            m.d.sync += [item.eq(Mux(wrap, 0, item_inc)), item_inc.eq(Mux(wrap, 1, item_inc2)),
-                         item_inc2.eq(Mux(wrap, 2, item_inc2 + 1)),
-                         item_bit.eq(Mux(wrap, 1, item_bit << 1))]
-        sets = take & ~tag.final
-        m.d.sync += pending.eq((pending | Mux(sets, item_bit, 0)) & ~cleared)
-
-        # An entry's pending bit in the next cycle, from its bit now: set if this beat (taken)
-        # is its entry, cleared if its partial sum is freed now. A beat's own entry is never
-        # item_inc or item_inc2, so those two only clear. For the constant entries (0 and 1,
-        # after a wrap) and item_inc2 the clearing is ``cleared`` (the entry freed now,
-        # one-hot) and the beat's entry ``item_bit``: bits of registers, so that those
-        # candidates are one LUT of registers, or a choice among such bits, not a compare.
-        def kept(bit, entry):                    # a register's entry, not the beat's
-            return bit & ~(freed & (freed_item == entry))
-        padded = Cat(pending, Const(0, 2))       # entries past the window are never pending
-        cleared_padded = Cat(cleared, Const(0, 2))
-
-        def next_first_bit(entry):
-            taken_here = ~tag.final & Cat(item_bit, Const(0, 2))[entry]
-            return (padded[entry] | taken_here) & ~cleared_padded[entry]
-        stays_all = padded & ~cleared_padded
-        here_kept = kept(pending_here, item)
-        inc_kept = kept(pending_inc, item_inc)
-        m.d.sync += [
-            pending_here.eq(Mux(take, Mux(wrap, next_first_bit(0), inc_kept), here_kept)),
-            pending_inc.eq(Mux(take, Mux(wrap, next_first_bit(1),
-                                         stays_all.bit_select(item_inc2, 1)),
-                               inc_kept)),
-        ]
+            m.d.sync += item.eq(Mux(wrap, 0, item + 1))
+        # (a pass ends only in a cycle the count is zero: the load is or'ed in)
+        load = take & wrap & ~tag.final
+        m.d.sync += hold.eq((hold >> 1) |
+                            Cat(load & (item < loop - 1 - j) for j in range(loop - 1)))
 
         # Operands registered next to the multipliers.
         gate_m = delay(m, tag.gate, 1, 1, name="lane_gate", reset_less=True)
@@ -721,8 +608,14 @@ class CombineGatherUnit(wiring.Component):
             products.append(mul.product)
         mul_read = p.mul_read_latency
         m_item = delay(m, item, mul_read, 1, name="item_m", reset_less=True)
-        m_valid = delay(m, tag.valid, mul_read, 1, name="valid_m")
-        m_first = delay(m, tag.first, mul_read, 1, name="first_m")
+        # The beat's flags that choose a lane's operands (+0.0 for an invalid pair, START on
+        # the first pass), one copy per lane (four at most, one per group of lanes), so that
+        # no one register reaches every lane's operand bits.
+        copies = min(p.lanes, 4)
+        m_valid = replicated(m, delay(m, tag.valid, mul_read - 1, 1, name="valid_m"),
+                             name="valid_lane", copies=copies)
+        m_first = replicated(m, delay(m, tag.first, mul_read - 1, 1, name="first_m"),
+                             name="first_lane", copies=copies)
 
         # The accumulator is read with a registered address (the beat's entry) and the
         # adder's operands are registered after the read.
@@ -737,9 +630,10 @@ class CombineGatherUnit(wiring.Component):
             add = FloatAdderCore(p.format, p.add_latency)
             m.submodules[f"add{lane}"] = add
             # an invalid pair adds +0.0
-            term = delay(m, Mux(m_valid, products[lane], 0), 1, 1,
+            group = lane * copies // p.lanes
+            term = delay(m, Mux(m_valid[group], products[lane], 0), 1, 1,
                          name=f"term{lane}", reset_less=True)
-            partial = delay(m, Mux(m_first, Const(start_bits, fmt.width), acc_r.data[lane]),
+            partial = delay(m, Mux(m_first[group], Const(start_bits, fmt.width), acc_r.data[lane]),
                             1, 1, name=f"partial{lane}", reset_less=True)
             m.d.comb += [add.a.eq(term), add.b.eq(partial), add.en.eq(1)]
             sums.append(add.sum)
@@ -750,8 +644,7 @@ class CombineGatherUnit(wiring.Component):
             acc_pipe.payload.final.eq(delay(m, tag.final, latency, 1, name="final_a")),
             acc_pipe.payload.out.enable.eq(delay(m, beat.payload.enable, latency, 1,
                                                  name="enable_a")),
-            acc_pipe.payload.out.last.eq(delay(m, beat.payload.last & tag.tail, latency, 1,
-                                               name="last_a")),
+            acc_pipe.payload.out.last.eq(delay(m, tag.tail, latency, 1, name="last_a")),
         ]
         for lane, value in enumerate(sums):
             m.d.comb += [acc_pipe.payload.out.data[lane].eq(value), acc_w.data[lane].eq(value)]
@@ -765,97 +658,60 @@ class CombineGatherUnit(wiring.Component):
 
         # ---- control -----------------------------------------------------------------------
         beats_in = (self.hidden + (p.lanes - 1)) >> lanes_log2
-        # The items (tokens * beats) during the run control's setup, from the held sizes: a
-        # pipelined product, read when the run begins.
-        held_beats = Signal.like(beats)
-        m.d.sync += held_beats.eq((ctl.size("hidden") + (p.lanes - 1)) >> lanes_log2)
+        # The items (tokens * beats) during the run control's setup, from the held tokens and
+        # ``beats`` (loaded at the start): a pipelined product, then a register in the fabric
+        # (the product's last register is in the DSP block, whose net to the window sizing's
+        # carry chains is long), read when the run begins.
         items_in = Signal(range(max_items + 1))
-        m.d.comb += items_in.eq(pipelined_product(m, ctl.size("tokens"), held_beats, en=1,
+        m.d.sync += items_in.eq(pipelined_product(m, ctl.size("tokens"), beats, en=1,
                                                   dsp=p.dsp, name="items"))
         with m.If(ctl.accept):
             m.d.sync += [
                 k_last.eq(Mux(self.top_k == 0, 0, self.top_k - 1)), k_zero.eq(self.top_k == 0),
                 beats.eq(beats_in), last_en.eq(last_enable_of(self.hidden, p.lanes)),
-                headers_left.eq(self.tokens), all_in.eq(self.tokens == 0),
+                headers_left.eq(self.tokens), headers_one.eq(self.tokens == 1),
+                all_in.eq(self.tokens == 0),
                 last_pass.eq(self.top_k <= 1),
-                to_end.eq(beats_in), win_to_end.eq(beats_in),
             ]
         # The registers that restart at a constant do so in the decide cycle (a register),
         # not from the start handshake: nothing reads them before the run begins.
         with m.If(ctl.decide):
             m.d.sync += [
                 headers_in.eq(0),
-                fill.eq(0), avail.eq(0), avail_some.eq(0), win_tok.eq(0),
+                fill.eq(0), avail.eq(0), win_tok.eq(0),
                 win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
-                item.eq(0), item_inc.eq(1), item_inc2.eq(2), item_bit.eq(1),
+                row_start.eq(1), win_row_start.eq(1),
+                item.eq(0),
                 self.dropped.eq(0),
             ]
         # The first window, from the items (tokens * beats): sized in the two cycles before
         # the first header can be in the ring (the run begins, a header is taken).
-        first_items = Signal.like(items_in)
-        first_less = Signal.like(after_less)     # items - window
-        first_less2 = Signal.like(after_less)    # items - 2 * window
-        first_less3 = Signal.like(after_less)    # items - 3 * window
-        # items less beats, and items less window and beats: the first sums' terms (used only
-        # while items < 2 * window, so they fit the sums' width)
-        items_over = Signal(sum_shape)
-        items_over_less = Signal(sum_shape)
-        first_less_over = Signal(sum_shape)
-        first_less_over_less = Signal(sum_shape)
-        # items less 2, 3 and 4 windows, less beats (and less one), in the sums' width (their
-        # low bits: from the low bits of the items and of run constants beats + n * window)
-        width = sum_shape.width
-        sizing_over = {}
-        for n in (2, 3, 4):
-            for less_one in (0, 1):
-                constant = Signal(width, name=f"beats_window{n}{'_more' * less_one}")
-                m.d.sync += constant.eq(beats + (n * window + less_one))
-                sizing_over[n, less_one] = Signal(sum_shape,
-                                                 name=f"first_less{n}_over{'_less' * less_one}")
-                with m.If(ctl.begin):
-                    m.d.sync += sizing_over[n, less_one].eq(items_in[:width] - constant)
+        first_items = Signal(len_bits)           # the items' low bits
+        first_less = [Signal(less_shape, name=f"first_less{n}") for n in range(1, 5)]
+        with m.If(ctl.begin):                    # items less one to four windows
+            m.d.sync += [first_items.eq(items_in[:len_bits]),
+                         *(less.eq(items_in - n * window)
+                           for n, less in enumerate(first_less, start=1))]
         sizing = delay(m, ctl.begin, 1, 1, name="sizing")
-        with m.If(ctl.begin):
-            m.d.sync += [first_items.eq(items_in), first_less.eq(items_in - window),
-                         first_less2.eq(items_in - 2 * window),
-                         first_less3.eq(items_in - 3 * window),
-                         items_over.eq(items_in - beats),
-                         items_over_less.eq(items_in - beats_more),
-                         first_less_over.eq(items_in - beats_window),
-                         first_less_over_less.eq(items_in - beats_window_more)]
         with m.If(sizing):
-            first_short = first_less[-1]
-            short_items = first_items[:len(win_len)]
-            first_len = Mux(first_short, short_items, window)
-            # (differences registered when the run began: a choice among registers here)
-            first_over = Mux(first_short, items_over, full_len_over)
-            first_over_less = Mux(first_short, items_over_less, full_len_over_less)
+            first_short = first_less[0][-1]      # fewer items than a window
+            first_left = Mux(first_short, first_items - 1, window - 1)
+            first_one = Mux(first_short, first_items == 1, window == 1)
             m.d.sync += [
-                gen_active.eq(1), win_len.eq(first_len), pass_left.eq(first_len),
-                over.eq(first_over), over_less.eq(first_over_less),
-                win_over.eq(first_over), win_over_less.eq(first_over_less),
-                *window_follows(first_less, first_less2, first_less3,
-                                *(((sizing_over[n, 0], sizing_over[n, 1]) for n in (2, 3, 4)))),
-            ]
-            # over + next_len: items - beats when there are at most two windows (the first
-            # window's over plus the second's length), else 2 * window - beats.
-            first_over_len = Mux(first_less2[-1], items_over, two_len_over)
-            first_over_less_len = Mux(first_less2[-1], items_over_less, two_len_over_less)
-            m.d.sync += [
-                over_len.eq(first_over_len), over_less_len.eq(first_over_less_len),
-                win_over_len.eq(first_over_len), win_over_less_len.eq(first_over_less_len),
-                len_over.eq(Mux(first_short, no_len_over,
-                                Mux(first_less2[-1], first_less_over, full_len_over))),
-                len_over_less.eq(Mux(first_short, no_len_over_less,
-                                     Mux(first_less2[-1], first_less_over_less,
-                                         full_len_over_less))),
+                gen_active.eq(1), left.eq(first_left), pass_end.eq(first_one),
+                win_left.eq(first_left), win_one.eq(first_one),
+                to_end.eq(beats_less), win_to_end.eq(beats_less),
+                row_end.eq(beats_one), win_row_end.eq(beats_one),
+                *windows_from(*first_less),
             ]
         # can_gen: gen_active & avail_some & the command queue's ready, each at its next value
-        # (gen_active rises at sizing and falls after the last window's last segment; the
+        # (gen_active rises at sizing and falls after the last window's last beat; the
         # decide cycle clears avail_some while gen_active is low).
-        gen_active_next = sizing | (gen_active & ~(gen & end_pass & last_pass & last_window))
+        switch = can_gen & pass_end & last_pass
+        gen_active_next = sizing | (gen_active & ~(switch & last_window))
         can_gen_next = gen_active_next & some_next & cmd_pipe.ready_next
         m.d.sync += [can_gen.eq(can_gen_next), can_gen_n.eq(~can_gen_next)]
         m.d.comb += ctl.finished.eq(running & ~sizing & ~gen_active & ~cmd_pipe.busy &
                                     ~reader.busy & ~acc_pipe.busy)
         return m
+
