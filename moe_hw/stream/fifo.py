@@ -18,11 +18,12 @@ the code's bits in the first case: read it off the critical path only (``r_rdy``
 ``level != 0``).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .credit import Ring
+from .pipeline import thermometer_down, thermometer_up
 
 __all__ = ["RegisteredFIFO"]
 
@@ -83,8 +84,8 @@ class RegisteredFIFO(wiring.Component):
             # writer's logic, not the code's.
             fill = Signal(self.depth)                   # bit k: more than k entries
             m.d.sync += [
-                fill.eq(Mux(grows, Cat(Const(1, 1), fill[:-1]),
-                            Mux(shrinks, fill[1:], fill))),
+                fill.eq(Mux(grows, thermometer_up(fill),
+                            Mux(shrinks, thermometer_down(fill), fill))),
                 self.w_rdy.eq(Mux(grows, ~fill[-2] if self.depth > 1 else 0,
                                   Mux(shrinks, 1, ~fill[-1]))),
             ]

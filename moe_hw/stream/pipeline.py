@@ -62,6 +62,20 @@ def lut_increment(value):
     return Cat(*bits)
 
 
+def thermometer_up(code):
+    """A count in thermometer code (bit k: more than k) plus one: the code shifted up, a one
+    in at bit 0, so that a step is one choice per bit, no carry chain (the top bit falls out:
+    the count never passes ``len(code)``)."""
+    code = Value.cast(code)
+    return Cat(Const(1, 1), code[:-1])
+
+
+def thermometer_down(code):
+    """A count in thermometer code less one (it is not zero): the code shifted down."""
+    code = Value.cast(code)
+    return Cat(code[1:], Const(0, 1))
+
+
 class RegisterCopies:
     """``copies`` registers of ``width`` bits that take the same loads (``eq``), one for each
     group of a wide fan-out: a flag or a counter whose value chooses, enables or addresses

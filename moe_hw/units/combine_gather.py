@@ -56,10 +56,10 @@ operand register) hides the adder's latency completely. A per-item accumulator o
 The scheduler steps through the items one beat per cycle, each beat a read command of its
 own (the next beat, the next token's first, the window's first again for the next pass, the
 next window's first): every step is an increment or a choice among registers, whatever the
-row and window lengths. A scoreboard bit per accumulator entry holds a beat at the
-datapath's entrance while its partial sum is still in the adder, which only happens in a
-window shorter than ``add_stages + 2`` items (with the default ``window``, only the last
-window can be).
+row and window lengths. In a window of n items shorter than ``add_stages + 2`` (with the
+default ``window``, only the last window can be), a pass barrier at the datapath's entrance
+holds the first beat of each pass after the first until its entry's partial sum is back
+from the adder (``add_stages + 2 - n`` idle cycles after the pass before).
 
 Throughput and exact cycles: the read port delivers one beat per cycle, and each item needs
 K reads, so the natural ideal is ``K * S * B`` cycles; the unit reaches it but for the last
@@ -85,9 +85,8 @@ multiply-accumulate pipeline each run with enable constant 1 inside a
 :class:`~moe_hw.stream.CreditPipeline`: an item enters only when the queue after it is sure
 to have room for it, so the row reader's command ``ready`` and the consumer's ``data.ready``
 reach only the queues' skid buffers. A beat enters the multiply-accumulate pipeline when it
-has a credit and its accumulator entry is not pending (the scoreboard bit of the entry in
-hand is kept as a register). Partial sums pass through the output queue too and are dropped
-at its output.
+has a credit and the pass barrier does not hold it. Partial sums pass through the output
+queue too and are dropped at its output.
 """
 
 from dataclasses import dataclass
@@ -106,7 +105,8 @@ from ..blocks.row_reader import RowReader, last_enable_of, request_layout, respo
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
 from ..blocks.slot_address import SlotAddress, slot_latency
 from ..params import LANES, UnitParams, param, resolve_params
-from ..stream import CreditPipeline, delay, lut_increment, replicated
+from ..stream import (CreditPipeline, delay, lut_increment, replicated, thermometer_down,
+                      thermometer_up)
 
 __all__ = ["CombineGatherParams", "CombineGatherUnit", "SUM_STARTS", "gather_schedule"]
 
@@ -480,12 +480,8 @@ class CombineGatherUnit(wiring.Component):
         # avail and fill follow cur_tok and win_tok: base + (header taken - tokens passed).
         # Their next values are choices among their bits shifted by one, by the header take
         # and by the scheduler's take: no carry chain, and no compare.
-        def up(count):
-            return Cat(Const(1, 1), count[:-1])
-
-        def down(count):
-            return Cat(count[1:], Const(0, 1))
-        avail_up, avail_down, fill_up = up(avail), down(avail), up(fill)
+        avail_up, avail_down = thermometer_up(avail), thermometer_down(avail)
+        fill_up = thermometer_up(fill)
         held = Mux(header_take, avail_up, avail)          # no beat scheduled
         refilled = Mux(header_take, fill_up, fill)        # the next pass: the window's start
         # a beat (avail is nonzero then): header taken - token passed
