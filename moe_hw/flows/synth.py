@@ -192,6 +192,12 @@ class CriticalPath:
     delay_ns: float
     routing_ns: float
 
+    @property
+    def routing_percent(self):
+        """The routing's share of the path's delay in percent (``None`` for a path of no
+        delay)."""
+        return 100 * self.routing_ns / self.delay_ns if self.delay_ns else None
+
 
 @dataclass(frozen=True)
 class ClockResult:
@@ -742,7 +748,8 @@ def format_path(path):
     routing)``."""
     if path is None:
         return "-"
-    routing = f", {100 * path.routing_ns / path.delay_ns:.0f} % routing" if path.delay_ns else ""
+    share = path.routing_percent
+    routing = "" if share is None else f", {share:.0f} % routing"
     return (f"{path.start} -> {path.end} ({path.logic_levels} levels, {path.delay_ns:.2f} ns"
             f"{routing})")
 
@@ -785,7 +792,7 @@ def format_table(report):
                 result.name, clock, f"{figures.fmax_mhz:.1f}", f"{ratio:.2f}",
                 *(str(result.resources[column]["used"]) for column in RESOURCES),
                 *((str(path.logic_levels), f"{path.delay_ns:.2f}",
-                   f"{100 * path.routing_ns / path.delay_ns:.0f}%" if path.delay_ns else "-",
+                   "-" if path.routing_percent is None else f"{path.routing_percent:.0f}%",
                    f"{path.start} -> {path.end}") if path else ("-", "-", "-", "-"))])
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     numeric = set(range(2, len(head) - 1))
