@@ -115,6 +115,33 @@ def test_dispatch_formats(fmt, dtype, lanes, stall):
     check(prob, params, SIM, stall, seed=3)
 
 
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("fmt,dtype,lanes", [("fp32", np.float32, 4), ("fp16", np.float16, 8),
+                                             ("bf16", ml_dtypes.bfloat16, 16)])
+def test_dispatch_gate_one(fmt, dtype, lanes, stall):
+    """``gate_one`` (moe_layer's postscore dispatch): the header's gates (random here) are not
+    read, every element is ``1.0 * x`` as the multiplier gives it, a NaN its canonical quiet
+    NaN, in ``mul_latency - 1`` fewer cycles than the multiplier's build."""
+    params = DispatchParams(format=fmt, lanes=lanes, gate_one=True, **DISPATCH_MAXIMA)
+    assert params.overhead == (DispatchParams(format=fmt, lanes=lanes).overhead -
+                               params.mul_latency + 1)
+    prob = problem(5, tokens=23, hidden=19, experts=4, capacity=7, k=2, dtype=dtype,
+                   specials=0.4)
+    # NaNs other than the canonical one: signalling, with a payload, negative.
+    fmt_ = params.fmt
+    ones = fmt_.exp_max << fmt_.mant_bits
+    quiet = 1 << (fmt_.mant_bits - 1)
+    bits = prob["input"].view(f"u{prob['input'].itemsize}")
+    bits[::3, 1] = ones | 1
+    bits[1::3, 4] = ones | quiet | 5
+    bits[2::3, 7] = (1 << (fmt_.width - 1)) | ones | 3
+    outcome = check(prob, params, SIM, stall, seed=2)
+    got = outcome.outputs["dispatch"]
+    nan = np.isnan(got.astype(np.float32))
+    assert nan.any(), "the problem must carry NaNs"
+    assert (got.view(f"u{got.itemsize}")[nan] == params.fmt.quiet_nan).all()
+
+
 def test_dispatch_runtime_errors():
     prob = problem(0, tokens=4, hidden=8, experts=2, capacity=4)
     with pytest.raises(HostError, match="hidden = 8 exceeds the unit's max_hidden of 4"):

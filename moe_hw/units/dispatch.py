@@ -47,6 +47,12 @@ float multipliers form ``gate * element`` in a pipeline that never stalls
 (:class:`~moe_hw.stream.CreditPipeline`: a beat enters only when the output queue has room
 for it), and the queue drives ``write``, so that ``write.ready`` reaches no clock enable of
 the datapath and has no combinational path to the inputs.
+
+With ``gate_one`` (a postscore dispatch, as inside :class:`~moe_hw.units.moe_layer.MoELayer`)
+every gate is 1.0: the header's gate is not read, and each lane's multiplier gives way to a
+register of the element and its NaN flag (``1.0 * x`` is ``x`` bit for bit, a NaN the
+multiplier's canonical quiet NaN), so a run is ``mul_latency - 1`` cycles shorter
+(:attr:`DispatchParams.overhead`).
 """
 
 from dataclasses import dataclass
@@ -56,6 +62,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from ..arith.float_core import unpack
 from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..blocks.row_reader import last_enable_of
@@ -84,13 +91,18 @@ class DispatchParams(FloatDatapathParams, UnitParams):
     mul_stages: int | None = param(None, minimum=0, maximum=16, optional=True,
                                    doc="None: the multiplier's default depth for the format")
     dsp: str = dsp_param()
+    gate_one: bool = param(False, choices=(False, True),
+                           doc="every gate is 1.0 (tutel's postscore dispatch): no multiplier, "
+                               "the header's gate is not read")
 
     def check(self):
         self.check_signed_fits("index_width", "max_capacity", "max_experts")
 
     @property
     def stages(self):
-        return self.mul_latency
+        """The gate multiply's stages: the multiplier's, or with :attr:`gate_one` one
+        register (``1.0 * x`` is ``x``, a NaN the multiplier's canonical quiet NaN)."""
+        return 1 if self.gate_one else self.mul_latency
 
     @property
     def late_operands(self):
@@ -185,7 +197,8 @@ class DispatchUnit(wiring.Component):
         # ring's read pointer, is the current pair, popped when its last beat is taken, which
         # advances a few pointer registers instead of loading a register of the pair's width.
         h_queue = header_slot_queue(m, self.header, ctl, p, open=running & headers_open,
-                                    addr_width=p.addr_width, carry=("gate",), skid=False)
+                                    addr_width=p.addr_width,
+                                    carry=() if p.gate_one else ("gate",), skid=False)
         h_out = h_queue.o
         with m.If(h_queue.take):
             m.d.sync += [headers_left.eq(headers_left - 1), headers_open.eq(headers_left != 1)]
@@ -255,15 +268,28 @@ class DispatchUnit(wiring.Component):
         # lanes that share a copy share the logic that classifies it too.
         # (With late operands the beat's data reaches its operand registers a cycle after the
         # take, and the gate follows it through a register.)
-        gate = delay(m, pair.gate, 1, 1, name="gate_late") if p.late_operands else pair.gate
-        gates = replicated(m, gate, name="lane_gate", copies=min(4, max(2, p.lanes // 4)))
-        for lane in range(p.lanes):
-            mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
-            m.submodules[f"mul{lane}"] = mul
-            m.d.comb += [mul.a.eq(gates[len(gates) * lane // p.lanes]),
-                         mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
-                                        name=f"lane_data{lane}", reset_less=True)),
-                         mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
+        if p.gate_one:
+            # A gate of 1.0 (``gate_one``): ``1.0 * x`` is ``x`` bit for bit, and a NaN is the
+            # canonical quiet NaN, as the multiplier gives it. The element and its NaN flag
+            # are registered, then chosen: the choice is not mapped onto the register's
+            # set/reset, whose net from the flag's LUTs was 4 ns.
+            for lane in range(p.lanes):
+                x = delay(m, beats_in.payload.data[lane], 1, 1, name=f"lane_data{lane}",
+                          reset_less=True)
+                nan = delay(m, unpack(m, p.fmt, x, name=f"lane{lane}").nan, 1, 1,
+                            name=f"lane_nan{lane}", reset_less=True)
+                x = delay(m, x, 1, 1, name=f"lane_one{lane}", reset_less=True)
+                m.d.comb += mul_ctl.payload.beat.data[lane].eq(Mux(nan, p.fmt.quiet_nan, x))
+        else:
+            gate = delay(m, pair.gate, 1, 1, name="gate_late") if p.late_operands else pair.gate
+            gates = replicated(m, gate, name="lane_gate", copies=min(4, max(2, p.lanes // 4)))
+            for lane in range(p.lanes):
+                mul = FloatMultiplierCore(p.format, p.stages, dsp=p.dsp)
+                m.submodules[f"mul{lane}"] = mul
+                m.d.comb += [mul.a.eq(gates[len(gates) * lane // p.lanes]),
+                             mul.b.eq(delay(m, beats_in.payload.data[lane], 1, 1,
+                                            name=f"lane_data{lane}", reset_less=True)),
+                             mul.en.eq(1), mul_ctl.payload.beat.data[lane].eq(mul.product)]
         enable = Mux(last_beat, last_enable, Const((1 << p.lanes) - 1, p.lanes))
         latency = mul_ctl.latency
         # The pair's address (the ring's read) and the offset are registered before the

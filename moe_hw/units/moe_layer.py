@@ -81,9 +81,10 @@ Phases (``phase``):
    cycles: on ECP5 a DP16KD with its output register, ``bram="ecp5"``); then the E
    per-expert totals come out and every expert with ``min(count, C) > 0`` filled slots goes
    on the expert work list (empty experts never appear there, so they cost nothing). The
-   dispatch unit reads its headers from the pair memory as soon as they are written (gate
-   1.0: postscore) and writes the token rows into the expert buffer through the write
-   port, one beat per cycle.
+   dispatch unit reads its headers from the pair memory as soon as they are written and
+   writes the token rows into the expert buffer through the write port, one beat per cycle.
+   Its gate is 1.0 (postscore), so it is built without multipliers (``gate_one``: ``1.0 *
+   x`` is ``x``, a NaN the multiplier's canonical quiet NaN).
 2. *experts* (only when ``affine`` is 1, H > 0 and some expert has a filled slot): for every
    expert on the work list, for each of its ``min(count, C)`` filled rows, the row is read
    (one row command per row into a row reader), each lane computes ``scale * x`` (rounded)
@@ -282,7 +283,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         return DispatchParams(format=self.format, lanes=self.lanes, max_pairs=self.max_pairs,
                               max_hidden=self.max_hidden, max_capacity=self.max_capacity,
                               max_experts=self.max_experts, index_width=self.index_width,
-                              mul_stages=self.mul_stages, dsp=self.dsp)
+                              mul_stages=self.mul_stages, dsp=self.dsp, gate_one=True)
 
     @property
     def stacked(self):
@@ -516,7 +517,6 @@ class MoELayer(wiring.Component):
         fmt = p.fmt
         lanes_log2 = ceil_log2(p.lanes)
         entry_layout = p.entry_layout()
-        one = Const((fmt.bias << fmt.mant_bits), fmt.width)   # postscore: dispatch gate 1.0
 
         m.submodules.locations = loc = LocationsUnit(p.locations)
         m.submodules.dispatch = disp = DispatchUnit(p.dispatch)
@@ -738,7 +738,6 @@ class MoELayer(wiring.Component):
         m.d.comb += [
             disp.header.valid.eq(d_ctl.o_valid),
             d_ctl.o_ready.eq(disp.header.ready),
-            disp.header.payload.gate.eq(one),
             disp.header.payload.index.eq(delay(m, d_entry.index, 1, d_ctl.en, name="d_index",
                                                reset_less=True)),
             disp.header.payload.location.eq(delay(m, d_entry.location, 1, d_ctl.en,
