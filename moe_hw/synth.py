@@ -3,7 +3,7 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
 
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--first-seed S] [--jobs J] [--freq MHZ] [--json FILE]
-                           [--timeout S] [--work DIR] [--check]
+                           [--timeout S] [--work DIR] [--check] [--long-nets N]
     python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--paths N]
                            [--json FILE]
 
@@ -14,7 +14,10 @@ every register input's logic levels in Yosys's netlist and lists the ``--paths``
 signals with an estimate of their delay (moe_hw/flows/levels.py): the same figures on every
 run, where a placement's critical path moves from seed to seed. With more than one seed the
 table is followed by every seed's Fmax and critical path, and the registers the paths end
-in, those that recur over the seeds first.
+in, those that recur over the seeds first. ``--long-nets N`` adds the best seed's N nets
+with the most sinks whose routing alone is over half the clock period (from nextpnr's detailed
+net timing): the clock enables, set/resets and RAM write enables that a placement spread
+over the chip, which the failing paths of a design far from its target share.
 
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
 ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
@@ -105,15 +108,17 @@ def _design(name, target, settings):
 
 
 def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
-          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None, first_seed=1):
+          timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None, first_seed=1,
+          long_nets=0):
     """Synthesize unit or design point ``name`` with ``settings`` (``--set`` values, on top
     of the design point's) on ``target``, placed on ``seeds`` seeds from ``first_seed`` on;
     return the :class:`~moe_hw.flows.synth.SynthReport`. Every argument is checked before any
-    tool runs."""
+    tool runs. ``long_nets``: list that many of the best seed's long nets."""
     unit, build, description, params = _design(name, target, settings)
     return synthesize(unit, build, target, description=description, params=params,
                       seeds=seeds, freq=freq, timeout=timeout, work_dir=work_dir,
-                      progress=progress, jobs=jobs, first_seed=first_seed)
+                      progress=progress, jobs=jobs, first_seed=first_seed,
+                      long_nets=long_nets)
 
 
 def pack(name, target, settings=None, *, timeout=DEFAULT_TIMEOUT, work_dir=None,
@@ -179,6 +184,10 @@ def main(argv=None):
     parser.add_argument("--paths", type=int, default=12, metavar="N",
                         help="with --resources on ECP5: list the N signals with the "
                              "deepest logic (default 12; 0 for the histogram alone)")
+    parser.add_argument("--long-nets", type=int, default=0, metavar="N",
+                        help="list the best seed's N nets with the most sinks whose routing "
+                             "alone is over half the clock period (the clock enables and "
+                             "set/resets a placement spread over the chip; default 0: none)")
     args = parser.parse_args(argv)
 
     def resources():
@@ -186,6 +195,8 @@ def main(argv=None):
             raise ValueError("--check needs an Fmax: leave out --resources")
         if args.paths < 0:
             raise ValueError(f"--paths must be 0 or more, not {args.paths}")
+        if args.long_nets:
+            raise ValueError("--long-nets needs a placement: leave out --resources")
         start = time.perf_counter()
         result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
                       work_dir=args.work, progress=_progress)
@@ -203,10 +214,13 @@ def main(argv=None):
         if find_target(args.target).bitstream and args.work is None:
             raise ValueError(f"target {args.target} writes a bitstream: name --work DIR to "
                              "keep it")
+        if args.long_nets < 0:
+            raise ValueError(f"--long-nets must be 0 or more, not {args.long_nets}")
         start = time.perf_counter()
         report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
                        freq=args.freq, timeout=args.timeout, work_dir=args.work,
-                       progress=_progress, jobs=args.jobs, first_seed=args.first_seed)
+                       progress=_progress, jobs=args.jobs, first_seed=args.first_seed,
+                       long_nets=args.long_nets)
         print(format_table(report))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

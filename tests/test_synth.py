@@ -53,7 +53,7 @@ SMALL_DESIGNS = [
 def test_synth_runs_and_its_report_parses(tmp_path, capsys, target, unit, sets):
     report_path = tmp_path / "report.json"
     argv = [unit, "--target", target, "--seeds", "1", "--json", str(report_path),
-            "--work", str(tmp_path / "work")]
+            "--long-nets", "4", "--work", str(tmp_path / "work")]
     for setting in sets:
         argv += ["--set", setting]
     assert synth.main(argv) == 0
@@ -96,6 +96,14 @@ def test_synth_runs_and_its_report_parses(tmp_path, capsys, target, unit, sets):
     assert f"{report['reference']['fmax_mhz']:.1f}" in rows["reference"]
     assert f"{report['ratio']:.2f}" in rows[unit]
     assert "Fmax MHz" in table and "critical path" in table
+    # --long-nets: the design's nets with sinks routed over half the period, if any
+    half = 500.0 / report["freq_mhz"]
+    assert len(report["design"]["long_nets"]) <= 4 and "Long nets (" in table
+    for net in report["design"]["long_nets"]:
+        assert 1 <= net["long_sinks"] <= net["sinks"] and net["max_delay_ns"] > half
+        assert sum(net["pins"].values()) == net["long_sinks"]
+        assert net["net"] in table
+    assert report["reference"]["long_nets"] == []
     # --work keeps what the tools wrote, for reading the critical path in full
     assert (tmp_path / "work" / unit / "seed1.log").exists()
 
@@ -349,6 +357,14 @@ def test_negative_paths_is_one_line(capsys):
     assert lines == [f"{PROG}: error: --paths must be 0 or more, not -1"]
 
 
+def test_bad_long_nets_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--long-nets", "-1"], 2)
+    assert lines == [f"{PROG}: error: --long-nets must be 0 or more, not -1"]
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources",
+                                  "--long-nets", "3"], 2)
+    assert lines == [f"{PROG}: error: --long-nets needs a placement: leave out --resources"]
+
+
 def test_bad_seeds_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--seeds", "0"], 2)
     assert lines == [f"{PROG}: error: seeds must be a positive integer, not 0"]
@@ -526,6 +542,35 @@ def test_report_parses_per_clock():
     ice40 = report_resources(TARGETS["ice40-up5k"], {"utilization": {}},
                              {"SB_DFFESR": 56, "SB_DFF": 1, "SB_LUT4": 9})
     assert ice40["ff"] == {"used": 57, "available": None}
+
+
+def test_long_nets_rank_the_sinks_routed_over_the_threshold():
+    """The nets with the most sinks whose routing delay is over the threshold, longest
+    first; clock networks and nets with no such sink left out; names readable."""
+    def net(name, driver, sinks):
+        return {"net": name, "driver": driver, "port": "Q", "event": "posedge clk",
+                "sources": [], "endpoints": [{"cell": f"c{i}", "port": port,
+                                              "delay": [delay * 0.9, delay]}
+                                             for i, (port, delay) in enumerate(sinks)]}
+    report = {"detailed_net_timings": [
+        net("$glbnet$clk$TRELLIS_IO_IN", "clk", [("CLK", 9.0)] * 50),
+        net("unit.ctl.take_LUT4_Z", "unit.ctl.take_LUT4_Z",
+            [("CE", 2.5), ("CE", 2.2), ("LSR", 3.1), ("A", 1.0)]),
+        net("unit.q_TRELLIS_FF_Q", "unit.q_TRELLIS_FF_Q", [("B", 2.7), ("C", 1.9)]),
+        net("unit.flag_TRELLIS_FF_Q", "unit.flag_TRELLIS_FF_Q", [("D", 3.9)]),
+        net("unit.short", "unit.short", [("A", 0.5)] * 9)]}
+    found = flow.long_nets(report, 2.0, 10)
+    assert [(n.net, n.long_sinks, n.sinks) for n in found] == [
+        ("ctl.take", 3, 4), ("flag", 1, 1), ("q", 1, 2)]
+    assert found[0].max_delay_ns == 3.1 and found[0].pins == {"CE": 2, "LSR": 1}
+    assert found[0].driver == "ctl.take"
+    assert flow.long_nets(report, 2.0, 1) == found[:1]
+    assert flow.long_nets(report, 5.0, 10) == ()
+    # (an older nextpnr writes one delay per sink, not a pair)
+    single = {"detailed_net_timings": [dict(report["detailed_net_timings"][3],
+                                            endpoints=[{"cell": "c", "port": "D",
+                                                        "delay": 3.9}])]}
+    assert [n.max_delay_ns for n in flow.long_nets(single, 2.0, 5)] == [3.9]
 
 
 def test_timing_bar_verdict():

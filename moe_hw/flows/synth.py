@@ -39,10 +39,11 @@ from ..params import check_choice
 from .levels import logic_levels
 from .out_of_context import OutOfContext, ReferenceAdder
 
-__all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult",
+__all__ = ["Target", "TARGETS", "target", "SynthError", "CriticalPath", "ClockResult", "LongNet",
            "DesignResult", "SynthReport", "PackResult", "synthesize_design", "synthesize",
            "pack_design", "format_table", "format_seeds",
-           "report_clocks", "report_resources", "tool_versions",
+           "report_clocks", "report_resources", "tool_versions", "long_nets",
+           "format_long_nets",
            "REFERENCE", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "RESOURCES"]
 
 #: Placement seeds per design by default; the best is reported.
@@ -206,6 +207,21 @@ class ClockResult:
     critical_path: CriticalPath | None
 
 
+@dataclass(frozen=True)
+class LongNet:
+    """A net of the placed design with sinks whose routing delay alone is over a threshold
+    (:func:`long_nets`): a clock enable, set/reset or write enable that the placement spread
+    over the chip, where many failing paths end. ``net`` and ``driver`` are readable (the
+    mapping suffixes and ``unit.`` stripped); ``pins``: ``{sink pin: long sinks on it}``."""
+
+    net: str
+    driver: str
+    sinks: int
+    long_sinks: int
+    max_delay_ns: float
+    pins: dict
+
+
 @dataclass
 class DesignResult:
     """One design through the flow: the best seed's figures per clock, and its resources
@@ -228,6 +244,8 @@ class DesignResult:
     #: a placement moves the critical path as well as Fmax, and a path that recurs over the
     #: seeds is the one worth cutting
     seed_paths: dict = field(default_factory=dict)
+    #: the best seed's :class:`LongNet` list, longest first (with ``long_nets`` only)
+    long_nets: tuple = ()
 
     @property
     def fmax_mhz(self):
@@ -255,6 +273,7 @@ class SynthReport:
     design: DesignResult
     reference: DesignResult
     first_seed: int = 1       # the seeds placed: first_seed to first_seed + seeds - 1
+    long_nets: int = 0        # the long nets asked for (the design's, DesignResult.long_nets)
 
     @property
     def ratio(self):
@@ -398,6 +417,48 @@ def report_clocks(report):
     return clocks
 
 
+def long_nets(report, threshold_ns, count):
+    """The ``count`` nets of a nextpnr ``--report`` JSON (a dict, written with
+    ``--detailed-timing-report``) with the most sinks whose routing delay alone is over
+    ``threshold_ns``, as :class:`LongNet` (ties: the longer delay first). Global (clock)
+    networks are left out. A critical path names one path; these are the nets that many of
+    the failing ones share."""
+    found = []
+    for net in report.get("detailed_net_timings", []):
+        if net["net"].startswith("$glbnet$"):
+            continue
+        delays = [(max(sink["delay"]) if isinstance(sink["delay"], list) else sink["delay"],
+                   sink["port"]) for sink in net["endpoints"]]
+        late = [(delay, port) for delay, port in delays if delay > threshold_ns]
+        if not late:
+            continue
+        pins = {}
+        for _, port in late:
+            pins[port] = pins.get(port, 0) + 1
+        found.append(LongNet(net=_readable(net["net"]), driver=_readable(net["driver"]),
+                             sinks=len(delays), long_sinks=len(late),
+                             max_delay_ns=round(max(delay for delay, _ in late), 3),
+                             pins=dict(sorted(pins.items(), key=lambda item: -item[1]))))
+    found.sort(key=lambda net: (-net.long_sinks, -net.max_delay_ns, net.net))
+    return tuple(found[:count])
+
+
+def format_long_nets(result, period_ns):
+    """Lines: a :class:`DesignResult`'s :attr:`~DesignResult.long_nets` as a table."""
+    if not result.long_nets:
+        return [f"Long nets ({result.name}, seed {result.best_seed}): no sink's routing is over "
+                f"{period_ns / 2:.2f} ns"]
+    lines = [f"Long nets ({result.name}, seed {result.best_seed}; sinks whose routing alone "
+             f"is over {period_ns / 2:.2f} ns, half the period):",
+             "   long/sinks  max ns  pins               net <- driver"]
+    for net in result.long_nets:
+        pins = " ".join(f"{pin} {n}" for pin, n in net.pins.items())
+        source = "" if net.driver == net.net else f" <- {net.driver}"
+        lines.append(f"  {net.long_sinks:>5}/{net.sinks:<5} {net.max_delay_ns:6.2f}  "
+                     f"{pins:<18} {net.net}{source}")
+    return lines
+
+
 def report_resources(target, report, cell_counts):
     """``{column: {"used": n, "available": n}}`` (see :data:`RESOURCES`) from a nextpnr
     ``--report`` JSON and Yosys's cell counts (``stat -json``)."""
@@ -429,13 +490,15 @@ def _check_positive(name, value, kind=float):
 
 def synthesize_design(name, build, target, *, description=None, params=None,
                       seeds=DEFAULT_SEEDS, freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None,
-                      progress=None, jobs=None, first_seed=1):
+                      progress=None, jobs=None, first_seed=1, long_nets=0):
     """Put the component ``build()`` returns through the flow on ``target`` (a name or a
     :class:`Target`); return its :class:`DesignResult` for the best of ``seeds`` seeds,
     ``first_seed`` and the ones after it (nextpnr places a netlist the same way for the same
     options and seed, so seeds 5-8 of a run with ``first_seed=5`` are those of a run of 8).
     ``jobs``: seeds placed and routed at once (default: one per CPU core, at most ``seeds``;
-    each seed's result is the same either way, only the wall time changes).
+    each seed's result is the same either way, only the wall time changes). ``long_nets``:
+    list that many of the best seed's long nets (:func:`long_nets`; nextpnr then writes its
+    detailed net timing).
 
     ``build`` is called only once every argument is checked, so that a bad argument leaves no
     component unelaborated. ``work_dir`` keeps the files (RTLIL, netlist, logs, reports);
@@ -448,10 +511,12 @@ def synthesize_design(name, build, target, *, description=None, params=None,
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
     jobs = _jobs(jobs, seeds)
+    if not isinstance(long_nets, int) or isinstance(long_nets, bool) or long_nets < 0:
+        raise ValueError(f"long_nets must be 0 or more, not {long_nets!r}")
     with _work_dir(work_dir) as work:
         return _synthesize_in(Path(work), name, build, target, description or name,
                               params, range(first_seed, first_seed + seeds), freq, timeout,
-                              progress or (lambda text: None), jobs)
+                              progress or (lambda text: None), jobs, long_nets)
 
 
 def _jobs(jobs, seeds):
@@ -533,7 +598,7 @@ def _netlist(work, build, target, where, timeout, say):
 
 
 def _synthesize_in(work, name, build, target, description, params, seeds, freq, timeout,
-                   progress, jobs):
+                   progress, jobs, count_long_nets=0):
     # ``seeds``: the seeds to place, a range
     def say(text):
         progress(f"{name}: {text}")
@@ -561,7 +626,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         code = _run_tool(target.nextpnr_tool,
                          [*target.nextpnr_args, *pins, *config(seed), "--json", "netlist.json",
                           "--report", report_path.name, "--timing-allow-fail", "--seed",
-                          str(seed), "--freq", f"{freq:g}"],
+                          str(seed), "--freq", f"{freq:g}",
+                          *(("--detailed-timing-report",) if count_long_nets else ())],
                          work, work / f"seed{seed}.log", timeout)
         return code, time.perf_counter() - step
 
@@ -635,7 +701,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         best_seed=best, input_bits=wrapper.input_bits, output_bits=wrapper.output_bits,
         wrapper_registers=wrapper.wrapper_registers,
         seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished),
-        bitstream=bitstream)
+        bitstream=bitstream,
+        long_nets=long_nets(report, 500.0 / freq, count_long_nets) if count_long_nets else ())
 
 
 @dataclass
@@ -707,10 +774,11 @@ def pack_design(name, build, target, *, description=None, params=None,
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
                freq=None, timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, jobs=None,
-               first_seed=1):
+               first_seed=1, long_nets=0):
     """The reference adder, then the design ``build()`` returns, through the same flow on
     ``target`` with the same seeds; returns a :class:`SynthReport`. The arguments are those
-    of :func:`synthesize_design`; ``work_dir`` gets one folder per design."""
+    of :func:`synthesize_design` (``long_nets`` for the design alone); ``work_dir`` gets one
+    folder per design."""
     target = _target(target)
     seeds = _check_positive("seeds", seeds, int)
     first_seed = _check_positive("first_seed", first_seed, int)
@@ -724,10 +792,11 @@ def synthesize(name, build, target, *, description=None, params=None, seeds=DEFA
                                       params={"width": 32}, work_dir=work / "reference",
                                       **common)
         design = synthesize_design(name, build, target, description=description,
-                                   params=params, work_dir=work / _file_name(name), **common)
+                                   params=params, work_dir=work / _file_name(name),
+                                   long_nets=long_nets, **common)
     return SynthReport(target=target.name, device=target.device, seeds=seeds, freq_mhz=freq,
                        tools=tool_versions(target), design=design, reference=reference,
-                       first_seed=first_seed)
+                       first_seed=first_seed, long_nets=long_nets)
 
 
 def _file_name(name):
@@ -829,4 +898,6 @@ def format_table(report):
         "for the reference). Critical path: from the register driving its first net to the "
         "register it ends in; in_*/out_* are the wrapper's port registers, the rest is "
         "inside the unit.", *unfinished,
+        *(format_long_nets(report.design, 1000.0 / report.freq_mhz)
+          if report.long_nets else []),
         *([f"bitstream: {report.design.bitstream}"] if report.design.bitstream else [])])
