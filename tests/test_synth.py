@@ -571,6 +571,10 @@ def test_long_nets_rank_the_sinks_routed_over_the_threshold():
                                             endpoints=[{"cell": "c", "port": "D",
                                                         "delay": 3.9}])]}
     assert [n.max_delay_ns for n in flow.long_nets(single, 2.0, 5)] == [3.9]
+    # a bad count is refused before any tool runs (the reference adder's included)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="long_nets must be 0 or more"):
+            flow.synthesize("adder", ReferenceAdder, "ecp5-85k", long_nets=bad)
 
 
 def test_timing_bar_verdict():

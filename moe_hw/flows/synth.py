@@ -443,13 +443,15 @@ def long_nets(report, threshold_ns, count):
     return tuple(found[:count])
 
 
-def format_long_nets(result, period_ns):
-    """Lines: a :class:`DesignResult`'s :attr:`~DesignResult.long_nets` as a table."""
+def format_long_nets(result, freq):
+    """Lines: a :class:`DesignResult`'s :attr:`~DesignResult.long_nets`, placed at ``freq``
+    MHz, as a table."""
+    threshold = _long_net_threshold(freq)
     if not result.long_nets:
         return [f"Long nets ({result.name}, seed {result.best_seed}): no sink's routing is over "
-                f"{period_ns / 2:.2f} ns"]
+                f"{threshold:.2f} ns"]
     lines = [f"Long nets ({result.name}, seed {result.best_seed}; sinks whose routing alone "
-             f"is over {period_ns / 2:.2f} ns, half the period):",
+             f"is over {threshold:.2f} ns, half the period):",
              "   long/sinks  max ns  pins               net <- driver"]
     for net in result.long_nets:
         pins = " ".join(f"{pin} {n}" for pin, n in net.pins.items())
@@ -479,6 +481,18 @@ def report_resources(target, report, cell_counts):
 
 
 # ---- the flow ------------------------------------------------------------------------------
+
+def _check_count(name, value):
+    """``value`` if it is an integer of 0 or more (a count that may be none)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be 0 or more, not {value!r}")
+    return value
+
+
+def _long_net_threshold(freq):
+    """The routing delay over which a sink is long: half the clock period at ``freq``."""
+    return 500.0 / freq
+
 
 def _check_positive(name, value, kind=float):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or \
@@ -511,8 +525,7 @@ def synthesize_design(name, build, target, *, description=None, params=None,
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
     jobs = _jobs(jobs, seeds)
-    if not isinstance(long_nets, int) or isinstance(long_nets, bool) or long_nets < 0:
-        raise ValueError(f"long_nets must be 0 or more, not {long_nets!r}")
+    long_nets = _check_count("long_nets", long_nets)
     with _work_dir(work_dir) as work:
         return _synthesize_in(Path(work), name, build, target, description or name,
                               params, range(first_seed, first_seed + seeds), freq, timeout,
@@ -702,7 +715,8 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
         wrapper_registers=wrapper.wrapper_registers,
         seconds=round(time.perf_counter() - started, 1), unfinished_seeds=tuple(unfinished),
         bitstream=bitstream,
-        long_nets=long_nets(report, 500.0 / freq, count_long_nets) if count_long_nets else ())
+        long_nets=(long_nets(report, _long_net_threshold(freq), count_long_nets)
+                   if count_long_nets else ()))
 
 
 @dataclass
@@ -784,6 +798,7 @@ def synthesize(name, build, target, *, description=None, params=None, seeds=DEFA
     first_seed = _check_positive("first_seed", first_seed, int)
     freq = _check_positive("freq", target.default_freq if freq is None else freq)
     timeout = _check_positive("timeout", timeout)
+    long_nets = _check_count("long_nets", long_nets)    # before the reference adder runs
     common = dict(seeds=seeds, freq=freq, timeout=timeout, progress=progress,
                   jobs=_jobs(jobs, seeds), first_seed=first_seed)
     with _work_dir(work_dir) as folder:
@@ -898,6 +913,5 @@ def format_table(report):
         "for the reference). Critical path: from the register driving its first net to the "
         "register it ends in; in_*/out_* are the wrapper's port registers, the rest is "
         "inside the unit.", *unfinished,
-        *(format_long_nets(report.design, 1000.0 / report.freq_mhz)
-          if report.long_nets else []),
+        *(format_long_nets(report.design, report.freq_mhz) if report.long_nets else []),
         *([f"bitstream: {report.design.bitstream}"] if report.design.bitstream else [])])
