@@ -10,7 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from moe_hw.arith.vectors import special_values
 from moe_hw.blocks.run_control import EMPTY_CYCLES
+from moe_hw.formats import is_nan_bits
 from moe_hw.golden.testing import random_floats
 from moe_hw.problems import routed_locations
 from moe_hw.host.checks import HostError
@@ -127,19 +129,20 @@ def test_dispatch_gate_one(fmt, dtype, lanes, stall):
                                params.mul_latency + 1)
     prob = problem(5, tokens=23, hidden=19, experts=4, capacity=7, k=2, dtype=dtype,
                    specials=0.4)
-    # NaNs other than the canonical one: signalling, with a payload, negative.
-    fmt_ = params.fmt
-    ones = fmt_.exp_max << fmt_.mant_bits
-    quiet = 1 << (fmt_.mant_bits - 1)
+    # NaNs other than the canonical one: the special values' signalling and negative ones,
+    # and a quiet NaN with a payload.
+    specials = special_values(fmt)
+    payload = params.fmt.quiet_nan | 5
+    nans = [*(v for v in specials[is_nan_bits(specials, fmt)] if v != params.fmt.quiet_nan),
+            payload]
     bits = prob["input"].view(f"u{prob['input'].itemsize}")
-    bits[::3, 1] = ones | 1
-    bits[1::3, 4] = ones | quiet | 5
-    bits[2::3, 7] = (1 << (fmt_.width - 1)) | ones | 3
+    for column, nan_bits in enumerate(nans):
+        bits[column::len(nans), column] = nan_bits
     outcome = check(prob, params, SIM, stall, seed=2)
-    got = outcome.outputs["dispatch"]
-    nan = np.isnan(got.astype(np.float32))
+    got = outcome.outputs["dispatch"].view(f"u{outcome.outputs['dispatch'].itemsize}")
+    nan = is_nan_bits(got, fmt)
     assert nan.any(), "the problem must carry NaNs"
-    assert (got.view(f"u{got.itemsize}")[nan] == params.fmt.quiet_nan).all()
+    assert (got[nan] == params.fmt.quiet_nan).all()
 
 
 def test_dispatch_runtime_errors():
