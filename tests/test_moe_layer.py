@@ -11,7 +11,7 @@ Amaranth-simulator checks of the status outputs, and parameter and host errors."
 import ml_dtypes
 import numpy as np
 import pytest
-from amaranth.hdl import ClockDomain, Module
+from amaranth.hdl import ClockDomain, Fragment, Module
 from amaranth.sim import Simulator
 
 from moe_hw.blocks.run_control import EMPTY_CYCLES
@@ -279,6 +279,33 @@ def test_bench_problem_small():
     assert outcome.ideal_cycles == sum(UNIT.phase_ideals(outcome.problem, FP32).values())
     assert outcome.ideal_cycles >= 2 * 16 * 3 + 2 * 16 * 3     # dispatch and combine beats
     assert outcome.efficiency <= 1.0
+
+
+def _float_cores(design):
+    """The float multipliers and adders in the elaborated ``design``, by class name."""
+    counts = {}
+
+    def walk(fragment):
+        for origin in fragment.origins or ():
+            name = type(origin).__name__
+            if name in ("FloatMultiplierCore", "FloatAdderCore"):
+                counts[name] = counts.get(name, 0) + 1
+        for subfragment, *_ in fragment.subfragments:
+            walk(subfragment)
+
+    walk(Fragment.get(design, None))
+    return counts
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_moe_layer_affine_experts_share_the_combine_lanes(lanes):
+    """Affine experts run on the combine unit's multiply-add lanes: one float multiplier and
+    one adder per lane in the whole layer (the dispatch has none: its gate is 1.0); expert
+    stacks keep their own layer datapath beside the combine's lanes."""
+    affine = _float_cores(MoELayer(lanes=lanes, max_hidden=16))
+    assert affine == {"FloatMultiplierCore": lanes, "FloatAdderCore": lanes}
+    stacked = _float_cores(MoELayer(lanes=lanes, max_hidden=16, experts="scan_layers"))
+    assert stacked == {"FloatMultiplierCore": 2 * lanes, "FloatAdderCore": 2 * lanes}
 
 
 # ---- Amaranth simulator: status outputs ------------------------------------------------------

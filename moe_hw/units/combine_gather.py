@@ -41,6 +41,19 @@ Streams and ports (payload fields are listed least significant first):
     ``dropped`` counts the (k, i) pairs that fail the mask. ``error`` is set, and nothing done,
     when a run-time size exceeds its generation-time maximum.
 
+``expert`` (in), ``sums`` (out), with ``expert_lanes=True`` only
+    The multiply-add lanes serve a second, affine datapath while the unit is idle (a layer
+    whose expert phase and combine phase never overlap shares them: :class:`~moe_hw.units.
+    moe_layer.MoELayer`). While ``expert.on`` is high, the operands of a cycle are
+    ``expert.scale`` (every lane's multiplicand), ``expert.data`` (one element per lane) and
+    ``expert.bias`` (every lane's addend), and ``sums`` holds ``scale * data + bias`` per lane
+    (the product rounded, then the sum) :attr:`~CombineGatherParams.accumulate_latency`
+    cycles later, in place of the combine's sums. The lanes run freely: every cycle's
+    operands come out, and the caller keeps track of which cycles carry its beats.
+    ``expert.on`` must have held its value for a cycle before the first operands of its
+    phase and until their sums are out, and the unit must be idle (the combine's beats
+    and the expert's never in the lanes together).
+
 Zero-element problems (``tokens`` or ``hidden`` zero) finish at once: ``done`` two cycles after
 start, no header taken, nothing read or out. (Zero capacity or experts is not empty: every
 pair is dropped and every output is START's sum of +0.0 terms, which is +0.0.)
@@ -268,10 +281,22 @@ class CombineGatherUnit(wiring.Component):
     SUM_START = "zero"
     PARAMS = CombineGatherParams
 
-    def __init__(self, params=None, **kwargs):
+    def __init__(self, params=None, *, expert_lanes=False, **kwargs):
         params = resolve_params(self.PARAMS, params, kwargs)
         assert self.SUM_START in SUM_STARTS
         self.params = p = params
+        #: Whether the lanes also serve an affine datapath (the ``expert`` and ``sums``
+        #: ports; see the module docstring).
+        self.expert_lanes = expert_lanes
+        lanes_ports = {}
+        if expert_lanes:
+            lane_values = data.ArrayLayout(p.fmt.width, p.lanes)
+            lanes_ports = {
+                "expert": In(data.StructLayout({"on": 1, "scale": p.fmt.width,
+                                                "data": lane_values,
+                                                "bias": p.fmt.width})),
+                "sums": Out(lane_values),
+            }
         super().__init__({
             "header": In(stream.Signature(p.header_layout())),
             "read_request": Out(stream.Signature(request_layout(p.lanes, p.addr_width))),
@@ -279,6 +304,7 @@ class CombineGatherUnit(wiring.Component):
             "data": Out(stream.Signature(p.data_layout())),
             **run_ports(self.sizes),
             "dropped": Out(range(p.max_tokens * p.max_top_k + 1)),
+            **lanes_ports,
         })
 
     @property
@@ -591,26 +617,38 @@ class CombineGatherUnit(wiring.Component):
         m.d.sync += hold.eq((hold >> 1) |
                             Cat(load & (item < loop - 1 - j) for j in range(loop - 1)))
 
-        # Operands registered next to the multipliers.
-        gate_m = delay(m, tag.gate, 1, 1, name="lane_gate", reset_less=True)
+        # Operands registered next to the multipliers. With ``expert_lanes``, the expert's
+        # operands are chosen in front of those registers while ``expert.on`` (by copies of
+        # the flag, one per group of lanes), its product always passes (valid, never the
+        # first pass) and its bias takes the accumulator's place as the addend.
+        copies = min(p.lanes, 4)
+        mul_read = p.mul_read_latency
+        gate_in, data_in, valid_in, first_in = tag.gate, beat.payload.data, tag.valid, tag.first
+        if self.expert_lanes:
+            x = self.expert
+            on = replicated(m, x.on, name="expert_on", copies=copies)
+            gate_in = Mux(on[0], x.scale, tag.gate)
+            data_in = [Mux(on[lane * copies // p.lanes], x.data[lane], data_in[lane])
+                       for lane in range(p.lanes)]
+            valid_in, first_in = tag.valid | x.on, tag.first & ~x.on
+            bias_m = delay(m, x.bias, mul_read, 1, name="expert_bias", reset_less=True)
+        gate_m = delay(m, gate_in, 1, 1, name="lane_gate", reset_less=True)
         products = []
         for lane in range(p.lanes):
             mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
             m.submodules[f"mul{lane}"] = mul
             m.d.comb += [mul.a.eq(gate_m),
-                         mul.b.eq(delay(m, beat.payload.data[lane], 1, 1,
+                         mul.b.eq(delay(m, data_in[lane], 1, 1,
                                         name=f"lane_data{lane}", reset_less=True)),
                          mul.en.eq(1)]
             products.append(mul.product)
-        mul_read = p.mul_read_latency
         m_item = delay(m, item, mul_read, 1, name="item_m", reset_less=True)
         # The beat's flags that choose a lane's operands (+0.0 for an invalid pair, START on
         # the first pass), one copy per lane (four at most, one per group of lanes), so that
         # no one register reaches every lane's operand bits.
-        copies = min(p.lanes, 4)
-        m_valid = replicated(m, delay(m, tag.valid, mul_read - 1, 1, name="valid_m"),
+        m_valid = replicated(m, delay(m, valid_in, mul_read - 1, 1, name="valid_m"),
                              name="valid_lane", copies=copies)
-        m_first = replicated(m, delay(m, tag.first, mul_read - 1, 1, name="first_m"),
+        m_first = replicated(m, delay(m, first_in, mul_read - 1, 1, name="first_m"),
                              name="first_lane", copies=copies)
 
         # The accumulator is read with a registered address (the beat's entry) and the
@@ -629,9 +667,14 @@ class CombineGatherUnit(wiring.Component):
             group = lane * copies // p.lanes
             term = delay(m, Mux(m_valid[group], products[lane], 0), 1, 1,
                          name=f"term{lane}", reset_less=True)
-            partial = delay(m, Mux(m_first[group], Const(start_bits, fmt.width), acc_r.data[lane]),
+            addend = acc_r.data[lane]
+            if self.expert_lanes:
+                addend = Mux(on[group], bias_m, addend)
+            partial = delay(m, Mux(m_first[group], Const(start_bits, fmt.width), addend),
                             1, 1, name=f"partial{lane}", reset_less=True)
             m.d.comb += [add.a.eq(term), add.b.eq(partial), add.en.eq(1)]
+            if self.expert_lanes:
+                m.d.comb += self.sums[lane].eq(add.sum)
             sums.append(add.sum)
         latency = p.accumulate_latency
         m.d.comb += [

@@ -10,8 +10,8 @@ expert rows weighted by the gates, tokens out in token order::
 
 It composes the existing units as submodules (:class:`~moe_hw.units.locations.LocationsUnit`,
 :class:`~moe_hw.units.dispatch.DispatchUnit`, :class:`~moe_hw.blocks.row_reader.RowReader` with
-the float multiplier and adder for the experts, :class:`~moe_hw.units.combine_gather.
-CombineGatherUnit`) around an internal pair memory, and shares one external expert buffer
+the experts' row commands, :class:`~moe_hw.units.combine_gather.CombineGatherUnit`, whose
+float multiply-add lanes compute the affine experts too) around an internal pair memory, and shares one external expert buffer
 [E*C, H] (one read port, one write port) between its phases.
 
 With ``experts="scan_layers"`` every expert is a scan_layers stack of its own (SPEC 1.7,
@@ -88,8 +88,10 @@ Phases (``phase``):
 2. *experts* (only when ``affine`` is 1, H > 0 and some expert has a filled slot): for every
    expert on the work list, for each of its ``min(count, C)`` filled rows, the row is read
    (one row command per row into a row reader), each lane computes ``scale * x`` (rounded)
-   then ``+ bias`` (rounded) in a float multiplier and a float adder, and the row is written
-   back in place, one beat per cycle. With expert stacks (when ``affine`` is 1 and H, L >
+   then ``+ bias`` (rounded) in the combine unit's float multiplier and adder of that lane
+   (the combine unit is idle in this phase: one set of lanes serves both phases, the
+   expert's operands chosen in front of the lanes' operand registers), and the row is
+   written back in place, one beat per cycle. With expert stacks (when ``affine`` is 1 and H, L >
    0, filled rows or not): for every expert in order, either its stack runs (the stack
    unit started with the expert's filled rows as its tokens, its L*B parameter beats from
    ``expert_params``, the rows from the row reader, which runs ahead through the work
@@ -108,8 +110,8 @@ filled rows::
 
     route_dispatch = run_setup + max(ROUTE_LATENCY + P*B + dispatch.overhead,  (H, C, E > 0)
                           locations.stall_free_cycles(P, E) + TOTALS_LATENCY) + PHASE_EXIT
-    experts        = R*B + L + mul_stages + add_stages + EXPERT_OVERHEAD + 2*PORT_LATENCY
-                     + PHASE_EXIT
+    experts        = R*B + L + combine.accumulate_latency + EXPERT_OVERHEAD
+                     + 2*PORT_LATENCY + PHASE_EXIT
                      (0 when the phase is skipped: identity experts, H = 0 or R = 0)
     experts        = sum over experts e with r_e = min(count[e], C) > 0 of
                      (stack.cycles(r_e, H, Ls) + 1)
@@ -123,7 +125,9 @@ filled rows::
 with run_setup = 2 + product_latency (the sub-units' start: P = k*S on a pipelined product
 of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 8, TOTALS_LATENCY = 1
 (the per-expert totals' two registers before the work list, less the cycle the location
-generator's ``done`` already comes after its last total), EXPERT_OVERHEAD = 6,
+generator's ``done`` already comes after its last total), ``combine.accumulate_latency``
+(the combine lanes' operand registers, multiplier, adder operand registers and adder:
+mul_stages + add_stages + 2), EXPERT_OVERHEAD = 6,
 PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to every
 read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
 dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup -
@@ -154,8 +158,6 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
-from ..arith.fadd import FloatAdderCore
-from ..arith.fmul import FloatMultiplierCore
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
 from ..blocks.block_memory import BlockMemory, bram_param
@@ -215,9 +217,9 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: its compares, then the filled rows); the location generator's ``done`` comes two
     #: cycles after its last total left it, which hides one of them.
     TOTALS_LATENCY = 1
-    #: Expert phase cycles beyond R*B + L + mul_stages + add_stages: the work-list load, the
-    #: command register and its skid buffer, the row reader's issue and output registers,
-    #: the credit pipeline's queue (its write and its skid buffer).
+    #: Expert phase cycles beyond R*B + L + the combine lanes' accumulate latency: the
+    #: work-list load, the command register and its skid buffer, the row reader's issue and
+    #: output registers, the credit pipeline's queue (its write and its skid buffer).
     EXPERT_OVERHEAD = 6
     #: The skid buffer on each expert-buffer port (write, read request): a cycle on every
     #: write and on every read's round trip. (The dispatch unit's ``done`` comes two cycles
@@ -341,7 +343,7 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         elif affine and hidden and rows:
             experts = (rows * beats + RowReader.join_latency(self.reader_outstanding,
                                                              memory_latency) +
-                       self.mul_latency + self.add_latency + self.EXPERT_OVERHEAD +
+                       self.combine.accumulate_latency + self.EXPERT_OVERHEAD +
                        2 * self.PORT_LATENCY + self.PHASE_EXIT)
         combine = self.COMBINE_START + self.combine.cycles(
             tokens, hidden, top_k, memory_latency + self.PORT_LATENCY, reads=reads)
@@ -520,7 +522,9 @@ class MoELayer(wiring.Component):
 
         m.submodules.locations = loc = LocationsUnit(p.locations)
         m.submodules.dispatch = disp = DispatchUnit(p.dispatch)
-        m.submodules.combine = comb = CombineGatherUnit(p.combine)
+        # (affine experts: the combine unit's multiply-add lanes compute them too, in the
+        # expert phase, while the combine unit is idle)
+        m.submodules.combine = comb = CombineGatherUnit(p.combine, expert_lanes=not p.stacked)
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
         # The run control begins a cycle before the sub-units start: ``sub_start`` (below) is
@@ -835,11 +839,12 @@ class MoELayer(wiring.Component):
                 m, reader, work, work_in, in_experts, hidden, last_en, beats, num_experts,
                 ctl_layers, ctl_relu, ctl.accept)
         else:
-            # The multiply-add runs freely inside a credit pipeline: no stall enable reaches the
-            # lanes' float pipelines, and the write port's ready reaches only the queue's skid
-            # buffer.
+            # The multiply-add runs on the combine unit's lanes (the two phases never overlap:
+            # one set of float multipliers and adders for both), freely, inside a credit
+            # pipeline: no stall enable reaches the lanes' float pipelines, and the write
+            # port's ready reaches only the queue's skid buffer.
             beat = reader.beats
-            latency = p.mul_latency + p.add_latency
+            latency = p.combine.accumulate_latency
             # (the queue's output beat in two registers written in turn: the write port's
             # ready reaches no wide clock enable; its skid flag reached the output register's
             # enables over a 2.9 ns net, 187.5 MHz)
@@ -849,18 +854,10 @@ class MoELayer(wiring.Component):
             x_offset = Signal(p.addr_width)          # the beat's offset within its row
             with m.If(x_pipe.take):
                 m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
-            bias = delay(m, beat.payload.tag.bias, p.mul_latency, 1,
-                         name="x_bias_m", reset_less=True)
-            results = []
-            for lane in range(p.lanes):
-                mul = FloatMultiplierCore(p.format, p.mul_latency, dsp=p.dsp)
-                add = FloatAdderCore(p.format, p.add_latency)
-                m.submodules[f"expert_mul{lane}"] = mul
-                m.submodules[f"expert_add{lane}"] = add
-                m.d.comb += [mul.a.eq(beat.payload.tag.scale), mul.b.eq(beat.payload.data[lane]),
-                             mul.en.eq(1),
-                             add.a.eq(mul.product), add.b.eq(bias), add.en.eq(1)]
-                results.append(add.sum)
+            m.d.comb += [comb.expert.on.eq(in_experts),
+                         comb.expert.scale.eq(beat.payload.tag.scale),
+                         comb.expert.data.eq(beat.payload.data),
+                         comb.expert.bias.eq(beat.payload.tag.bias)]
             x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, 1,
                              name="x_addr", reset_less=True)
             x_w_enable = delay(m, beat.payload.enable, latency, 1, name="x_enable", reset_less=True)
@@ -868,8 +865,7 @@ class MoELayer(wiring.Component):
                 x_pipe.payload.addr.eq(x_w_addr),
                 x_pipe.payload.enable.eq(x_w_enable),
             ]
-            for lane, value in enumerate(results):
-                m.d.comb += x_pipe.payload.data[lane].eq(value)
+            m.d.comb += x_pipe.payload.data.eq(comb.sums)
 
             x_out, x_busy = x_pipe.o, x_pipe.busy
 
