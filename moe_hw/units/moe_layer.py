@@ -11,8 +11,9 @@ expert rows weighted by the gates, tokens out in token order::
 It composes the existing units as submodules (:class:`~moe_hw.units.locations.LocationsUnit`,
 :class:`~moe_hw.units.dispatch.DispatchUnit`, :class:`~moe_hw.blocks.row_reader.RowReader` with
 the experts' row commands, :class:`~moe_hw.units.combine_gather.CombineGatherUnit`, whose
-float multiply-add lanes compute the affine experts too) around an internal pair memory, and shares one external expert buffer
-[E*C, H] (one read port, one write port) between its phases.
+float multiply-add lanes compute the affine experts too) around an internal pair memory, and
+shares one external expert buffer [E*C, H] (one read port, one write port) between its
+phases.
 
 With ``experts="scan_layers"`` every expert is a scan_layers stack of its own (SPEC 1.7,
 1.8): L layers ``relu?(a_{e,l} * x + b_{e,l})`` with vectors of length H per expert and
@@ -91,8 +92,8 @@ Phases (``phase``):
    then ``+ bias`` (rounded) in the combine unit's float multiplier and adder of that lane
    (the combine unit is idle in this phase: one set of lanes serves both phases, the
    expert's operands chosen in front of the lanes' operand registers), and the row is
-   written back in place, one beat per cycle. With expert stacks (when ``affine`` is 1 and H, L >
-   0, filled rows or not): for every expert in order, either its stack runs (the stack
+   written back in place, one beat per cycle. With expert stacks (when ``affine`` is 1 and
+   H, L > 0, filled rows or not): for every expert in order, either its stack runs (the stack
    unit started with the expert's filled rows as its tokens, its L*B parameter beats from
    ``expert_params``, the rows from the row reader, which runs ahead through the work
    list; the results written back in place, rows in slot order), or, with no filled row,
