@@ -861,7 +861,8 @@ class MoELayer(wiring.Component):
                          comb.expert.bias.eq(beat.payload.tag.bias)]
             x_w_addr = delay(m, beat.payload.tag.base + x_offset, latency, 1,
                              name="x_addr", reset_less=True)
-            x_w_enable = delay(m, beat.payload.enable, latency, 1, name="x_enable", reset_less=True)
+            x_w_enable = delay(m, beat.payload.enable, latency, 1, name="x_enable",
+                               reset_less=True)
             m.d.comb += [
                 x_pipe.payload.addr.eq(x_w_addr),
                 x_pipe.payload.enable.eq(x_w_enable),
