@@ -5,14 +5,16 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
                            [--first-seed S] [--jobs J] [--freq MHZ] [--json FILE]
                            [--timeout S] [--work DIR] [--check] [--long-nets N]
     python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--paths N]
-                           [--json FILE]
+                           [--parts N] [--json FILE]
 
 ``--set interface=axi`` (and ``axi_*``) synthesizes the unit behind its AXI wrapper, as
 ``python -m moe_hw.gen emit`` does. ``--resources`` stops after nextpnr's packer: the
 resources in seconds to a minute, no placement, no Fmax; on the ECP5 targets it also counts
 every register input's logic levels in Yosys's netlist and lists the ``--paths`` deepest
 signals with an estimate of their delay (moe_hw/flows/levels.py): the same figures on every
-run, where a placement's critical path moves from seed to seed. With more than one seed the
+run, where a placement's critical path moves from seed to seed; ``--parts N`` adds the
+unit's N largest parts (its submodules: a float lane, a queue, a sub-unit) by LUT4, from a
+second Yosys run that keeps the hierarchy. With more than one seed the
 table is followed by every seed's Fmax and critical path, and the registers the paths end
 in, those that recur over the seeds first. ``--long-nets N`` adds the best seed's N nets
 with the most sinks whose routing alone is over half the clock period (from nextpnr's detailed
@@ -122,17 +124,32 @@ def synth(name, target, settings=None, *, seeds=DEFAULT_SEEDS, freq=None,
 
 
 def pack(name, target, settings=None, *, timeout=DEFAULT_TIMEOUT, work_dir=None,
-         progress=None):
+         progress=None, parts=0):
     """``name`` with ``settings`` on ``target`` as :func:`synth` builds it, synthesized and
-    packed only: its :class:`~moe_hw.flows.synth.PackResult` (the resources, no Fmax)."""
+    packed only: its :class:`~moe_hw.flows.synth.PackResult` (the resources, no Fmax; with
+    ``parts``, also its largest parts)."""
     unit, build, description, params = _design(name, target, settings)
     return pack_design(unit, build, target, description=description, params=params,
-                       timeout=timeout, work_dir=work_dir, progress=progress)
+                       timeout=timeout, work_dir=work_dir, progress=progress, parts=parts)
+
+
+def format_parts(parts):
+    """The largest parts of a unit (:func:`~moe_hw.flows.synth.parts_from_stat`) as a
+    table."""
+    widths = {"LUT4": 7, "carry": 6, "FF": 7, "DSP": 4, "BRAM": 5, "DRAM": 5}
+    lines = ["Largest parts (Yosys's cells with the hierarchy kept, before packing; a part "
+             "counts its subparts):",
+             " ".join(f"{column:>{width}}" for column, width in widths.items()) + "  part"]
+    for name, cells in parts:
+        lines.append(" ".join(f"{cells[column]:>{width}}" for column, width in widths.items())
+                     + f"  {name or '(the unit)'}")
+    return "\n".join(lines)
 
 
 def format_resources(result, target, *, paths=12):
-    """A :class:`~moe_hw.flows.synth.PackResult` as two lines of a table, and on ECP5 its
-    logic levels (the histogram and the ``paths`` deepest signals)."""
+    """A :class:`~moe_hw.flows.synth.PackResult` as two lines of a table, on ECP5 its
+    logic levels (the histogram and the ``paths`` deepest signals), and its largest parts
+    when it has them."""
     head = [f"{heading:>7}" for heading in RESOURCES.values()]
     used = [f"{result.resources[column]['used']:>7}" for column in RESOURCES]
     return "\n".join([
@@ -141,7 +158,8 @@ def format_resources(result, target, *, paths=12):
         " ".join(head), " ".join(used),
         f"FF includes the out-of-context wrapper's {result.wrapper_registers} registers.",
         *([format_levels(result.levels, result.period_ns, rows=paths)]
-          if result.levels is not None else [])])
+          if result.levels is not None else []),
+        *([format_parts(result.parts)] if result.parts else [])])
 
 
 def main(argv=None):
@@ -184,6 +202,10 @@ def main(argv=None):
     parser.add_argument("--paths", type=int, default=12, metavar="N",
                         help="with --resources on ECP5: list the N signals with the "
                              "deepest logic (default 12; 0 for the histogram alone)")
+    parser.add_argument("--parts", type=int, default=0, metavar="N",
+                        help="with --resources: also the unit's N largest parts (its "
+                             "submodules, by LUT4: the cells per lane, per queue...) from a "
+                             "second Yosys run that keeps the hierarchy (default 0: none)")
     parser.add_argument("--long-nets", type=int, default=0, metavar="N",
                         help="list the best seed's N nets with the most sinks whose routing "
                              "alone is over half the clock period (the clock enables and "
@@ -198,8 +220,10 @@ def main(argv=None):
         if args.long_nets:
             raise ValueError("--long-nets needs a placement: leave out --resources")
         start = time.perf_counter()
+        if args.parts < 0:
+            raise ValueError(f"--parts must be 0 or more, not {args.parts}")
         result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
-                      work_dir=args.work, progress=_progress)
+                      work_dir=args.work, progress=_progress, parts=args.parts)
         print(format_resources(result, args.target, paths=args.paths))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +235,8 @@ def main(argv=None):
     def body():
         if args.resources:
             return resources()
+        if args.parts:
+            raise ValueError("--parts counts a packed design: add --resources")
         if find_target(args.target).bitstream and args.work is None:
             raise ValueError(f"target {args.target} writes a bitstream: name --work DIR to "
                              "keep it")

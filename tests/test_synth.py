@@ -109,8 +109,8 @@ def test_synth_runs_and_its_report_parses(tmp_path, capsys, target, unit, sets):
 
     # --resources: synthesis and packing only, the same counts as the placed design's
     packed_path = tmp_path / "packed.json"
-    assert synth.main([*argv[:argv.index("--seeds")], "--resources", "--json",
-                       str(packed_path), *argv[argv.index("--work") + 2:]]) == 0
+    assert synth.main([*argv[:argv.index("--seeds")], "--resources", "--parts", "3",
+                       "--json", str(packed_path), *argv[argv.index("--work") + 2:]]) == 0
     table = capsys.readouterr().out
     packed = json.loads(packed_path.read_text())
     assert packed["name"] == unit and packed["params"]["format"] == "bf16"
@@ -118,6 +118,13 @@ def test_synth_runs_and_its_report_parses(tmp_path, capsys, target, unit, sets):
     assert packed["wrapper_registers"] == report["design"]["wrapper_registers"]
     assert "no Fmax" in table and "LUT4" in table
     assert str(packed["resources"]["lut4"]["used"]) in table.splitlines()[2]
+    # --parts: the unit first (it counts every part inside it), then its largest parts
+    parts = packed["parts"]
+    assert 2 <= len(parts) <= 3 and parts[0]["part"] == "" and parts[0]["LUT4"] > 0
+    assert "Largest parts" in table and "(the unit)" in table
+    for part in parts[1:]:
+        assert part["part"] and part["part"] in table
+        assert all(part[column] <= parts[0][column] for column in flow.PART_COLUMNS)
     # on ECP5 the logic levels of every register input, counted in the netlist
     if target.startswith("ecp5"):
         histogram = {int(k): v for k, v in packed["levels"]["histogram"].items()}
@@ -355,6 +362,48 @@ def test_negative_paths_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--paths",
                                   "-1"], 2)
     assert lines == [f"{PROG}: error: --paths must be 0 or more, not -1"]
+
+
+def test_bad_parts_is_one_line(capsys):
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--parts",
+                                  "-1"], 2)
+    assert lines == [f"{PROG}: error: --parts must be 0 or more, not -1"]
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--parts", "3"], 2)
+    assert lines == [f"{PROG}: error: --parts counts a packed design: add --resources"]
+
+
+def test_parts_count_each_part_with_its_subparts():
+    """Yosys's ``stat -json`` of a design with the hierarchy kept: the wrapper is left out,
+    a subpart's instance is not a cell of its parent, a part counts its subparts, and the
+    largest come first, the unit (named "") with everything in it."""
+    stat = {"modules": {
+        "\\top": {"num_cells_by_type": {"LUT4": 500, "TRELLIS_FF": 900, "top.unit": 1}},
+        "\\top.unit": {"num_cells_by_type": {"LUT4": 10, "TRELLIS_FF": 20, "PFUMX": 7,
+                                              "top.unit.lane0": 1, "top.unit.lane1": 1,
+                                              "top.unit.queue": 1}},
+        "\\top.unit.lane0": {"num_cells_by_type": {"LUT4": 100, "CCU2C": 8,
+                                                    "MULT18X18D": 2, "TRELLIS_FF": 50}},
+        "\\top.unit.lane1": {"num_cells_by_type": {"LUT4": 100, "CCU2C": 8,
+                                                    "MULT18X18D": 2, "TRELLIS_FF": 60}},
+        "\\top.unit.queue": {"num_cells_by_type": {"LUT4": 30, "TRELLIS_FF": 5,
+                                                    "top.unit.queue.ring": 1}},
+        "\\top.unit.queue.ring": {"num_cells_by_type": {"LUT4": 40, "TRELLIS_DPR16X4": 6,
+                                                         "DP16KD": 1}},
+    }}
+    parts = flow.parts_from_stat(stat, 4)
+    assert parts == [
+        ("", {"LUT4": 280, "carry": 16, "FF": 135, "DSP": 4, "BRAM": 1, "DRAM": 6}),
+        ("lane1", {"LUT4": 100, "carry": 8, "FF": 60, "DSP": 2, "BRAM": 0, "DRAM": 0}),
+        ("lane0", {"LUT4": 100, "carry": 8, "FF": 50, "DSP": 2, "BRAM": 0, "DRAM": 0}),
+        ("queue", {"LUT4": 70, "carry": 0, "FF": 5, "DSP": 0, "BRAM": 1, "DRAM": 6}),
+    ]
+    assert flow.parts_from_stat(stat, 1) == parts[:1]
+    # iCE40's primitives in the same columns
+    ice40 = {"modules": {"\\top.unit": {"num_cells_by_type": {
+        "SB_LUT4": 3, "SB_CARRY": 2, "SB_DFFE": 4, "SB_DFFSR": 1, "SB_MAC16": 1,
+        "SB_RAM40_4K": 2}}}}
+    assert flow.parts_from_stat(ice40, 5) == [
+        ("", {"LUT4": 3, "carry": 2, "FF": 5, "DSP": 1, "BRAM": 2, "DRAM": 0})]
 
 
 def test_bad_long_nets_is_one_line(capsys):

@@ -719,6 +719,67 @@ def _synthesize_in(work, name, build, target, description, params, seeds, freq, 
                    if count_long_nets else ()))
 
 
+#: Yosys's cell types of each column of the parts' table (:func:`parts_from_stat`): the
+#: ECP5, iCE40 and Nexus primitives; the other cells (the slices' wide-function muxes) are
+#: left out.
+PART_COLUMNS = {
+    "LUT4": re.compile(r"(LUT4|SB_LUT4|WIDEFN9)"),
+    "carry": re.compile(r"(CCU2C?|SB_CARRY)"),
+    "FF": re.compile(r"(TRELLIS_FF|SB_DFF\w*|FD1[PS]3\w+)"),
+    "DSP": re.compile(r"(MULT\w+|ALU54[AB]|SB_MAC16|PREADD9)"),
+    "BRAM": re.compile(r"(DP16KD|PDPW16KD|SB_RAM40_4K\w*|DP16K|PDP16K|PDPSC16K|SP16K|LRAM)"),
+    "DRAM": re.compile(r"(TRELLIS_DPR16X4|DPR16X4)"),
+}
+
+#: The unit's module in the out-of-context wrapper, as Yosys names it with the hierarchy kept.
+_UNIT_MODULE = "top.unit"
+
+
+def parts_from_stat(stat, count):
+    """The ``count`` largest parts of the unit (its submodules, and the unit itself, named
+    ``""``), by LUT4 and then FF, from Yosys's ``stat -json`` of the out-of-context design
+    synthesized with the hierarchy kept: ``[(path, {column: cells})]``, a part's cells its
+    own and its subparts' together (:data:`PART_COLUMNS`), the wrapper's left out."""
+    modules = {name.lstrip("\\"): info.get("num_cells_by_type", {})
+               for name, info in stat.get("modules", {}).items()}
+    own = {}
+    for name, types in modules.items():
+        if name != _UNIT_MODULE and not name.startswith(_UNIT_MODULE + "."):
+            continue
+        cells = dict.fromkeys(PART_COLUMNS, 0)
+        for kind, number in types.items():
+            column = next((column for column, pattern in PART_COLUMNS.items()
+                           if pattern.fullmatch(kind)), None)
+            if column is not None and kind not in modules:     # (not a subpart's instance)
+                cells[column] += number
+        own[name[len(_UNIT_MODULE) + 1:]] = cells
+    parts = []
+    for name in own:
+        inside = [cells for other, cells in own.items()
+                  if not name or other == name or other.startswith(name + ".")]
+        parts.append((name, {column: sum(cells[column] for cells in inside)
+                             for column in PART_COLUMNS}))
+    parts.sort(key=lambda part: (-part[1]["LUT4"], -part[1]["FF"], part[0]))
+    return parts[:count]
+
+
+def _yosys_parts(work, target, timeout, where):
+    """Yosys's synthesis for ``target`` of ``work/top.il`` with the hierarchy kept
+    (``-noflatten``): its ``stat -json`` (``work/parts.json``, the log ``parts.log``)."""
+    script = (f"read_rtlil top.il; {YOSYS_PREPARE}; {' '.join(target.synth)} -noflatten "
+              "-top top; tee -q -o parts.json stat -json")
+    log = work / "parts.log"
+    log.unlink(missing_ok=True)
+    code = _run_tool("yosys", ["-l", log.name, "-p", script], work, work / "parts.out",
+                     timeout)
+    if code is None:
+        raise SynthError(f"{where}: yosys (the parts) did not finish in {timeout:g} s")
+    if code != 0:
+        raise SynthError(f"{where}: yosys (the parts) failed: "
+                         f"{_tool_error(log if log.exists() else work / 'parts.out')}")
+    return json.loads((work / "parts.json").read_text())
+
+
 @dataclass
 class PackResult:
     """A design synthesized and packed, not placed: its resources (as
@@ -736,22 +797,32 @@ class PackResult:
     #: register input's logic levels and estimated delay, before placement), else None.
     levels: object = None
     period_ns: float = 0.0    # the target's default clock period, for ``levels``
+    #: With ``parts``: the largest parts of the unit, :func:`parts_from_stat`'s list.
+    parts: list = field(default_factory=list)
 
     def to_json(self):
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "levels"}
         out["levels"] = None if self.levels is None else self.levels.to_json()
+        out["parts"] = [{"part": name, **cells} for name, cells in self.parts]
         return out
 
 
 def pack_design(name, build, target, *, description=None, params=None,
-                timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None):
+                timeout=DEFAULT_TIMEOUT, work_dir=None, progress=None, parts=0):
     """The component ``build()`` returns through Yosys and nextpnr's packer only (no
     placement, no routing): its :class:`PackResult`. The counts are the ones the full flow
     reports (nextpnr's utilisation after packing: logic cells, flip-flops, DSP, block and
-    distributed RAM), without an Fmax. Raises :class:`SynthError` as the full flow does."""
+    distributed RAM), without an Fmax. Raises :class:`SynthError` as the full flow does.
+
+    ``parts``: also the unit's ``parts`` largest parts (:func:`parts_from_stat`), from a
+    second Yosys run that keeps the hierarchy: Yosys's cells before packing, each part
+    mapped on its own (without the optimisations across parts that the flattened netlist
+    gets), LUT4 the LUT cells alone (the packed logic cells also count two per carry cell
+    and the LUT RAM's)."""
     target = _target(target)
     timeout = _check_positive("timeout", timeout)
+    parts = _check_count("parts", parts)
     say = (lambda text: progress(f"{name}: {text}")) if progress else (lambda text: None)
     where = f"{description or name} on {target.name}"
     started = time.perf_counter()
@@ -778,12 +849,16 @@ def pack_design(name, build, target, *, description=None, params=None,
                              f"utilisation; see {log}")
         resources = report_resources(target, {"utilization": utilization}, cell_counts)
         levels = (logic_levels(work / "netlist.json") if target.nextpnr == "ecp5" else None)
+        largest = []
+        if parts:
+            say(f"yosys {' '.join(target.synth)} -noflatten (the parts) ...")
+            largest = parts_from_stat(_yosys_parts(work, target, timeout, where), parts)
     return PackResult(name=name, description=description or name, params=dict(params or {}),
                       resources=resources, input_bits=wrapper.input_bits,
                       output_bits=wrapper.output_bits,
                       wrapper_registers=wrapper.wrapper_registers,
                       seconds=round(time.perf_counter() - started, 1), levels=levels,
-                      period_ns=1000.0 / target.default_freq)
+                      period_ns=1000.0 / target.default_freq, parts=largest)
 
 
 def synthesize(name, build, target, *, description=None, params=None, seeds=DEFAULT_SEEDS,
