@@ -579,15 +579,22 @@ def _yosys_synth(work, target, timeout, where):
     The standard output goes to ``yosys.out`` (where a tool that cannot start says why)."""
     script = (f"read_rtlil top.il; {YOSYS_PREPARE}; {' '.join(target.synth)} -top top "
               "-json netlist.json; tee -q -o stat.json stat -json")
-    log = work / "yosys.log"
+    _run_yosys(work, script, "yosys", "yosys", timeout, where)
+
+
+def _run_yosys(work, script, name, what, timeout, where):
+    """Yosys on ``script`` in ``work``, its log ``NAME.log`` and standard output
+    ``NAME.out``; raises :class:`SynthError` naming ``where`` and ``what`` when it fails or
+    passes ``timeout`` seconds."""
+    log = work / f"{name}.log"
     log.unlink(missing_ok=True)
-    code = _run_tool("yosys", ["-l", log.name, "-p", script], work, work / "yosys.out",
+    code = _run_tool("yosys", ["-l", log.name, "-p", script], work, work / f"{name}.out",
                      timeout)
     if code is None:
-        raise SynthError(f"{where}: yosys did not finish in {timeout:g} s")
+        raise SynthError(f"{where}: {what} did not finish in {timeout:g} s")
     if code != 0:
-        raise SynthError(f"{where}: yosys failed: "
-                         f"{_tool_error(log if log.exists() else work / 'yosys.out')}")
+        raise SynthError(f"{where}: {what} failed: "
+                         f"{_tool_error(log if log.exists() else work / f'{name}.out')}")
 
 
 def _netlist(work, build, target, where, timeout, say):
@@ -768,15 +775,7 @@ def _yosys_parts(work, target, timeout, where):
     (``-noflatten``): its ``stat -json`` (``work/parts.json``, the log ``parts.log``)."""
     script = (f"read_rtlil top.il; {YOSYS_PREPARE}; {' '.join(target.synth)} -noflatten "
               "-top top; tee -q -o parts.json stat -json")
-    log = work / "parts.log"
-    log.unlink(missing_ok=True)
-    code = _run_tool("yosys", ["-l", log.name, "-p", script], work, work / "parts.out",
-                     timeout)
-    if code is None:
-        raise SynthError(f"{where}: yosys (the parts) did not finish in {timeout:g} s")
-    if code != 0:
-        raise SynthError(f"{where}: yosys (the parts) failed: "
-                         f"{_tool_error(log if log.exists() else work / 'parts.out')}")
+    _run_yosys(work, script, "parts", "yosys (the parts)", timeout, where)
     return json.loads((work / "parts.json").read_text())
 
 
