@@ -9,6 +9,7 @@ Amaranth's simulator, and parameter and host errors."""
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 from amaranth.hdl import ClockDomain, Module
@@ -19,7 +20,7 @@ from moe_hw.blocks.slot_address import slot_latency
 from moe_hw import golden
 from moe_hw.formats import from_bits, to_bits
 from moe_hw.golden._common import slot_rows
-from moe_hw.golden.testing import bit_equal
+from moe_hw.golden.testing import bit_equal, random_floats
 from moe_hw.host.checks import HostError
 from moe_hw import problems
 from moe_hw.host.combine_gather import UNIT
@@ -174,6 +175,48 @@ def test_combine_gather_edge_sizes():
     outcome = check(problem("one_beat_rows"), SIM, 0.3,
                     latency=3 * PARAMS.max_outstanding)
     assert outcome.cycles > outcome.expected_cycles
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_combine_gather_expert_lanes_pysim(fmt):
+    """With ``expert_lanes`` (moe_layer's affine experts), the idle unit's lanes give
+    ``scale * x + bias`` per lane (the product rounded, then the sum:
+    ``golden.affine_layer``) ``accumulate_latency`` cycles after each cycle's operands, bit
+    for bit, specials included (Amaranth's simulator)."""
+    params = CombineGatherParams(format=fmt, lanes=2, max_tokens=8, max_hidden=8,
+                                 max_capacity=4, max_experts=2, max_top_k=2)
+    dut = CombineGatherUnit(params, expert_lanes=True)
+    top = Module()
+    top.domains.sync = ClockDomain()
+    top.submodules.dut = dut
+    dtype = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}[fmt]
+    rng = np.random.default_rng(11)
+    count = 48
+    scale = random_floats(rng, (count,), dtype, specials=0.2)
+    elements = random_floats(rng, (count, 2), dtype, specials=0.2)
+    bias = random_floats(rng, (count,), dtype, specials=0.2)
+    want = golden.affine_layer(elements, {"scale": scale[:, None], "bias": bias[:, None]})
+    latency = params.accumulate_latency
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.expert.on, 1)
+        await ctx.tick()                        # (``on`` held a cycle before the operands)
+        for cycle in range(count + latency):
+            if cycle < count:
+                ctx.set(dut.expert.scale, int(to_bits(scale[cycle], fmt)))
+                ctx.set(dut.expert.bias, int(to_bits(bias[cycle], fmt)))
+                for lane in range(2):
+                    ctx.set(dut.expert.data[lane], int(to_bits(elements[cycle, lane], fmt)))
+            if cycle >= latency:
+                got.append([ctx.get(dut.sums[lane]) for lane in range(2)])
+            await ctx.tick()
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert bit_equal(from_bits(np.array(got, np.uint32), fmt), want)
 
 
 def test_combine_gather_reset_mid_run():
