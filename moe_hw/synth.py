@@ -217,11 +217,11 @@ def main(argv=None):
             raise ValueError("--check needs an Fmax: leave out --resources")
         if args.paths < 0:
             raise ValueError(f"--paths must be 0 or more, not {args.paths}")
+        if args.parts < 0:
+            raise ValueError(f"--parts must be 0 or more, not {args.parts}")
         if args.long_nets:
             raise ValueError("--long-nets needs a placement: leave out --resources")
         start = time.perf_counter()
-        if args.parts < 0:
-            raise ValueError(f"--parts must be 0 or more, not {args.parts}")
         result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
                       work_dir=args.work, progress=_progress, parts=args.parts)
         print(format_resources(result, args.target, paths=args.paths))

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -432,13 +433,11 @@ def long_nets(report, threshold_ns, count):
         late = [(delay, port) for delay, port in delays if delay > threshold_ns]
         if not late:
             continue
-        pins = {}
-        for _, port in late:
-            pins[port] = pins.get(port, 0) + 1
+        pins = Counter(port for _, port in late)
         found.append(LongNet(net=_readable(net["net"]), driver=_readable(net["driver"]),
                              sinks=len(delays), long_sinks=len(late),
                              max_delay_ns=round(max(delay for delay, _ in late), 3),
-                             pins=dict(sorted(pins.items(), key=lambda item: -item[1]))))
+                             pins=dict(pins.most_common())))
     found.sort(key=lambda net: (-net.long_sinks, -net.max_delay_ns, net.net))
     return tuple(found[:count])
 
