@@ -42,9 +42,14 @@ def expected(commands):
     return beats, reads
 
 
-def run_reader(commands, p, seed, *, latency=3, max_count=4):
-    dut = RowReader(lanes=LANES, width=WIDTH, addr_width=ADDR, max_count=max_count,
-                    tag_layout=data.StructLayout({"id": 8}), outstanding=8)
+def make_reader(max_count=4, buffered=False):
+    return RowReader(lanes=LANES, width=WIDTH, addr_width=ADDR, max_count=max_count,
+                     tag_layout=data.StructLayout({"id": 8}), outstanding=8,
+                     buffered_command=buffered)
+
+
+def run_reader(commands, p, seed, *, latency=3, max_count=4, buffered=False):
+    dut = make_reader(max_count, buffered)
     rng = np.random.default_rng(seed)
     got, reads, cycles = [], [], []
     total = sum(count for _, count, *_ in commands)
@@ -102,11 +107,12 @@ def run_reader(commands, p, seed, *, latency=3, max_count=4):
     return got, reads, cycles
 
 
+@pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
 @pytest.mark.parametrize("max_count", [4, 1])    # 1: one beat per command (combine_gather)
 @pytest.mark.parametrize("p", STALLS)
-def test_row_reader_beats_and_reads(p, max_count):
+def test_row_reader_beats_and_reads(p, max_count, buffered):
     commands = segments(7, max_count=max_count)
-    got, reads, cycles = run_reader(commands, p, 11, max_count=max_count)
+    got, reads, cycles = run_reader(commands, p, 11, max_count=max_count, buffered=buffered)
     beats, wanted = expected(commands)
     assert reads == wanted
     assert got == beats
@@ -114,3 +120,85 @@ def test_row_reader_beats_and_reads(p, max_count):
         # one beat per cycle once the first is out (the memory's latency, 3, is below the
         # 8 beats in flight)
         assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
+def test_row_reader_first_beat_latency(buffered):
+    """Stall-free, a command taken at the end of cycle t issues its first read in cycle
+    t + 1, buffered or not; and a reader of one-beat segments takes one command per cycle."""
+    commands = segments(3, n=20, max_count=1)
+    dut = make_reader(1, buffered)
+    taken, issued = [], []
+
+    async def bench(ctx):
+        ctx.set(dut.last_enable, LAST_ENABLE)
+        ctx.set(dut.request.ready, 1)
+        ctx.set(dut.response.valid, 1)          # a memory that answers at once
+        ctx.set(dut.beats.ready, 1)
+        cycle = 0
+        for addr, count, tail, _, n_id in commands:
+            ctx.set(dut.command.payload, {"addr": addr, "count": count, "tail": tail,
+                                          "skip": 0, "tag": {"id": n_id}})
+            ctx.set(dut.command.valid, 1)
+            while cycle < 100:
+                _, _, ready, r_valid = await ctx.tick().sample(dut.command.ready,
+                                                               dut.request.valid)
+                if r_valid:
+                    issued.append(cycle)
+                cycle += 1
+                if ready:
+                    taken.append(cycle - 1)
+                    break
+        ctx.set(dut.command.valid, 0)
+        for _ in range(3):
+            _, _, r_valid = await ctx.tick().sample(dut.request.valid)
+            if r_valid:
+                issued.append(cycle)
+            cycle += 1
+
+    run_pysim(dut, bench)
+    assert taken == list(range(len(commands)))
+    assert issued == [t + 1 for t in taken]
+
+
+def test_row_reader_buffered_command_ready_is_a_register():
+    """With ``buffered_command`` the command's ready does not follow the memory's ready
+    within a cycle (it is the buffer's empty flag); without, it does: a segment that is
+    issuing its last beat frees the reader only while the memory takes it."""
+    seen = {}
+    for buffered in (False, True):
+        dut = make_reader(4, buffered)
+        follows = []
+
+        async def bench(ctx, dut=dut, follows=follows):
+            ctx.set(dut.last_enable, LAST_ENABLE)
+            ctx.set(dut.beats.ready, 1)
+            ctx.set(dut.request.ready, 0)
+            ctx.set(dut.command.valid, 1)
+            ctx.set(dut.command.payload, {"addr": 8, "count": 1, "tail": 1, "skip": 0,
+                                          "tag": {"id": 1}})
+            for _ in range(4):
+                await ctx.tick()
+                ctx.set(dut.request.ready, 0)
+                low = ctx.get(dut.command.ready)
+                ctx.set(dut.request.ready, 1)
+                high = ctx.get(dut.command.ready)
+                follows.append(low != high)
+                ctx.set(dut.request.ready, 0)
+
+        run_pysim(dut, bench)
+        seen[buffered] = follows
+    assert any(seen[False]), "the direct reader's ready should follow the memory's"
+    assert not any(seen[True]), "the buffered reader's ready follows the memory's ready"
+
+
+@pytest.mark.parametrize("p", STALLS)
+def test_row_reader_buffered_slow_memory(p):
+    """A memory slower than the in-flight queue is deep: every slot of the queue holds a
+    one-beat segment, and the buffered reader's tags of those segments, the current one's and
+    the waiting one's are all held at once."""
+    commands = segments(5, max_count=1)
+    got, reads, _ = run_reader(commands, p, 13, latency=14, max_count=1, buffered=True)
+    beats, wanted = expected(commands)
+    assert reads == wanted
+    assert got == beats

@@ -97,11 +97,17 @@ class RowReader(wiring.Component):
     segment's beat k: a second address, a write address for the beats, counted beside the
     read address rather than added after the reader), ``bram`` (the
     :class:`~moe_hw.blocks.block_memory.BlockMemory` target of a deep in-flight queue, one
-    of more than :attr:`SHALLOW` beats: ``generic`` or ``ecp5``).
+    of more than :attr:`SHALLOW` beats: ``generic`` or ``ecp5``), ``buffered_command`` (a
+    command waits in a register of its own while the current segment issues: the command's
+    ``ready`` is then that register's empty flag, which the memory's ``ready`` does not
+    reach; a command taken while the current segment ends, or none is loaded, still goes
+    straight to it, so the latency and the throughput are the same; with a shallow queue and
+    a tag without ``step_tag``, the tag ring holds a tag per segment, written when the
+    command is taken: no register holds the current segment's tag).
     """
 
     def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16,
-                 alternate_data=False, step_tag=None, bram="generic"):
+                 alternate_data=False, step_tag=None, bram="generic", buffered_command=False):
         self.lanes = check_choice("lanes", lanes, LANES)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.addr_width = check_int("addr_width", addr_width, minimum=1, maximum=64)
@@ -113,6 +119,7 @@ class RowReader(wiring.Component):
             raise ValueError(f"step_tag: no field {step_tag!r} in the tag layout {tag_layout!r}")
         self.step_tag = step_tag
         self.bram = check_choice("bram", bram, MEMORY_TARGETS)
+        self.buffered_command = bool(buffered_command)
         command = {"addr": addr_width, "count": range(max_count + 1), "tail": 1, "skip": 1}
         beat = {"data": data.ArrayLayout(width, lanes), "enable": lanes, "last": 1}
         if tag_layout is not None:
@@ -162,7 +169,17 @@ class RowReader(wiring.Component):
         # is its segment's last, and the command's ready is the issue alone
         single = self.max_count == 1
         cur_last = Const(1) if single else Signal()
-        if self.tag_layout is not None:
+        # With a buffered command, a shallow queue and a tag that holds for its segment, the
+        # tag ring holds a tag per segment, not per beat: written from the command port when
+        # a command is taken (its ready a register, the memory's ready nowhere near) and read
+        # on with the segment's last beat. No register holds the segment's tag, so no wide
+        # clock enable waits on the issue (the expert reader's ``cur_tag``, 88 bits, on the
+        # issue's net: the path of two seeds in six). The ring then holds a tag for every
+        # segment with a beat in flight (``outstanding`` at most), the current one and the
+        # waiting one.
+        segment_tags = (self.buffered_command and self.tag_layout is not None and
+                        self.step_tag is None and self.outstanding <= self.SHALLOW)
+        if self.tag_layout is not None and not segment_tags:
             cur_tag = Signal(self.tag_layout)
 
         # Every issued beat, read or skipped, waits here for its data, in order. The queue's
@@ -186,7 +203,8 @@ class RowReader(wiring.Component):
             w_rdy, push, entry = inflight.w_rdy, inflight.w_en, inflight.w_data
             r_rdy, take, head = inflight.r_rdy, inflight.r_en, inflight.r_data
             if self.tag_layout is not None:
-                tags = m.submodules.tags = Ring(self.tag_layout, self.outstanding)
+                tags = m.submodules.tags = Ring(
+                    self.tag_layout, self.outstanding + (2 if segment_tags else 0))
                 tag, head_tag = tags.w_data, tags.r_data
             queue_busy = inflight.r_rdy
         else:
@@ -209,11 +227,28 @@ class RowReader(wiring.Component):
 
         issue = cur_loaded & w_rdy & (cur_skip | self.request.ready)
         enable = Mux(cur_last & cur_tail, self.last_enable, all_lanes)
+        # The segment registers load from ``source``: the command port, or with a buffered
+        # command the waiting command while there is one. The buffer's flag and data are
+        # registers loaded while it is empty (its data then takes the port's payload, unseen
+        # while the flag is low), so the command's ``ready`` is a register; a command taken
+        # in a cycle where the segment registers load goes to them, not to the buffer.
+        cmd = self.command.payload
+        source_valid, source = self.command.valid, cmd
+        if self.buffered_command:
+            waiting = Signal()
+            waiting_cmd = Signal.like(cmd, reset_less=True)
+            moves = ~cur_loaded | (issue & cur_last)
+            m.d.sync += waiting.eq(~moves & (waiting | self.command.valid))
+            with m.If(~waiting):
+                m.d.sync += waiting_cmd.eq(cmd)
+            source_valid = waiting | self.command.valid
+            source = data.View(cmd.shape(), Mux(waiting, waiting_cmd, cmd))
         m.d.comb += [
             self.request.valid.eq(cur_loaded & ~cur_skip & w_rdy),
             self.request.payload.addr.eq(cur_addr),
             self.request.payload.enable.eq(enable),
-            self.command.ready.eq(~cur_loaded | (issue & cur_last)),
+            self.command.ready.eq(~waiting if self.buffered_command else
+                                  ~cur_loaded | (issue & cur_last)),
             entry.read.eq(~cur_skip),                   # the issued beat's entry and tag
             entry.enable.eq(enable),
             entry.last.eq(cur_last),
@@ -221,8 +256,9 @@ class RowReader(wiring.Component):
         ]
         if self.tag_layout is not None:
             if self.outstanding <= self.SHALLOW:
-                m.d.comb += tags.w_en.eq(issue)
-            m.d.comb += tag.eq(cur_tag)
+                m.d.comb += tags.w_en.eq(self.command.valid & self.command.ready
+                                         if segment_tags else issue)
+            m.d.comb += tag.eq(cmd.tag if segment_tags else cur_tag)
         if reads is not None:
             m.d.comb += reads.eq((~cur_skip).replicate(lanes))
 
@@ -231,16 +267,15 @@ class RowReader(wiring.Component):
         # is made from registers alone, and the memory's ``ready`` passes one LUT (``issue``,
         # or'ed with ``~cur_loaded``) to the clock enable: with nothing to load, the registers
         # take the command port's idle payload, which ``cur_loaded`` = 0 keeps unseen.
-        cmd = self.command.payload
         with m.If(issue | ~cur_loaded):
             with m.If(cur_last | ~cur_loaded):
-                m.d.sync += [cur_loaded.eq(self.command.valid), cur_addr.eq(cmd.addr),
-                             cur_left.eq(cmd.count), cur_tail.eq(cmd.tail),
-                             cur_skip.eq(cmd.skip)]
+                m.d.sync += [cur_loaded.eq(source_valid), cur_addr.eq(source.addr),
+                             cur_left.eq(source.count), cur_tail.eq(source.tail),
+                             cur_skip.eq(source.skip)]
                 if not single:
-                    m.d.sync += cur_last.eq(cmd.count == 1)
-                if self.tag_layout is not None:
-                    m.d.sync += cur_tag.eq(cmd.tag)
+                    m.d.sync += cur_last.eq(source.count == 1)
+                if self.tag_layout is not None and not segment_tags:
+                    m.d.sync += cur_tag.eq(source.tag)
             if not single:
                 with m.Else():
                     m.d.sync += [cur_addr.eq(cur_addr + lanes), cur_left.eq(cur_left - 1),
@@ -267,11 +302,13 @@ class RowReader(wiring.Component):
         if self.tag_layout is not None:
             if self.outstanding <= self.SHALLOW:
                 # (the two queues hold the same beats: the tag ring is read with the head)
-                m.d.comb += tags.r_en.eq(joined & skid.i.ready)
+                taken = joined & skid.i.ready
+                m.d.comb += tags.r_en.eq(taken & head.last if segment_tags else taken)
             m.d.comb += skid.i.payload.tag.eq(head_tag)
         wiring.connect(m, skid.o, wiring.flipped(self.beats))
 
-        m.d.comb += self.busy.eq(cur_loaded | queue_busy | skid.o.valid)
+        busy = cur_loaded | queue_busy | skid.o.valid
+        m.d.comb += self.busy.eq(busy | waiting if self.buffered_command else busy)
         return m
 
 
