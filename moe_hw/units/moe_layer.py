@@ -128,7 +128,7 @@ of the held sizes and a register; 4 at the defaults), ROUTE_LATENCY = 8, TOTALS_
 (the per-expert totals' two registers before the work list, less the cycle the location
 generator's ``done`` already comes after its last total), ``combine.accumulate_latency``
 (the combine lanes' operand registers, multiplier, adder operand registers and adder:
-mul_stages + add_stages + 2), EXPERT_OVERHEAD = 6,
+mul_stages + add_stages + 2), EXPERT_OVERHEAD = 5,
 PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's adds to every
 read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
 dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup -
@@ -219,9 +219,9 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     #: cycles after its last total left it, which hides one of them.
     TOTALS_LATENCY = 1
     #: Expert phase cycles beyond R*B + L + the combine lanes' accumulate latency: the
-    #: work-list load, the command register and its skid buffer, the row reader's issue and
-    #: output registers, the credit pipeline's queue (its write and its skid buffer).
-    EXPERT_OVERHEAD = 6
+    #: work-list load, the command register, the row reader's issue and output registers,
+    #: the credit pipeline's queue (its write and its skid buffer).
+    EXPERT_OVERHEAD = 5
     #: The skid buffer on each expert-buffer port (write, read request): a cycle on every
     #: write and on every read's round trip. (The dispatch unit's ``done`` comes two cycles
     #: after its last write leaves it, so the route phase does not see the write's.)
@@ -778,22 +778,23 @@ class MoELayer(wiring.Component):
                                         "base": p.addr_width})
         reader = m.submodules.expert_reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
-            tag_layout=tag_layout, outstanding=p.reader_outstanding, bram=p.bram)
+            tag_layout=tag_layout, outstanding=p.reader_outstanding, bram=p.bram,
+            buffered_command=True)
         x_loaded = Signal()
         x_addr = Signal(p.addr_width)
         x_rows = Signal(range(p.max_capacity + 1))
         x_scale = Signal(fmt.width)
         x_bias = Signal(fmt.width)
-        # The commands pass a skid buffer on their way to the reader: its ``ready`` is then a
-        # register, and the next load's decision (``x_load``, the clock enable of the wide
-        # command registers) is a few LUTs of registers, not the reader's issue logic behind
-        # the command's ready (the path of the reader's ``cur_last`` into ``x_rows``'s
-        # enable, 161.4 MHz). The wide fields wait in registers written in turn, so the
-        # reader's ready reaches only the buffer's flags and pointers.
-        x_cmd = m.submodules.expert_command = SkidBuffer(reader.command.payload.shape(),
-                                                         alternate=("addr", "tag"))
-        wiring.connect(m, x_cmd.o, reader.command)
-        cmd = x_cmd.i
+        # The reader holds a command in a buffer of its own (``buffered_command``): the
+        # command's ``ready`` is a register, and the next load's decision (``x_load``, the
+        # clock enable of the wide command registers) is a few LUTs of registers, not the
+        # reader's issue logic behind the command's ready (the path of the reader's
+        # ``cur_last`` into ``x_rows``'s enable, 161.4 MHz). Before, a skid buffer in front of
+        # the reader did that, and the memory's ready reached its flags through the issue
+        # (4 LUTs, the path of three seeds in nine). The row's scale, bias and base go into
+        # the reader's tag ring as the command is taken, one entry per row: no register of
+        # them waits on the issue.
+        cmd = reader.command
         m.d.comb += [
             cmd.valid.eq(x_loaded),
             cmd.payload.addr.eq(x_addr),
@@ -876,7 +877,8 @@ class MoELayer(wiring.Component):
         # port's valid and payload are registers (the choice's select would otherwise fan
         # out to every payload bit on the way out of the unit), and its ready reaches only
         # that skid buffer.
-        def shared_port(name, layout, first, first_on, second, second_on, second_copies):
+        def shared_port(name, layout, first, first_on, second, second_on, second_copies,
+                        alternate=()):
             # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
             # while ``second_on`` (never both); ``second_copies`` (copies of ``second_on``,
             # read only once a phase has been entered: in the idle phase neither stream is
@@ -885,7 +887,7 @@ class MoELayer(wiring.Component):
             # (its unit is idle before and has drained after), so a ready outside it takes
             # nothing, and the reader's issue behind it is a gate shorter (the combine
             # reader's issue, gated so, reached its command registers' enables in 4 LUTs).
-            port = m.submodules[name] = SkidBuffer(layout)
+            port = m.submodules[name] = SkidBuffer(layout, alternate=alternate)
             width = len(port.i.payload.as_value())
             group = -(-width // len(second_copies.values))
             choice = [Mux(copy, second.payload.as_value()[lo:lo + group],
@@ -900,8 +902,13 @@ class MoELayer(wiring.Component):
             return port
 
         # write: dispatch in phase 1, experts in phase 2; read: experts, then combine
+        # (the write's address and data leave from two registers written in turn: the
+        # port's ready, the wrapper's or the bus master's, reaches the buffer's flags and
+        # pointer, not the clock enables of the whole beat: seeds 1 and 5 of nine ran from
+        # the port's output flag and that ready, over two 2 ns nets, into them)
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_out, in_experts, experts_copies)
+                                 disp.write, in_route, x_out, in_experts, experts_copies,
+                                 alternate=("addr", "data"))
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
                                    reader.request, in_experts, comb.read_request, in_combine,
                                    combine_copies)
@@ -969,7 +976,7 @@ class MoELayer(wiring.Component):
             with m.If(ctl.accept):
                 m.d.sync += work_any.eq(0)
             run_experts = affine & hidden_any & work_any
-        experts_done = (in_experts & ~work_left & ~x_loaded & ~x_cmd.o.valid & ~reader.busy &
+        experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
                         ~x_busy & ~write_port.o.valid)
         to_combine = (route_done & ~run_experts) | experts_done
         finished = in_combine & comb.done
