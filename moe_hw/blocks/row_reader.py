@@ -234,10 +234,10 @@ class RowReader(wiring.Component):
         # in a cycle where the segment registers load goes to them, not to the buffer.
         cmd = self.command.payload
         source_valid, source = self.command.valid, cmd
+        moves = ~cur_loaded | (issue & cur_last)        # the segment registers load
         if self.buffered_command:
             waiting = Signal()
             waiting_cmd = Signal.like(cmd, reset_less=True)
-            moves = ~cur_loaded | (issue & cur_last)
             m.d.sync += waiting.eq(~moves & (waiting | self.command.valid))
             with m.If(~waiting):
                 m.d.sync += waiting_cmd.eq(cmd)
@@ -247,8 +247,7 @@ class RowReader(wiring.Component):
             self.request.valid.eq(cur_loaded & ~cur_skip & w_rdy),
             self.request.payload.addr.eq(cur_addr),
             self.request.payload.enable.eq(enable),
-            self.command.ready.eq(~waiting if self.buffered_command else
-                                  ~cur_loaded | (issue & cur_last)),
+            self.command.ready.eq(~waiting if self.buffered_command else moves),
             entry.read.eq(~cur_skip),                   # the issued beat's entry and tag
             entry.enable.eq(enable),
             entry.last.eq(cur_last),
