@@ -306,8 +306,10 @@ class RowReader(wiring.Component):
             m.d.comb += skid.i.payload.tag.eq(head_tag)
         wiring.connect(m, skid.o, wiring.flipped(self.beats))
 
-        busy = cur_loaded | queue_busy | skid.o.valid
-        m.d.comb += self.busy.eq(busy | waiting if self.buffered_command else busy)
+        # (a waiting command implies a loaded segment: ``waiting`` is set only while the
+        # segment registers hold one that does not move, and they load the waiting command
+        # as it clears; so the buffered reader's ``busy`` is the same three flags)
+        m.d.comb += self.busy.eq(cur_loaded | queue_busy | skid.o.valid)
         return m
 
 

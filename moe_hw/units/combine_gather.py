@@ -281,13 +281,17 @@ class CombineGatherUnit(wiring.Component):
     SUM_START = "zero"
     PARAMS = CombineGatherParams
 
-    def __init__(self, params=None, *, expert_lanes=False, **kwargs):
+    def __init__(self, params=None, *, expert_lanes=False, buffered_command=False, **kwargs):
         params = resolve_params(self.PARAMS, params, kwargs)
         assert self.SUM_START in SUM_STARTS
         self.params = p = params
         #: Whether the lanes also serve an affine datapath (the ``expert`` and ``sums``
         #: ports; see the module docstring).
         self.expert_lanes = expert_lanes
+        #: Whether the row reader holds a command in a register of its own
+        #: (:class:`~moe_hw.blocks.row_reader.RowReader`'s ``buffered_command``): the same
+        #: cycles, and the memory's ready does not reach the command queue's output flag.
+        self.buffered_command = bool(buffered_command)
         lanes_ports = {}
         if expert_lanes:
             lane_values = data.ArrayLayout(p.fmt.width, p.lanes)
@@ -463,7 +467,7 @@ class CombineGatherUnit(wiring.Component):
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=1,
             tag_layout=tag_layout, outstanding=p.max_outstanding, alternate_data=True,
-            bram=p.bram)
+            bram=p.bram, buffered_command=self.buffered_command)
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
         # (the queue's ready decided from registers alone, ``ready_ahead``, so that the

@@ -80,6 +80,10 @@ class LocationsParams(UnitParams):
     decide cycles, the counter bank's three stages, the output skid buffer and the done
     register."""
 
+    INSIDE = CounterBank.latency + 1
+    """The most pairs inside the unit (taken, their location not yet out) while the location
+    stream's ``ready`` is always high: the counter bank's stages and the output register."""
+
     def check(self):
         self.check_signed_fits("index_width", "max_experts")
 

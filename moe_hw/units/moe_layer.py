@@ -161,6 +161,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams, dsp_param
 from ..arith.product import pipelined_product, product_latency
+from ..blocks.block_fifo import count_level
 from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
 from ..blocks.run_control import EMPTY_CYCLES, RunControl, run_ports
@@ -524,8 +525,11 @@ class MoELayer(wiring.Component):
         m.submodules.locations = loc = LocationsUnit(p.locations)
         m.submodules.dispatch = disp = DispatchUnit(p.dispatch)
         # (affine experts: the combine unit's multiply-add lanes compute them too, in the
-        # expert phase, while the combine unit is idle)
-        m.submodules.combine = comb = CombineGatherUnit(p.combine, expert_lanes=not p.stacked)
+        # expert phase, while the combine unit is idle; its row reader holds a command in a
+        # register of its own, so that the expert buffer's ready, through the reader's issue,
+        # does not reach the command queue's output flag: 4 LUTs, the path of a seed)
+        m.submodules.combine = comb = CombineGatherUnit(
+            p.combine, expert_lanes=not p.stacked, buffered_command=True)
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
         # The run control begins a cycle before the sub-units start: ``sub_start`` (below) is
@@ -573,22 +577,24 @@ class MoELayer(wiring.Component):
             entry_layout, p.max_tokens, granules=p.max_top_k, target=p.bram)
 
         # ---- route: pairs -> location generator; join the location with gate and index ----
-        # The generator keeps pair order; the FIFO holds the pairs inside it (at most 4). Its
-        # ``w_rdy`` is a register (``RegisteredFIFO``), so that no compare of the level stands
-        # in front of the generator's issue (``SyncFIFO``'s was there, into the location
-        # generator's phase flags: 187.5 MHz).
-        join = m.submodules.join = RegisteredFIFO(p.pair_layout(), 5)
+        # The generator keeps pair order; the FIFO holds the pairs inside it: at most 4, its
+        # counter bank's 3 stages and its output register, since the location stream's ready
+        # is always high here. So the FIFO, 5 deep, always has room for a pair the generator
+        # takes, and its ``w_rdy`` gates neither handshake: the pair's valid reaches the
+        # generator's issue alone (``w_rdy`` through the issue into its pair count's clock
+        # enable, 3 levels, was a seed's path; before that ``SyncFIFO``'s level compare, into
+        # the generator's phase flags: 187.5 MHz).
+        join = m.submodules.join = RegisteredFIFO(p.pair_layout(), LocationsParams.INSIDE + 1)
         m.d.comb += [
-            loc.index.valid.eq(self.pair.valid & join.w_rdy),
+            loc.index.valid.eq(self.pair.valid),
             loc.index.payload.index.eq(self.pair.payload.index),
-            self.pair.ready.eq(loc.index.ready & join.w_rdy),
+            self.pair.ready.eq(loc.index.ready),
             join.w_data.eq(self.pair.payload),
             join.w_en.eq(self.pair.valid & self.pair.ready),
         ]
         joined = join.r_data
         w_token = Signal.like(self.tokens)       # where the next location goes
         w_choice = Signal(range(p.max_top_k))
-        written = Signal.like(pairs)             # pairs in the pair memory
         location = loc.location.payload.location
         m.d.comb += [
             loc.location.ready.eq(1),
@@ -604,15 +610,35 @@ class MoELayer(wiring.Component):
         # counters' wrap compares two registers, with no subtraction in front of it.
         tokens_last = Signal.like(tokens)
         m.d.sync += tokens_last.eq(tokens - 1)
+        # T == 1 and T - 2, for the token counters' wrap flags (``wrap_flag``)
+        tokens_one = Signal()
+        tokens_less2 = Signal.like(tokens)
+        m.d.sync += [tokens_one.eq(tokens == 1), tokens_less2.eq(tokens - 2)]
+
+        def wrap_flag(token, step, name):
+            # Whether ``token`` is T - 1, as a register: the compare itself while the token
+            # holds, and a step ahead when it steps (T == 1 after a wrap to 0, else
+            # ``token == T - 2``), so that the counter's clock enables wait on no compare
+            # (the token's compare into the choice's enable: seeds' paths).
+            flag = Signal(name=name)
+            m.d.sync += flag.eq(Mux(step, Mux(flag, tokens_one, token == tokens_less2),
+                                    token == tokens_last))
+            return flag
+
+        w_wrap = wrap_flag(w_token, loc.location.valid, "w_wrap")
         with m.If(loc.location.valid):
-            m.d.sync += written.eq(written + 1)
-            with m.If(w_token == tokens_last):
+            with m.If(w_wrap):
                 m.d.sync += [w_token.eq(0), w_choice.eq(w_choice + 1)]
             with m.Else():
                 m.d.sync += w_token.eq(w_token + 1)
-            # The capacity mask: an out-of-range index has location -1.
-            with m.If((location < 0) | (location >= capacity)):
-                m.d.sync += self.dropped.eq(self.dropped + 1)
+        # The capacity mask: an out-of-range index has location -1. The test is registered
+        # before the count (the location's compare, a carry chain, reached the count's clock
+        # enable: a seed's path); ``dropped`` is final a cycle after the last location, long
+        # before the route phase ends.
+        drop = Signal()
+        m.d.sync += drop.eq(loc.location.valid & ((location < 0) | (location >= capacity)))
+        with m.If(drop):
+            m.d.sync += self.dropped.eq(self.dropped + 1)
 
         # ---- the per-expert totals -> the expert work list (filled experts only) ----------
         # (``one``: rows == 1, so that the expert phase's last-row flag loads a bit)
@@ -726,14 +752,29 @@ class MoELayer(wiring.Component):
         # The pair chosen from the memory's word is registered before the dispatch unit (a
         # stage more than the read): the block RAM's output reached the dispatch's range
         # compare over a 1.4 ns net, then its choice and the compare's carry chain (186.3 MHz).
+        # Whether a written pair is still to be read and whether the next header ends its
+        # choice's tokens come from registers: the read's clock enables wait on no compare
+        # (the pair count's compare, and the token's, into ``d_choice``: two seeds' paths).
+        # ``unread`` counts the pairs written less the headers read a cycle late
+        # (``d_stepped``), so that only registers reach it and its flags (the read's take
+        # through its count, 4 levels, was a seed's path); a pair is left when it is not 0,
+        # or not 1 after a read.
         d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency + 1)
         d_token = Signal.like(self.tokens)
         d_choice = Signal(range(p.max_top_k))
-        d_pairs = Signal.like(pairs)             # headers read so far
-        m.d.comb += d_ctl.i_valid.eq(in_route & disp.busy & (d_pairs != written))
-        with m.If(d_ctl.i_valid & d_ctl.en):
-            m.d.sync += d_pairs.eq(d_pairs + 1)
-            with m.If(d_token == tokens_last):
+        unread = Signal.like(pairs)
+        unread_nonzero = Signal()
+        unread_not_one = Signal(init=1)
+        d_stepped = Signal()
+        m.d.comb += d_ctl.i_valid.eq(in_route & disp.busy &
+                                     Mux(d_stepped, unread_not_one, unread_nonzero))
+        d_step = d_ctl.i_valid & d_ctl.en
+        m.d.sync += d_stepped.eq(d_step)
+        count_level(m, unread, loc.location.valid, d_stepped,
+                    [(unread_nonzero, False, 0), (unread_not_one, False, 1)])
+        d_wrap = wrap_flag(d_token, d_step, "d_wrap")
+        with m.If(d_step):
+            with m.If(d_wrap):
                 m.d.sync += [d_token.eq(0), d_choice.eq(d_choice + 1)]
             with m.Else():
                 m.d.sync += d_token.eq(d_token + 1)
@@ -752,9 +793,15 @@ class MoELayer(wiring.Component):
 
         # ---- combine: one header per token from the pair memory --------------------------------
         c_ctl = m.submodules.combine_header = PipelineControl(BlockMemory.latency)
+        # (``c_more``, c_token != T, a register like the wrap flags: the compare while the
+        # token holds, ``c_token != T - 1`` when it steps; the compare reached the token's
+        # clock enable in 4 levels)
         c_token = Signal.like(self.tokens)
-        m.d.comb += c_ctl.i_valid.eq(in_combine & comb.busy & (c_token != tokens))
-        with m.If(c_ctl.i_valid & c_ctl.en):
+        c_more = Signal()
+        m.d.comb += c_ctl.i_valid.eq(in_combine & comb.busy & c_more)
+        c_step = c_ctl.i_valid & c_ctl.en
+        m.d.sync += c_more.eq(Mux(c_step, c_token != tokens_last, c_token != tokens))
+        with m.If(c_step):
             m.d.sync += c_token.eq(c_token + 1)
         m.d.comb += [
             comb.header.valid.eq(c_ctl.o_valid),
@@ -768,9 +815,13 @@ class MoELayer(wiring.Component):
         wiring.connect(m, comb.data, wiring.flipped(self.output))
 
         # The pair memory's one read port: dispatch headers in phase 1, combine's in phase 3.
+        # The read advances when both pipelines do: the idle one's ``en`` is high (its stages
+        # hold nothing), so this is the busy one's, without a choice by the phase between
+        # the dispatch's ready and the blocks' enable pins (the dispatch's run flag through
+        # its header ready and that choice, 3 levels, was two seeds' path).
         m.d.comb += [
             pair_mem.read_addr.eq(Mux(in_combine, c_token, d_token)),
-            pair_mem.read_en.eq(Mux(in_combine, c_ctl.en, d_ctl.en)),
+            pair_mem.read_en.eq(c_ctl.en & d_ctl.en),
         ]
 
         # ---- experts: read each filled row, a*x + b per lane, write it back in place --------
@@ -779,7 +830,7 @@ class MoELayer(wiring.Component):
         reader = m.submodules.expert_reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
             tag_layout=tag_layout, outstanding=p.reader_outstanding, bram=p.bram,
-            buffered_command=True)
+            buffered_command=True, alternate_data=not p.stacked)
         x_loaded = Signal()
         x_addr = Signal(p.addr_width)
         x_rows = Signal(range(p.max_capacity + 1))
@@ -793,7 +844,10 @@ class MoELayer(wiring.Component):
         # the reader did that, and the memory's ready reached its flags through the issue
         # (4 LUTs, the path of three seeds in nine). The row's scale, bias and base go into
         # the reader's tag ring as the command is taken, one entry per row: no register of
-        # them waits on the issue.
+        # them waits on the issue. Its beats' data leave from two registers written in turn
+        # (``alternate_data``; the combine lanes register it): the expert pipeline's ready
+        # reaches the output skid buffer's flags, not the data's clock enables (over nets of
+        # 1.8 and 2.4 ns, a seed's path).
         cmd = reader.command
         m.d.comb += [
             cmd.valid.eq(x_loaded),
@@ -995,10 +1049,11 @@ class MoELayer(wiring.Component):
             m.d.sync += [
                 affine.eq(self.affine),
                 beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
-                w_token.eq(0), w_choice.eq(0), written.eq(0),
+                w_token.eq(0), w_choice.eq(0), unread.eq(0), unread_nonzero.eq(0),
+                unread_not_one.eq(1), d_stepped.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
                 *(less.eq(-k) for k, less in enumerate(work_in_less, 1)),
-                params_in.eq(0), d_token.eq(0), d_choice.eq(0), d_pairs.eq(0), c_token.eq(0),
+                params_in.eq(0), d_token.eq(0), d_choice.eq(0), c_token.eq(0),
                 x_loaded.eq(0), self.dropped.eq(0),
             ]
             if p.stacked:
