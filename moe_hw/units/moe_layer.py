@@ -76,8 +76,8 @@ A run with S = 0 finishes at once (``done`` two cycles after start) and takes no
 Phases (``phase``):
 
 1. *route and dispatch* (overlapped): the pairs enter the location generator one per cycle;
-   each pair's location joins its gate and index (a 4-entry FIFO covers the generator's
-   latency) in the pair memory (a :class:`~moe_hw.blocks.block_memory.BlockMemory` of
+   each pair's location joins its gate and index (a 5-entry FIFO, one more than the pairs
+   in the generator) in the pair memory (a :class:`~moe_hw.blocks.block_memory.BlockMemory` of
    ``max_tokens`` words of ``max_top_k`` entries, word i entry k = pair (k, i), read in two
    cycles: on ECP5 a DP16KD with its output register, ``bram="ecp5"``); then the E
    per-expert totals come out and every expert with ``min(count, C) > 0`` filled slots goes
