@@ -43,6 +43,9 @@ CASES = {
     # read-out of 16 totals outlasts the dispatch.
     "drops_empty_experts": dict(tokens=10, experts=16, k=2, hidden=3, capacity=2,
                                 experts_used=[1, 4, 5, 9, 12, 15]),
+    # One token: the token counters wrap at every step, and the combine reads one header
+    # (the flags of T == 1).
+    "one_token": dict(tokens=1, experts=3, k=2, hidden=5),
     # Identity experts (no scale, no bias): the expert phase is skipped.
     "identity": dict(tokens=33, experts=4, k=2, hidden=8, affine=False, specials=0.2),
     # NaN, Inf, subnormals, -0.0 in the gates, the token rows, the scales and the biases.

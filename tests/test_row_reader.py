@@ -42,14 +42,14 @@ def expected(commands):
     return beats, reads
 
 
-def make_reader(max_count=4, buffered=False):
+def make_reader(max_count=4, buffered=False, skips=True):
     return RowReader(lanes=LANES, width=WIDTH, addr_width=ADDR, max_count=max_count,
                      tag_layout=data.StructLayout({"id": 8}), outstanding=8,
-                     buffered_command=buffered)
+                     buffered_command=buffered, skips=skips)
 
 
-def run_reader(commands, p, seed, *, latency=3, max_count=4, buffered=False):
-    dut = make_reader(max_count, buffered)
+def run_reader(commands, p, seed, *, latency=3, max_count=4, buffered=False, skips=True):
+    dut = make_reader(max_count, buffered, skips)
     rng = np.random.default_rng(seed)
     got, reads, cycles = [], [], []
     total = sum(count for _, count, *_ in commands)
@@ -119,6 +119,20 @@ def test_row_reader_beats_and_reads(p, max_count, buffered):
     if not p:
         # one beat per cycle once the first is out (the memory's latency, 3, is below the
         # 8 beats in flight)
+        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
+@pytest.mark.parametrize("p", STALLS)
+def test_row_reader_without_skips(p, buffered):
+    """``skips=False`` (moe_layer's expert reader): commands that skip nothing, the same
+    reads and beats, in order, at one beat per cycle without pauses."""
+    commands = [(addr, count, tail, 0, n_id) for addr, count, tail, _, n_id in segments(7)]
+    got, reads, cycles = run_reader(commands, p, 12, buffered=buffered, skips=False)
+    beats, wanted = expected(commands)
+    assert reads == wanted
+    assert got == beats
+    if not p:
         assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
 
 

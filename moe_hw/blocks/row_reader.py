@@ -103,11 +103,14 @@ class RowReader(wiring.Component):
     reach; a command taken while the current segment ends, or none is loaded, still goes
     straight to it, so the latency and the throughput are the same; with a shallow queue and
     a tag without ``step_tag``, the tag ring holds a tag per segment, written when the
-    command is taken: no register holds the current segment's tag).
+    command is taken: no register holds the current segment's tag), ``skips`` (False: no
+    command skips, its ``skip`` bit is not read; every beat is a read, so the join waits on
+    the response alone, and the beats' data are the responses' without a choice of zeros).
     """
 
     def __init__(self, *, lanes, width, addr_width, max_count, tag_layout=None, outstanding=16,
-                 alternate_data=False, step_tag=None, bram="generic", buffered_command=False):
+                 alternate_data=False, step_tag=None, bram="generic", buffered_command=False,
+                 skips=True):
         self.lanes = check_choice("lanes", lanes, LANES)
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.addr_width = check_int("addr_width", addr_width, minimum=1, maximum=64)
@@ -120,6 +123,7 @@ class RowReader(wiring.Component):
         self.step_tag = step_tag
         self.bram = check_choice("bram", bram, MEMORY_TARGETS)
         self.buffered_command = bool(buffered_command)
+        self.skips = bool(skips)
         command = {"addr": addr_width, "count": range(max_count + 1), "tail": 1, "skip": 1}
         beat = {"data": data.ArrayLayout(width, lanes), "enable": lanes, "last": 1}
         if tag_layout is not None:
@@ -164,7 +168,7 @@ class RowReader(wiring.Component):
         cur_addr = Signal(self.addr_width)
         cur_left = Signal(range(self.max_count + 1))    # beats still to issue
         cur_tail = Signal()
-        cur_skip = Signal()
+        cur_skip = Signal(name="cur_skip") if self.skips else Const(0)
         # cur_left == 1, as a register; with one-beat segments (``max_count`` 1) every beat
         # is its segment's last, and the command's ready is the issue alone
         single = self.max_count == 1
@@ -195,7 +199,8 @@ class RowReader(wiring.Component):
         # in a block RAM FIFO read ahead into registers (``block_fifo``): an entry written
         # in cycle c is the head from cycle c + ``BLOCK_FIFO_LATENCY``, long before its
         # response behind a bus, ``outstanding`` beats in all (``block_fifo_depth``).
-        entry_layout = data.StructLayout({"read": 1, "enable": lanes, "last": 1})
+        entry_layout = data.StructLayout({**({"read": 1} if self.skips else {}),
+                                          "enable": lanes, "last": 1})
         tag = head_tag = None
         reads = lane_reads = None
         if self.outstanding <= self.SHALLOW:
@@ -210,7 +215,8 @@ class RowReader(wiring.Component):
         else:
             # (``reads`` is ``read`` again per lane, so that each lane's choice of the data or
             # zeros has a flag of its own, not one register reaching every data bit)
-            queued = data.StructLayout({"entry": entry_layout, "reads": lanes, **(
+            queued = data.StructLayout({"entry": entry_layout,
+                                        **({"reads": lanes} if self.skips else {}), **(
                 {"tag": self.tag_layout} if self.tag_layout is not None else {})})
             w_rdy = Signal(init=1)                      # an entry fits (a register)
             push = Signal()
@@ -220,7 +226,8 @@ class RowReader(wiring.Component):
                                       target=self.bram, write=push, data=pushed, room=w_rdy)
             popped = data.View(queued, ahead.o.payload)
             entry, r_rdy, take, head = pushed.entry, ahead.o.valid, ahead.o.ready, popped.entry
-            reads, lane_reads = pushed.reads, popped.reads
+            if self.skips:
+                reads, lane_reads = pushed.reads, popped.reads
             if self.tag_layout is not None:
                 tag, head_tag = pushed.tag, popped.tag
             queue_busy = ~empty | ahead.busy
@@ -248,7 +255,8 @@ class RowReader(wiring.Component):
             self.request.payload.addr.eq(cur_addr),
             self.request.payload.enable.eq(enable),
             self.command.ready.eq(~waiting if self.buffered_command else moves),
-            entry.read.eq(~cur_skip),                   # the issued beat's entry and tag
+            # the issued beat's entry and tag
+            *([entry.read.eq(~cur_skip)] if self.skips else []),
             entry.enable.eq(enable),
             entry.last.eq(cur_last),
             push.eq(issue),
@@ -270,7 +278,7 @@ class RowReader(wiring.Component):
             with m.If(cur_last | ~cur_loaded):
                 m.d.sync += [cur_loaded.eq(source_valid), cur_addr.eq(source.addr),
                              cur_left.eq(source.count), cur_tail.eq(source.tail),
-                             cur_skip.eq(source.skip)]
+                             *([cur_skip.eq(source.skip)] if self.skips else [])]
                 if not single:
                     m.d.sync += cur_last.eq(source.count == 1)
                 if self.tag_layout is not None and not segment_tags:
@@ -286,16 +294,22 @@ class RowReader(wiring.Component):
         # ---- join the head of the queue with its response ---------------------------------
         skid = m.submodules.skid = SkidBuffer(
             self.beats.payload.shape(), alternate=("data",) if self.alternate_data else ())
-        joined = r_rdy & (~head.read | self.response.valid)
+        if self.skips:
+            joined = r_rdy & (~head.read | self.response.valid)
+            response_ready = r_rdy & head.read & skid.i.ready
+        else:                                   # every beat waits for its response
+            joined = r_rdy & self.response.valid
+            response_ready = r_rdy & skid.i.ready
         m.d.comb += [
             skid.i.valid.eq(joined),
             skid.i.payload.data.eq(
+                self.response.payload.data if not self.skips else
                 Mux(head.read, self.response.payload.data, 0) if lane_reads is None else
                 Cat(Mux(lane_reads[lane], self.response.payload.data[lane], 0)
                     for lane in range(lanes))),
             skid.i.payload.enable.eq(head.enable),
             skid.i.payload.last.eq(head.last),
-            self.response.ready.eq(r_rdy & head.read & skid.i.ready),
+            self.response.ready.eq(response_ready),
             take.eq(joined & skid.i.ready),
         ]
         if self.tag_layout is not None:

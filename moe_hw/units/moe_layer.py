@@ -66,8 +66,8 @@ Streams and ports (payload fields are listed least significant first):
 ``busy``, ``done``, ``dropped``, ``error``, ``phase`` (out)
     ``done`` rises when the last output beat has left and stays high until the next start.
     ``dropped`` counts the pairs that fail the capacity mask (``golden.moe_layer``'s
-    ``dropped``: an out-of-range index, or a location >= C); it is final when the route phase
-    ends. ``error`` is set, and nothing read or written, when a run-time size exceeds its
+    ``dropped``: an out-of-range index, or a location >= C); it restarts at 0 the cycle after
+    a start is taken and is final when the route phase ends. ``error`` is set, and nothing read or written, when a run-time size exceeds its
     generation-time maximum (``done`` two cycles after start). ``phase`` is the phase below
     (0 when idle), for performance counters.
 
@@ -133,7 +133,7 @@ PORT_LATENCY = 1 (the skid buffer on each expert-buffer port: the read request's
 read's latency, the write's to the expert phase's last write; the route phase's is hidden by the
 dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - (combine.setup -
 1)) with PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory
-read), PHASE_EXIT = 1, and ``dispatch.overhead``
+read), PHASE_EXIT = 2 (the phase's end is registered), and ``dispatch.overhead``
 (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.stall_free_cycles`` (P + E +
 OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
 (the combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
@@ -236,8 +236,9 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
         """Cycles the combine phase waits for its first header beyond the combine unit's own
         count: the pair-memory read, less what the unit's setup cycles already hide."""
         return max(0, self.PAIR_READ_LATENCY - (self.combine.setup - 1))
-    #: The cycle from a phase's last event (its units done) to the next phase (or ``done``).
-    PHASE_EXIT = 1
+    #: The cycles from a phase's last event (its units done) to the next phase: the test of
+    #: the flags, then the registered end (a cycle after it) that enters the next phase.
+    PHASE_EXIT = 2
     #: The combine unit's start is registered: it starts in the first cycle of its phase.
     COMBINE_START = 1
 
@@ -555,6 +556,7 @@ class MoELayer(wiring.Component):
         beats = Signal(range(p.max_beats + 1))
         expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
         phase = Signal(2)
+        sub_start = Signal()                            # the sub-units' start (below)
         # The phase as one-hot registers beside it: a phase test is a register, not a decode.
         in_route = Signal()
         in_experts = Signal()
@@ -567,10 +569,7 @@ class MoELayer(wiring.Component):
         m.d.comb += self.phase.eq(phase)
 
         def enter(name):
-            m.d.sync += [phase.eq(PHASES[name]), in_route.eq(name == "route_dispatch"),
-                         in_experts.eq(name == "experts"), in_combine.eq(name == "combine"),
-                         *experts_copies.eq(name == "experts"),
-                         *combine_copies.eq(name == "combine")]
+            m.d.sync += phase.eq(PHASES[name])
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = BlockMemory(
@@ -610,10 +609,13 @@ class MoELayer(wiring.Component):
         # counters' wrap compares two registers, with no subtraction in front of it.
         tokens_last = Signal.like(tokens)
         m.d.sync += tokens_last.eq(tokens - 1)
-        # T == 1 and T - 2, for the token counters' wrap flags (``wrap_flag``)
+        # T == 1 and T - 2, for the token counters' wrap flags (``wrap_flag``); T != 0 and
+        # T == 1 for the combine's count of tokens left (``c_left``)
         tokens_one = Signal()
+        tokens_any = Signal()
         tokens_less2 = Signal.like(tokens)
-        m.d.sync += [tokens_one.eq(tokens == 1), tokens_less2.eq(tokens - 2)]
+        m.d.sync += [tokens_one.eq(tokens == 1), tokens_any.eq(tokens != 0),
+                     tokens_less2.eq(tokens - 2)]
 
         def wrap_flag(token, step, name):
             # Whether ``token`` is T - 1, as a register: the compare itself while the token
@@ -793,14 +795,22 @@ class MoELayer(wiring.Component):
 
         # ---- combine: one header per token from the pair memory --------------------------------
         c_ctl = m.submodules.combine_header = PipelineControl(BlockMemory.latency)
-        # (``c_more``, c_token != T, a register like the wrap flags: the compare while the
-        # token holds, ``c_token != T - 1`` when it steps; the compare reached the token's
-        # clock enable in 4 levels)
+        # Whether a token is left to read is a count of the tokens left, T when the route
+        # phase starts, decremented a cycle after each read (``c_stepped``) like the
+        # dispatch's ``unread``, with flags for 0 and 1: only registers reach the flags (the
+        # combine's header ready through the read's take into a compare of ``c_token`` with
+        # T, 4 levels, was the deepest path left; before that the compare itself).
         c_token = Signal.like(self.tokens)
-        c_more = Signal()
-        m.d.comb += c_ctl.i_valid.eq(in_combine & comb.busy & c_more)
+        c_left = Signal.like(self.tokens)
+        c_left_nonzero = Signal()
+        c_left_not_one = Signal()
+        c_stepped = Signal()
+        m.d.comb += c_ctl.i_valid.eq(in_combine & comb.busy &
+                                     Mux(c_stepped, c_left_not_one, c_left_nonzero))
         c_step = c_ctl.i_valid & c_ctl.en
-        m.d.sync += c_more.eq(Mux(c_step, c_token != tokens_last, c_token != tokens))
+        m.d.sync += c_stepped.eq(c_step)
+        count_level(m, c_left, 0, c_stepped,
+                    [(c_left_nonzero, False, 0), (c_left_not_one, False, 1)])
         with m.If(c_step):
             m.d.sync += c_token.eq(c_token + 1)
         m.d.comb += [
@@ -830,7 +840,7 @@ class MoELayer(wiring.Component):
         reader = m.submodules.expert_reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=p.max_beats,
             tag_layout=tag_layout, outstanding=p.reader_outstanding, bram=p.bram,
-            buffered_command=True, alternate_data=not p.stacked)
+            buffered_command=True, alternate_data=not p.stacked, skips=False)
         x_loaded = Signal()
         x_addr = Signal(p.addr_width)
         x_rows = Signal(range(p.max_capacity + 1))
@@ -847,14 +857,15 @@ class MoELayer(wiring.Component):
         # them waits on the issue. Its beats' data leave from two registers written in turn
         # (``alternate_data``; the combine lanes register it): the expert pipeline's ready
         # reaches the output skid buffer's flags, not the data's clock enables (over nets of
-        # 1.8 and 2.4 ns, a seed's path).
+        # 1.8 and 2.4 ns, a seed's path). It skips nothing (``skips=False``: every row is
+        # read), so its join waits on the response alone (the in-flight head's read flag
+        # through the join into the tag ring's read pointers was a seed's path).
         cmd = reader.command
         m.d.comb += [
             cmd.valid.eq(x_loaded),
             cmd.payload.addr.eq(x_addr),
             cmd.payload.count.eq(beats),
             cmd.payload.tail.eq(1),
-            cmd.payload.skip.eq(0),
             cmd.payload.tag.scale.eq(x_scale),
             cmd.payload.tag.bias.eq(x_bias),
             cmd.payload.tag.base.eq(x_addr),
@@ -931,16 +942,18 @@ class MoELayer(wiring.Component):
         # port's valid and payload are registers (the choice's select would otherwise fan
         # out to every payload bit on the way out of the unit), and its ready reaches only
         # that skid buffer.
-        def shared_port(name, layout, first, first_on, second, second_on, second_copies,
-                        alternate=()):
-            # A skid buffer driven by stream ``first`` while ``first_on`` and by ``second``
-            # while ``second_on`` (never both); ``second_copies`` (copies of ``second_on``,
-            # read only once a phase has been entered: in the idle phase neither stream is
-            # on) choose the payload, each copy a group of its bits. Each stream's ready is
-            # the buffer's, not gated by its phase: a stream is valid only in its own phase
-            # (its unit is idle before and has drained after), so a ready outside it takes
-            # nothing, and the reader's issue behind it is a gate shorter (the combine
-            # reader's issue, gated so, reached its command registers' enables in 4 LUTs).
+        def shared_port(name, layout, first, second, second_copies, alternate=()):
+            # A skid buffer driven by stream ``first`` in its phase and by ``second`` in its
+            # own; ``second_copies`` (copies of the second's phase flag, read only once a
+            # phase has been entered: in the idle phase neither stream is on) choose the
+            # payload, each copy a group of its bits. Neither stream's valid nor its ready
+            # is gated by its phase: a stream is valid only in its own phase (its unit is
+            # idle before and has drained after), so the buffer's valid is the two valids
+            # or'ed, and a ready outside a stream's phase takes nothing. The reader's issue
+            # behind the ready is a gate shorter (the combine reader's issue, gated so,
+            # reached its command registers' enables in 4 LUTs), and no phase flag is on
+            # the way to the buffer's flags (``in_experts`` through the choice of the valids
+            # into the request buffer's, 4 levels).
             port = m.submodules[name] = SkidBuffer(layout, alternate=alternate)
             width = len(port.i.payload.as_value())
             group = -(-width // len(second_copies.values))
@@ -948,7 +961,7 @@ class MoELayer(wiring.Component):
                           first.payload.as_value()[lo:lo + group])
                       for copy, lo in zip(second_copies.values, range(0, width, group))]
             m.d.comb += [
-                port.i.valid.eq(Mux(first_on, first.valid, second_on & second.valid)),
+                port.i.valid.eq(first.valid | second.valid),
                 port.i.payload.eq(Cat(*choice)),
                 first.ready.eq(port.i.ready),
                 second.ready.eq(port.i.ready),
@@ -961,18 +974,23 @@ class MoELayer(wiring.Component):
         # pointer, not the clock enables of the whole beat: seeds 1 and 5 of nine ran from
         # the port's output flag and that ready, over two 2 ns nets, into them)
         write_port = shared_port("write_port", p.write_layout(),
-                                 disp.write, in_route, x_out, in_experts, experts_copies,
+                                 disp.write, x_out, experts_copies,
                                  alternate=("addr", "data"))
         request_port = shared_port("request_port", request_layout(p.lanes, p.addr_width),
-                                   reader.request, in_experts, comb.read_request, in_combine,
-                                   combine_copies)
+                                   reader.request, comb.read_request, combine_copies)
+        # The responses go to both readers, ungated: a reader takes a response only for a
+        # read of its own in flight, and its reads are all answered and taken before its
+        # phase ends (the expert phase ends with the reader idle; the combine's reads begin
+        # in its phase), so in each phase one reader has reads in flight and the other's
+        # ``ready`` is low. No phase flag is on the way from the response's valid to the
+        # readers' joins (``in_experts`` and ``in_combine`` into their in-flight queues'
+        # flags and skid buffers, 4 levels).
         m.d.comb += [
-            reader.response.valid.eq(in_experts & self.read_response.valid),
-            comb.read_response.valid.eq(in_combine & self.read_response.valid),
+            reader.response.valid.eq(self.read_response.valid),
+            comb.read_response.valid.eq(self.read_response.valid),
             reader.response.payload.eq(self.read_response.payload),
             comb.read_response.payload.eq(self.read_response.payload),
-            self.read_response.ready.eq(Mux(in_experts, reader.response.ready,
-                                            in_combine & comb.read_response.ready)),
+            self.read_response.ready.eq(reader.response.ready | comb.read_response.ready),
         ]
 
         wiring.connect(m, write_port.o, wiring.flipped(self.write))
@@ -984,7 +1002,6 @@ class MoELayer(wiring.Component):
         # front of their start logic (their idle flags and the clock enables of every
         # register they load at the start). The sizes they take with it are held registers.
         # The combine unit reads the layer's held sizes when the route (or expert) phase ends.
-        sub_start = Signal()
         m.d.sync += sub_start.eq(ctl.begin)
         # P = k*S on a pipelined product of the held sizes, then a fabric register (the
         # product leaves a DSP block, and the sub-units' start logic takes it), ready when the
@@ -1032,23 +1049,55 @@ class MoELayer(wiring.Component):
             run_experts = affine & hidden_any & work_any
         experts_done = (in_experts & ~work_left & ~x_loaded & ~reader.busy &
                         ~x_busy & ~write_port.o.valid)
-        to_combine = (route_done & ~run_experts) | experts_done
+        # The next phase is chosen into registers a cycle after these flags (pulses: each
+        # clears as the phase moves on): the flags come from all over the layer, and the
+        # choice behind them reached the phase flags and their copies in 4 levels (the
+        # expert phase's ``work_left`` through ``experts_done``, ``hidden_any`` through
+        # ``run_experts``). Both tests hold once true until the phase changes (every unit of
+        # the phase is idle and has nothing left to take; ``run_experts`` is final before the
+        # route phase ends), so the registers cost one cycle per phase (``PHASE_EXIT``).
+        to_experts = Signal()
+        to_combine = Signal()
+        m.d.sync += [to_experts.eq(route_done & run_experts & ~to_experts),
+                     to_combine.eq(((route_done & ~run_experts) | experts_done) &
+                                   ~to_combine)]
         finished = in_combine & comb.done
-        # The combine unit's start is registered (a cycle into its phase): the phase's end is
-        # decided from flags all over the layer, and the start reaches the unit's run control.
+        # The combine unit's start is registered (a cycle into its phase): the start reaches
+        # the unit's run control.
         m.d.sync += comb.start.eq(to_combine)
         m.d.comb += ctl.finished.eq(finished)
-        with m.If(route_done & run_experts):
+        with m.If(to_experts):
             enter("experts")
         with m.If(to_combine):
             enter("combine")
         with m.If(finished):
             enter("idle")
+        # The one-hot flags and their copies each from their own set and clear, not from the
+        # choice among all four entries (the combine's end through ``finished`` into the
+        # copies of ``in_experts``, 3 levels, was a seed's path): a phase is entered only
+        # from the one before it, so a flag is set by its own entry and cleared by the next.
+        # The copies load every cycle the value their flag takes (they read all ones for a
+        # cycle after a reset, in the idle phase, where nothing reads them).
+        experts_next = to_experts | (in_experts & ~to_combine)
+        combine_next = to_combine | (in_combine & ~comb.done)
+        m.d.sync += [
+            in_route.eq(sub_start | (in_route & ~to_experts & ~to_combine)),
+            in_experts.eq(experts_next), *experts_copies.eq(experts_next),
+            in_combine.eq(combine_next), *combine_copies.eq(combine_next),
+        ]
 
         with m.If(ctl.accept):
+            m.d.sync += [affine.eq(self.affine),
+                         beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2)]
+            if p.stacked:
+                m.d.sync += [ctl_layers.eq(self.layers), ctl_relu.eq(self.relu)]
+        # The registers that restart at a constant do so in the decide cycle (a register, the
+        # cycle after the start is taken), not from the start handshake, which then reaches
+        # only the registers that take the inputs (the wrapper's start register over a long
+        # net into the clears of ``unread``, ``x_offset`` and ``dropped``: seeds' paths).
+        # Nothing reads them before the run begins (the parameters are taken from ``begin``).
+        with m.If(ctl.decide):
             m.d.sync += [
-                affine.eq(self.affine),
-                beats.eq((self.hidden + (p.lanes - 1)) >> lanes_log2),
                 w_token.eq(0), w_choice.eq(0), unread.eq(0), unread_nonzero.eq(0),
                 unread_not_one.eq(1), d_stepped.eq(0),
                 work_in.eq(0), work_out.eq(0), counts_in.eq(0), count_base.eq(0),
@@ -1056,10 +1105,10 @@ class MoELayer(wiring.Component):
                 params_in.eq(0), d_token.eq(0), d_choice.eq(0), c_token.eq(0),
                 x_loaded.eq(0), self.dropped.eq(0),
             ]
-            if p.stacked:
-                m.d.sync += [ctl_layers.eq(self.layers), ctl_relu.eq(self.relu)]
-            else:
+            if not p.stacked:
                 m.d.sync += x_offset.eq(0)
         with m.If(sub_start):
             enter("route_dispatch")
+            m.d.sync += [c_left.eq(tokens), c_left_nonzero.eq(tokens_any),
+                         c_left_not_one.eq(~tokens_one)]
         return m
