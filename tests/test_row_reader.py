@@ -107,32 +107,24 @@ def run_reader(commands, p, seed, *, latency=3, max_count=4, buffered=False, ski
     return got, reads, cycles
 
 
+@pytest.mark.parametrize("skips", [True, False], ids=["skips", "reads_only"])
 @pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
 @pytest.mark.parametrize("max_count", [4, 1])    # 1: one beat per command (combine_gather)
 @pytest.mark.parametrize("p", STALLS)
-def test_row_reader_beats_and_reads(p, max_count, buffered):
+def test_row_reader_beats_and_reads(p, max_count, buffered, skips):
+    """The reads and beats in order; ``skips=False`` (moe_layer's expert reader) with
+    commands that skip nothing."""
     commands = segments(7, max_count=max_count)
-    got, reads, cycles = run_reader(commands, p, 11, max_count=max_count, buffered=buffered)
+    if not skips:
+        commands = [(addr, count, tail, 0, n_id) for addr, count, tail, _, n_id in commands]
+    got, reads, cycles = run_reader(commands, p, 11, max_count=max_count, buffered=buffered,
+                                    skips=skips)
     beats, wanted = expected(commands)
     assert reads == wanted
     assert got == beats
     if not p:
         # one beat per cycle once the first is out (the memory's latency, 3, is below the
         # 8 beats in flight)
-        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
-
-
-@pytest.mark.parametrize("buffered", [False, True], ids=["direct", "buffered"])
-@pytest.mark.parametrize("p", STALLS)
-def test_row_reader_without_skips(p, buffered):
-    """``skips=False`` (moe_layer's expert reader): commands that skip nothing, the same
-    reads and beats, in order, at one beat per cycle without pauses."""
-    commands = [(addr, count, tail, 0, n_id) for addr, count, tail, _, n_id in segments(7)]
-    got, reads, cycles = run_reader(commands, p, 12, buffered=buffered, skips=False)
-    beats, wanted = expected(commands)
-    assert reads == wanted
-    assert got == beats
-    if not p:
         assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
 
 
