@@ -67,9 +67,10 @@ Streams and ports (payload fields are listed least significant first):
     ``done`` rises when the last output beat has left and stays high until the next start.
     ``dropped`` counts the pairs that fail the capacity mask (``golden.moe_layer``'s
     ``dropped``: an out-of-range index, or a location >= C); it restarts at 0 the cycle after
-    a start is taken and is final when the route phase ends. ``error`` is set, and nothing read or written, when a run-time size exceeds its
-    generation-time maximum (``done`` two cycles after start). ``phase`` is the phase below
-    (0 when idle), for performance counters.
+    a start is taken and is final when the route phase ends. ``error`` is set, and nothing
+    read or written, when a run-time size exceeds its generation-time maximum (``done`` two
+    cycles after start). ``phase`` is the phase below (0 when idle), for performance
+    counters.
 
 A run with S = 0 finishes at once (``done`` two cycles after start) and takes nothing.
 
