@@ -351,17 +351,15 @@ def pysim_run(unit, gates, indices, locations, buffer, *, num_experts, capacity)
     (CombineGatherUnit, dict(window=1), {}),
     (CombineGatherUnit, dict(window=2, add_stages=2, mul_stages=0), {}),
     (CombineGatherUnit, dict(window=7, add_stages=1, mul_stages=1), {}),
-    (CombineGatherUnit, dict(window=1), dict(buffered_command=True)),
-    (CombineGatherUnit, dict(window=2, add_stages=2, mul_stages=0),
-     dict(buffered_command=True, expert_lanes=True)),
+    (CombineGatherUnit, dict(window=2, add_stages=2, mul_stages=0), dict(expert_lanes=True)),
     (DispatchBackwardDataUnit, dict(window=3), {}),
     (DispatchBackwardDataUnit, dict(format="bf16", add_stages=1), {}),
 ])
 def test_combine_gather_windows_pysim(unit_class, settings, build):
     """Windows shorter and longer than the adder loop, other pipeline depths, both start
-    rules, and moe_layer's build (the reader's command in a buffer of its own, the expert
-    lanes idle): bit-exact, the exact read order, and the documented cycle count (Amaranth's
-    simulator; the emitted-Verilog benches use the default window)."""
+    rules, and moe_layer's build (the expert lanes idle): bit-exact, the exact read order,
+    and the documented cycle count (Amaranth's simulator; the emitted-Verilog benches use
+    the default window)."""
     params = unit_class.PARAMS(lanes=2, max_tokens=8, max_hidden=8, max_capacity=8,
                                max_experts=4, max_top_k=3, **settings)
     dtype = params.fmt.dtype

@@ -104,7 +104,7 @@ queue too and are dropped at its output.
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
@@ -281,17 +281,13 @@ class CombineGatherUnit(wiring.Component):
     SUM_START = "zero"
     PARAMS = CombineGatherParams
 
-    def __init__(self, params=None, *, expert_lanes=False, buffered_command=False, **kwargs):
+    def __init__(self, params=None, *, expert_lanes=False, **kwargs):
         params = resolve_params(self.PARAMS, params, kwargs)
         assert self.SUM_START in SUM_STARTS
         self.params = p = params
         #: Whether the lanes also serve an affine datapath (the ``expert`` and ``sums``
         #: ports; see the module docstring).
         self.expert_lanes = expert_lanes
-        #: Whether the row reader holds a command in a register of its own
-        #: (:class:`~moe_hw.blocks.row_reader.RowReader`'s ``buffered_command``): the same
-        #: cycles, and the memory's ready does not reach the command queue's output flag.
-        self.buffered_command = bool(buffered_command)
         lanes_ports = {}
         if expert_lanes:
             lane_values = data.ArrayLayout(p.fmt.width, p.lanes)
@@ -352,16 +348,21 @@ class CombineGatherUnit(wiring.Component):
         ring_r = ring.read_port()
         # The tokens' counters are read only as ring addresses, so they count modulo the
         # ring's depth (its address's width): short carry chains.
-        headers_in = Signal(ring_bits)           # headers taken so far
-        win_tok = Signal(ring_bits)              # token of the current window's first item
+        # (The registers that restart in the run control's decide cycle have no reset of
+        # their own: nothing reads them before it, and the decide flag, a register, is then
+        # their slices' set/reset alone, not a LUT of it and the reset: the reset through
+        # that LUT into ``item`` and ``cur_tok`` was a path of moe_layer's and
+        # dispatch_backward_data's seeds.)
+        headers_in = Signal(ring_bits, reset_less=True)      # headers taken so far
+        win_tok = Signal(ring_bits, reset_less=True)         # the current window's first token
         # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's
         # token on (headers_in - cur_tok) are counters of their own, in thermometer code (bit
         # j: more than j), so that a count's step is a shift by one bit and its compares
         # are its bits; the header stream's ready is a register: the run is on, headers are
         # still to come, and the ring has room (decided a cycle ahead: the fill grows by one
         # at most), so that a header taken is one LUT of registers.
-        fill = Signal(p.ring_depth)
-        avail = Signal(p.ring_depth)
+        fill = Signal(p.ring_depth, reset_less=True)
+        avail = Signal(p.ring_depth, reset_less=True)
         avail_some = avail[0]                    # avail != 0
         headers_left = Signal.like(self.tokens)
         all_in = Signal()
@@ -404,20 +405,20 @@ class CombineGatherUnit(wiring.Component):
         can_gen = Signal()
         can_gen_n = Signal(init=1)               # ~can_gen, a copy
         len_bits = bits_for(window)
-        pass_k = Signal(range(p.max_top_k))
+        pass_k = Signal(range(p.max_top_k), reset_less=True)
         last_pass = Signal()                     # pass_k == k_last
         pass_end = Signal()                      # the beat in hand is its pass's last item
         left = Signal(len_bits)                  # items of this pass after the one in hand
-        cur_tok = Signal(ring_bits)
-        cur_beat = Signal.like(beats)
+        cur_tok = Signal(ring_bits, reset_less=True)
+        cur_beat = Signal.like(beats, reset_less=True)
         to_end = Signal.like(beats)              # beats of the row after the one in hand
         row_end = Signal()                       # to_end == 0: the beat ends its row
-        row_start = Signal()                     # cur_beat == 0
+        row_start = Signal(reset_less=True)      # cur_beat == 0
         # the current window's first item, and its length less one (and whether that is 0)
-        win_beat = Signal.like(beats)
+        win_beat = Signal.like(beats, reset_less=True)
         win_to_end = Signal.like(beats)
         win_row_end = Signal()
-        win_row_start = Signal()
+        win_row_start = Signal(reset_less=True)
         win_left = Signal(len_bits)
         win_one = Signal()
         # The windows after the current one: the items after it less one, two and three
@@ -461,13 +462,17 @@ class CombineGatherUnit(wiring.Component):
 
         # The command pipeline never stalls: a beat is scheduled only when the command
         # queue is sure to have room for it, so the row reader's command ``ready`` reaches
-        # only the queue's skid buffer.
+        # only the queue's skid buffer. The reader holds a command in a register of its own
+        # (``buffered_command``, the same cycles): its ``ready`` is a register, and the
+        # memory's ready, through the reader's issue, does not reach the queue's output
+        # flags and payload (the path of 5 of 16 seeds, and in moe_layer the expert
+        # buffer's ready that way: 4 LUTs).
         tag_layout = data.StructLayout({"gate": fmt.width, "valid": 1, "first": 1, "final": 1,
                                         "end_pass": 1, "tail": 1})
         reader = m.submodules.reader = RowReader(
             lanes=p.lanes, width=fmt.width, addr_width=p.addr_width, max_count=1,
             tag_layout=tag_layout, outstanding=p.max_outstanding, alternate_data=True,
-            bram=p.bram, buffered_command=self.buffered_command)
+            bram=p.bram, buffered_command=True)
         command_layout = data.StructLayout({"command": reader.command.payload.shape(),
                                             "counts_drop": 1})
         # (the queue's ready decided from registers alone, ``ready_ahead``, so that the
@@ -531,7 +536,10 @@ class CombineGatherUnit(wiring.Component):
         m.d.comb += [ring_r.addr.eq(cur_tok), ring_r.en.eq(1)]
         side = {"pass_k": pass_k, "beat": cur_beat, "row_start": row_start, "tail": row_end,
                 "end_pass": pass_end, "first": pass_k == 0, "final": last_pass}
-        s1 = {name: delay(m, value, 1, 1, name=f"{name}_s1") for name, value in side.items()}
+        # (the command's side data, the pass's pair and its gate are data beside the command
+        # pipeline's valid: no reset)
+        s1 = {name: delay(m, value, 1, 1, name=f"{name}_s1", reset_less=True)
+              for name, value in side.items()}
         header = ring_r.data
         if p.max_top_k == 1:
             gate, index, location = header.gate[0], header.index[0], header.location[0]
@@ -544,7 +552,8 @@ class CombineGatherUnit(wiring.Component):
         gate, index, location = (delay(m, value, 1, 1, name=f"{name}_s2", reset_less=True)
                                  for name, value in (("gate", gate), ("index", index),
                                                      ("location", location)))
-        s2 = {name: delay(m, value, 1, 1, name=f"{name}_s2") for name, value in s1.items()}
+        s2 = {name: delay(m, value, 1, 1, name=f"{name}_s2", reset_less=True)
+              for name, value in s1.items()}
         # The beat's element offset joins the row address at the slot address's last stage.
         offset = Signal(len(s2["beat"]) + lanes_log2)
         m.d.comb += offset.eq(s2["beat"] << lanes_log2)
@@ -552,9 +561,9 @@ class CombineGatherUnit(wiring.Component):
             p, addr_width=p.addr_width, offset_width=len(offset))
         base, in_range = slot_address.follow(m, ctl, en=1, index=index, location=location)
         m.d.comb += slot_address.offset.eq(offset)
-        s3 = {name: delay(m, value, slot_address.latency, 1, name=f"{name}_s3")
+        s3 = {name: delay(m, value, slot_address.latency, 1, name=f"{name}_s3", reset_less=True)
               for name, value in s2.items()}
-        s3["gate"] = delay(m, gate, slot_address.latency, 1, name="gate_s3")
+        s3["gate"] = delay(m, gate, slot_address.latency, 1, name="gate_s3", reset_less=True)
         # top_k == 0 is held for the run: every pair is invalid.
         s3["valid"] = in_range & ~k_zero
 
@@ -594,7 +603,7 @@ class CombineGatherUnit(wiring.Component):
         # enable).
         acc_pipe = m.submodules.acc_pipe = CreditPipeline(p.accumulate_latency, out_layout,
                                                           keep="final", alternate=("out",))
-        item = Signal(range(window))             # the beat's accumulator entry
+        item = Signal(range(window), reset_less=True)        # the beat's accumulator entry
         # The pass barrier. An entry's partial sum is written back ``accumulate_latency``
         # cycles after its beat entered and read ``mul_read`` cycles after a beat entered,
         # so the beats of two passes that meet in one entry must enter at least
@@ -605,21 +614,26 @@ class CombineGatherUnit(wiring.Component):
         # than the loop waits (with the default ``window``, only the last window can be).
         # The wait is a thermometer code of the idle cycles still to come, loaded at a
         # pass's end (its last item is n - 1: bit j is ``n - 1 < loop - 1 - j``) and shifted
-        # down every cycle, so that each bit's next value is the bit above it or a compare
-        # of the item with a constant.
+        # down every cycle, so that each bit's next value is the bit above it or a register
+        # of the load's. The item's compares with those constants are registers too
+        # (``below``, bit j: ``item < loop - 1 - j``), kept a step ahead like the item:
+        # all ones at entry 0, shifted down by one at each step (the compare in front of the
+        # barrier's choice, 4 levels, was the path of seeds of this unit and of moe_layer).
         loop = p.accumulate_loop
         hold = Signal(loop - 1)                  # bit j: more than j idle cycles to come
+        ones = (1 << (loop - 1)) - 1
+        below = Signal(loop - 1, init=ones, reset_less=True)
         holding = hold[0]
         m.d.comb += [acc_pipe.i_valid.eq(beat.valid & ~holding),
                      beat.ready.eq(acc_pipe.i_ready & ~holding)]
         take = acc_pipe.take
         wrap = tag.end_pass                      # the pass's last item: the next is entry 0
         with m.If(take):
-            m.d.sync += item.eq(Mux(wrap, 0, item + 1))
+            m.d.sync += [item.eq(Mux(wrap, 0, item + 1)),
+                         below.eq(Mux(wrap, ones, below >> 1))]
         # (a pass ends only in a cycle the count is zero: the load is or'ed in)
         load = take & wrap & ~tag.final
-        m.d.sync += hold.eq((hold >> 1) |
-                            Cat(load & (item < loop - 1 - j) for j in range(loop - 1)))
+        m.d.sync += hold.eq((hold >> 1) | (load.replicate(loop - 1) & below))
 
         # Operands registered next to the multipliers. With ``expert_lanes``, the expert's
         # operands are chosen in front of those registers while ``expert.on`` (by copies of
@@ -724,7 +738,7 @@ class CombineGatherUnit(wiring.Component):
                 fill.eq(0), avail.eq(0), win_tok.eq(0),
                 win_beat.eq(0), cur_tok.eq(0), cur_beat.eq(0), pass_k.eq(0),
                 row_start.eq(1), win_row_start.eq(1),
-                item.eq(0),
+                item.eq(0), below.eq(ones),
                 self.dropped.eq(0),
             ]
         # The first window, from the items (tokens * beats): sized in the two cycles before

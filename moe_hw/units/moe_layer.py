@@ -527,11 +527,8 @@ class MoELayer(wiring.Component):
         m.submodules.locations = loc = LocationsUnit(p.locations)
         m.submodules.dispatch = disp = DispatchUnit(p.dispatch)
         # (affine experts: the combine unit's multiply-add lanes compute them too, in the
-        # expert phase, while the combine unit is idle; its row reader holds a command in a
-        # register of its own, so that the expert buffer's ready, through the reader's issue,
-        # does not reach the command queue's output flag: 4 LUTs, the path of a seed)
-        m.submodules.combine = comb = CombineGatherUnit(
-            p.combine, expert_lanes=not p.stacked, buffered_command=True)
+        # expert phase, while the combine unit is idle)
+        m.submodules.combine = comb = CombineGatherUnit(p.combine, expert_lanes=not p.stacked)
 
         # ---- run control: start, held sizes, done / error; S = 0 is an empty run -----------
         # The run control begins a cycle before the sub-units start: ``sub_start`` (below) is
@@ -556,9 +553,9 @@ class MoELayer(wiring.Component):
         pairs = Signal(range(p.max_pairs + 1))
         beats = Signal(range(p.max_beats + 1))
         expert_span = Signal(p.addr_width + 1)       # C*H, the elements of one expert
-        phase = Signal(2)
         sub_start = Signal()                            # the sub-units' start (below)
-        # The phase as one-hot registers beside it: a phase test is a register, not a decode.
+        # The phase as one-hot registers (the ``phase`` output is their encoding): a phase
+        # test is a register, not a decode.
         in_route = Signal()
         in_experts = Signal()
         in_combine = Signal()
@@ -567,10 +564,8 @@ class MoELayer(wiring.Component):
         # a port (kept apart from the flags and from each other: ``RegisterCopies``).
         experts_copies = RegisterCopies(1, name="in_experts_copy")
         combine_copies = RegisterCopies(1, name="in_combine_copy")
-        m.d.comb += self.phase.eq(phase)
-
-        def enter(name):
-            m.d.sync += phase.eq(PHASES[name])
+        assert PHASES == {"idle": 0, "route_dispatch": 1, "experts": 2, "combine": 3}
+        m.d.comb += self.phase.eq(Cat(in_route | in_combine, in_experts | in_combine))
 
         # ---- pair memory: word i, entry k = pair (k, i) ---------------------------------------
         pair_mem = m.submodules.pair_memory = BlockMemory(
@@ -593,8 +588,11 @@ class MoELayer(wiring.Component):
             join.w_en.eq(self.pair.valid & self.pair.ready),
         ]
         joined = join.r_data
-        w_token = Signal.like(self.tokens)       # where the next location goes
-        w_choice = Signal(range(p.max_top_k))
+        # (The counters that restart in the run control's decide cycle, here and below, have
+        # no reset of their own: nothing reads them before it, and the decide flag, a
+        # register, is then their slices' set/reset alone, not a LUT of it and the reset.)
+        w_token = Signal.like(self.tokens, reset_less=True)  # where the next location goes
+        w_choice = Signal(range(p.max_top_k), reset_less=True)
         location = loc.location.payload.location
         m.d.comb += [
             loc.location.ready.eq(1),
@@ -610,22 +608,36 @@ class MoELayer(wiring.Component):
         # counters' wrap compares two registers, with no subtraction in front of it.
         tokens_last = Signal.like(tokens)
         m.d.sync += tokens_last.eq(tokens - 1)
-        # T == 1 and T - 2, for the token counters' wrap flags (``wrap_flag``); T != 0 and
-        # T == 1 for the combine's count of tokens left (``c_left``)
+        # T == 1, T == 2, T - 2 and T - 3, for the token counters' wrap flags (``wrap_flag``);
+        # T != 0 and T == 1 for the combine's count of tokens left (``c_left``)
         tokens_one = Signal()
+        tokens_two = Signal()
         tokens_any = Signal()
         tokens_less2 = Signal.like(tokens)
-        m.d.sync += [tokens_one.eq(tokens == 1), tokens_any.eq(tokens != 0),
-                     tokens_less2.eq(tokens - 2)]
+        tokens_less3 = Signal.like(tokens)
+        m.d.sync += [tokens_one.eq(tokens == 1), tokens_two.eq(tokens == 2),
+                     tokens_any.eq(tokens != 0),
+                     tokens_less2.eq(tokens - 2), tokens_less3.eq(tokens - 3)]
 
         def wrap_flag(token, step, name):
             # Whether ``token`` is T - 1, as a register: the compare itself while the token
-            # holds, and a step ahead when it steps (T == 1 after a wrap to 0, else
-            # ``token == T - 2``), so that the counter's clock enables wait on no compare
-            # (the token's compare into the choice's enable: seeds' paths).
+            # holds, and a step ahead when it steps (T == 1 after a wrap to 0, else whether
+            # the token is T - 2), so that the counter's clock enables wait on no compare
+            # (the token's compare into the choice's enable: seeds' paths). Whether the token
+            # is T - 2 comes from registers too, so that the step is the last choice (the
+            # compare behind the step's choice, 4 levels, was two seeds' path): the compares
+            # with T - 2 and T - 3 are registered every cycle, and after a step the token is
+            # the one compared with T - 3 plus one, or 0 after a wrap. (A token holds for many
+            # cycles after the run's clear and T's load before its first step.)
             flag = Signal(name=name)
-            m.d.sync += flag.eq(Mux(step, Mux(flag, tokens_one, token == tokens_less2),
-                                    token == tokens_last))
+            stepped = Signal(name=f"{name}_stepped")
+            wrapped = Signal(name=f"{name}_wrapped")
+            was_less2 = Signal(name=f"{name}_less2")
+            was_less3 = Signal(name=f"{name}_less3")
+            m.d.sync += [stepped.eq(step), wrapped.eq(step & flag),
+                         was_less2.eq(token == tokens_less2), was_less3.eq(token == tokens_less3)]
+            is_less2 = Mux(stepped, Mux(wrapped, tokens_two, was_less3), was_less2)
+            m.d.sync += flag.eq(Mux(step, Mux(flag, tokens_one, is_less2), token == tokens_last))
             return flag
 
         w_wrap = wrap_flag(w_token, loc.location.valid, "w_wrap")
@@ -651,15 +663,16 @@ class MoELayer(wiring.Component):
                                                       init=[])
         work_w = work.write_port()
         work_r = work.read_port(domain="comb")
-        work_in = Signal(range(p.max_experts + 1))      # entries on the list
-        work_out = Signal(range(p.max_experts + 1))     # entries taken by the expert phase
+        work_in = Signal(range(p.max_experts + 1), reset_less=True)   # entries on the list
+        work_out = Signal(range(p.max_experts + 1), reset_less=True)  # taken by the experts
         # work_in - 1 and work_in - 2, loaded with work_in: the expert phase's tests whether
         # an entry is left after the next one or two compare two registers, with no adder on
         # work_out in front (``work_out + 2 != work_in`` was among the layer's deepest inputs)
-        work_in_less = [Signal(signed(len(work_in) + 2), init=-k, name=f"work_in_less{k}")
+        work_in_less = [Signal(signed(len(work_in) + 2), init=-k, name=f"work_in_less{k}",
+                               reset_less=True)
                         for k in (1, 2)]
-        counts_in = Signal(range(p.max_experts + 1))    # totals received
-        count_base = Signal(p.addr_width + 1)           # e*C*H of the next total
+        counts_in = Signal(range(p.max_experts + 1), reset_less=True)  # totals received
+        count_base = Signal(p.addr_width + 1, reset_less=True)  # e*C*H of the next total
         # The totals pass two registers before the list: the first holds the count with its
         # compares (``count < C``, ``count != 0``), the second the filled rows ``min(count, C)``
         # and whether there are any, so the list's write enable starts from a register.
@@ -713,7 +726,7 @@ class MoELayer(wiring.Component):
 
         # ---- expert parameters (affine experts: E beats into a memory, any time in the run;
         # expert stacks: streamed into each expert's run, below) --------------------------------
-        params_in = Signal(range(p.max_experts + 1))
+        params_in = Signal(range(p.max_experts + 1), reset_less=True)
         if not p.stacked:
             expert_mem = m.submodules.expert_memory = memory.Memory(
                 shape=p.expert_params_layout(), depth=p.max_experts, init=[])
@@ -763,12 +776,12 @@ class MoELayer(wiring.Component):
         # through its count, 4 levels, was a seed's path); a pair is left when it is not 0,
         # or not 1 after a read.
         d_ctl = m.submodules.dispatch_header = PipelineControl(BlockMemory.latency + 1)
-        d_token = Signal.like(self.tokens)
-        d_choice = Signal(range(p.max_top_k))
-        unread = Signal.like(pairs)
-        unread_nonzero = Signal()
-        unread_not_one = Signal(init=1)
-        d_stepped = Signal()
+        d_token = Signal.like(self.tokens, reset_less=True)
+        d_choice = Signal(range(p.max_top_k), reset_less=True)
+        unread = Signal.like(pairs, reset_less=True)
+        unread_nonzero = Signal(reset_less=True)
+        unread_not_one = Signal(init=1, reset_less=True)
+        d_stepped = Signal(reset_less=True)
         m.d.comb += d_ctl.i_valid.eq(in_route & disp.busy &
                                      Mux(d_stepped, unread_not_one, unread_nonzero))
         d_step = d_ctl.i_valid & d_ctl.en
@@ -801,7 +814,7 @@ class MoELayer(wiring.Component):
         # dispatch's ``unread``, with flags for 0 and 1: only registers reach the flags (the
         # combine's header ready through the read's take into a compare of ``c_token`` with
         # T, 4 levels, was the deepest path left; before that the compare itself).
-        c_token = Signal.like(self.tokens)
+        c_token = Signal.like(self.tokens, reset_less=True)
         c_left = Signal.like(self.tokens)
         c_left_nonzero = Signal()
         c_left_not_one = Signal()
@@ -919,7 +932,7 @@ class MoELayer(wiring.Component):
             x_pipe = m.submodules.expert_pipeline = CreditPipeline(
                 latency, p.write_layout(), alternate=("addr", "data"))
             m.d.comb += [x_pipe.i_valid.eq(beat.valid), beat.ready.eq(x_pipe.i_ready)]
-            x_offset = Signal(p.addr_width)          # the beat's offset within its row
+            x_offset = Signal(p.addr_width, reset_less=True)  # the beat's offset in its row
             with m.If(x_pipe.take):
                 m.d.sync += x_offset.eq(Mux(beat.payload.last, 0, x_offset + p.lanes))
             m.d.comb += [comb.expert.on.eq(in_experts),
@@ -1067,12 +1080,6 @@ class MoELayer(wiring.Component):
         # the unit's run control.
         m.d.sync += comb.start.eq(to_combine)
         m.d.comb += ctl.finished.eq(finished)
-        with m.If(to_experts):
-            enter("experts")
-        with m.If(to_combine):
-            enter("combine")
-        with m.If(finished):
-            enter("idle")
         # The one-hot flags and their copies each from their own set and clear, not from the
         # choice among all four entries (the combine's end through ``finished`` into the
         # copies of ``in_experts``, 3 levels, was a seed's path): a phase is entered only
@@ -1109,7 +1116,6 @@ class MoELayer(wiring.Component):
             if not p.stacked:
                 m.d.sync += x_offset.eq(0)
         with m.If(sub_start):
-            enter("route_dispatch")
             m.d.sync += [c_left.eq(tokens), c_left_nonzero.eq(tokens_any),
                          c_left_not_one.eq(~tokens_one)]
         return m
