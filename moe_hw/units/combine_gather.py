@@ -352,7 +352,7 @@ class CombineGatherUnit(wiring.Component):
         # their own: nothing reads them before it, and the decide flag, a register, is then
         # their slices' set/reset alone, not a LUT of it and the reset: the reset through
         # that LUT into ``item`` and ``cur_tok`` was a path of moe_layer's and
-        # dispatch_backward_data's seeds.)
+        # dispatch_backward_data's seeds. ``dropped``, a status output, keeps its reset.)
         headers_in = Signal(ring_bits, reset_less=True)      # headers taken so far
         win_tok = Signal(ring_bits, reset_less=True)         # the current window's first token
         # The ring's fill (headers_in - win_tok) and the headers available from the scheduler's

@@ -590,7 +590,9 @@ class MoELayer(wiring.Component):
         joined = join.r_data
         # (The counters that restart in the run control's decide cycle, here and below, have
         # no reset of their own: nothing reads them before it, and the decide flag, a
-        # register, is then their slices' set/reset alone, not a LUT of it and the reset.)
+        # register, is then their slices' set/reset alone, not a LUT of it and the reset.
+        # ``x_loaded`` and ``dropped`` keep theirs: the expert command's valid and a status
+        # output, read while idle.)
         w_token = Signal.like(self.tokens, reset_less=True)  # where the next location goes
         w_choice = Signal(range(p.max_top_k), reset_less=True)
         location = loc.location.payload.location
