@@ -578,14 +578,21 @@ class MoELayer(wiring.Component):
         # takes, and its ``w_rdy`` gates neither handshake: the pair's valid reaches the
         # generator's issue alone (``w_rdy`` through the issue into its pair count's clock
         # enable, 3 levels, was a seed's path; before that ``SyncFIFO``'s level compare, into
-        # the generator's phase flags: 187.5 MHz).
+        # the generator's phase flags: 187.5 MHz). The taken pair enters the FIFO a cycle
+        # late, from registers: the FIFO's fill and flags wait on no handshake (the issue's
+        # take through the write into ``w_rdy``, 4 levels, was two seeds' path). It is on
+        # ``r_data`` two cycles after its take, before its location (four at the least).
         join = m.submodules.join = RegisteredFIFO(p.pair_layout(), LocationsParams.INSIDE + 1)
+        pair_taken = Signal()
+        pair_held = Signal(p.pair_layout(), reset_less=True)
+        m.d.sync += [pair_taken.eq(self.pair.valid & self.pair.ready),
+                     pair_held.eq(self.pair.payload)]
         m.d.comb += [
             loc.index.valid.eq(self.pair.valid),
             loc.index.payload.index.eq(self.pair.payload.index),
             self.pair.ready.eq(loc.index.ready),
-            join.w_data.eq(self.pair.payload),
-            join.w_en.eq(self.pair.valid & self.pair.ready),
+            join.w_data.eq(pair_held),
+            join.w_en.eq(pair_taken),
         ]
         joined = join.r_data
         # (The counters that restart in the run control's decide cycle, here and below, have
@@ -621,7 +628,7 @@ class MoELayer(wiring.Component):
                      tokens_any.eq(tokens != 0),
                      tokens_less2.eq(tokens - 2), tokens_less3.eq(tokens - 3)]
 
-        def wrap_flag(token, step, name):
+        def wrap_flag(token, step, name, stepped=None):
             # Whether ``token`` is T - 1, as a register: the compare itself while the token
             # holds, and a step ahead when it steps (T == 1 after a wrap to 0, else whether
             # the token is T - 2), so that the counter's clock enables wait on no compare
@@ -631,12 +638,15 @@ class MoELayer(wiring.Component):
             # with T - 2 and T - 3 are registered every cycle, and after a step the token is
             # the one compared with T - 3 plus one, or 0 after a wrap. (A token holds for many
             # cycles after the run's clear and T's load before its first step.)
+            # ``stepped``: the step registered, when the caller has it already.
             flag = Signal(name=name)
-            stepped = Signal(name=f"{name}_stepped")
+            if stepped is None:
+                stepped = Signal(name=f"{name}_stepped")
+                m.d.sync += stepped.eq(step)
             wrapped = Signal(name=f"{name}_wrapped")
             was_less2 = Signal(name=f"{name}_less2")
             was_less3 = Signal(name=f"{name}_less3")
-            m.d.sync += [stepped.eq(step), wrapped.eq(step & flag),
+            m.d.sync += [wrapped.eq(step & flag),
                          was_less2.eq(token == tokens_less2), was_less3.eq(token == tokens_less3)]
             is_less2 = Mux(stepped, Mux(wrapped, tokens_two, was_less3), was_less2)
             m.d.sync += flag.eq(Mux(step, Mux(flag, tokens_one, is_less2), token == tokens_last))
@@ -790,7 +800,7 @@ class MoELayer(wiring.Component):
         m.d.sync += d_stepped.eq(d_step)
         count_level(m, unread, loc.location.valid, d_stepped,
                     [(unread_nonzero, False, 0), (unread_not_one, False, 1)])
-        d_wrap = wrap_flag(d_token, d_step, "d_wrap")
+        d_wrap = wrap_flag(d_token, d_step, "d_wrap", stepped=d_stepped)
         with m.If(d_step):
             with m.If(d_wrap):
                 m.d.sync += [d_token.eq(0), d_choice.eq(d_choice + 1)]
