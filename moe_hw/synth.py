@@ -4,6 +4,7 @@ path and resources, and its Fmax as a ratio to a reference adder in the same run
     python -m moe_hw.synth UNIT|POINT --target T [--set NAME=VALUE ...] [--seeds N]
                            [--first-seed S] [--jobs J] [--freq MHZ] [--json FILE]
                            [--timeout S] [--work DIR] [--check] [--long-nets N]
+                           [--against FILE]
     python -m moe_hw.synth UNIT|POINT --target T [--set ...] --resources [--paths N]
                            [--parts N] [--json FILE]
 
@@ -20,6 +21,10 @@ in, those that recur over the seeds first. ``--long-nets N`` adds the best seed'
 with the most sinks whose routing alone is over half the clock period (from nextpnr's detailed
 net timing): the clock enables, set/resets and RAM write enables that a placement spread
 over the chip, which the failing paths of a design far from its target share.
+``--against FILE`` compares this run's seeds with those of an earlier ``--json`` report (the
+build before a change, say): both means and standard deviations, the difference and its
+standard error, and whether it is beyond two of them, where placement alone spreads the
+seeds by 5-15 MHz.
 
 Targets: ecp5-85k (LFE5U-85F, CABGA381, speed 8), ice40-up5k, nexus-40k (LIFCL-40), and the
 ULX3S board, ulx3s-85f (its LFE5U-85F at speed 6, 25 MHz; also writes the bitstream top.bit
@@ -41,12 +46,14 @@ from pathlib import Path
 
 from .cli import fail, parse_sets, run_main
 from .flows.synth import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, RESOURCES, TARGETS, SynthError,
-                          format_table, pack_design, synthesize, target as find_target)
+                          compare_seeds, format_table, pack_design, synthesize,
+                          target as find_target)
 from .flows.levels import format_levels
 from .gen import split_interface
 from .registry import unit_or_point
 
-__all__ = ["main", "synth", "synth_params", "pack", "meets_bar", "BAR_MHZ", "BAR_RATIO"]
+__all__ = ["main", "synth", "synth_params", "pack", "meets_bar", "load_seeds", "BAR_MHZ",
+           "BAR_RATIO"]
 
 PROG = "python -m moe_hw.synth"
 
@@ -54,6 +61,26 @@ PROG = "python -m moe_hw.synth"
 #: adder in the same run.
 BAR_MHZ = 250.0
 BAR_RATIO = 0.70
+
+
+def load_seeds(path):
+    """The design's name and ``{seed: MHz}`` in an earlier report that ``--json`` wrote
+    (``--against``); a clear error for a file that is not one."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+        design = report["design"]
+        seeds = {int(seed): float(mhz) for seed, mhz in design["seed_fmax_mhz"].items()}
+        name = str(design["name"])
+    except FileNotFoundError:
+        raise ValueError(f"--against: no file {path}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError,
+            UnicodeDecodeError):
+        raise ValueError(f"--against: {path} is not a placement report of {PROG} --json "
+                         "(a design with its seeds' Fmax; --resources writes none)") from None
+    if not seeds:
+        raise ValueError(f"--against: {path} has no placed seed")
+    return name, seeds
 
 
 def meets_bar(report):
@@ -210,6 +237,10 @@ def main(argv=None):
                         help="list the best seed's N nets with the most sinks whose routing "
                              "alone is over half the clock period (the clock enables and "
                              "set/resets a placement spread over the chip; default 0: none)")
+    parser.add_argument("--against", type=Path, default=None, metavar="FILE",
+                        help="an earlier --json report: compare this run's seeds with its "
+                             "seeds (means, standard deviations, the difference and its "
+                             "standard error)")
     args = parser.parse_args(argv)
 
     def resources():
@@ -221,6 +252,8 @@ def main(argv=None):
             raise ValueError(f"--parts must be 0 or more, not {args.parts}")
         if args.long_nets:
             raise ValueError("--long-nets needs a placement: leave out --resources")
+        if args.against:
+            raise ValueError("--against compares placements: leave out --resources")
         start = time.perf_counter()
         result = pack(args.unit, args.target, parse_sets(args.set), timeout=args.timeout,
                       work_dir=args.work, progress=_progress, parts=args.parts)
@@ -242,12 +275,18 @@ def main(argv=None):
                              "keep it")
         if args.long_nets < 0:
             raise ValueError(f"--long-nets must be 0 or more, not {args.long_nets}")
+        earlier = load_seeds(args.against) if args.against else None
         start = time.perf_counter()
         report = synth(args.unit, args.target, parse_sets(args.set), seeds=args.seeds,
                        freq=args.freq, timeout=args.timeout, work_dir=args.work,
                        progress=_progress, jobs=args.jobs, first_seed=args.first_seed,
                        long_nets=args.long_nets)
         print(format_table(report))
+        if earlier:
+            name, seeds = earlier
+            print("\n".join([f"Against {args.against} ({name}):", *(
+                "  " + line for line in compare_seeds(report.design.seed_fmax_mhz, seeds,
+                                                      names=("this run", "that report")))]))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")

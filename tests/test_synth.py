@@ -9,6 +9,7 @@ the units at their default parameters are benchmarks, run by hand (README).
 import importlib.util
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,15 @@ def test_banked_memory_keeps_an_address_copy_per_bank(tmp_path, banks):
     assert cells["TRELLIS_FF"] == banks * per_bank + shared, cells
 
 
+def test_counter_bank_stays_in_lut_ram_at_256_experts(tmp_path):
+    """The location unit's counter bank at 256 experts is LUT RAM (``ram_style``): an
+    inferred ECP5 block RAM reads with no output register, its data 4.5 ns after the clock
+    (148-153 MHz against 187-204 in LUT RAM, README "Synthesis and timing")."""
+    from moe_hw.units.locations import LocationsParams, LocationsUnit
+    cells = _yosys_cells(tmp_path, LocationsUnit(LocationsParams(max_experts=256)))
+    assert "DP16KD" not in cells and cells.get("TRELLIS_DPR16X4", 0) >= 256 // 16, cells
+
+
 def test_scan_layers_synthesises_at_small_maxima(tmp_path):
     """scan_layers at the smallest maxima whose ABC9 step failed (its array-layout fields'
     names met), through Yosys only."""
@@ -284,7 +294,8 @@ def test_seeds_in_parallel_give_each_seed_its_own_figures():
     figures = ", ".join(f"{mhz:.1f}" + ("*" if seed == together.best_seed else "")
                         for seed, mhz in sorted(together.seed_fmax_mhz.items()))
     mean = sum(together.seed_fmax_mhz.values()) / 3
-    assert f"adder: {figures} (mean {mean:.1f})" in spread
+    sd = statistics.stdev(together.seed_fmax_mhz.values())
+    assert f"adder: {figures} (mean {mean:.1f}, sd {sd:.1f})" in spread
     # every seed's critical path: the best seed's is the one reported, a seed's the same
     # placed alone or beside another, and the table lists them and the registers they end in
     assert together.seed_paths == alone.seed_paths and sorted(together.seed_paths) == [1, 2, 3]
@@ -337,6 +348,66 @@ def test_bad_first_seed_is_one_line(capsys):
 def test_resources_with_check_is_one_line(capsys):
     lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--check"], 2)
     assert lines == [f"{PROG}: error: --check needs an Fmax: leave out --resources"]
+
+
+def test_compare_seeds_by_mean_and_standard_error():
+    """--against's comparison: each side's mean and standard deviation, the difference of
+    the means, its standard error and the verdict at two standard errors."""
+    before = {1: 226.0, 2: 226.1, 3: 215.1, 4: 205.5}
+    mean, sd = flow.seed_statistics(before.values())
+    assert mean == pytest.approx(218.175) and sd == pytest.approx(statistics.stdev(
+        before.values()))
+    assert flow.seed_statistics([251.0]) == (251.0, None)
+    with pytest.raises(ValueError, match="no figures"):
+        flow.seed_statistics([])
+    faster = {seed: mhz + 25.0 + (seed % 2) for seed, mhz in before.items()}
+    lines = flow.compare_seeds(faster, before, names=("new", "old"))
+    error = (statistics.variance(faster.values()) / 4 +
+             statistics.variance(before.values()) / 4) ** 0.5
+    difference = statistics.mean(faster.values()) - mean
+    assert len(lines) == 3
+    assert lines[0].startswith(f"new: 4 seeds, mean {mean + difference:.1f}, sd ")
+    assert lines[1] == f"old: 4 seeds, mean {mean:.1f}, sd {sd:.1f}"
+    assert lines[2].startswith(f"difference {difference:+.1f} MHz, standard error {error:.1f}")
+    assert lines[2].endswith("beyond two standard errors: new is faster")
+    slower = flow.compare_seeds(before, faster, names=("new", "old"))
+    assert slower[2].endswith("beyond two standard errors: new is slower")
+    # a shift well inside the spread: no difference shown
+    near = {seed: mhz + 2.0 for seed, mhz in before.items()}
+    assert flow.compare_seeds(near, before)[2].endswith("no difference shown beyond the "
+                                                        "seeds' spread")
+    assert "needs two seeds or more" in flow.compare_seeds({1: 240.0}, before)[2]
+
+
+def test_against_compares_with_an_earlier_report(tmp_path, capsys, monkeypatch):
+    """--against FILE prints the comparison under the table; a file that is no placement
+    report, a missing one, or --against with --resources is one line, before any tool
+    runs."""
+    from types import SimpleNamespace
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"design": {"name": "fmul", "seed_fmax_mhz": {
+        "1": 226.0, "2": 226.1, "3": 215.1}}}))
+    now = {1: 240.0, 2: 238.5, 3: 241.0}
+    monkeypatch.setattr(synth, "synth", lambda *args, **kwargs: SimpleNamespace(
+        design=SimpleNamespace(name="fmul", seed_fmax_mhz=now)))
+    monkeypatch.setattr(synth, "format_table", lambda report: "the table")
+    assert synth.main(["fmul", "--target", "ecp5-85k", "--against", str(earlier)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "the table"
+    assert out[1:] == [f"Against {earlier} (fmul):", *(
+        "  " + line for line in flow.compare_seeds(now, {1: 226.0, 2: 226.1, 3: 215.1},
+                                                    names=("this run", "that report")))]
+
+    packed = tmp_path / "packed.json"
+    packed.write_text(json.dumps({"name": "fmul", "resources": {}}))
+    for path, message in ((packed, f"--against: {packed} is not a placement report"),
+                          (tmp_path / "none.json", f"--against: no file {tmp_path}")):
+        lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--against", str(path)],
+                             2)
+        assert len(lines) == 1 and lines[0].startswith(f"{PROG}: error: {message}")
+    lines = _error_lines(capsys, ["fmul", "--target", "ecp5-85k", "--resources", "--against",
+                                  str(earlier)], 2)
+    assert lines == [f"{PROG}: error: --against compares placements: leave out --resources"]
 
 
 def test_levels_table_runs_for_one_design(tmp_path, capsys):

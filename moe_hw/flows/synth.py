@@ -930,10 +930,53 @@ def format_seed_paths(result):
     return lines
 
 
+def seed_statistics(figures):
+    """The mean of a list of Fmax figures and their sample standard deviation (``None``
+    for fewer than two): placement alone spreads a design's seeds by 5-15 MHz, one
+    standard deviation, so two builds compare by their means, and the deviation says how
+    far a mean can move by chance."""
+    figures = list(figures)
+    if not figures:
+        raise ValueError("seed_statistics: no figures")
+    mean = sum(figures) / len(figures)
+    if len(figures) < 2:
+        return mean, None
+    return mean, (sum((mhz - mean) ** 2 for mhz in figures) / (len(figures) - 1)) ** 0.5
+
+
+def compare_seeds(figures, earlier, *, names=("this run", "the earlier run")):
+    """Two builds' seeds (``{seed: MHz}`` each) compared by their means, as lines: each
+    side's seeds, mean and standard deviation, then the difference of the means, its
+    standard error (``sqrt(sd1^2 / n1 + sd2^2 / n2)``; the placements of two netlists are
+    independent draws, seed for seed) and whether it is beyond two standard errors."""
+    lines, stats = [], []
+    for name, seeds in zip(names, (figures, earlier)):
+        mean, sd = seed_statistics(seeds.values())
+        stats.append((mean, sd, len(seeds)))
+        lines.append(f"{name}: {len(seeds)} seed{'s' * (len(seeds) > 1)}, mean {mean:.1f}"
+                     + ("" if sd is None else f", sd {sd:.1f}"))
+    (mean, sd, n), (mean0, sd0, n0) = stats
+    difference = f"difference {mean - mean0:+.1f} MHz"
+    if sd is None or sd0 is None:
+        return [*lines, difference + " (a standard error needs two seeds or more on each side)"]
+    error = (sd ** 2 / n + sd0 ** 2 / n0) ** 0.5
+    if error == 0:
+        return [*lines, difference + " (every seed the same on both sides)"]
+    ratio = (mean - mean0) / error
+    verdict = ("within two standard errors: no difference shown beyond the seeds' spread"
+               if abs(ratio) < 2 else
+               f"beyond two standard errors: {names[0]} is {'faster' if ratio > 0 else 'slower'}")
+    return [*lines, f"{difference}, standard error {error:.1f} ({ratio:+.1f} standard "
+                    f"errors): {verdict}"]
+
+
 def _mean(result):
-    """`` (mean 240.3)``: the mean Fmax of a result's seeds, when more than one finished."""
-    figures = list(result.seed_fmax_mhz.values())
-    return f" (mean {sum(figures) / len(figures):.1f})" if len(figures) > 1 else ""
+    """`` (mean 240.3, sd 9.8)``: the mean Fmax of a result's seeds and their standard
+    deviation, when more than one finished."""
+    if len(result.seed_fmax_mhz) < 2:
+        return ""
+    mean, sd = seed_statistics(result.seed_fmax_mhz.values())
+    return f" (mean {mean:.1f}, sd {sd:.1f})"
 
 
 def format_table(report):
@@ -976,7 +1019,7 @@ def format_table(report):
         f"target {report.freq_mhz:g} MHz, {seeds} each; {tools}",
         line(head), line(["-" * width for width in widths]), *(line(row) for row in rows),
         *([f"Fmax by seed ({'' if first == 1 else f'seeds {numbers}; '}MHz; * the best, "
-           f"reported above; the seeds' mean in brackets): "
+           f"reported above; the seeds' mean and standard deviation in brackets): "
            f"{'; '.join(spread)}"]
           if spread else []),
         *([f"Critical path by seed ({report.design.name}):",
