@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -938,10 +939,7 @@ def seed_statistics(figures):
     figures = list(figures)
     if not figures:
         raise ValueError("seed_statistics: no figures")
-    mean = sum(figures) / len(figures)
-    if len(figures) < 2:
-        return mean, None
-    return mean, (sum((mhz - mean) ** 2 for mhz in figures) / (len(figures) - 1)) ** 0.5
+    return statistics.mean(figures), statistics.stdev(figures) if len(figures) > 1 else None
 
 
 def compare_seeds(figures, earlier, *, names=("this run", "the earlier run")):
@@ -970,7 +968,7 @@ def compare_seeds(figures, earlier, *, names=("this run", "the earlier run")):
                     f"errors): {verdict}"]
 
 
-def _mean(result):
+def _mean_and_sd(result):
     """`` (mean 240.3, sd 9.8)``: the mean Fmax of a result's seeds and their standard
     deviation, when more than one finished."""
     if len(result.seed_fmax_mhz) < 2:
@@ -1012,7 +1010,7 @@ def format_table(report):
                   for result in (report.reference, report.design) if result.unfinished_seeds]
     # Every seed's figure, so that the spread placement alone gives is in sight, and their
     # mean: two builds compare by it (a change can move the best seed and not the mean).
-    spread = [f"{result.name}: {format_seeds(result, best='*')}{_mean(result)}"
+    spread = [f"{result.name}: {format_seeds(result, best='*')}{_mean_and_sd(result)}"
               for result in (report.reference, report.design)] if report.seeds > 1 else []
     return "\n".join([
         f"{report.design.description} on {report.device} ({report.target})",
