@@ -222,7 +222,7 @@ def test_banked_memory_keeps_an_address_copy_per_bank(tmp_path, banks):
 
 
 def test_counter_bank_stays_in_lut_ram_at_256_experts(tmp_path):
-    """The location unit's counter bank at 256 experts is LUT RAM (``ram_style``): an
+    """A counter bank of 256 (the location unit's at 256 experts) is LUT RAM: an
     inferred ECP5 block RAM reads with no output register, its data 4.5 ns after the clock
     (148-153 MHz against 187-204 in LUT RAM, README "Synthesis and timing")."""
     from moe_hw.units.locations import LocationsParams, LocationsUnit

@@ -168,10 +168,7 @@ class LocationsUnit(wiring.Component):
         num_experts = ctl.size("num_experts")
         capacity = ctl.size("capacity")
 
-        # (in LUT RAM at every depth: Yosys puts a deep bank, 256 experts, in a block RAM,
-        # whose inferred read has no output register, its data 4.5 ns after the clock)
-        m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width,
-                                               ram_style="distributed")
+        m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width)
         m.submodules.ctl = pipe = PipelineControl(bank.latency)
         m.submodules.location_skid = location_skid = SkidBuffer(p.location_layout())
         m.submodules.count_skid = count_skid = SkidBuffer(p.count_layout())

@@ -384,7 +384,7 @@ class MoeReRoutingUnit(wiring.Component):
         banks = []
         for index in range(-(-p.max_experts // bank_depth)):
             bank = CounterBank(bank_depth, p.total_width, amount_width=p.row_width,
-                               ram_style="distributed", copy=index % 4)
+                               copy=index % 4)
             m.submodules[f"bank{index}"] = bank
             banks.append(bank)
             own = (request.index >> bank_bits) == index
