@@ -703,10 +703,25 @@ def test_timing_bar_verdict():
 
     from moe_hw.synth import meets_bar
 
-    def report(fmax, reference):
-        return SimpleNamespace(design=SimpleNamespace(fmax_mhz=fmax, description="d"),
-                               reference=SimpleNamespace(fmax_mhz=reference))
+    def report(fmax, reference, seeds=None):
+        return SimpleNamespace(
+            design=SimpleNamespace(fmax_mhz=fmax, description="d",
+                                   seed_fmax_mhz=seeds or {1: fmax}),
+            reference=SimpleNamespace(fmax_mhz=reference))
 
     assert meets_bar(report(260.0, 354.0)).startswith("meets")
     assert meets_bar(report(249.9, 354.0)).startswith("below")      # under 250 MHz
     assert meets_bar(report(251.0, 400.0)).startswith("below")      # ratio 0.63
+    # 0.697 is below 0.70: the ratio is printed to three places, so that it does not read
+    # "0.70 (>= 0.70)" under a verdict of "below"
+    line = meets_bar(report(252.6, 362.2))
+    assert line.startswith("below") and "ratio 0.697 (>= 0.70)" in line
+    # Over several seeds: how many meet the bar each on its own (250 MHz and 0.70 of the
+    # reference adder's best), and which: not seed 3 (249.9 MHz), nor seed 2 (251.4 MHz,
+    # 0.698 of 360).
+    seeds = {1: 243.1, 2: 251.4, 3: 249.9, 4: 260.0, 5: 255.0}
+    line = meets_bar(report(260.0, 360.0, seeds))
+    assert line.startswith("meets") and line.endswith("; 2 of 5 seeds meet it (4, 5)")
+    assert meets_bar(report(249.0, 354.0, {1: 249.0, 2: 240.0})).endswith(
+        "; 0 of 2 seeds meet it")
+    assert "seeds meet" not in meets_bar(report(260.0, 354.0))       # one seed: no count
