@@ -52,8 +52,8 @@ from .flows.levels import format_levels
 from .gen import split_interface
 from .registry import unit_or_point
 
-__all__ = ["main", "synth", "synth_params", "pack", "meets_bar", "seeds_at_bar", "load_seeds",
-           "BAR_MHZ", "BAR_RATIO"]
+__all__ = ["main", "synth", "synth_params", "pack", "meets_bar", "seeds_at_bar", "at_bar",
+           "load_seeds", "BAR_MHZ", "BAR_RATIO"]
 
 PROG = "python -m moe_hw.synth"
 
@@ -83,13 +83,17 @@ def load_seeds(path):
     return name, seeds
 
 
+def at_bar(fmax, reference):
+    """Whether an Fmax of ``fmax`` MHz meets the bar beside a reference adder of
+    ``reference`` MHz: :data:`BAR_MHZ` or more and :data:`BAR_RATIO` or more of it."""
+    return fmax >= BAR_MHZ and fmax / reference >= BAR_RATIO
+
+
 def seeds_at_bar(report):
-    """The design's seeds that meet the bar each on its own: an Fmax of :data:`BAR_MHZ` or
-    more and :data:`BAR_RATIO` or more of the reference adder's (its best seed's, as the
-    verdict takes it)."""
-    reference = report.reference.fmax_mhz
+    """The design's seeds that meet the bar each on its own (:func:`at_bar`, beside the
+    reference adder's best seed, as the verdict takes it)."""
     return sorted(seed for seed, mhz in report.design.seed_fmax_mhz.items()
-                  if mhz >= BAR_MHZ and mhz / reference >= BAR_RATIO)
+                  if at_bar(mhz, report.reference.fmax_mhz))
 
 
 def meets_bar(report):
@@ -98,7 +102,7 @@ def meets_bar(report):
     the count says how far it rests on one lucky placement."""
     fmax = report.design.fmax_mhz
     ratio = fmax / report.reference.fmax_mhz
-    ok = fmax >= BAR_MHZ and ratio >= BAR_RATIO
+    ok = at_bar(fmax, report.reference.fmax_mhz)
     seeds = report.design.seed_fmax_mhz
     count = ""
     if len(seeds) > 1:

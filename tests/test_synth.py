@@ -701,7 +701,10 @@ def test_timing_bar_verdict():
     """--check's verdict: both the absolute Fmax and the ratio to the reference count."""
     from types import SimpleNamespace
 
-    from moe_hw.synth import meets_bar
+    from moe_hw.synth import at_bar, meets_bar
+
+    assert at_bar(250.0, 357.0) and not at_bar(250.0, 358.0)         # 0.7003, 0.6983
+    assert not at_bar(249.9, 300.0)
 
     def report(fmax, reference, seeds=None):
         return SimpleNamespace(
