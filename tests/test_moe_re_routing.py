@@ -16,6 +16,7 @@ from amaranth.sim import Simulator
 
 from moe_hw.blocks.counter_bank import CounterBank
 from moe_hw.blocks.run_control import EMPTY_CYCLES
+from moe_hw.flows.simulate import simulator_available
 from moe_hw.host.checks import HostError
 from moe_hw.host.moe_re_routing import UNIT, random_counts, random_problem, simulate_raw
 from moe_hw.host.unit import run
@@ -134,6 +135,22 @@ def test_moe_re_routing_worked_example(sim, stall):
             assert out["expert_token_num"].tolist() == ([3, 1, 2] if num_type else [3, 4, 6])
             assert out["permute_tokens"][:, 0].tolist() == [0, 9, 12, 15, 3, 6]
             assert "permute_per_token_scales" not in out
+
+
+@pytest.mark.parametrize("stall", STALLS)
+def test_moe_re_routing_on_ecp5_primitives(stall):
+    """The ECP5 netlist in Icarus: the block table and the offset table as DP16KD blocks with
+    their output registers on (under their model), the product on registered MULT18X18D
+    cells. The same bits, a clean scoreboard and, without stalls, the formula's count (the
+    tables' two-cycle read on both targets)."""
+    reason = simulator_available("icarus")
+    if reason:
+        pytest.skip(f"icarus: {reason}")
+    params = WIDE.replace(dsp="ecp5", bram="ecp5")
+    inputs = random_problem(np.random.default_rng(31), 70, 11, 5, 13, "bf16")
+    for settings in ({"idx_type": 0, "expert_token_num_type": 1},
+                     {"idx_type": 1, "expert_token_num_type": 0}):
+        check(inputs, settings, sim="icarus", stall=stall, seed=7, params=params)
 
 
 def test_moe_re_routing_formats_and_memory_latency():

@@ -76,7 +76,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + move_overhead + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``move_overhead`` = 26 (25 for ``max_blocks`` <= 128), ``COUNT_OVERHEAD`` = 13 and
+with ``move_overhead`` = 23, ``COUNT_OVERHEAD`` = 13 and
 ``product_latency`` = 2 for operands of up to 18 bits (``max_tokens`` and ``max_hidden`` below
 2**18; 3 above). "No move": A = 0, N = 0, or counts the unit refuses.
 
@@ -96,9 +96,8 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import dsp_param
 from ..arith.product import pipelined_product, product_latency
-from ..blocks.banked_memory import BankedMemory
+from ..blocks.block_memory import BlockMemory, bram_param
 from ..blocks.counter_bank import CounterBank
-from ..blocks.block_memory import bram_param
 from ..blocks.prefix_sum import PrefixSum
 from ..blocks.row_beats import row_beats
 from ..blocks.row_reader import RowReader, last_enable_of, request_layout, response_layout
@@ -112,8 +111,6 @@ __all__ = ["MoeReRoutingParams", "MoeReRoutingUnit", "ELEMENT_FORMATS", "COUNT_T
 ELEMENT_FORMATS = {"int8": 8, "fp16": 16, "bf16": 16}
 #: Experts per counter bank (64 words of LUT RAM each).
 BANK_EXPERTS = 64
-#: Entries per LUT-RAM bank of the block table (one LUT-RAM row: a short read).
-BLOCK_BANK_DEPTH = 16
 #: Count types: (bits, signed).
 COUNT_TYPES = {"int32": (32, True), "int64": (64, True), "uint32": (32, False),
                "uint64": (64, False)}
@@ -150,16 +147,14 @@ class MoeReRoutingParams(UnitParams):
     @property
     def move_overhead(self):
         """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-        product's latency and the memory's (26 at the default ``max_blocks``): start and decide;
-        the end of pass 2 up to the check of the sum, as above; the block pipeline (the entry
-        read, four cycles for 9-64 banks of 16 entries, three up to 8; the offset read, three up
-        to 512 experts, four above; the destination row; then the product) and its queue (two:
-        the queue's write and its skid buffer); the token generator's block register, the
-        command skid buffer, the row reader's segment register; after the memory, the reader's
-        skid buffer, the write skid buffer, the drained register and the done register. Later
-        blocks and tokens follow back to back."""
-        return (START_LATENCY + 17 + BankedMemory.read_latency(self.max_blocks, BLOCK_BANK_DEPTH)
-                + BankedMemory.read_latency(self.max_experts))
+        product's latency and the memory's (23): start and decide; the end of pass 2 up to the
+        check of the sum, as above; the block pipeline (the entry read and the offset read, two
+        cycles each: block memories with a registered read; the destination row; then the
+        product) and its queue (two: the queue's write and its skid buffer); the token
+        generator's block register, the command skid buffer, the row reader's segment
+        register; after the memory, the reader's skid buffer, the write skid buffer, the
+        drained register and the done register. Later blocks and tokens follow back to back."""
+        return START_LATENCY + 17 + 2 * BlockMemory.latency
 
     @property
     def element_width(self):
@@ -372,17 +367,17 @@ class MoeReRoutingUnit(wiring.Component):
         # written, a read-out's total enters the prefix sum, which never stalls), so every
         # register below loads every cycle and the issue buffer's output is always taken.
         m.d.comb += issue.o.ready.eq(1)
-        # The banks' and the prefix sum's clear: a copy of ``decide`` of their own (held
-        # inverted, so that Yosys keeps it apart from the run control's), so that the run
-        # registers that load in the decide cycle and the banks' clear logic are two nets,
-        # not one that spans the unit.
-        not_deciding = Signal(init=1)
-        m.d.sync += not_deciding.eq(~ctl.accept)
-        clear = ~not_deciding
+        # The banks' and the prefix sum's clear: copies of ``decide`` of their own (kept apart
+        # from the run control's), so that the run registers that load in the decide cycle
+        # and the banks' clear logic are several nets, not one that spans the unit: one copy
+        # for banks 0 and 1, one for the rest, one for the prefix sum. (A copy may read 1 for
+        # the cycle after reset: a clear then is what reset does.)
+        bank_clears = replicated(m, ctl.accept, name="clear", copies=3, apart=True)
         bank_depth = min(BANK_EXPERTS, p.max_experts)
         bank_bits = ceil_log2(bank_depth)
         banks = []
-        for index in range(-(-p.max_experts // bank_depth)):
+        bank_count = -(-p.max_experts // bank_depth)
+        for index in range(bank_count):
             bank = CounterBank(bank_depth, p.total_width, amount_width=p.row_width,
                                copy=index % 4)
             m.submodules[f"bank{index}"] = bank
@@ -392,7 +387,7 @@ class MoeReRoutingUnit(wiring.Component):
                 bank.en.eq(1), bank.valid.eq(issue.o.valid),
                 bank.index.eq(request.index[:bank_bits]),
                 bank.increment.eq(request.increment & own), bank.amount.eq(request.amount),
-                bank.clear.eq(clear),
+                bank.clear.eq(bank_clears[2 * index // bank_count]),
             ]
         # The result's bank, one-hot, in registers: the selection is an AND with each bank's
         # flag and an OR over the banks, and the AND folds into the LUT of the bank's own
@@ -415,10 +410,21 @@ class MoeReRoutingUnit(wiring.Component):
         out_amount = follow(request.amount, "out_amount", reset_less=True)
         out_nonzero = follow(request.nonzero, "out_nonzero")
         # A count is bad when negative or too wide (tested at the port), or above A (compared
-        # here, from the issue buffer's register, a stage into the banks' latency).
-        out_bad = delay(m, delay(m, request.bad | (request.amount > tokens), 1, 1,
-                                 name="bad_tested"),
-                        latency - 1, 1, name="out_bad")
+        # here, from the issue buffer's register, over the banks' first two stages: the high
+        # halves' order and the low halves' in registers, then joined).
+        width = max(len(request.amount), len(tokens))
+        half = width // 2
+        amount_x, tokens_x = request.amount.as_unsigned(), tokens.as_unsigned()
+        amount_x = Cat(amount_x, Const(0, width - len(amount_x)))
+        tokens_x = Cat(tokens_x, Const(0, width - len(tokens_x)))
+        above_high, equal_high, above_low, bad_early = (delay(
+            m, value, 1, 1, name=name) for value, name in (
+                (amount_x[half:] > tokens_x[half:], "above_high"),
+                (amount_x[half:] == tokens_x[half:], "equal_high"),
+                (amount_x[:half] > tokens_x[:half], "above_low"),
+                (request.bad, "bad_early")))
+        out_bad = delay(m, bad_early | above_high | (equal_high & above_low), latency - 1, 1,
+                        name="out_bad")
         out_offsets = follow(request.offsets, "out_offsets")
         out_value = delay(m, bank_value, 1, 1, name="out_value", reset_less=True)
         out_valid = follow(issue.o.valid, "out_valid")
@@ -427,24 +433,29 @@ class MoeReRoutingUnit(wiring.Component):
 
         # The block memory: one entry (n, e, rank_prefix) per non-empty block, in rank-major
         # order.
+        # (With the block's one- and two-token flags, tested on the way in: they leave the
+        # table for the token generator's last-token flags through registers only.)
         entry_layout = data.StructLayout({"tokens": p.row_width, "expert": expert_width,
-                                          "prefix": p.row_width})
-        # The unit's tables are LUT RAM with a pipelined read (BankedMemory): an inferred
-        # block RAM has no output register, and a deep LUT RAM read is a long path.
-        m.submodules.blocks = blocks = BankedMemory(entry_layout, p.max_blocks,
-                                                    bank_depth=BLOCK_BANK_DEPTH)
+                                          "prefix": p.row_width, "one": 1, "two": 1})
+        # The unit's two tables are block memories with a registered read (on ECP5 the
+        # DP16KD's own output register): no LUT RAM banks, and no choice among them after the
+        # read (as banks of LUT RAM they were a sixth of the unit's logic and a third of its
+        # flip-flops, and their reads were among its slowest paths).
+        m.submodules.blocks = blocks = BlockMemory(entry_layout, p.max_blocks, target=p.bram)
         entries = Signal(range(p.max_blocks + 1))
         entries_full = Signal()                    # entries == max_blocks: a further block
         new_entry = out_count & out_nonzero        # is an error, and is not written
-        # The entry's write passes a register before the memory's own per-bank registers, so
-        # that the banks' enables are decoded from registers, not after the bank's output
-        # tests (the path was the output's kind through ``entries_full`` into a bank's write
-        # enable, 239.8 MHz). The move reads the table only after pass 2.
+        # The entry's write passes a register, so that the memory's write pins hang off
+        # flip-flops, not the bank's output tests (the path was the output's kind through
+        # ``entries_full`` into a write enable, 239.8 MHz). The move reads the table only
+        # after pass 2.
         m.d.sync += [
             blocks.write_addr.eq(entries),
-            blocks.write_data.tokens.eq(out_amount),
-            blocks.write_data.expert.eq(out_index),
-            blocks.write_data.prefix.eq(out_value),
+            blocks.write_data[0].tokens.eq(out_amount),
+            blocks.write_data[0].expert.eq(out_index),
+            blocks.write_data[0].prefix.eq(out_value),
+            blocks.write_data[0].one.eq(out_amount == 1),
+            blocks.write_data[0].two.eq(out_amount == 2),
             blocks.write_en.eq(new_entry & ~entries_full),
         ]
         with m.If(new_entry & ~entries_full):
@@ -454,7 +465,7 @@ class MoeReRoutingUnit(wiring.Component):
 
         # ---- pass 2: totals -> prefix sum -> offsets and expert_token_num -------------------------
         m.submodules.prefix = prefix = PrefixSum(p.total_width, p.sum_width)
-        m.submodules.offsets = offsets = BankedMemory(p.row_width, p.max_experts)
+        m.submodules.offsets = offsets = BlockMemory(p.row_width, p.max_experts, target=p.bram)
         offsets_written = Signal(expert_width)
         offsets_left = Signal.like(self.num_experts)
         offsets_complete = Signal()
@@ -466,7 +477,7 @@ class MoeReRoutingUnit(wiring.Component):
             num_pipe.payload.value.eq(Mux(cumsum_mode, prefix.o.payload.inclusive,
                                           prefix.o.payload.value)),
             offsets.write_addr.eq(offsets_written),
-            offsets.write_data.eq(prefix.o.payload.exclusive),
+            offsets.write_data[0].eq(prefix.o.payload.exclusive),
             offsets.write_en.eq(prefix.o.valid),
         ]
         wiring.connect(m, num_pipe.o, wiring.flipped(self.expert_token_num))
@@ -478,7 +489,7 @@ class MoeReRoutingUnit(wiring.Component):
                 m.d.sync += offsets_complete.eq(1)
 
         # ---- the move: entries -> destination rows and addresses -> block queue -----------------
-        # Stages: the entry read (3), the offset read (3), dst = offset + prefix (1), the
+        # Stages: the entry read (2), the offset read (2), dst = offset + prefix (1), the
         # product dst*H.
         read = offsets.latency
         block_latency = blocks.latency + read + 1 + p.product_latency
@@ -507,24 +518,22 @@ class MoeReRoutingUnit(wiring.Component):
                          last_entry.eq(entries_left == 2)]
             with m.If(last_entry):
                 m.d.sync += entries_pending.eq(0)
-        entry = blocks.read_data                                               # stage 3
+        entry = blocks.read_data[0]                                            # stage 2
         m.d.comb += [offsets.read_addr.eq(entry.expert), offsets.read_en.eq(run)]
-        base = offsets.read_data                                               # stage 6
+        base = offsets.read_data[0]                                            # stage 4
         entry_prefix = delay(m, entry.prefix, read, run, name="entry_prefix", reset_less=True)
         dst_row = Signal(p.row_width)
-        m.d.sync += dst_row.eq(base + entry_prefix)                            # stage 7
+        m.d.sync += dst_row.eq(base + entry_prefix)                            # stage 5
         dst_elem = pipelined_product(m, dst_row, hidden_step, en=run, dsp=p.dsp,
                                      name="dst_elem")[:p.addr_width]
         block_tokens = delay(m, entry.tokens, read + 1 + p.product_latency, run,
                              name="block_tokens", reset_less=True)
         block_row = delay(m, dst_row, p.product_latency, run, name="block_row", reset_less=True)
 
-        # A block of one or two tokens, tested on the way (the token generator's last-token
-        # flags then load from registers).
-        block_one = delay(m, entry.tokens == 1, read + 1 + p.product_latency, run,
-                          name="block_one")
-        block_two = delay(m, entry.tokens == 2, read + 1 + p.product_latency, run,
-                          name="block_two")
+        # A block of one or two tokens: the flags stored beside the entry (the token
+        # generator's last-token flags then load from registers).
+        block_one = delay(m, entry.one, read + 1 + p.product_latency, run, name="block_one")
+        block_two = delay(m, entry.two, read + 1 + p.product_latency, run, name="block_two")
         m.d.comb += [
             bpipe.payload.one.eq(block_one),
             bpipe.payload.two.eq(block_two),
@@ -555,7 +564,16 @@ class MoeReRoutingUnit(wiring.Component):
         cur_last = Signal()                        # cur_left == 1
         cur_second = Signal()                      # cur_left == 2
         cur_row = Signal(p.row_width)
-        cur_elem = Signal(p.addr_width)
+        # The token's element address in two halves with the carry between them a cycle
+        # late: the low half adds H's low bits and keeps its carry out in a register, the
+        # high half adds H's high bits and that carry (the address is the high half plus
+        # the carry, then the low half). Each loop is a half-width carry chain (the 30-bit
+        # loop was the path of 11 of 16 seeds); the high half's increment for the command
+        # is not a loop.
+        elem_half = p.addr_width // 2
+        cur_low = Signal(elem_half)
+        cur_high = Signal(p.addr_width - elem_half)
+        cur_carry = Signal()
         src_row = Signal(p.row_width)
         src_elem = Signal(p.addr_width)
         # Both buffers have room: one register (the AND of their flags' next values), so that
@@ -586,7 +604,7 @@ class MoeReRoutingUnit(wiring.Component):
             cmd_skid.i.payload.count.eq(beats),
             cmd_skid.i.payload.tail.eq(1),
             cmd_skid.i.payload.skip.eq(0),
-            cmd_skid.i.payload.tag.elem.eq(cur_elem),
+            cmd_skid.i.payload.tag.elem.eq(Cat(cur_low, cur_high + cur_carry)),
             row_skid.i.valid.eq(emit),
             row_skid.i.payload.row.eq(cur_row),
             row_skid.i.payload.idx_addr.eq(Mux(scatter_idx, src_row, cur_row)),
@@ -600,7 +618,9 @@ class MoeReRoutingUnit(wiring.Component):
         with m.If(emit):
             m.d.sync += [cur_left.eq(cur_left - 1), cur_last.eq(cur_second),
                          cur_second.eq(cur_left == 3),
-                         cur_row.eq(cur_row + 1), cur_elem.eq(cur_elem + step_cur),
+                         cur_row.eq(cur_row + 1),
+                         Cat(cur_low, cur_carry).eq(cur_low + step_cur[:elem_half]),
+                         cur_high.eq(cur_high + step_cur[elem_half:] + cur_carry),
                          src_row.eq(src_row + 1), src_elem.eq(src_elem + step_src)]
             with m.If(cur_last):
                 m.d.sync += cur_loaded.eq(0)
@@ -622,7 +642,8 @@ class MoeReRoutingUnit(wiring.Component):
             m.d.sync += [cur_loaded.eq(1), cur_left.eq(block.tokens),
                          cur_last.eq(block.one), cur_second.eq(block.two),
                          cur_row.eq(block.row),
-                         cur_elem.eq(block.elem)]
+                         cur_low.eq(block.elem[:elem_half]),
+                         cur_high.eq(block.elem[elem_half:]), cur_carry.eq(0)]
 
         # ---- the write port: a beat's address is its row's plus lanes per beat, counted by the
         # reader beside the read address (its ``step_tag``) ------------------------------------
@@ -655,7 +676,7 @@ class MoeReRoutingUnit(wiring.Component):
         m.d.comb += [
             ctl.fault.eq(offsets_done & refused),
             ctl.finished.eq(drained),
-            prefix.clear.eq(clear),
+            prefix.clear.eq(bank_clears[2]),
             row_start.eq(ctl.decide | rank_end),
         ]
         with m.If(count_phase & rank_end & last_rank):
