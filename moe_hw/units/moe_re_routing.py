@@ -412,16 +412,13 @@ class MoeReRoutingUnit(wiring.Component):
         # A count is bad when negative or too wide (tested at the port), or above A (compared
         # here, from the issue buffer's register, over the banks' first two stages: the high
         # halves' order and the low halves' in registers, then joined).
-        width = max(len(request.amount), len(tokens))
-        half = width // 2
-        amount_x, tokens_x = request.amount.as_unsigned(), tokens.as_unsigned()
-        amount_x = Cat(amount_x, Const(0, width - len(amount_x)))
-        tokens_x = Cat(tokens_x, Const(0, width - len(tokens_x)))
+        # (Both unsigned: a half that one of them lacks compares as 0.)
+        amount, half = request.amount, max(len(request.amount), len(tokens)) // 2
         above_high, equal_high, above_low, bad_early = (delay(
             m, value, 1, 1, name=name) for value, name in (
-                (amount_x[half:] > tokens_x[half:], "above_high"),
-                (amount_x[half:] == tokens_x[half:], "equal_high"),
-                (amount_x[:half] > tokens_x[:half], "above_low"),
+                (amount[half:] > tokens[half:], "above_high"),
+                (amount[half:] == tokens[half:], "equal_high"),
+                (amount[:half] > tokens[:half], "above_low"),
                 (request.bad, "bad_early")))
         out_bad = delay(m, bad_early | above_high | (equal_high & above_low), latency - 1, 1,
                         name="out_bad")
