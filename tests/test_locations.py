@@ -168,24 +168,34 @@ def test_locations_parameter_errors(settings, message):
 
 # ---- the counter bank in Amaranth's simulator ---------------------------------------------------
 
-def run_counter_bank(count, requests, p_stall, seed, clear_at=(), width=8, copy=0):
+def run_counter_bank(count, requests, p_stall, seed, clear_at=(), width=8, copy=0,
+                     memory="lut", p_clear=0.0, cleared=None):
     """Drive ``requests`` ((index, increment) pairs, or (index, increment, amount) for a bank
     of ``width``-bit counters that adds amounts) through a CounterBank with a random global
-    stall and random bubbles; return the value seen for each request, in order."""
+    stall and random bubbles; return the value seen for each request, in order. With
+    ``p_clear``, also a clear in any cycle in which the last stage holds no incrementing
+    request, with that probability, while requests wait in the stages before it: the oldest
+    request that it clears for (the model's clear point) is added to ``cleared``."""
     amounts = len(requests[0]) == 3
-    dut = CounterBank(count, width, amount_width=width if amounts else None, copy=copy)
+    dut = CounterBank(count, width, amount_width=width if amounts else None, copy=copy,
+                      memory=memory)
     rng = np.random.default_rng(seed)
     values = []
 
     async def bench(ctx):
         sent = 0
-        stages = [None] * CounterBank.latency      # the request in each stage, last one last
+        stages = [None] * dut.latency              # the request in each stage, last one last
         for cycle in range(20 * len(requests) + 50):
             en = not rng.random() < p_stall
             offer = sent < len(requests) and not rng.random() < p_stall
             # A clear waits for the pipeline to empty, and the request after it for the clear.
             clear = sent in clear_at and stages == [None] * len(stages)
             offer &= sent not in clear_at or clear
+            last = stages[-1]
+            if p_clear and (last is None or not requests[last][1]) and \
+                    rng.random() < p_clear:
+                clear = True
+                cleared.add(min([n for n in stages[:-1] if n is not None], default=sent))
             ctx.set(dut.en, en)
             ctx.set(dut.valid, offer)
             ctx.set(dut.clear, clear)
@@ -222,15 +232,47 @@ def counter_bank_model(count, requests, clear_at=(), width=8):
     return values
 
 
+@pytest.mark.parametrize("memory", ["lut", "block"])
 @pytest.mark.parametrize("p_stall", [0.0, 0.3, 0.6])
 @pytest.mark.parametrize("count", [1, 3, 8, 64])
-def test_counter_bank_random(count, p_stall):
+def test_counter_bank_random(count, p_stall, memory):
     rng = np.random.default_rng(count)
     # Few counters and long runs of one index: many back-to-back hits on one counter.
     indices = np.repeat(rng.integers(0, count, 60), rng.integers(1, 5, 60))[:150]
     requests = [(int(i), int(rng.random() < 0.8)) for i in indices]
-    assert run_counter_bank(count, requests, p_stall, seed=count) == \
+    assert run_counter_bank(count, requests, p_stall, seed=count, memory=memory) == \
         counter_bank_model(count, requests)
+
+
+@pytest.mark.parametrize("p_stall", [0.0, 0.3])
+@pytest.mark.parametrize("count,width", [(5, 40), (256, 20), (2, 8)])
+def test_counter_bank_block_memory(count, width, p_stall):
+    """A bank in block memory (a stage more: the read's two cycles): amounts, clears, and
+    hits on one counter every cycle, as the LUT bank counts them."""
+    rng = np.random.default_rng(count + width)
+    indices = np.repeat(rng.integers(0, count, 70), rng.integers(1, 5, 70))[:160]
+    requests = [(int(i), int(rng.random() < 0.8), int(rng.integers(1 << width)))
+                for i in indices]
+    clear_at = (50, 101)
+    assert CounterBank(count, width, memory="block").latency == 4
+    assert run_counter_bank(count, requests, p_stall, seed=width, clear_at=clear_at,
+                            width=width, memory="block") == \
+        counter_bank_model(count, requests, clear_at, width)
+
+
+@pytest.mark.parametrize("memory", ["lut", "block"])
+@pytest.mark.parametrize("count", [3, 64])
+def test_counter_bank_clear_in_flight(count, memory):
+    """A clear while requests wait in the stages before the last (none incrementing in the
+    last): they, and every later request, read the counters from 0."""
+    rng = np.random.default_rng(count)
+    indices = np.repeat(rng.integers(0, count, 80), rng.integers(1, 4, 80))[:200]
+    requests = [(int(i), int(rng.random() < 0.6), int(rng.integers(1, 256))) for i in indices]
+    cleared = set()
+    values = run_counter_bank(count, requests, 0.3, seed=count + 1, width=16, memory=memory,
+                              p_clear=0.05, cleared=cleared)
+    assert len(cleared) >= 3
+    assert values == counter_bank_model(count, requests, cleared, width=16)
 
 
 @pytest.mark.parametrize("count", [5, 64])
@@ -273,6 +315,8 @@ def test_counter_bank_parameters():
         CounterBank(4, 2.5)
     with pytest.raises(ParameterError, match="copy must be an integer between 0 and 3, not 4"):
         CounterBank(4, 8, copy=4)
+    with pytest.raises(ParameterError, match="memory"):
+        CounterBank(4, 8, memory="ultra")
     assert CounterBank.latency == 3
 
 

@@ -25,7 +25,7 @@ Interface (a three-stage pipeline with a global stall, to be driven like
     that.
 ``clear`` (in)
     Every counter reads 0 from the next request on, including a request entering in the same
-    cycle and the requests waiting in the first two stages. Assert it only when no
+    cycle and the requests waiting in the stages before the last. Assert it only when no
     incrementing request is in the last stage. Reset clears too.
 
 Throughput: one request per cycle, any sequence of indices, any stalls. A counter hit every
@@ -40,6 +40,20 @@ synchronous read port, one write port; LUT RAM at every depth); a
 makes ``clear`` a one-cycle operation and makes reset clear the bank without a walk over the
 memory.
 
+``memory="block"``: the counters in a :class:`~moe_hw.blocks.block_memory.BlockMemory`
+instead (``target`` its target: on ECP5 DP16KD blocks with their output registers on), whose
+read takes two cycles: the pipeline has a stage more, :attr:`CounterBank.latency` = 4 for
+such a bank (the instance's ``latency``), with the same protocol. The read is given from
+stage 1 as before, its word is out while the request is in stage 3, and the write-backs that
+land while the request waits in stages 2 and 3 are caught as they are in stage 2 of the LUT
+bank (the block's result for a read and a write of one address in one cycle is undefined:
+such a write is always caught, and the caught word wins). Its live flags are set as the
+write-back lands, through a decode registered beside the write-back, and looked up in three
+steps (stages 1, 2 and 3). One block memory holds many counters behind a short read from a
+register; a LUT-RAM bank of 64 or more words is a choice among its cells after the read
+(re-routing's four banks of 64: the banks' reads were the critical path of nine placements
+of sixteen).
+
 Timing: every path starts and ends at a flip-flop within a stage. Stage 1 registers the
 request (the inputs may come from the caller's own issue logic). The memory is read from
 stage 1's index register into stage 2, and written from a register (the write-back) the
@@ -53,8 +67,9 @@ from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..params import check_int
+from ..params import check_choice, check_int
 from ..stream.credit import ring_groups
+from .block_memory import MEMORY_TARGETS, BlockMemory
 
 __all__ = ["CounterBank"]
 
@@ -67,10 +82,16 @@ class CounterBank(wiring.Component):
     """``count`` counters of ``width`` bits, one increment-and-read per cycle. See the module
     docstring for the protocol."""
 
+    #: The pipeline's stages (a bank with ``memory="block"`` has 4: its ``latency``).
     latency = 3
 
-    def __init__(self, count, width, *, amount_width=None, copy=0):
+    def __init__(self, count, width, *, amount_width=None, copy=0, memory="lut",
+                 target="generic"):
         self.count = check_int("count", count, minimum=1, maximum=1 << 20)
+        self.memory = check_choice("memory", memory, ("lut", "block"))
+        self.target = check_choice("target", target, MEMORY_TARGETS)
+        if self.memory == "block":
+            self.latency = CounterBank.latency + 1
         # Banks side by side (re-routing's four) take the same index: ``copy`` (0 to 3) makes
         # this bank's memory address registers a kind of their own (see ``elaborate``).
         self.copy = check_int("copy", copy, minimum=0, maximum=3)
@@ -91,8 +112,17 @@ class CounterBank(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        block = self.memory == "block"
         index_bits = ceil_log2(self.count)
         low_bits = (index_bits + 1) // 2         # the live lookup: low bits first, then high
+        if block:
+            # (Three steps: the two lowest bits on entry, then half the rest, then the others:
+            # a four-way and two eight-way choices at 256 counters, where 16 groups of a
+            # sixteen-way choice on entry were 4-5 LUT levels, the path of 7 placements of
+            # 16.)
+            low_bits = min(2, index_bits)
+            mid_bits = (index_bits - low_bits + 1) // 2
+            top_bits = index_bits - low_bits - mid_bits
         groups = 1 << (index_bits - low_bits)
         live = Signal(groups << low_bits)        # counter written since the last clear
         en, clear = self.en, self.clear
@@ -109,10 +139,21 @@ class CounterBank(wiring.Component):
         s2_inc = Signal()
         s2_index = Signal.like(self.index)
         s2_live = Signal()                       # the word is the counter's (else it reads 0)
+        if block:
+            s2_live = Signal(1 << top_bits)      # s1_live[h << mid_bits | index mid bits]
+            s2_set = Signal()                    # s1_set, as the request left stage 1
         s2_caught = Signal()                     # a write-back to the counter landed after the
         s2_word = Signal(self.width)             # read: the newest one's word
+        if block:
+            # ---- (block memory) stage 3: the read's word, and what landed since the read ------
+            s3_valid = Signal()
+            s3_inc = Signal()
+            s3_index = Signal.like(self.index)
+            s3_live = Signal()
+            s3_caught = Signal()
+            s3_word = Signal(self.width)
 
-        # ---- stage 3: the request whose value is out -----------------------------------------
+        # ---- the last stage (3, or 4 with block memory): the request whose value is out ------
         busy = Signal()
         stage_inc = Signal()
         stage_index = Signal.like(self.index)
@@ -134,7 +175,8 @@ class CounterBank(wiring.Component):
         else:
             # The amount follows the request through the stages.
             amount = self.amount
-            for name in ("s1_amount", "s2_amount", "stage_amount"):
+            for name in ("s1_amount", "s2_amount", *(("s3_amount",) if block else ()),
+                         "stage_amount"):
                 reg = Signal(self.amount_width, name=name)
                 with m.If(en):
                     m.d.sync += reg.eq(amount)
@@ -161,8 +203,20 @@ class CounterBank(wiring.Component):
         # placed worse (docs/timing-log.md, release 51). The reset value is never read: a
         # request is read only after it has entered.
         word = []
-        columns = ring_groups(self.width, self.count, group_bits=GROUP_BITS)
+        columns = [] if block else ring_groups(self.width, self.count, group_bits=GROUP_BITS)
         flip = (1 << len(s1_index)) - 1 if self.copy & 2 else 0
+        if block:
+            # Read from stage 1's index (the block registers it), written from the write-back's
+            # registers: the word is out two ``en`` cycles later, in stage 3.
+            m.submodules.memory = cells = BlockMemory(self.width, self.count, target=self.target)
+            m.d.comb += [
+                cells.read_addr.eq(s1_index),
+                cells.read_en.eq(en),
+                cells.write_addr.eq(pending_index),
+                cells.write_data[0].eq(pending_value),
+                cells.write_en.eq(pending_en),
+            ]
+            word.append(cells.read_data[0])
         for group, (start, stop) in enumerate(columns):
             # (A copy's address may pass ``count`` - 1: the memory spans the index's range.)
             # The memory is LUT RAM at every depth (``ram_style``): Yosys puts a deep one in
@@ -195,8 +249,29 @@ class CounterBank(wiring.Component):
             ]
             word.append(read.data)
         read_data = Cat(*word)
-        with m.If(incrementing):
-            m.d.sync += live.bit_select(stage_index, 1).eq(1)
+        # A counter's live flag is set by its write-back: as the request leaves the last
+        # stage (the LUT bank), or (block memory) as the write lands.
+        setting, set_index = (pending_en, pending_index) if block else \
+            (incrementing, stage_index)
+        if block:
+            # The write-back's index decoded as it is registered, in two one-hot halves
+            # (``setting`` and the index, as flip-flops): each flag's clock enable is then the
+            # AND of two registers. (From the last stage's index, the decode was four LUT
+            # levels into 256 flags, the path of every placement; from the write-back's
+            # registers, three.)
+            dec_bits = (index_bits + 1) // 2
+            set_low = Signal(1 << dec_bits)
+            set_high = Signal(1 << (index_bits - dec_bits))
+            m.d.sync += [
+                set_low.eq(Mux(incrementing, 1 << stage_index[:dec_bits], 0)),
+                set_high.eq(1 << stage_index[dec_bits:]),
+            ]
+            for k in range(len(live)):
+                with m.If(set_low[k % len(set_low)] & set_high[k // len(set_low)]):
+                    m.d.sync += live[k].eq(1)
+        else:
+            with m.If(setting):
+                m.d.sync += live.bit_select(set_index, 1).eq(1)
 
         # A write-back lands at the end of the cycle it is pending in. The memory read (when
         # the request moves into stage 2) sees what landed before; what lands at that edge
@@ -225,14 +300,45 @@ class CounterBank(wiring.Component):
         # ``count``-wide one): on entry, one flag per group of counters that share the index's
         # low bits; on the move into stage 2, the group's. A flag set meanwhile is caught by
         # comparing indices (``s1_set``).
-        sets = incrementing & ~clear
+        sets = setting & ~clear
         with m.If(en):
-            m.d.sync += s1_set.eq(sets & (stage_index == self.index))
+            m.d.sync += s1_set.eq(sets & (set_index == self.index))
         with m.Elif(clear):
             m.d.sync += s1_set.eq(0)
-        with m.Elif(sets & (stage_index == s1_index)):
+        with m.Elif(sets & (set_index == s1_index)):
             m.d.sync += s1_set.eq(1)
         low = self.index[:low_bits]
+        # The request that moves into the last stage: stage 2's, or (block memory) stage 3's,
+        # with the write-back landing on it now, the newest one caught, its live flag.
+        if block:
+            last_valid, last_inc, last_index, last_live = s3_valid, s3_inc, s3_index, s3_live
+            last_caught, last_word = s3_caught, s3_word
+            # ``pending_en & (pending_index == s3_index)``, registered as ``lands_on_s2``.
+            lands_on_last = Signal()
+            m.d.sync += lands_on_last.eq(incrementing & Mux(en, stage_index == s2_index,
+                                                            stage_index == s3_index))
+            with m.If(en | lands_on_last):
+                m.d.sync += s3_word.eq(Mux(en & ~lands_on_s2, s2_word, pending_value))
+            with m.If(en):
+                m.d.sync += [
+                    s3_valid.eq(s2_valid),
+                    s3_inc.eq(s2_inc),
+                    s3_index.eq(s2_index),
+                    s3_live.eq((s2_live.bit_select(s2_index[low_bits + mid_bits:], 1) | s2_set) &
+                               ~clear),
+                    s2_set.eq(s1_set & ~clear),
+                    s2_live.eq(Cat(s1_live.bit_select(Cat(s1_index[low_bits:low_bits + mid_bits],
+                                                          Const(h, top_bits)), 1)
+                                   for h in range(1 << top_bits))),
+                    s3_caught.eq((s2_caught | lands_on_s2) & ~clear),
+                ]
+            with m.Elif(clear):
+                m.d.sync += s3_caught.eq(0)
+            with m.Elif(lands_on_last):
+                m.d.sync += s3_caught.eq(1)
+        else:
+            last_valid, last_inc, last_index, last_live = s2_valid, s2_inc, s2_index, s2_live
+            last_caught, last_word, lands_on_last = s2_caught, s2_word, lands_on_s2
         with m.If(en):
             m.d.sync += [
                 s1_valid.eq(self.valid),
@@ -244,18 +350,22 @@ class CounterBank(wiring.Component):
                 s2_inc.eq(s1_inc),
                 s2_index.eq(s1_index),
                 # A live flag set at the last edge belongs to a write-back still pending now,
-                # which is caught; one set earlier, to a word the read sees.
-                s2_live.eq((s1_live.bit_select(s1_index[low_bits:], 1) | s1_set) & ~clear),
-                busy.eq(s2_valid),
-                stage_inc.eq(s2_inc),
-                stage_index.eq(s2_index),
-                hit.eq(incrementing & (stage_index == s2_index) & ~clear),
+                # which is caught; one set earlier, to a word the read sees. (Block memory:
+                # stage 3 joins the lookup's last step and what ``s1_set`` caught.)
+                *([] if block else [
+                    s2_live.eq((s1_live.bit_select(s1_index[low_bits:], 1) | s1_set) & ~clear)]),
+                busy.eq(last_valid),
+                stage_inc.eq(last_inc),
+                stage_index.eq(last_index),
+                hit.eq(incrementing & (stage_index == last_index) & ~clear),
                 forwarded.eq(new_value),
                 stored.eq(Mux(clear, 0,
-                              Mux(lands_on_s2, pending_value,
-                                  Mux(s2_caught, s2_word,
-                                      Mux(s2_live, read_data, Const(0, self.width)))))),
+                              Mux(lands_on_last, pending_value,
+                                  Mux(last_caught, last_word,
+                                      Mux(last_live, read_data, Const(0, self.width)))))),
             ]
         with m.If(clear):
             m.d.sync += [live.eq(0), s1_live.eq(0), s2_live.eq(0)]
+            if block:
+                m.d.sync += [s2_set.eq(0), s3_live.eq(0)]
         return m

@@ -11,7 +11,8 @@ Two passes over the counts, then the move:
 
 1. **count** (the N x E count matrix streamed in once, one count per cycle, rank-major):
    every count is checked (negative, above ``tokens``), added to its expert's counter in a
-   :class:`~moe_hw.blocks.counter_bank.CounterBank` (built with an ``amount``), and, when it
+   :class:`~moe_hw.blocks.counter_bank.CounterBank` (built with an ``amount``, its counters
+   in a block memory), and, when it
    is not zero, written to the block memory as the entry ``(n, e, rank_prefix)``, where
    ``rank_prefix`` is the counter's value before the addition (the counts of expert e on the
    ranks before r). Empty blocks leave no entry: they cost their count's cycle and nothing
@@ -76,7 +77,7 @@ that answers a request taken at the end of cycle u from cycle u + L;
     A*ceil(H/lanes) + N*E + E + move_overhead + product_latency + L     (a move)
     N*E + E + COUNT_OVERHEAD                                            (no move)
 
-with ``move_overhead`` = 23, ``COUNT_OVERHEAD`` = 13 and
+with ``move_overhead`` = 24, ``COUNT_OVERHEAD`` = 14 and
 ``product_latency`` = 2 for operands of up to 18 bits (``max_tokens`` and ``max_hidden`` below
 2**18; 3 above). "No move": A = 0, N = 0, or counts the unit refuses.
 
@@ -85,8 +86,6 @@ tokens and blocks back to back (a block costs nothing beyond its tokens' beats; 
 block only its count's cycle in pass 1). A stall anywhere costs only the cycles it lasts.
 """
 
-import functools
-import operator
 from dataclasses import dataclass
 
 from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
@@ -109,8 +108,6 @@ __all__ = ["MoeReRoutingParams", "MoeReRoutingUnit", "ELEMENT_FORMATS", "COUNT_T
 
 #: Token formats and their element widths (the unit moves bits; nothing else differs).
 ELEMENT_FORMATS = {"int8": 8, "fp16": 16, "bf16": 16}
-#: Experts per counter bank (64 words of LUT RAM each).
-BANK_EXPERTS = 64
 #: Count types: (bits, signed).
 COUNT_TYPES = {"int32": (32, True), "int64": (64, True), "uint32": (32, False),
                "uint64": (64, False)}
@@ -137,24 +134,25 @@ class MoeReRoutingParams(UnitParams):
     dsp: str = dsp_param()
     bram: str = bram_param()
 
-    COUNT_OVERHEAD = START_LATENCY + 11
-    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (13): start and
+    COUNT_OVERHEAD = START_LATENCY + 12
+    """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (14): start and
     decide, then, after the last expert read-out enters, the issue skid buffer, the counter
-    bank's three stages and its value register, the prefix sum's register, the
+    bank's four stages (its counters in a block memory: a two-cycle read) and its value
+    register, the prefix sum's register, the
     ``expert_token_num`` queue (its write, its skid buffer, its busy flag: a register, a
     cycle behind the beats), the drained register and the done register. Pass 2's
     read-outs follow pass 1's counts without a gap (the bank forwards in order)."""
     @property
     def move_overhead(self):
         """Stall-free cycles of a run that moves, beyond ``A*ceil(H/lanes) + N*E + E``, the
-        product's latency and the memory's (23): start and decide; the end of pass 2 up to the
+        product's latency and the memory's (24): start and decide; the end of pass 2 up to the
         check of the sum, as above; the block pipeline (the entry read and the offset read, two
         cycles each: block memories with a registered read; the destination row; then the
         product) and its queue (two: the queue's write and its skid buffer); the token
         generator's block register, the command skid buffer, the row reader's segment
         register; after the memory, the reader's skid buffer, the write skid buffer, the
         drained register and the done register. Later blocks and tokens follow back to back."""
-        return START_LATENCY + 17 + 2 * BlockMemory.latency
+        return START_LATENCY + 18 + 2 * BlockMemory.latency
 
     @property
     def element_width(self):
@@ -329,11 +327,12 @@ class MoeReRoutingUnit(wiring.Component):
 
         # ---- pass 2's read-out of the counters ----------------------------------------------------
         # The bank, the prefix sum and the offset write never stall (a stall is an enable to
-        # every register of the four banks, and their forwarding logic): the read-outs are
+        # every register of the bank, and its forwarding logic): the read-outs are
         # the credit pipeline's items, and its queue holds the expert_token_num beats that
         # the port does not take at once. A read-out enters only while the queue is sure to
         # have room for its beat.
-        readout_latency = 1 + CounterBank.latency + 1 + PrefixSum.latency
+        bank_latency = CounterBank.latency + 1       # a bank in block memory
+        readout_latency = 1 + bank_latency + 1 + PrefixSum.latency
         m.submodules.num_pipe = num_pipe = CreditPipeline(readout_latency,
                                                           p.expert_token_num_layout())
         reads_pending = Signal()
@@ -358,51 +357,32 @@ class MoeReRoutingUnit(wiring.Component):
             issue.i.payload.offsets.eq(~count_phase),
         ]
 
-        # ---- the counter banks: per-expert totals; a block's rank prefix -------------------------
-        # One CounterBank per BANK_EXPERTS experts (LUT RAM of 64 words: a short read); every
-        # bank sees every request and increments only for its own experts.
-        latency = CounterBank.latency + 1          # the banks, then the value registered
+        # ---- the counter bank: per-expert totals; a block's rank prefix --------------------------
+        # One CounterBank of every expert, its counters in a block memory (as the unit's
+        # tables: on ECP5 a DP16KD read from its output register). As four LUT-RAM banks of
+        # 64 experts, each seeing every request, their reads (a choice among the cells after
+        # the read) and the address registers the banks shared were the critical path of 9
+        # placements of 16 (docs/timing-log.md, release 72).
+        latency = bank_latency + 1                 # the bank, then the value registered
         request = issue.o.payload
-        # The banks never stall: every result is taken as it comes out (a count's entry is
+        # The bank never stalls: every result is taken as it comes out (a count's entry is
         # written, a read-out's total enters the prefix sum, which never stalls), so every
         # register below loads every cycle and the issue buffer's output is always taken.
         m.d.comb += issue.o.ready.eq(1)
-        # The banks' and the prefix sum's clear: copies of ``decide`` of their own (kept apart
+        # The bank's and the prefix sum's clear: copies of ``decide`` of their own (kept apart
         # from the run control's), so that the run registers that load in the decide cycle
-        # and the banks' clear logic are several nets, not one that spans the unit: one copy
-        # for banks 0 and 1, one for the rest, one for the prefix sum. (A copy may read 1 for
-        # the cycle after reset: a clear then is what reset does.)
-        bank_clears = replicated(m, ctl.accept, name="clear", copies=3, apart=True)
-        bank_depth = min(BANK_EXPERTS, p.max_experts)
-        bank_bits = ceil_log2(bank_depth)
-        banks = []
-        bank_count = -(-p.max_experts // bank_depth)
-        for index in range(bank_count):
-            bank = CounterBank(bank_depth, p.total_width, amount_width=p.row_width,
-                               copy=index % 4)
-            m.submodules[f"bank{index}"] = bank
-            banks.append(bank)
-            own = (request.index >> bank_bits) == index
-            m.d.comb += [
-                bank.en.eq(1), bank.valid.eq(issue.o.valid),
-                bank.index.eq(request.index[:bank_bits]),
-                bank.increment.eq(request.increment & own), bank.amount.eq(request.amount),
-                bank.clear.eq(bank_clears[2 * index // bank_count]),
-            ]
-        # The result's bank, one-hot, in registers: the selection is an AND with each bank's
-        # flag and an OR over the banks, and the AND folds into the LUT of the bank's own
-        # ``hit`` choice (an indexed multiplexer was a LUT and a wide-mux level more: the
-        # unit's critical path). One bank needs no selection.
-        bank_value = Signal(p.total_width)
-        if len(banks) == 1:
-            m.d.comb += bank_value.eq(banks[0].value)
-        else:
-            bank_flags = delay(m, Cat((request.index >> bank_bits) == index
-                                      for index in range(len(banks))),
-                               CounterBank.latency, 1, name="bank_flags")
-            m.d.comb += bank_value.eq(functools.reduce(operator.or_, (
-                bank.value & bank_flags[index].replicate(p.total_width)
-                for index, bank in enumerate(banks))))
+        # and the bank's clear logic are several nets, not one that spans the unit. (A copy
+        # may read 1 for the cycle after reset: a clear then is what reset does.)
+        bank_clears = replicated(m, ctl.accept, name="clear", copies=2, apart=True)
+        m.submodules.bank = bank = CounterBank(p.max_experts, p.total_width,
+                                               amount_width=p.row_width, memory="block",
+                                               target=p.bram)
+        assert bank.latency == bank_latency
+        m.d.comb += [
+            bank.en.eq(1), bank.valid.eq(issue.o.valid), bank.index.eq(request.index),
+            bank.increment.eq(request.increment), bank.amount.eq(request.amount),
+            bank.clear.eq(bank_clears[0]),
+        ]
 
         def follow(value, name, reset_less=False):
             return delay(m, value, latency, 1, name=name, reset_less=reset_less)
@@ -410,7 +390,7 @@ class MoeReRoutingUnit(wiring.Component):
         out_amount = follow(request.amount, "out_amount", reset_less=True)
         out_nonzero = follow(request.nonzero, "out_nonzero")
         # A count is bad when negative or too wide (tested at the port), or above A (compared
-        # here, from the issue buffer's register, over the banks' first two stages: the high
+        # here, from the issue buffer's register, over the bank's first two stages: the high
         # halves' order and the low halves' in registers, then joined).
         # (Both unsigned: a half that one of them lacks compares as 0.)
         amount, half = request.amount, max(len(request.amount), len(tokens)) // 2
@@ -423,7 +403,7 @@ class MoeReRoutingUnit(wiring.Component):
         out_bad = delay(m, bad_early | above_high | (equal_high & above_low), latency - 1, 1,
                         name="out_bad")
         out_offsets = follow(request.offsets, "out_offsets")
-        out_value = delay(m, bank_value, 1, 1, name="out_value", reset_less=True)
+        out_value = delay(m, bank.value, 1, 1, name="out_value", reset_less=True)
         out_valid = follow(issue.o.valid, "out_valid")
         out_count = out_valid & ~out_offsets
         out_read = out_valid & out_offsets
@@ -673,7 +653,7 @@ class MoeReRoutingUnit(wiring.Component):
         m.d.comb += [
             ctl.fault.eq(offsets_done & refused),
             ctl.finished.eq(drained),
-            prefix.clear.eq(bank_clears[2]),
+            prefix.clear.eq(bank_clears[1]),
             row_start.eq(ctl.decide | rank_end),
         ]
         with m.If(count_phase & rank_end & last_rank):
