@@ -254,8 +254,8 @@ class CounterBank(wiring.Component):
         setting, set_index = (pending_en, pending_index) if block else \
             (incrementing, stage_index)
         if block:
-            # The write-back's index decoded as it is registered, in two one-hot halves
-            # (``setting`` and the index, as flip-flops): each flag's clock enable is then the
+            # The write-back's index decoded as it is registered, in two one-hot halves (the
+            # low one with the increment, as flip-flops): each flag's clock enable is then the
             # AND of two registers. (From the last stage's index, the decode was four LUT
             # levels into 256 flags, the path of every placement; from the write-back's
             # registers, three.)
