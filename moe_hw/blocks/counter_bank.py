@@ -138,9 +138,10 @@ class CounterBank(wiring.Component):
         s2_valid = Signal()
         s2_inc = Signal()
         s2_index = Signal.like(self.index)
-        s2_live = Signal()                       # the word is the counter's (else it reads 0)
+        # The word is the counter's (else it reads 0); with block memory, the lookup's second
+        # step: s1_live[h << mid_bits | index mid bits], each h.
+        s2_live = Signal(1 << top_bits if block else 1, name="s2_live")
         if block:
-            s2_live = Signal(1 << top_bits)      # s1_live[h << mid_bits | index mid bits]
             s2_set = Signal()                    # s1_set, as the request left stage 1
         s2_caught = Signal()                     # a write-back to the counter landed after the
         s2_word = Signal(self.width)             # read: the newest one's word

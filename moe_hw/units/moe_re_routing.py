@@ -12,8 +12,8 @@ Two passes over the counts, then the move:
 1. **count** (the N x E count matrix streamed in once, one count per cycle, rank-major):
    every count is checked (negative, above ``tokens``), added to its expert's counter in a
    :class:`~moe_hw.blocks.counter_bank.CounterBank` (built with an ``amount``, its counters
-   in a block memory), and, when it
-   is not zero, written to the block memory as the entry ``(n, e, rank_prefix)``, where
+   in a block memory), and, when it is not zero, written to the block memory as the entry
+   ``(n, e, rank_prefix)``, where
    ``rank_prefix`` is the counter's value before the addition (the counts of expert e on the
    ranks before r). Empty blocks leave no entry: they cost their count's cycle and nothing
    else.
@@ -331,8 +331,10 @@ class MoeReRoutingUnit(wiring.Component):
         # the credit pipeline's items, and its queue holds the expert_token_num beats that
         # the port does not take at once. A read-out enters only while the queue is sure to
         # have room for its beat.
-        bank_latency = CounterBank.latency + 1       # a bank in block memory
-        readout_latency = 1 + bank_latency + 1 + PrefixSum.latency
+        # (The counter bank, below; built here for its latency.)
+        bank = CounterBank(p.max_experts, p.total_width, amount_width=p.row_width,
+                           memory="block", target=p.bram)
+        readout_latency = 1 + bank.latency + 1 + PrefixSum.latency
         m.submodules.num_pipe = num_pipe = CreditPipeline(readout_latency,
                                                           p.expert_token_num_layout())
         reads_pending = Signal()
@@ -363,7 +365,7 @@ class MoeReRoutingUnit(wiring.Component):
         # 64 experts, each seeing every request, their reads (a choice among the cells after
         # the read) and the address registers the banks shared were the critical path of 9
         # placements of 16 (docs/timing-log.md, release 72).
-        latency = bank_latency + 1                 # the bank, then the value registered
+        latency = bank.latency + 1                 # the bank, then the value registered
         request = issue.o.payload
         # The bank never stalls: every result is taken as it comes out (a count's entry is
         # written, a read-out's total enters the prefix sum, which never stalls), so every
@@ -374,10 +376,7 @@ class MoeReRoutingUnit(wiring.Component):
         # and the bank's clear logic are several nets, not one that spans the unit. (A copy
         # may read 1 for the cycle after reset: a clear then is what reset does.)
         bank_clears = replicated(m, ctl.accept, name="clear", copies=2, apart=True)
-        m.submodules.bank = bank = CounterBank(p.max_experts, p.total_width,
-                                               amount_width=p.row_width, memory="block",
-                                               target=p.bram)
-        assert bank.latency == bank_latency
+        m.submodules.bank = bank
         m.d.comb += [
             bank.en.eq(1), bank.valid.eq(issue.o.valid), bank.index.eq(request.index),
             bank.increment.eq(request.increment), bank.amount.eq(request.amount),
