@@ -12,6 +12,7 @@ from amaranth.sim import Simulator
 from moe_hw.blocks.run_control import EMPTY_CYCLES
 from moe_hw import golden
 from moe_hw.blocks.counter_bank import CounterBank
+from moe_hw.flows.simulate import simulator_available
 from moe_hw.host.checks import HostError
 from moe_hw.host.locations import UNIT, simulate_raw
 from moe_hw.host.unit import BenchShape, run
@@ -86,7 +87,7 @@ def test_locations_no_pairs_no_experts():
 def test_locations_experts_zero_routes_nothing():
     outcome = check(np.int32([[0, 1, -1, 2]]), 0, 4)
     assert outcome.outputs["locations"].tolist() == [[-1, -1, -1, -1]]
-    assert outcome.outputs["dropped"] == 0 and outcome.cycles == 4 + LocationsParams.OVERHEAD
+    assert outcome.outputs["dropped"] == 0 and outcome.cycles == 4 + PARAMS.overhead
 
 
 def test_locations_runtime_size_error_flag():
@@ -101,7 +102,7 @@ def test_locations_bench_problem():
     outcome = run(UNIT, inputs, settings, params=PARAMS)
     assert outcome.passed, outcome.problems
     assert outcome.ideal_cycles == 128
-    assert outcome.cycles == outcome.expected_cycles == 128 + 8 + LocationsParams.OVERHEAD
+    assert outcome.cycles == outcome.expected_cycles == 128 + 8 + PARAMS.overhead
 
 
 def test_locations_settings_mix_parameters_and_runtime_values():
@@ -113,7 +114,7 @@ def test_locations_settings_mix_parameters_and_runtime_values():
     assert outcome.outputs["locations"].tolist() == [[0, 0, 1, 0], [1, 2, 1, 2]]
     assert outcome.outputs["expert_counts"].tolist() == [3, 2, 3]
     assert int(outcome.outputs["dropped"]) == 2
-    assert int(outcome.outputs["cycles"]) == 8 + 3 + LocationsParams.OVERHEAD
+    assert int(outcome.outputs["cycles"]) == 8 + 3 + PARAMS.overhead
     assert outcome.report[-1].startswith("check: bit-exact")
     # Without maxima the unit is sized to the problem; the run-time values may be npz scalars.
     problem = UNIT.problem({"indices": indices, "num_experts": np.int64(3),
@@ -160,10 +161,54 @@ def test_locations_bad_input(call, error, match):
     (dict(index_width=1), "index_width must be an integer between 2 and 64, not 1"),
     (dict(index_width=4, max_experts=9),
      r"index_width must hold max_experts \(9\) as a signed value, not 4"),
+    (dict(counters="bram"), "counters must be auto, lut or block, not 'bram'"),
+    (dict(bram="xilinx"), "bram must be generic or ecp5, not 'xilinx'"),
 ])
 def test_locations_parameter_errors(settings, message):
     with pytest.raises(ParameterError, match=message):
         LocationsParams(**settings)
+
+
+# ---- the counters in block RAM -----------------------------------------------------------------
+
+BLOCK = PARAMS.replace(counters="block")
+
+
+def test_locations_counters_by_size():
+    """``counters="auto"``: LUT RAM up to 32 experts, block RAM past them (the default 64),
+    whose bank has a stage more: one cycle more a run, one pair more inside."""
+    assert LocationsParams(max_experts=32).counter_memory == "lut"
+    assert LocationsParams(max_experts=33).counter_memory == "block"
+    assert LocationsParams().counter_memory == "block"
+    assert LocationsParams(max_experts=256, counters="lut").counter_memory == "lut"
+    assert (PARAMS.overhead, PARAMS.inside) == (7, 4)
+    assert (BLOCK.overhead, BLOCK.inside) == (8, 5)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("case", ["worked_example", "random_k2", "out_of_range", "same_expert",
+                                  "zero_tokens"])
+def test_locations_block_counters(case, stall):
+    """The counters in block RAM (generic: Amaranth's memory with a registered read): the same
+    bits, and without stalls the formula's count with the bank's fourth stage."""
+    indices, num_experts, capacity = case_indices(case)
+    check(indices, num_experts, capacity, stall=stall, seed=11, params=BLOCK)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+def test_locations_many_experts_on_ecp5_blocks(stall):
+    """256 experts: the counters in a DP16KD with its output register on, under its
+    model in Icarus; top-2 routing over every expert, and a run of more experts than pairs."""
+    reason = simulator_available("icarus")
+    if reason:
+        pytest.skip(f"icarus: {reason}")
+    params = LocationsParams(max_pairs=1024, max_experts=256, max_capacity=1024, bram="ecp5")
+    assert params.counter_memory == "block"
+    problem = routed_problem(tokens=300, hidden=0, experts=256, top_k=2, seed=3)
+    check(problem["indices"], 256, problem["capacity"], sim="icarus", stall=stall, seed=13,
+          params=params)
+    check(np.int32([[255, 0, 255, 7]]), 200, 1, sim="icarus", stall=stall, seed=14,
+          params=params)
 
 
 # ---- the counter bank in Amaranth's simulator ---------------------------------------------------

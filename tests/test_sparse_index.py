@@ -14,6 +14,7 @@ from amaranth.sim import Simulator
 
 from moe_hw.blocks.run_control import EMPTY_CYCLES
 from moe_hw.blocks.prefix_sum import PrefixSum
+from moe_hw.flows.simulate import simulator_available
 from moe_hw.formats import FORMATS, to_bits
 from moe_hw.golden.testing import bit_equal
 from moe_hw.host.checks import HostError
@@ -95,7 +96,7 @@ def test_sparse_index_cases(sim, case, stall):
         nan_slots = np.isnan(out["nonzero_gates"])
         assert nan_slots.any() and not (out["nonzero_gates"] == 0).any()
     if case == "zero_tokens" and stall == 0.0:
-        assert out["cycles"] == 5 + SparseIndexParams.OFFSETS_OVERHEAD
+        assert out["cycles"] == 5 + PARAMS.offsets_overhead
 
 
 @pytest.mark.parametrize("stall", STALLS)
@@ -117,7 +118,47 @@ def test_sparse_index_bench_problem():
     assert np.count_nonzero(inputs["gates"]) == 128
     assert outcome.ideal_cycles == 64 + 8 + 128
     assert outcome.cycles == outcome.expected_cycles == \
-        outcome.ideal_cycles + SparseIndexParams.PASSES_OVERHEAD
+        outcome.ideal_cycles + outcome.params.passes_overhead
+
+
+# ---- the counters (and the offsets) in block RAM ------------------------------------------------
+
+BLOCK = PARAMS.replace(counters="block")
+
+
+def test_sparse_index_counters_by_size():
+    """``counters="auto"``: LUT RAM up to 32 counters a bank (E / lanes; the default 16),
+    block RAM past them, a stage more: two cycles more a run (one with no rows)."""
+    assert SparseIndexParams(lanes=4, max_experts=128).counter_memory == "lut"
+    assert SparseIndexParams(lanes=4, max_experts=129).counter_memory == "block"
+    assert SparseIndexParams(lanes=16, max_experts=512).counter_memory == "lut"
+    assert SparseIndexParams().counter_memory == "lut"
+    assert (PARAMS.passes_overhead, PARAMS.offsets_overhead) == (28, 15)
+    assert (BLOCK.passes_overhead, BLOCK.offsets_overhead) == (30, 16)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+@pytest.mark.parametrize("case", ["seed_example", "random_k2", "dense", "nan_and_signed_zero",
+                                  "zero_tokens"])
+def test_sparse_index_block_counters(case, stall):
+    """The counters and the offsets in block RAM (generic: Amaranth's memories with a
+    registered read): the same bits, and without stalls the formula's count."""
+    check(case_gates(case), stall=stall, seed=9, params=BLOCK)
+
+
+@pytest.mark.parametrize("stall", STALLS)
+def test_sparse_index_many_experts_on_ecp5_blocks(stall):
+    """1024 experts at 4 lanes, ``auto``: 256 counters a bank, each bank and the offsets in
+    DP16KD blocks with their output registers on, under their model in Icarus; top-2 gates
+    over every expert, and the same matrix's first 700 experts."""
+    reason = simulator_available("icarus")
+    if reason:
+        pytest.skip(f"icarus: {reason}")
+    params = SparseIndexParams(lanes=4, max_tokens=16, max_experts=1024, bram="ecp5")
+    assert params.counter_memory == "block"
+    gates = softmax_gates(np.random.default_rng(21), 12, 1024, 2)
+    check(gates, sim="icarus", stall=stall, seed=15, params=params)
+    check(gates[:, :700], sim="icarus", stall=stall, seed=16, params=params)
 
 
 def test_sparse_index_bf16_specials():
@@ -191,7 +232,7 @@ def test_sparse_index_settings_size_the_unit():
     assert out["part_sizes"].tolist() == [1, 1, 2]
     assert bit_equal(out["nonzero_gates"], np.float32([.9, .8, .7, .5]))
     # S*B + E + place cycles (one write per routed gate, one beat per row) + overhead
-    assert int(out["cycles"]) == 4 + 3 + 4 + SparseIndexParams.PASSES_OVERHEAD
+    assert int(out["cycles"]) == 4 + 3 + 4 + PARAMS.passes_overhead
     assert outcome.report[-1].startswith("check: bit-exact")
     # Without settings: the maxima of the matrix, one beat per row.
     assert UNIT.params_for(UNIT.problem({"gates": SEED_GATES}, {}), {}) == \
@@ -231,6 +272,7 @@ def test_sparse_index_bad_input(call, error, match):
     (dict(format="fp8"), "format must be fp32, fp16 or bf16, not 'fp8'"),
     (dict(max_tokens=0), "max_tokens must be an integer between 1 and"),
     (dict(max_experts=1.5), "max_experts must be an integer, not 1.5"),
+    (dict(counters="ram"), "counters must be auto, lut or block, not 'ram'"),
 ])
 def test_sparse_index_parameter_errors(settings, message):
     with pytest.raises(ParameterError, match=message):

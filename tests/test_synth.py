@@ -221,13 +221,20 @@ def test_banked_memory_keeps_an_address_copy_per_bank(tmp_path, banks):
     assert cells["TRELLIS_FF"] == banks * per_bank + shared, cells
 
 
-def test_counter_bank_stays_in_lut_ram_at_256_experts(tmp_path):
-    """A counter bank of 256 (the location unit's at 256 experts) is LUT RAM: an
-    inferred ECP5 block RAM reads with no output register, its data 4.5 ns after the clock
-    (148-153 MHz against 187-204 in LUT RAM, README "Synthesis and timing")."""
+@pytest.mark.parametrize("counters", ["lut", "auto"])
+def test_counter_bank_memory_at_256_experts(tmp_path, counters):
+    """A counter bank of 256 (the location unit's at 256 experts, ``bram=ecp5``): with
+    ``counters="lut"`` LUT RAM, not a block RAM that Yosys infers (whose read has no output
+    register, its data 4.5 ns after the clock: 148-153 MHz against 187-204 in LUT RAM); by
+    default (``auto``, past 32 counters) one DP16KD, its output register on, and no LUT RAM
+    (246.3 MHz mean, README "Synthesis and timing")."""
     from moe_hw.units.locations import LocationsParams, LocationsUnit
-    cells = _yosys_cells(tmp_path, LocationsUnit(LocationsParams(max_experts=256)))
-    assert "DP16KD" not in cells and cells.get("TRELLIS_DPR16X4", 0) >= 256 // 16, cells
+    params = LocationsParams(max_experts=256, counters=counters, bram="ecp5")
+    cells = _yosys_cells(tmp_path, LocationsUnit(params))
+    if counters == "lut":
+        assert "DP16KD" not in cells and cells.get("TRELLIS_DPR16X4", 0) >= 256 // 16, cells
+    else:
+        assert cells.get("DP16KD") == 1 and "TRELLIS_DPR16X4" not in cells, cells
 
 
 def test_scan_layers_synthesises_at_small_maxima(tmp_path):

@@ -496,13 +496,14 @@ def _locations_properties(dut, settings):
                         (counts == run.size["num_experts"]) & (total == routed_pairs)),
                 implies(ran, dut.dropped == past_capacity)]
 
-    run_depth = p.max_pairs + p.max_experts + p.OVERHEAD + MARGIN + 2
+    run_depth = p.max_pairs + p.max_experts + p.overhead + MARGIN + 2
     return [run_property("location_in_range", p.sizes, in_range, run_depth,
                          "location -1 or in [0, pairs); count <= pairs; only while busy"),
             *held_properties(dut, run_depth),
             done_within(p.sizes, lambda h, run: run.size["pairs"] + run.size["num_experts"] +
-                        p.OVERHEAD, run_depth,
-                        "consumer ready, producer valid: done within pairs + E + 7 + 2"),
+                        p.overhead, run_depth,
+                        f"consumer ready, producer valid: done within pairs + E + {p.overhead} "
+                        "+ 2"),
             run_property("conservation", p.sizes, conservation, run_depth,
                          "at done: a location per pair, a count per expert, counts sum to the "
                          "routed pairs, dropped = locations >= capacity"),
@@ -530,12 +531,12 @@ def _sparse_index_properties(dut, settings):
 
     beats = -(-p.max_experts // p.lanes)
     # Pass 3 takes at most ``lanes`` cycles a beat.
-    run_depth = (p.max_tokens * beats * (1 + p.lanes) + p.max_experts + p.PASSES_OVERHEAD +
+    run_depth = (p.max_tokens * beats * (1 + p.lanes) + p.max_experts + p.passes_overhead +
                  MARGIN + 2)
 
     def bound(h, run):
         return (run.size["tokens"] * row_count(run, "num_experts", p.lanes) * (1 + p.lanes) +
-                run.size["num_experts"] + p.PASSES_OVERHEAD)
+                run.size["num_experts"] + p.passes_overhead)
 
     return [run_property("write_in_bounds", p.sizes, in_bounds, run_depth,
                          "every slot below nonzeros (pass 1's count) and S*E; only while busy"),

@@ -33,20 +33,23 @@ Streams and ports (payload fields are listed least significant first):
     reads and writes nothing and is done ``EMPTY_CYCLES`` (2) cycles after start.
 
 A run with no pairs and no experts finishes at once (``done`` ``EMPTY_CYCLES`` (2) cycles
-after start). Every
-other run, stall-free, takes exactly ``pairs + num_experts + OVERHEAD`` cycles from the start
-cycle to the cycle ``done`` is first seen (:meth:`LocationsParams.stall_free_cycles`):
-one pair (and then one read-out) enters the counter bank every cycle, and a stall anywhere
-costs only the cycles it lasts.
+after start). Every other run, stall-free, takes exactly ``pairs + num_experts + overhead``
+cycles from the start cycle to the cycle ``done`` is first seen
+(:meth:`LocationsParams.stall_free_cycles`): one pair (and then one read-out) enters the
+counter bank every cycle, and a stall anywhere costs only the cycles it lasts.
 
-``OVERHEAD = START_LATENCY + 5 = 7``.
+``overhead = START_LATENCY + 2 + B``: 7 with the counters in LUT RAM, 8 in block RAM, where
+B is the counter bank's stages (:attr:`LocationsParams.overhead`).
 
 Pipeline (one global stall, :class:`~moe_hw.stream.PipelineControl`): the pair's index is
-range-checked and enters the three-stage
-:class:`~moe_hw.blocks.counter_bank.CounterBank` (an increment for a routed pair, a plain read
-for a read-out; for a read-out the index is the expert number); three cycles later the
-counter's value becomes the location (or the count); a skid buffer on each output stream cuts
-the ready paths. The issue decision
+range-checked and enters the :class:`~moe_hw.blocks.counter_bank.CounterBank` (an increment
+for a routed pair, a plain read for a read-out; for a read-out the index is the expert
+number); B cycles later the counter's value becomes the location (or the count); a skid
+buffer on each output stream cuts the ready paths. The bank keeps its counters (``counters``)
+in LUT RAM, 3 stages, or in block RAM (``bram`` its target), 4 stages; ``auto``, the default,
+takes LUT RAM up to 32 experts and block RAM past them (the default 64), where a LUT-RAM
+bank's read is a choice among its cells (into the live flags' lookup, the path of most
+placements at 64 experts and of every one at 128 and 256). The issue decision
 (pairs or read-outs, the last of each) comes from flags registered one take ahead, and
 ``dropped`` is counted from the location skid buffer's output register.
 """
@@ -58,7 +61,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
-from ..blocks.counter_bank import CounterBank
+from ..blocks.block_memory import bram_param
+from ..blocks.counter_bank import CounterBank, counters_param
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
@@ -74,32 +78,44 @@ class LocationsParams(UnitParams):
     max_experts: int = param(64, minimum=1, maximum=1 << 30)
     max_capacity: int = param(4096, minimum=1, maximum=1 << 30)
     index_width: int = param(32, minimum=2, maximum=64)
-
-    OVERHEAD = START_LATENCY + 5
-    """Stall-free cycles beyond one per pair and one per expert: the run control's start and
-    decide cycles, the counter bank's three stages, the output skid buffer and the done
-    register."""
-
-    INSIDE = CounterBank.latency + 1
-    """The most pairs inside the unit (taken, their location not yet out) while the location
-    stream's ``ready`` is always high: the counter bank's stages and the output register."""
+    counters: str = counters_param()
+    bram: str = bram_param()
 
     def check(self):
         self.check_signed_fits("index_width", "max_experts")
 
     @property
+    def counter_memory(self):
+        """The counter bank's memory, ``lut`` or ``block`` (``counters``, or by size)."""
+        return CounterBank.memory_for(self.max_experts, self.counters)
+
+    @property
+    def bank_latency(self):
+        """The counter bank's stages: 3 in LUT RAM, 4 in block RAM."""
+        return CounterBank.latency_of(self.counter_memory)
+
+    @property
     def overhead(self):
-        return self.OVERHEAD
+        """Stall-free cycles beyond one per pair and one per expert: the run control's start
+        and decide cycles, the counter bank's stages, the output skid buffer and the done
+        register (7 with the LUT-RAM bank, 8 with the block-RAM one)."""
+        return START_LATENCY + 2 + self.bank_latency
+
+    @property
+    def inside(self):
+        """The most pairs inside the unit (taken, their location not yet out) while the
+        location stream's ``ready`` is always high: the counter bank's stages and the output
+        register."""
+        return self.bank_latency + 1
 
     def stall_free_cycles(self, pairs, num_experts):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
-        (exact): ``pairs + num_experts + OVERHEAD``, or ``EMPTY_CYCLES`` (2) for an empty run (no
-        pairs, no
-        experts) and for a run whose sizes exceed the maxima."""
+        (exact): ``pairs + num_experts + overhead``, or ``EMPTY_CYCLES`` (2) for an empty run
+        (no pairs, no experts) and for a run whose sizes exceed the maxima."""
         if pairs + num_experts == 0 or pairs > self.max_pairs or \
                 num_experts > self.max_experts:
             return EMPTY_CYCLES
-        return pairs + num_experts + self.OVERHEAD
+        return pairs + num_experts + self.overhead
 
     @property
     def sizes(self):
@@ -130,8 +146,6 @@ class LocationsParams(UnitParams):
 class LocationsUnit(wiring.Component):
     """Per-expert counters that give every (k, i) pair its location, then the per-expert
     totals. See the module docstring for the protocol."""
-
-    OVERHEAD = LocationsParams.OVERHEAD
 
     def __init__(self, params=None, **kwargs):
         params = resolve_params(LocationsParams, params, kwargs)
@@ -168,7 +182,8 @@ class LocationsUnit(wiring.Component):
         num_experts = ctl.size("num_experts")
         capacity = ctl.size("capacity")
 
-        m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width)
+        m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width,
+                                               memory=p.counter_memory, target=p.bram)
         m.submodules.ctl = pipe = PipelineControl(bank.latency)
         m.submodules.location_skid = location_skid = SkidBuffer(p.location_layout())
         m.submodules.count_skid = count_skid = SkidBuffer(p.count_layout())

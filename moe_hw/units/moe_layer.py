@@ -136,7 +136,7 @@ dispatch unit's own drain), combine_header_latency = max(0, PAIR_READ_LATENCY - 
 1)) with PAIR_READ_LATENCY = 2 (0 at the defaults: the combine unit's setup hides the pair-memory
 read), PHASE_EXIT = 2 (the phase's end is registered), and ``dispatch.overhead``
 (:attr:`~moe_hw.units.dispatch.DispatchParams.overhead`), ``locations.stall_free_cycles`` (P + E +
-OVERHEAD, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
+overhead, :meth:`~moe_hw.units.locations.LocationsParams.stall_free_cycles`) and ``combine.cycles``
 (the combine-gather unit's K*S*B plus its windows' and pipeline's overhead,
 :meth:`~moe_hw.units.combine_gather.CombineGatherParams.cycles`), STACK_OVERHEAD = 2 and
 ``stack.cycles`` (:meth:`~moe_hw.units.scan_layers.ScanLayersParams.cycles`: its set-up, the
@@ -282,7 +282,8 @@ class MoELayerParams(FloatDatapathParams, UnitParams):
     @property
     def locations(self):
         return LocationsParams(max_pairs=self.max_pairs, max_experts=self.max_experts,
-                               max_capacity=self.max_capacity, index_width=self.index_width)
+                               max_capacity=self.max_capacity, index_width=self.index_width,
+                               bram=self.bram)
 
     @property
     def dispatch(self):
@@ -582,7 +583,7 @@ class MoELayer(wiring.Component):
         # late, from registers: the FIFO's fill and flags wait on no handshake (the issue's
         # take through the write into ``w_rdy``, 4 levels, was two seeds' path). It is on
         # ``r_data`` two cycles after its take, before its location (four at the least).
-        join = m.submodules.join = RegisteredFIFO(p.pair_layout(), LocationsParams.INSIDE + 1)
+        join = m.submodules.join = RegisteredFIFO(p.pair_layout(), p.locations.inside + 1)
         pair_taken = Signal()
         pair_held = Signal(p.pair_layout(), reset_less=True)
         m.d.sync += [pair_taken.eq(self.pair.valid & self.pair.ready),

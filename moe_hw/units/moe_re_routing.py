@@ -134,7 +134,11 @@ class MoeReRoutingParams(UnitParams):
     dsp: str = dsp_param()
     bram: str = bram_param()
 
-    COUNT_OVERHEAD = START_LATENCY + 12
+    COUNTER_MEMORY = "block"
+    """The counter bank's memory (:class:`~moe_hw.blocks.counter_bank.CounterBank`): a block
+    memory, whose read takes two cycles, so the bank has four stages."""
+
+    COUNT_OVERHEAD = START_LATENCY + 8 + CounterBank.latency_of(COUNTER_MEMORY)
     """Stall-free cycles of a run that moves nothing, beyond ``N*E + E`` (14): start and
     decide, then, after the last expert read-out enters, the issue skid buffer, the counter
     bank's four stages (its counters in a block memory: a two-cycle read) and its value
@@ -152,7 +156,8 @@ class MoeReRoutingParams(UnitParams):
         generator's block register, the command skid buffer, the row reader's segment
         register; after the memory, the reader's skid buffer, the write skid buffer, the
         drained register and the done register. Later blocks and tokens follow back to back."""
-        return START_LATENCY + 18 + 2 * BlockMemory.latency
+        return (START_LATENCY + 14 + CounterBank.latency_of(self.COUNTER_MEMORY) +
+                2 * BlockMemory.latency)
 
     @property
     def element_width(self):
@@ -333,7 +338,7 @@ class MoeReRoutingUnit(wiring.Component):
         # have room for its beat.
         # (The counter bank, below; built here for its latency.)
         bank = CounterBank(p.max_experts, p.total_width, amount_width=p.row_width,
-                           memory="block", target=p.bram)
+                           memory=p.COUNTER_MEMORY, target=p.bram)
         readout_latency = 1 + bank.latency + 1 + PrefixSum.latency
         m.submodules.num_pipe = num_pipe = CreditPipeline(readout_latency,
                                                           p.expert_token_num_layout())

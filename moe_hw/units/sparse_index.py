@@ -20,16 +20,18 @@ Three passes:
    slot ``offset[e] + rank`` with ``rank`` the counter's value before its increment. A beat
    with no routed gate still takes one cycle.
 
-Pipeline: the rows pass two skid buffers, where each gate is classified (routed, negative)
-in two steps, and a beat register from which every beat of passes 1 and 3 is issued. The
-requests (bank row, per-lane increments, lane) pass a skid buffer into a
-:class:`~moe_hw.stream.CreditPipeline` that never stalls: the three-stage counter banks and
-the offset memory (read in banks, :class:`~moe_hw.blocks.banked_memory.BankedMemory`, in step
-with them), a lane-select stage that registers the lane's count and its offset, a slot stage
-that registers ``offset + rank`` and whether it reaches ``nonzeros`` (from ``nonzeros -
-offset``, computed in the stage before), then the credit pipeline's queue, from which the
-prefix sum and the ``write`` port take the results. The row's last beat and the phase changes
-come from flags registered one take ahead.
+Pipeline: the rows pass two skid buffers, where each gate is classified (routed, negative) in
+two steps, and a beat register from which every beat of passes 1 and 3 is issued. The requests
+(bank row, per-lane increments, lane) pass a skid buffer into a
+:class:`~moe_hw.stream.CreditPipeline` that never stalls: the counter banks (``counters``:
+three stages in LUT RAM; four in block RAM, ``bram`` its target, by default past 32 counters a
+bank) and the offset memory in step with them (read in banks,
+:class:`~moe_hw.blocks.banked_memory.BankedMemory`, or with block-RAM banks a
+:class:`~moe_hw.blocks.block_memory.BlockMemory`), a lane-select stage that registers the
+lane's count and its offset, a slot stage that registers ``offset + rank`` and whether it
+reaches ``nonzeros`` (from ``nonzeros - offset``, computed in the stage before), then the
+credit pipeline's queue, from which the prefix sum and the ``write`` port take the results. The
+row's last beat and the phase changes come from flags registered one take ahead.
 
 The state is O(E) (counters and offsets); the gate matrix itself is read twice, as a DMA
 would re-read it from memory, instead of being buffered (which would need O(S*k) storage).
@@ -68,15 +70,15 @@ A run with E = 0 finishes at once (``done`` ``EMPTY_CYCLES`` (2) cycles after st
 stall-free, a
 run takes exactly (:meth:`SparseIndexParams.stall_free_cycles`)::
 
-    S*B + E + place_cycles + PASSES_OVERHEAD      (S >= 1)
-    E + OFFSETS_OVERHEAD                          (S == 0)
+    S*B + E + place_cycles + passes_overhead      (S >= 1)
+    E + offsets_overhead                          (S == 0)
 
     B = ceil(E / lanes);  place_cycles = sum over the S*B beats of max(1, routed gates in it)
 
 cycles from the start cycle to the cycle ``done`` is first seen: pass 1 at one beat per cycle,
 pass 2 at one expert per cycle, pass 3 at one beat or one routed gate per cycle, whichever is
 more. With one beat per row (``lanes >= E``) and k routed gates per row that is
-``S + E + k*S + PASSES_OVERHEAD``: pass 3 is bound by the one slot write per cycle of the
+``S + E + k*S + passes_overhead``: pass 3 is bound by the one slot write per cycle of the
 ``write`` port, and no pass can start before the previous one has seen the whole matrix (an
 offset needs every count before it). Empty experts cost only their ``part_sizes`` beat. A
 stall anywhere costs only the cycles it lasts.
@@ -91,7 +93,8 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.banked_memory import BankedMemory
-from ..blocks.counter_bank import CounterBank
+from ..blocks.block_memory import BlockMemory, bram_param
+from ..blocks.counter_bank import CounterBank, counters_param
 from ..blocks.prefix_sum import PrefixSum
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
@@ -113,24 +116,45 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     lanes: int = param(4, choices=LANES, doc="gates per beat")
     max_tokens: int = param(4096, minimum=1, maximum=1 << 24)
     max_experts: int = param(64, minimum=1, maximum=1 << 16)
+    counters: str = counters_param()
+    bram: str = bram_param()
 
-    PASSES_OVERHEAD = START_LATENCY + 26
-    """Stall-free cycles beyond the passes' own for S >= 1 (28): the run control's start and
-    decide cycles and its second setup cycle (3); the rows' two input skid buffers, where the
-    gates are classified (2; pass 3's first beats wait in them during pass 2); pass 1's beat
-    register (1); between pass 2 and pass 3, the request skid buffer, the counter banks' three
-    stages, the lane-select and slot stages, the credit pipeline's queue write and output
-    register, the prefix sum's register and the offset memory's write (10: pass 3 starts once
-    every offset is written); pass 3's beat register (1); and after the last routed gate, the
-    request skid buffer, the banks' three stages, the lane-select and slot stages, the queue
-    write and output register, the credit pipeline's busy register, the drained register and
-    the done register (11). Pass 2 follows pass 1 without a gap (the banks forward in
-    order)."""
-    OFFSETS_OVERHEAD = START_LATENCY + 13
-    """The same for S == 0 (no rows, so no pass 1 or 3; 15): the start, decide and second
-    setup cycles, the request skid buffer, the counter banks' three stages, the lane-select and
-    slot stages, the queue write and output register, the prefix sum's register, the
-    part_sizes skid buffer, the drained register and the done register."""
+    @property
+    def counter_memory(self):
+        """The counter banks' memory, ``lut`` or ``block`` (``counters``, or by the
+        ``ceil(max_experts / lanes)`` counters of a bank); the offset memory is block RAM
+        with block-RAM banks."""
+        return CounterBank.memory_for(self.max_beats_per_row, self.counters)
+
+    @property
+    def bank_latency(self):
+        """The counter banks' stages, L: 3 in LUT RAM, 4 in block RAM."""
+        return CounterBank.latency_of(self.counter_memory)
+
+    @property
+    def passes_overhead(self):
+        """Stall-free cycles beyond the passes' own for S >= 1 (28 with the counters in LUT
+        RAM, 30 in block RAM): the run control's start and decide cycles and its second setup
+        cycle (3); the rows' two input skid buffers, where the gates are classified (2; pass
+        3's first beats wait in them during pass 2); pass 1's beat register (1); between pass
+        2 and pass 3, the request skid buffer, the counter banks' L stages, the lane-select
+        and slot stages, the credit pipeline's queue write and output register, the prefix
+        sum's register and the offset memory's write (7 + L: pass 3 starts once every offset
+        is written); pass 3's beat register (1); and after the last routed gate, the request
+        skid buffer, the banks' L stages, the lane-select and slot stages, the queue write and
+        output register, the credit pipeline's busy register, the drained register and the
+        done register (8 + L). Pass 2 follows pass 1 without a gap (the banks forward in
+        order)."""
+        return START_LATENCY + 20 + 2 * self.bank_latency
+
+    @property
+    def offsets_overhead(self):
+        """The same for S == 0 (no rows, so no pass 1 or 3; 15, or 16 with the counters in
+        block RAM): the start, decide and second setup cycles, the request skid buffer, the
+        counter banks' L stages, the lane-select and slot stages, the queue write and output
+        register, the prefix sum's register, the part_sizes skid buffer, the drained register
+        and the done register."""
+        return START_LATENCY + 10 + self.bank_latency
 
     def stall_free_cycles(self, tokens, num_experts, place_cycles):
         """Cycles from the start cycle to the cycle ``done`` is first seen, without stalls
@@ -141,9 +165,9 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
         if num_experts == 0 or tokens > self.max_tokens or num_experts > self.max_experts:
             return EMPTY_CYCLES
         if tokens == 0:
-            return num_experts + self.OFFSETS_OVERHEAD
+            return num_experts + self.offsets_overhead
         return (tokens * -(-num_experts // self.lanes) + num_experts + place_cycles +
-                self.PASSES_OVERHEAD)
+                self.passes_overhead)
 
     @property
     def sizes(self):
@@ -260,7 +284,8 @@ class SparseIndexUnit(wiring.Component):
 
         banks = []
         for lane in range(p.lanes):
-            bank = CounterBank(p.max_beats_per_row, p.count_width)
+            bank = CounterBank(p.max_beats_per_row, p.count_width, memory=p.counter_memory,
+                               target=p.bram)
             m.submodules[f"bank{lane}"] = bank
             banks.append(bank)
         m.submodules.prefix = prefix = PrefixSum(p.count_width, p.slot_width)
@@ -269,9 +294,16 @@ class SparseIndexUnit(wiring.Component):
         # memory read behind one address register was a path of its own (the address's
         # fan-out to every cell, the cell, a 4:1 multiplexer).
         # (One select level, whatever the banks: the read keeps step with the counter bank.)
-        m.submodules.offsets = offsets = BankedMemory(p.slot_width, p.max_experts,
-                                                      bank_depth=16,
-                                                      select_fanin=max(2, p.max_experts))
+        # With the counters in block RAM, the offsets are too (a BlockMemory, read two
+        # cycles after its address, which passes two registers first to keep step).
+        if p.counter_memory == "block":
+            offsets = BlockMemory(p.slot_width, p.max_experts, target=p.bram)
+            offsets_read, offsets_write = offsets.read_data[0], offsets.write_data[0]
+        else:
+            offsets = BankedMemory(p.slot_width, p.max_experts, bank_depth=16,
+                                   select_fanin=max(2, p.max_experts))
+            offsets_read, offsets_write = offsets.read_data, offsets.write_data
+        m.submodules.offsets = offsets
         # The requests for the banks pass a skid buffer: the issue logic (the row stream's
         # ready, pass 3's beat register) sees its registered ready, not the pipeline's stall.
         m.submodules.issue = issue = SkidBuffer(data.StructLayout({
@@ -449,7 +481,7 @@ class SparseIndexUnit(wiring.Component):
         result_layout = data.StructLayout({
             "value": p.count_width, "offsets": 1, "place": 1, "write": 1, "outside": 1,
             "beat": p.write_layout()})
-        m.submodules.pipe = pipe = CreditPipeline(CounterBank.latency + 2, result_layout)
+        m.submodules.pipe = pipe = CreditPipeline(p.bank_latency + 2, result_layout)
         request = issue.o.payload
         m.d.comb += [pipe.i_valid.eq(issue.o.valid), issue.o.ready.eq(pipe.i_ready)]
         for lane, bank in enumerate(banks):
@@ -461,13 +493,14 @@ class SparseIndexUnit(wiring.Component):
             ]
         # The offset memory is read in step with the banks: its word and the count are out
         # in the same cycle.
-        assert offsets.latency == CounterBank.latency
-        m.d.comb += [offsets.read_addr.eq(Cat(request.lane, request.index)),
-                     offsets.read_en.eq(1)]
+        offsets_addr = delay(m, Cat(request.lane, request.index),
+                             p.bank_latency - offsets.latency, 1, name="offsets_addr",
+                             reset_less=True)
+        m.d.comb += [offsets.read_addr.eq(offsets_addr), offsets.read_en.eq(1)]
 
         # The rest of the request follows the banks' stages.
         def follow(value, name):
-            return delay(m, value, CounterBank.latency, 1, name=name)
+            return delay(m, value, p.bank_latency, 1, name=name)
         bank_offsets = follow(request.offsets, "bank_offsets")
         bank_place = follow(request.place, "bank_place")
         bank_lane = follow(request.lane, "bank_lane")
@@ -485,8 +518,8 @@ class SparseIndexUnit(wiring.Component):
         v_room = Signal(signed(p.slot_width + 2))     # nonzeros - offset: the ranks that fit
         s_slot = Signal(p.slot_width + 1)
         s_outside = Signal()                           # slot >= nonzeros
-        m.d.sync += [v_value.eq(value), v_offset.eq(offsets.read_data),
-                     v_room.eq(prefix.total - offsets.read_data),
+        m.d.sync += [v_value.eq(value), v_offset.eq(offsets_read),
+                     v_room.eq(prefix.total - offsets_read),
                      s_slot.eq(v_offset + v_value),
                      s_outside.eq(bank_real_v & (v_value >= v_room))]
         m.d.comb += [
@@ -517,7 +550,7 @@ class SparseIndexUnit(wiring.Component):
             part_skid.i.payload.part_size.eq(prefix.o.payload.value),
             part_skid.i.payload.offset.eq(prefix.o.payload.exclusive),
             offsets.write_addr.eq(offsets_written),
-            offsets.write_data.eq(prefix.o.payload.exclusive),
+            offsets_write.eq(prefix.o.payload.exclusive),
             offsets.write_en.eq(prefix.o.valid & part_skid.i.ready),
             self.nonzeros.eq(prefix.total),
         ]
