@@ -344,6 +344,9 @@ class SparseIndexUnit(wiring.Component):
         last_mask = Signal(p.lanes)                    # the lanes below E in a row's last beat
         rows_left = Signal.like(self.tokens)
         rows_pending = Signal()                        # rows_left != 0
+        rows_pending_next = Signal()                   # ... at the next edge
+        m.d.comb += rows_pending_next.eq(rows_pending)
+        m.d.sync += rows_pending.eq(rows_pending_next)
         last_row = Signal()                            # rows_left == 1
         token = Signal(range(p.max_tokens))            # the current input row
         rows = rows_classified.o
@@ -356,7 +359,7 @@ class SparseIndexUnit(wiring.Component):
             m.d.sync += [rows_left.eq(rows_left - 1), last_row.eq(rows_left == 2),
                          token.eq(token + 1)]
             with m.If(last_row):
-                m.d.sync += rows_pending.eq(0)
+                m.d.comb += rows_pending_next.eq(0)
 
         gates = rows.payload.gates
         lanes_in_range = Mux(last_beat, last_mask, all_lanes)
@@ -372,8 +375,8 @@ class SparseIndexUnit(wiring.Component):
         # ---- the beat register: every beat of passes 1 and 3 is issued from it ---------------
         # In pass 1 a beat leaves in one request that increments all its routed lanes; in
         # pass 3 its routed lanes leave one per cycle. The rows' ready is then a function of
-        # four registers (``rows_pending`` and the register's state), in front of the wide
-        # clock enables of the rows' skid buffer and of this register.
+        # three registers (the register's state, each flag with ``rows_pending`` in it), in
+        # front of the wide clock enables of the rows' skid buffer and of this register.
         cur_loaded = Signal()
         cur_pending = Signal(p.lanes)                  # the routed lanes not yet issued
         cur_gates = Signal(data.ArrayLayout(fmt.width, p.lanes))
@@ -415,16 +418,20 @@ class SparseIndexUnit(wiring.Component):
         loads = cur_free & row_take
         # The rows' ready is the same test on copies of the flags: ``cur_empty`` (not
         # loaded) and ``cur_alone`` (loaded, one lane left), registered from the flags' next
-        # values. They are other registers than ``cur_loaded`` and ``cur_single``, so the
-        # rows' ready is one LUT of registers of its own, not a LUT after ``cur_free``, the
-        # clock enable of the beat register's ~150 bits: each wide enable net is then one LUT
-        # from registers (two such nets in a row were the unit's critical path).
-        cur_empty = Signal(init=1)
+        # values, each with the rows' ``rows_pending`` in it. They are other registers than
+        # ``cur_loaded`` and ``cur_single``, so the rows' ready is one LUT of three registers
+        # of its own, not a LUT after ``cur_free``, the clock enable of the beat register's
+        # ~150 bits: each wide enable net is then one LUT from registers (two such nets in a
+        # row were the unit's critical path). (With ``rows_pending`` a fourth input of the
+        # ready, the rows' skid buffer's flags were three LUTs behind it and the flags, the
+        # path of 6 placements of 16; the next-value logic is that of ``rows_pending``.)
+        cur_empty = Signal()
         cur_alone = Signal()
         next_loaded = Mux(cur_free, row_take, cur_loaded)
         next_single = Mux(loads, count_phase | single_of(routed),
                           Mux(emit, single_of(left_after), cur_single))
-        m.d.sync += [cur_empty.eq(~next_loaded), cur_alone.eq(next_loaded & next_single)]
+        m.d.sync += [cur_empty.eq(rows_pending_next & ~next_loaded),
+                     cur_alone.eq(rows_pending_next & next_loaded & next_single)]
         # A second copy, for the clock enable of the beat's data (each flag the inverse of
         # the first copy's, so that Yosys keeps them apart): ``cur_free`` then drives only
         # the narrow control registers.
@@ -464,7 +471,7 @@ class SparseIndexUnit(wiring.Component):
         # ---- the counter banks, shared by the three passes ------------------------------------
         m.d.comb += [
             issue.i.valid.eq(reading | cur_loaded),
-            rows.ready.eq(rows_pending & (cur_empty | (issue_ready & cur_alone))),
+            rows.ready.eq(cur_empty | (issue_ready & cur_alone)),
             issue.i.payload.index.eq(Mux(cur_loaded, cur_beat, read_expert >> lanes_log2)),
             issue.i.payload.increment.eq(Mux(cur_loaded, cur_lowest, 0)),
             issue.i.payload.lane.eq(Mux(cur_loaded, cur_lane, read_expert[:lanes_log2])),
@@ -596,15 +603,15 @@ class SparseIndexUnit(wiring.Component):
             m.d.sync += [count_phase.eq(0), offsets_phase.eq(1)]
         with m.If(offsets_done):
             m.d.sync += [offsets_phase.eq(0), place_phase.eq(1), offsets_complete.eq(0),
-                         rows_left.eq(tokens), rows_pending.eq(~tokens_zero),
-                         last_row.eq(tokens_one)]
+                         rows_left.eq(tokens), last_row.eq(tokens_one)]
+            m.d.comb += rows_pending_next.eq(~tokens_zero)
         with m.If(ctl.finished):
             m.d.sync += place_phase.eq(0)
         with m.If(restart):
             m.d.sync += token.eq(0)
         with m.If(ctl.begin):
-            m.d.sync += [count_phase.eq(~tokens_zero), offsets_phase.eq(tokens_zero),
-                         rows_pending.eq(~tokens_zero)]
+            m.d.sync += [count_phase.eq(~tokens_zero), offsets_phase.eq(tokens_zero)]
+            m.d.comb += rows_pending_next.eq(~tokens_zero)
         # The run registers load in the decide cycle (a register), from the held sizes, so
         # that the start handshake does not drive the enable of every run register
         # (``begin`` comes a cycle later: the run control has two setup cycles).
