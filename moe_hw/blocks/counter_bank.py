@@ -75,7 +75,7 @@ from ..params import check_choice, check_int, param
 from ..stream.credit import ring_groups
 from .block_memory import MEMORY_TARGETS, BlockMemory
 
-__all__ = ["CounterBank", "counters_param"]
+__all__ = ["CounterBank", "CounterBankParams", "counters_param"]
 
 #: Counter bits per copy of the memory's addresses: four 4-bit columns of ECP5's 16x4
 #: distributed RAM cell (sixteen cells at 64 counters).
@@ -403,3 +403,19 @@ def counters_param():
                  doc="the counters' memory: lut (LUT RAM), block (block RAM, a stage more), "
                      f"or auto: lut up to {CounterBank.LUT_COUNTERS} counters a bank, "
                      "block past")
+
+
+class CounterBankParams:
+    """The parameters of a unit built on counter banks: its ``counters`` field
+    (:func:`counters_param`) and ``bank_counters``, the counters of one bank, give the banks'
+    memory and stages."""
+
+    @property
+    def counter_memory(self):
+        """The banks' memory, ``lut`` or ``block`` (``counters``, or by ``bank_counters``)."""
+        return CounterBank.memory_for(self.bank_counters, self.counters)
+
+    @property
+    def bank_latency(self):
+        """The banks' stages: 3 in LUT RAM, 4 in block RAM."""
+        return CounterBank.latency_of(self.counter_memory)

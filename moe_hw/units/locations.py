@@ -62,7 +62,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from ..blocks.block_memory import bram_param
-from ..blocks.counter_bank import CounterBank, counters_param
+from ..blocks.counter_bank import CounterBank, CounterBankParams, counters_param
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..params import UnitParams, param, resolve_params
 from ..stream import PipelineControl, SkidBuffer, delay
@@ -71,7 +71,7 @@ __all__ = ["LocationsParams", "LocationsUnit"]
 
 
 @dataclass(frozen=True)
-class LocationsParams(UnitParams):
+class LocationsParams(CounterBankParams, UnitParams):
     """Generation-time parameters of :class:`LocationsUnit`."""
 
     max_pairs: int = param(4096, minimum=1, maximum=1 << 30, doc="(k, i) pairs per run (k*S)")
@@ -85,14 +85,9 @@ class LocationsParams(UnitParams):
         self.check_signed_fits("index_width", "max_experts")
 
     @property
-    def counter_memory(self):
-        """The counter bank's memory, ``lut`` or ``block`` (``counters``, or by size)."""
-        return CounterBank.memory_for(self.max_experts, self.counters)
-
-    @property
-    def bank_latency(self):
-        """The counter bank's stages: 3 in LUT RAM, 4 in block RAM."""
-        return CounterBank.latency_of(self.counter_memory)
+    def bank_counters(self):
+        """The counter bank's counters: one per expert."""
+        return self.max_experts
 
     @property
     def overhead(self):

@@ -94,7 +94,7 @@ from amaranth.utils import bits_for, ceil_log2
 from ..arith.params import FORMAT_NAMES, FloatDatapathParams
 from ..blocks.banked_memory import BankedMemory
 from ..blocks.block_memory import BlockMemory, bram_param
-from ..blocks.counter_bank import CounterBank, counters_param
+from ..blocks.counter_bank import CounterBank, CounterBankParams, counters_param
 from ..blocks.prefix_sum import PrefixSum
 from ..blocks.run_control import EMPTY_CYCLES, START_LATENCY, RunControl, run_ports
 from ..formats import float_format
@@ -109,7 +109,7 @@ COUNT, OFFSETS, PLACE = 0, 1, 2       # the passes
 
 
 @dataclass(frozen=True)
-class SparseIndexParams(FloatDatapathParams, UnitParams):
+class SparseIndexParams(FloatDatapathParams, CounterBankParams, UnitParams):
     """Generation-time parameters of :class:`SparseIndexUnit`."""
 
     format: str = param("fp32", choices=FORMAT_NAMES)
@@ -120,16 +120,11 @@ class SparseIndexParams(FloatDatapathParams, UnitParams):
     bram: str = bram_param()
 
     @property
-    def counter_memory(self):
-        """The counter banks' memory, ``lut`` or ``block`` (``counters``, or by the
-        ``ceil(max_experts / lanes)`` counters of a bank); the offset memory is block RAM
-        with block-RAM banks."""
-        return CounterBank.memory_for(self.max_beats_per_row, self.counters)
-
-    @property
-    def bank_latency(self):
-        """The counter banks' stages, L: 3 in LUT RAM, 4 in block RAM."""
-        return CounterBank.latency_of(self.counter_memory)
+    def bank_counters(self):
+        """A lane's counter bank's counters, ``ceil(max_experts / lanes)``; its memory
+        (``counter_memory``) is the offset table's too, and its stages L
+        (``bank_latency``) 3 in LUT RAM, 4 in block RAM."""
+        return self.max_beats_per_row
 
     @property
     def passes_overhead(self):
