@@ -22,6 +22,7 @@ from amaranth.sim import Simulator
 from moe_hw import synth
 from moe_hw.blocks.banked_memory import BankedMemory
 from moe_hw.blocks.block_memory import BlockMemory
+from moe_hw.blocks.counter_bank import CounterBank
 from moe_hw.flows import levels as levels_flow
 from moe_hw.flows import synth as flow
 from moe_hw.flows.out_of_context import OutOfContext, ReferenceAdder
@@ -235,6 +236,43 @@ def test_counter_bank_memory_at_256_experts(tmp_path, counters):
         assert "DP16KD" not in cells and cells.get("TRELLIS_DPR16X4", 0) >= 256 // 16, cells
     else:
         assert cells.get("DP16KD") == 1 and "TRELLIS_DPR16X4" not in cells, cells
+
+
+class _TwoBanks(wiring.Component):
+    """Two block-RAM counter banks taking the same requests, each its own increments (as
+    sparse_index's lanes do), their values XOR-ed out."""
+
+    valid: In(1)
+    index: In(6)
+    increment: In(2)
+    value: Out(8)
+
+    def __init__(self, apart):
+        self.apart = apart
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        banks = [CounterBank(64, 8, memory="block", target="ecp5", apart=self.apart)
+                 for _ in range(2)]
+        for lane, bank in enumerate(banks):
+            m.submodules[f"bank{lane}"] = bank
+            m.d.comb += [bank.en.eq(1), bank.valid.eq(self.valid), bank.index.eq(self.index),
+                         bank.increment.eq(self.increment[lane])]
+        m.d.comb += self.value.eq(banks[0].value ^ banks[1].value)
+        return m
+
+
+def test_counter_banks_apart_keep_their_stage_registers(tmp_path):
+    """Banks side by side with the same requests share one set of stage registers after
+    Yosys (the valid flags and the index, four and five stages), unless built ``apart``:
+    then the second bank has its own, at least 4 + 4 * 6 flip-flops more."""
+    flops = {}
+    for apart in (False, True):
+        (tmp_path / str(apart)).mkdir()
+        flops[apart] = _yosys_cells(tmp_path / str(apart), _TwoBanks(apart))["TRELLIS_FF"]
+    shared, apart = flops[False], flops[True]
+    assert apart - shared >= 4 + 4 * 6, (shared, apart)
 
 
 def test_scan_layers_synthesises_at_small_maxima(tmp_path):

@@ -73,6 +73,7 @@ from amaranth.utils import ceil_log2
 
 from ..params import check_choice, check_int, param
 from ..stream.credit import ring_groups
+from ..stream.pipeline import KEPT
 from .block_memory import MEMORY_TARGETS, BlockMemory
 
 __all__ = ["CounterBank", "CounterBankParams", "counters_param"]
@@ -111,7 +112,7 @@ class CounterBank(wiring.Component):
         return "lut" if count <= CounterBank.LUT_COUNTERS else "block"
 
     def __init__(self, count, width, *, amount_width=None, copy=0, memory="lut",
-                 target="generic"):
+                 target="generic", apart=False):
         self.count = check_int("count", count, minimum=1, maximum=1 << 20)
         self.memory = check_choice("memory", memory, self.MEMORIES)
         self.target = check_choice("target", target, MEMORY_TARGETS)
@@ -119,6 +120,11 @@ class CounterBank(wiring.Component):
         # Banks side by side (re-routing's four) take the same index: ``copy`` (0 to 3) makes
         # this bank's memory address registers a kind of their own (see ``elaborate``).
         self.copy = check_int("copy", copy, minimum=0, maximum=3)
+        # ``apart``: the request's stage registers (valid, increment, index) kept apart from
+        # equal registers elsewhere (:data:`~moe_hw.stream.KEPT`). Banks side by side that
+        # take the same requests (sparse_index's, one per lane) otherwise share one set, and
+        # with block memory, whose blocks sit apart, its nets reach all of them.
+        self.apart = check_choice("apart", apart, (False, True))
         self.width = check_int("width", width, minimum=1, maximum=64)
         self.amount_width = None if amount_width is None else \
             check_int("amount_width", amount_width, minimum=1, maximum=self.width)
@@ -137,6 +143,7 @@ class CounterBank(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         block = self.memory == "block"
+        kept = KEPT if self.apart else {}
         index_bits = ceil_log2(self.count)
         low_bits = (index_bits + 1) // 2         # the live lookup: low bits first, then high
         if block:
@@ -152,16 +159,16 @@ class CounterBank(wiring.Component):
         en, clear = self.en, self.clear
 
         # ---- stage 1: the registered request ----------------------------------------------
-        s1_valid = Signal()
-        s1_inc = Signal()
-        s1_index = Signal.like(self.index)
+        s1_valid = Signal(attrs=kept)
+        s1_inc = Signal(attrs=kept)
+        s1_index = Signal.like(self.index, attrs=kept)
         s1_live = Signal(groups)                 # live[g << low_bits | index low bits], each g
         s1_set = Signal()                        # ... or set since the request entered
 
         # ---- stage 2: the memory word and what landed after it was read ----------------------
-        s2_valid = Signal()
-        s2_inc = Signal()
-        s2_index = Signal.like(self.index)
+        s2_valid = Signal(attrs=kept)
+        s2_inc = Signal(attrs=kept)
+        s2_index = Signal.like(self.index, attrs=kept)
         # The word is the counter's (else it reads 0); with block memory, the lookup's second
         # step: s1_live[h << mid_bits | index mid bits], each h.
         s2_live = Signal(1 << top_bits if block else 1, name="s2_live")
@@ -171,17 +178,17 @@ class CounterBank(wiring.Component):
         s2_word = Signal(self.width)             # read: the newest one's word
         if block:
             # ---- (block memory) stage 3: the read's word, and what landed since the read ------
-            s3_valid = Signal()
-            s3_inc = Signal()
-            s3_index = Signal.like(self.index)
+            s3_valid = Signal(attrs=kept)
+            s3_inc = Signal(attrs=kept)
+            s3_index = Signal.like(self.index, attrs=kept)
             s3_live = Signal()
             s3_caught = Signal()
             s3_word = Signal(self.width)
 
         # ---- the last stage (3, or 4 with block memory): the request whose value is out ------
-        busy = Signal()
-        stage_inc = Signal()
-        stage_index = Signal.like(self.index)
+        busy = Signal(attrs=kept)
+        stage_inc = Signal(attrs=kept)
+        stage_index = Signal.like(self.index, attrs=kept)
         hit = Signal()                           # the request ahead incremented this counter
         forwarded = Signal(self.width)           # ... to this
         stored = Signal(self.width)              # else the counter's newest word (or 0)
@@ -189,7 +196,7 @@ class CounterBank(wiring.Component):
         # ---- the write-back: stage 3's sum, one cycle later (every cycle the request sits in
         # stage 3: the same word each time, because ``value`` holds while ``en`` is low) ----
         pending_en = Signal()
-        pending_index = Signal.like(self.index)
+        pending_index = Signal.like(self.index, attrs=kept)
         pending_value = Signal(self.width)
 
         m.d.comb += self.value.eq(Mux(hit, forwarded, stored))
