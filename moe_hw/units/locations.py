@@ -177,7 +177,7 @@ class LocationsUnit(wiring.Component):
         num_experts = ctl.size("num_experts")
         capacity = ctl.size("capacity")
 
-        m.submodules.bank = bank = CounterBank(p.max_experts, p.count_width,
+        m.submodules.bank = bank = CounterBank(p.bank_counters, p.count_width,
                                                memory=p.counter_memory, target=p.bram)
         m.submodules.ctl = pipe = PipelineControl(bank.latency)
         m.submodules.location_skid = location_skid = SkidBuffer(p.location_layout())

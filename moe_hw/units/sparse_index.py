@@ -282,7 +282,7 @@ class SparseIndexUnit(wiring.Component):
             # (Block-RAM banks keep their stage registers apart: shared, the one set's nets
             # ran between the banks' blocks, the path of four placements of eight at 1024
             # experts.)
-            bank = CounterBank(p.max_beats_per_row, p.count_width, memory=p.counter_memory,
+            bank = CounterBank(p.bank_counters, p.count_width, memory=p.counter_memory,
                                target=p.bram, apart=p.counter_memory == "block")
             m.submodules[f"bank{lane}"] = bank
             banks.append(bank)
